@@ -1,0 +1,129 @@
+"""The ``kit`` command (also ``python -m kit``).
+
+    kit run [NAME ...|all] [--config FILE] [-p key=value ...] [--no-input]   notebooks -> HTML report
+    kit exp NAME [--config FILE] [-p key=value ...]                           one experiment, no notebook
+                                                                              (spawn here, or in place under torchrun/srun)
+    kit sysinfo [--json]                                                      hardware and software of this node
+    kit wheelhouse DIR [--python-version 3.12] [--platform ...] [--exclude NAME ...]
+                                                                              wheels for an offline node (never torch)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from .config import ConfigError, parse_override
+
+
+def _overrides(items):
+    return [parse_override(p) for p in items or []]
+
+
+def cmd_sysinfo(args) -> int:
+    from . import sysinfo
+
+    info = sysinfo.collect()
+    print(json.dumps(info, indent=1) if args.json else sysinfo.format_text(info))
+    return 0
+
+
+def cmd_run(args) -> int:
+    from . import runner
+
+    _, entries = runner.run(args.names, args.config, _overrides(args.param), no_input=args.no_input,
+                            results_root=args.results_root)
+    failed = [e for e in entries if e["status"] != "ok"]
+    if failed:
+        for e in failed:
+            print(f"kit run: FAILED {e['error']}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_exp(args) -> int:
+    from . import experiments
+    from .config import load_yaml
+    from .launch import LaunchError, launched_externally
+
+    data = load_yaml(args.config) if args.config else {}
+    mapping = {**(data.get("defaults") or {}), **(data.get(args.name) or {}), **dict(_overrides(args.param))}
+    cfg = experiments.make_config(args.name, mapping)
+    rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) if launched_externally() else 0
+    try:
+        run = experiments.execute(args.name, cfg, verbose=args.verbose)
+    except LaunchError as e:
+        print(f"kit exp {args.name}: {e}", file=sys.stderr)
+        if e.run is not None:
+            print(f"kit exp {args.name}: {len(e.run.rows)} row(s) saved before the fault in {e.run.dir}", file=sys.stderr)
+        return 1
+    if rank == 0:
+        print(f"{len(run.rows)} rows -> {run.dir}")
+    return 0
+
+
+def cmd_wheelhouse(args) -> int:
+    from . import wheelhouse
+
+    return wheelhouse.build(args.dir, args.python_version, args.platform, args.exclude, args.extras)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kit", description="Distributed-GPU performance investigations in PyTorch.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    r = sub.add_parser("run", help="execute notebooks with papermill and write an HTML report")
+    r.add_argument("names", nargs="*", help="notebook stems (e.g. collectives) or 'all' (default: all)")
+    r.add_argument("--config", "-c", help="YAML config (default: configs/gpu.yaml with GPUs, else configs/cpu-smoke.yaml)")
+    r.add_argument("-p", "--param", action="append", metavar="KEY=VALUE", help="override a parameter (YAML value)")
+    r.add_argument("--no-input", action="store_true", help="hide code cells in the HTML report")
+    r.add_argument("--results-root", default="results", help="where runs and reports are written")
+    r.set_defaults(fn=cmd_run)
+
+    e = sub.add_parser("exp", help="run one experiment without a notebook (works under torchrun / srun)")
+    e.add_argument("name")
+    e.add_argument("--config", "-c")
+    e.add_argument("-p", "--param", action="append", metavar="KEY=VALUE")
+    e.add_argument("-v", "--verbose", action="store_true", help="print every rank's steps")
+    e.set_defaults(fn=cmd_exp)
+
+    s = sub.add_parser("sysinfo", help="GPUs, topology, driver, torch/CUDA/NCCL, NCCL_*/TORCH_*/CUDA_* env")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_sysinfo)
+
+    w = sub.add_parser("wheelhouse", help="download every dependency except torch as wheels, for offline nodes")
+    w.add_argument("dir")
+    w.add_argument("--python-version", default=f"{sys.version_info.major}.{sys.version_info.minor}")
+    w.add_argument("--platform", action="append", help="pip platform tag(s) (default: manylinux x86_64 tags)")
+    w.add_argument("--exclude", nargs="*", default=[], help="requirements the node already has (by name)")
+    w.add_argument("--extras", nargs="*", default=["lab"], help="optional dependency groups to include")
+    w.set_defaults(fn=cmd_wheelhouse)
+
+    _add_trace_commands(sub)
+    return p
+
+
+def _add_trace_commands(sub) -> None:
+    try:
+        from . import trace_cli
+    except ImportError:
+        return
+    trace_cli.add_parser(sub)
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args) or 0
+    except ConfigError as e:
+        print(f"kit: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("kit: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""One way to plot: a shared style, hardware-labelled titles, and one place figures are saved.
+
+:func:`save` writes ``<name>.png`` into ``$KIT_FIGURES_DIR`` (set by ``kit run`` to the report's figures
+folder, prefixed with the notebook name) or else ``figures/`` at the repository root.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from . import results, sysinfo
+
+
+def style() -> None:
+    import matplotlib
+
+    if not os.environ.get("DISPLAY") and "ipykernel" not in str(matplotlib.get_backend()).lower():
+        try:
+            import IPython
+
+            if IPython.get_ipython() is None:
+                matplotlib.use("Agg")
+        except ImportError:
+            matplotlib.use("Agg")
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", context="notebook")
+
+
+def hardware_title(meta: dict) -> str:
+    """'2x NVIDIA H200 (NV18) | torch 2.11 | NCCL 2.28.9 | 2026-11-22' from a run's meta.json."""
+    when = (meta.get("start_time") or "")[:10]
+    return f"{sysinfo.summary(meta.get('sysinfo') or {})}\n{meta.get('experiment', '')} run {when}"
+
+
+def save(fig, name: str) -> Path:
+    d = Path(os.environ.get("KIT_FIGURES_DIR") or (results.REPO_ROOT / "figures"))
+    d.mkdir(parents=True, exist_ok=True)
+    prefix = os.environ.get("KIT_FIGURE_PREFIX")
+    fname = f"{prefix}-{name}.png" if prefix and not name.startswith(prefix + "-") else f"{name}.png"
+    path = d / fname
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    return path
+
+
+def log2_bytes_axis(ax) -> None:
+    """x axis in bytes on a log2 scale with KiB/MiB/GiB tick labels."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(LogLocator(base=2, numticks=40))
+
+    def fmt(x, _):
+        for unit, div in (("G", 2**30), ("M", 2**20), ("K", 2**10)):
+            if x >= div:
+                return f"{x / div:g}{unit}"
+        return f"{x:g}"
+
+    ax.xaxis.set_major_formatter(FuncFormatter(fmt))
+    for label in ax.get_xticklabels():
+        label.set_rotation(45)
+
+
+def size_curves(summary, y: str = "busbw_gbps", hue: str = "method", col: str = "collective", title: str = "",
+                ylabel: str = "busbw (GB/s)", logy: bool = False, col_order=None):
+    """One panel per ``col`` value, ``y`` against message size (log2 x), one line per ``hue`` value."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    cols = col_order or list(dict.fromkeys(summary[col]))
+    n = len(cols)
+    ncols = min(n, 3)
+    nrows = (n + ncols - 1) // ncols
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.8 * nrows), squeeze=False, sharey=not logy)
+    hues = list(dict.fromkeys(summary[hue]))
+    palette = dict(zip(hues, sns.color_palette("tab10", len(hues))))
+    for ax, c in zip(axes.flat, cols):
+        d = summary[summary[col] == c]
+        for h in hues:
+            dh = d[d[hue] == h].sort_values("bytes")
+            if dh.empty:
+                continue
+            ax.plot(dh["bytes"], dh[y], marker="o", ms=3, label=str(h), color=palette[h])
+        ax.set_title(str(c))
+        log2_bytes_axis(ax)
+        ax.set_xlabel("message size (bytes)")
+        ax.set_ylabel(ylabel)
+        if logy:
+            ax.set_yscale("log")
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    axes.flat[0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig

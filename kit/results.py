@@ -1,0 +1,213 @@
+"""One way to store results.
+
+A run is a directory ``<root>/<experiment>/<run-id>/`` holding
+
+* ``rows.csv``  -- tidy rows (one observation per row, every timing sample kept), appended as they arrive,
+  so a sweep that crashes at its largest size keeps the smaller ones;
+* ``meta.json`` -- experiment, config, env overrides, sysinfo, git commit, start/end time, status, error;
+* ``error.txt`` -- the error, when the run failed; ``logs/rank<N>.log`` -- each rank's stdout/stderr;
+* anything an experiment adds (traces, graph dumps) under the same directory.
+
+Run ids (``YYYYmmdd-HHMMSS-<host>-<random>``) are created with ``mkdir(exist_ok=False)``: they never
+collide and nothing is overwritten. Runs recorded on real GPUs and committed as evidence live under
+``recorded/<experiment>/<run-id>/`` in the repository; :func:`recorded` finds them.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import secrets
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RECORDED_ROOT = REPO_ROOT / "recorded"
+
+
+def new_run_dir(root: str | Path, experiment: str) -> Path:
+    base = Path(root) / experiment
+    base.mkdir(parents=True, exist_ok=True)
+    host = socket.gethostname().split(".")[0].replace("-", "")[:16] or "host"
+    while True:
+        run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{host}-{secrets.token_hex(3)}"
+        path = base / run_id
+        try:
+            path.mkdir(exist_ok=False)
+            return path
+        except FileExistsError:
+            continue
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
+        if out.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return out.stdout.strip() + ("-dirty" if dirty else "")
+    except Exception:
+        return None
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (str, int, float, bool)) or x is None:
+        return x
+    if hasattr(x, "item"):  # numpy / torch scalars
+        return x.item()
+    return str(x)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Atomic write: readers never see half a file."""
+    tmp = path.with_suffix(path.suffix + f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(_jsonable(obj), indent=1, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+
+
+class RowWriter:
+    """Append rows to ``rows.csv`` as they arrive; the header is the union of keys seen so far.
+
+    A row with a key the header lacks rewrites the file once with the wider header (rare: experiments emit
+    uniform rows), so the CSV on disk is always complete and parseable.
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.rows: list[dict] = []
+        self.header: list[str] = []
+
+    def _open_write(self, rows: Iterable[dict], mode: str) -> None:
+        with open(self.path, mode, newline="") as f:
+            w = csv.DictWriter(f, fieldnames=self.header, restval="")
+            if mode == "w":
+                w.writeheader()
+            for r in rows:
+                w.writerow({k: _cell(v) for k, v in r.items()})
+
+    def add(self, row: dict) -> None:
+        self.rows.append(row)
+        new = [k for k in row if k not in self.header]
+        if new or not self.path.exists():
+            self.header.extend(new)
+            self._open_write(self.rows, "w")
+        else:
+            self._open_write([row], "a")
+
+    def extend(self, rows: Iterable[dict]) -> None:
+        for r in rows:
+            self.add(r)
+
+
+def _cell(v: Any) -> Any:
+    if isinstance(v, (list, tuple, dict)):
+        return json.dumps(_jsonable(v))
+    return v
+
+
+@dataclass
+class Run:
+    """A run directory, its metadata and its rows (rows also live in ``rows.csv``)."""
+
+    dir: Path
+    meta: dict = field(default_factory=dict)
+    rows: list[dict] = field(default_factory=list)
+
+    @property
+    def id(self) -> str:
+        return self.dir.name
+
+    def df(self):
+        return load(self.dir)
+
+    def add_rows(self, rows: Iterable[dict]) -> None:
+        """Rows computed after the ranks finished (e.g. nccl-tests): appended here and in rows.csv."""
+        self.rows.extend(rows)
+        w = RowWriter(self.dir / "rows.csv")
+        w.header = list(dict.fromkeys(k for r in self.rows for k in r))
+        w.rows = self.rows
+        w._open_write(self.rows, "w")
+
+    def __repr__(self) -> str:
+        return f"Run({str(self.dir)!r}, status={self.meta.get('status')!r}, rows={len(self.rows)})"
+
+
+def read_meta(run_dir: str | Path) -> dict:
+    p = Path(run_dir) / "meta.json"
+    return json.loads(p.read_text()) if p.exists() else {}
+
+
+def _run_dirs(path: Path) -> list[Path]:
+    if (path / "meta.json").exists() or (path / "rows.csv").exists():
+        return [path]
+    if path.is_dir():  # an experiment folder (or a results root): every run below it
+        return sorted({p.parent for p in path.rglob("meta.json")})
+    return []
+
+
+def load(*paths: str | Path, meta_columns: bool = True):
+    """A pandas DataFrame of the rows of one run or several.
+
+    Each path is a run directory, a folder of runs (``results/collectives``) or a glob. Columns added from
+    ``meta.json``: ``run_id``, ``label`` (the run's label, else its env overrides, else its run id),
+    ``gpu`` and ``host`` -- so two machines or two env settings can be put side by side.
+    """
+    import glob as _glob
+
+    import pandas as pd
+
+    dirs: list[Path] = []
+    for p in paths:
+        p = Path(p)
+        matches = [Path(m) for m in _glob.glob(str(p))] if any(c in str(p) for c in "*?[") else [p]
+        for m in matches:
+            dirs.extend(_run_dirs(m))
+    frames = []
+    for d in dirs:
+        csv_path = d / "rows.csv"
+        if not csv_path.exists() or csv_path.stat().st_size == 0:
+            continue
+        df = pd.read_csv(csv_path)
+        if meta_columns:
+            meta = read_meta(d)
+            df["run_id"] = d.name
+            df["label"] = run_label(meta) or d.name
+            gpus = (meta.get("sysinfo") or {}).get("gpus") or []
+            df["gpu"] = gpus[0]["name"] if gpus else "cpu"
+            df["host"] = (meta.get("sysinfo") or {}).get("hostname")
+        frames.append(df)
+    if not frames:
+        return pd.DataFrame()
+    return pd.concat(frames, ignore_index=True)
+
+
+def run_label(meta: dict) -> str:
+    if meta.get("label"):
+        return meta["label"]
+    env = meta.get("env_overrides") or {}
+    return " ".join(f"{k}={v}" for k, v in env.items()) or "default env"
+
+
+def recorded(experiment: str, root: str | Path | None = None) -> list[Path]:
+    """Committed GPU runs of ``experiment`` (newest last)."""
+    base = Path(root or RECORDED_ROOT) / experiment
+    return sorted(p.parent for p in base.glob("*/meta.json"))
+
+
+def describe(run_dir: str | Path) -> str:
+    """'2x NVIDIA H200 (NV18) | ... | recorded 2026-11-22' for labelling recorded results."""
+    from . import sysinfo
+
+    meta = read_meta(run_dir)
+    when = (meta.get("start_time") or "")[:10]
+    return f"{sysinfo.summary(meta.get('sysinfo') or {})} | recorded {when}"

@@ -1,0 +1,192 @@
+"""``kit run``: execute notebooks with papermill and turn them into a shareable report.
+
+For each notebook: parameters = the config file's ``defaults`` + its own section + ``-p`` overrides, all
+validated against the experiment's Config before anything runs (plus the world size against the GPUs
+present). Output goes to one report directory per invocation::
+
+    results/reports/<run-id>/
+        index.html                  links, status and hardware of every notebook in this run
+        <name>.ipynb                the executed notebook (kept, partly executed, when a cell fails)
+        <name>.html                 nbconvert HTML, images embedded (``--no-input`` hides the code)
+        figures/<name>-*.png        every figure the notebook saved; also copied to ./figures/
+
+A failing cell gives a non-zero exit whose message names the notebook and the cell.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from . import results
+from .config import NOTEBOOK_EXTRAS, ConfigError, LaunchConfig, load_yaml, validate
+from .experiments import EXPERIMENTS, get
+
+REPO = results.REPO_ROOT
+NOTEBOOKS = REPO / "notebooks"
+CONFIGS = REPO / "configs"
+
+
+class NotebookFailed(RuntimeError):
+    pass
+
+
+def notebook_names() -> list[str]:
+    return sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb") if p.stem in EXPERIMENTS)
+
+
+def default_config() -> Path:
+    from .launch import cuda_device_count
+
+    return CONFIGS / ("gpu.yaml" if cuda_device_count() >= 1 else "cpu-smoke.yaml")
+
+
+def resolve_params(names: list[str], config_path: Path, overrides: list[tuple[str, Any]]) -> dict[str, dict]:
+    """Validated papermill parameters per notebook. Raises one ConfigError listing every problem."""
+    from .launch import resolve
+
+    data = load_yaml(config_path) if config_path else {}
+    problems: list[str] = []
+    unknown = [k for k in data if k != "defaults" and k not in EXPERIMENTS]
+    if unknown:
+        problems.append(f"{config_path}: unknown section(s) {unknown}; sections are 'defaults' and {list(EXPERIMENTS)}")
+    defaults = data.get("defaults") or {}
+    try:
+        validate(LaunchConfig, defaults, where=f"{config_path}:defaults")
+    except ConfigError as e:
+        problems.append(str(e))
+    out = {}
+    for name in names:
+        mapping = {**defaults, **(data.get(name) or {}), **dict(overrides)}
+        try:
+            cfg, extras = validate(get(name).Config, mapping, where=name, extras=NOTEBOOK_EXTRAS)
+            resolve(cfg)  # world size vs GPUs present, backend name
+            extras["interactive"] = False  # batch runs never wait for widgets
+            out[name] = {**asdict(cfg), **extras}
+        except ConfigError as e:
+            problems.append(str(e))
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return out
+
+
+def _export_html(nb_path: Path, html_path: Path, no_input: bool) -> None:
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    nb = nbformat.read(nb_path, as_version=4)
+    exporter = HTMLExporter(exclude_input=no_input, exclude_input_prompt=no_input, exclude_output_prompt=no_input)
+    body, _ = exporter.from_notebook_node(nb)
+    html_path.write_text(body)
+
+
+def run_notebook(name: str, params: dict, report_dir: Path, no_input: bool, log=print) -> dict:
+    import papermill as pm
+
+    src = NOTEBOOKS / f"{name}.ipynb"
+    out_nb = report_dir / f"{name}.ipynb"
+    fig_dir = report_dir / "figures"
+    fig_dir.mkdir(exist_ok=True)
+    env_backup = {k: os.environ.get(k) for k in ("KIT_FIGURES_DIR", "KIT_FIGURE_PREFIX")}
+    os.environ["KIT_FIGURES_DIR"] = str(fig_dir)  # kit.plot.save writes here; inherited by the kernel
+    os.environ["KIT_FIGURE_PREFIX"] = name
+    t0 = time.time()
+    status, error = "ok", None
+    try:
+        pm.execute_notebook(str(src), str(out_nb), parameters=params, kernel_name="python3", cwd=str(REPO),
+                            progress_bar=sys.stderr.isatty(), log_output=False)
+    except pm.PapermillExecutionError as e:
+        status = "failed"
+        src_line = (e.source or "").strip().splitlines()[:1]
+        error = (f"notebook {name}: cell {e.cell_index} (execution count {e.exec_count}) failed: "
+                 f"{e.ename}: {e.evalue}" + (f"\n  cell begins: {src_line[0]}" if src_line else ""))
+    except Exception as e:  # kernel died, papermill itself failed
+        status = "failed"
+        error = f"notebook {name}: {type(e).__name__}: {e}"
+    finally:
+        for k, v in env_backup.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    html_file = None
+    if out_nb.exists():
+        html_file = report_dir / f"{name}.html"
+        try:
+            _export_html(out_nb, html_file, no_input)
+        except Exception as e:
+            log(f"  (HTML export failed: {e})")
+            html_file = None
+    figures = sorted(fig_dir.glob(f"{name}-*.png"))
+    return {"name": name, "status": status, "error": error, "seconds": round(time.time() - t0, 1),
+            "notebook": out_nb.name, "html": html_file.name if html_file else None,
+            "figures": [f"figures/{f.name}" for f in figures], "params": params}
+
+
+def write_index(report_dir: Path, entries: list[dict], config_path: Path | None) -> Path:
+    from . import sysinfo
+
+    info = sysinfo.collect()
+    rows = []
+    for e in entries:
+        link = f'<a href="{e["html"]}">{e["name"]}</a>' if e["html"] else e["name"]
+        status = e["status"] if e["status"] == "ok" else f'<b style="color:#b00">{e["status"]}</b>'
+        figs = "".join(f'<a href="{f}"><img src="{f}" height="120"></a> ' for f in e["figures"])
+        err = f'<pre>{html.escape(e["error"])}</pre>' if e["error"] else ""
+        rows.append(f"<tr><td>{link}<br><small>{e['notebook']}</small></td><td>{status}</td>"
+                    f"<td>{e['seconds']} s</td><td>{figs}{err}</td></tr>")
+    page = f"""<!doctype html><meta charset="utf-8"><title>kit report {report_dir.name}</title>
+<style>body{{font-family:sans-serif;margin:2em}} td{{vertical-align:top;padding:6px;border-bottom:1px solid #ddd}}</style>
+<h1>kit report {report_dir.name}</h1>
+<p>{html.escape(sysinfo.summary(info))}<br>config: {html.escape(str(config_path))} &middot;
+git {html.escape(str(results.git_commit()))} &middot; {time.strftime('%Y-%m-%d %H:%M')}</p>
+<table><tr><th>notebook</th><th>status</th><th>time</th><th>figures</th></tr>{''.join(rows)}</table>
+<details><summary>sysinfo</summary><pre>{html.escape(sysinfo.format_text(info))}</pre></details>
+"""
+    path = report_dir / "index.html"
+    path.write_text(page)
+    results.write_json(report_dir / "report.json", {"entries": entries, "config": str(config_path), "sysinfo": info})
+    return path
+
+
+def run(names: list[str], config_path: str | None, overrides: list[tuple[str, Any]], *, no_input: bool = False,
+        results_root: str = "results", copy_figures: bool = True, log=print) -> tuple[Path, list[dict]]:
+    """Execute notebooks; returns (report_dir, entries). Raises ConfigError before running anything."""
+    if not names or names == ["all"]:
+        names = notebook_names()
+    missing = [n for n in names if not (NOTEBOOKS / f"{n}.ipynb").exists() or n not in EXPERIMENTS]
+    if missing:
+        raise ConfigError(f"no notebook for {missing}; available: {notebook_names()}")
+    cfg_path = Path(config_path) if config_path else default_config()
+    if not cfg_path.exists() and (CONFIGS / cfg_path.name).exists():
+        cfg_path = CONFIGS / cfg_path.name
+    params = resolve_params(names, cfg_path, overrides)
+    for p in params.values():  # notebooks run with cwd=REPO: keep a relative results_root relative to the caller
+        if not os.path.isabs(p["results_root"]):
+            p["results_root"] = os.path.abspath(p["results_root"])
+    report_dir = results.new_run_dir(Path(results_root).resolve(), "reports")
+    log(f"kit run: {len(names)} notebook(s) with {cfg_path} -> {report_dir}")
+    entries = []
+    for i, name in enumerate(names, 1):
+        log(f"[{i}/{len(names)}] {name}: running ...")
+        e = run_notebook(name, params[name], report_dir, no_input, log)
+        entries.append(e)
+        log(f"[{i}/{len(names)}] {name}: {e['status']} in {e['seconds']} s"
+            + (f", {len(e['figures'])} figure(s)" if e["figures"] else ""))
+        if e["error"]:
+            log("  " + e["error"].replace("\n", "\n  "))
+        if copy_figures and e["figures"]:
+            dest = REPO / "figures"
+            dest.mkdir(exist_ok=True)
+            for f in e["figures"]:
+                shutil.copy2(report_dir / f, dest / Path(f).name)
+    index = write_index(report_dir, entries, cfg_path)
+    log(f"report: {index}")
+    return report_dir, entries

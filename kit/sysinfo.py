@@ -1,0 +1,174 @@
+"""Capture the hardware and software a result came from.
+
+GPU facts come from NVML (package ``nvidia-ml-py``, imported as ``pynvml``): name, UUID, PCI bus id, memory,
+current and max SM clock, NVLink links up, and the GPU x GPU connection matrix in the vocabulary of
+``nvidia-smi topo -m`` (``NV<n>`` = n NVLinks between the pair; otherwise the PCIe level ``PIX``/``PXB``/
+``PHB``/``NODE``/``SYS``). Software: torch, CUDA runtime, NCCL, Python, host, CPUs, and every ``NCCL_*``,
+``TORCH_*``, ``CUDA_*`` environment variable. Without an NVIDIA driver the GPU list is empty and
+``nvml_error`` says why; nothing raises.
+
+NVML does not create a CUDA context, so this is safe to call in a launcher parent process.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import sys
+from typing import Any
+
+ENV_PREFIXES = ("NCCL_", "TORCH_", "CUDA_", "PYTORCH_", "NVSHMEM_")
+
+# nvmlDeviceGetTopologyCommonAncestor levels -> the labels `nvidia-smi topo -m` prints.
+_TOPO_LABELS = {0: "X", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _gpu_info(pynvml) -> dict[str, Any]:
+    info: dict[str, Any] = {"gpus": [], "topology": [], "driver_version": None, "cuda_driver_version": None}
+    info["driver_version"] = _s(pynvml.nvmlSystemGetDriverVersion())
+    try:
+        v = pynvml.nvmlSystemGetCudaDriverVersion()
+        info["cuda_driver_version"] = f"{v // 1000}.{(v % 1000) // 10}"
+    except pynvml.NVMLError:
+        pass
+    n = pynvml.nvmlDeviceGetCount()
+    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
+    bus_ids = []
+    for i, h in enumerate(handles):
+        g: dict[str, Any] = {"index": i, "name": _s(pynvml.nvmlDeviceGetName(h))}
+        g["uuid"] = _s(pynvml.nvmlDeviceGetUUID(h))
+        bus = _s(pynvml.nvmlDeviceGetPciInfo(h).busId)
+        g["pci_bus_id"] = bus
+        bus_ids.append(bus.lower())
+        mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+        g["memory_total_mib"] = mem.total // 2**20
+        for key, fn in (("sm_clock_mhz", pynvml.nvmlDeviceGetClockInfo), ("sm_clock_max_mhz", pynvml.nvmlDeviceGetMaxClockInfo)):
+            try:
+                g[key] = fn(h, pynvml.NVML_CLOCK_SM)
+            except pynvml.NVMLError:
+                g[key] = None
+        links, remotes = 0, []
+        for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
+            try:
+                if pynvml.nvmlDeviceGetNvLinkState(h, link) == pynvml.NVML_FEATURE_ENABLED:
+                    links += 1
+                    remotes.append(_s(pynvml.nvmlDeviceGetNvLinkRemotePciInfo(h, link).busId).lower())
+            except pynvml.NVMLError:
+                break  # no such link / NVLink not supported on this GPU
+        g["nvlinks_up"] = links
+        g["_remotes"] = remotes
+        info["gpus"].append(g)
+    # Connection matrix: NVLink count where links connect the pair, else the PCIe common ancestor level.
+    for i, hi in enumerate(handles):
+        row = []
+        for j, hj in enumerate(handles):
+            if i == j:
+                row.append("X")
+                continue
+            nv = sum(1 for r in info["gpus"][i]["_remotes"] if r == bus_ids[j])
+            if nv:
+                row.append(f"NV{nv}")
+                continue
+            try:
+                lvl = pynvml.nvmlDeviceGetTopologyCommonAncestor(hi, hj)
+                row.append(_TOPO_LABELS.get(int(lvl), str(lvl)))
+            except pynvml.NVMLError:
+                row.append("?")
+        info["topology"].append(row)
+    for g in info["gpus"]:
+        g.pop("_remotes")
+    return info
+
+
+def software() -> dict[str, Any]:
+    sw: dict[str, Any] = {"python": platform.python_version(), "torch": None, "cuda_runtime": None, "nccl": None}
+    try:
+        import torch
+
+        sw["torch"] = torch.__version__
+        sw["cuda_runtime"] = torch.version.cuda
+        try:
+            if torch.distributed.is_nccl_available():
+                sw["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:
+            pass
+    except ImportError:
+        pass
+    return sw
+
+
+def collect() -> dict[str, Any]:
+    """Everything about this machine that a performance number depends on. Never raises."""
+    out: dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "python_executable": sys.executable,
+        "gpus": [],
+        "topology": [],
+        "nvml_error": None,
+    }
+    out.update(software())
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            out.update(_gpu_info(pynvml))
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception as e:  # no driver, no library, no permission: an empty GPU list, not a crash
+        out["nvml_error"] = f"{type(e).__name__}: {e}"
+    plugin = os.environ.get("NCCL_PROFILER_PLUGIN")
+    out["nccl_profiler_plugin"] = plugin or None
+    out["env"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
+    return out
+
+
+def summary(info: dict[str, Any]) -> str:
+    """One line: '2x NVIDIA H200 (NV18) | driver 580.x | torch 2.11 | CUDA 13.0 | NCCL 2.28.9'."""
+    gpus = info.get("gpus") or []
+    if gpus:
+        names = sorted({g["name"] for g in gpus})
+        link = ""
+        topo = info.get("topology") or []
+        if len(topo) > 1:
+            link = f" ({topo[0][1]})"
+        hw = f"{len(gpus)}x {'/'.join(names)}{link} | driver {info.get('driver_version')}"
+    else:
+        hw = f"CPU only ({info.get('cpu_count')} cores)"
+    parts = [hw, f"torch {info.get('torch')}"]
+    if info.get("cuda_runtime"):
+        parts.append(f"CUDA {info['cuda_runtime']}")
+    if info.get("nccl") and gpus:
+        parts.append(f"NCCL {info['nccl']}")
+    return " | ".join(parts)
+
+
+def format_text(info: dict[str, Any]) -> str:
+    lines = [f"host          {info['hostname']} ({info['cpu_count']} CPUs, {info['platform']})",
+             f"python        {info['python']}",
+             f"torch         {info['torch']} (CUDA runtime {info['cuda_runtime']}, NCCL {info['nccl']})"]
+    if info["gpus"]:
+        lines.append(f"driver        {info['driver_version']} (CUDA driver {info['cuda_driver_version']})")
+        for g in info["gpus"]:
+            lines.append(
+                f"GPU{g['index']}          {g['name']}  {g['memory_total_mib']} MiB  SM {g['sm_clock_mhz']}/"
+                f"{g['sm_clock_max_mhz']} MHz  NVLinks up {g['nvlinks_up']}  {g['pci_bus_id']}  {g['uuid']}"
+            )
+        n = len(info["gpus"])
+        lines.append("topology      " + "".join(f"{'GPU' + str(j):>7}" for j in range(n)))
+        for i, row in enumerate(info["topology"]):
+            lines.append(f"{'GPU' + str(i):<14}" + "".join(f"{c:>7}" for c in row))
+    else:
+        lines.append(f"GPUs          none ({info['nvml_error']})")
+    if info.get("nccl_profiler_plugin"):
+        lines.append(f"NCCL profiler plugin  {info['nccl_profiler_plugin']}")
+    for k, v in info["env"].items():
+        lines.append(f"env           {k}={v}")
+    return "\n".join(lines)

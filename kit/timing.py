@@ -1,0 +1,138 @@
+"""One way to time, used by every experiment.
+
+A *sample* is the time of ``iters`` back-to-back calls divided by ``iters``; an experiment takes ``repeats``
+samples after ``warmup`` untimed calls and keeps every sample (rows carry ``sample`` and ``time_us``).
+
+* :func:`measure` -- the path a PyTorch program gets. On CUDA: CUDA events recorded on the current stream
+  around the calls; the host clock around the same loop (without synchronising) gives the host cost of
+  enqueueing one call. On CPU: the host clock, the calls being synchronous.
+* :func:`measure_graph` -- device-only time: the same ``iters`` calls captured once in a CUDA graph (warm-up on
+  a side stream first, as PyTorch documents) and replayed; launch overhead is gone, what remains is the
+  kernels and the gaps the graph itself contains.
+* Every sample starts barrier-aligned across ranks (:meth:`kit.launch.Ctx.barrier`: all ranks arrive and the
+  device is idle), so a collective's time is not inflated by a peer that started late.
+* :func:`stats` / :func:`summarize` -- median, p10, p90, min, mean, std and n; the same everywhere.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+
+@dataclass
+class Samples:
+    """Per-call seconds, one value per sample. ``host_s`` is the host time to enqueue one call (CUDA only)."""
+
+    method: str
+    device_s: list[float] = field(default_factory=list)
+    host_s: list[float] = field(default_factory=list)
+
+    def rows(self, **keys) -> list[dict]:
+        out = []
+        for i, t in enumerate(self.device_s):
+            r = {**keys, "method": self.method, "sample": i, "time_us": t * 1e6}
+            if self.host_s:
+                r["host_us"] = self.host_s[i] * 1e6
+            out.append(r)
+        return out
+
+
+def measure(fn: Callable[[], object], ctx, *, iters: int = 10, repeats: int = 10, warmup: int = 3,
+            aligned: bool = True) -> Samples:
+    """Time ``fn`` the way a program calls it: ``repeats`` samples of ``iters`` calls each."""
+    for _ in range(warmup):
+        fn()
+    ctx.sync()
+    s = Samples("eager")
+    if ctx.is_cuda:
+        import torch
+
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(repeats):
+            if aligned:
+                ctx.barrier()
+            h0 = time.perf_counter()
+            start.record()
+            for _ in range(iters):
+                fn()
+            end.record()
+            h1 = time.perf_counter()
+            end.synchronize()
+            s.device_s.append(start.elapsed_time(end) / 1e3 / iters)
+            s.host_s.append((h1 - h0) / iters)
+    else:
+        for _ in range(repeats):
+            if aligned:
+                ctx.barrier()
+            h0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            s.device_s.append((time.perf_counter() - h0) / iters)
+    return s
+
+
+def capture_graph(fn: Callable[[], object], ctx, *, iters: int = 1, warmup: int = 3):
+    """Capture ``iters`` calls of ``fn`` into a ``torch.cuda.CUDAGraph`` (warm-up on a side stream first)."""
+    import torch
+
+    side = torch.cuda.Stream(device=ctx.device)
+    side.wait_stream(torch.cuda.current_stream(ctx.device))
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream(ctx.device).wait_stream(side)
+    ctx.sync()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(iters):
+            fn()
+    ctx.sync()
+    return g
+
+
+def measure_graph(fn: Callable[[], object], ctx, *, iters: int = 10, repeats: int = 10, warmup: int = 3,
+                  aligned: bool = True, graph=None) -> Samples:
+    """Device-only time per call: ``iters`` calls captured in one CUDA graph, replayed ``repeats`` times."""
+    import torch
+
+    g = graph or capture_graph(fn, ctx, iters=iters, warmup=warmup)
+    g.replay()  # first replay uploads the graph
+    ctx.sync()
+    s = Samples("graph")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(repeats):
+        if aligned:
+            ctx.barrier()
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        s.device_s.append(start.elapsed_time(end) / 1e3 / iters)
+    del g
+    return s
+
+
+def stats(values: Sequence[float]) -> dict[str, float]:
+    import numpy as np
+
+    a = np.asarray(values, dtype=float)
+    if a.size == 0:
+        return {"n": 0, "median": float("nan"), "p10": float("nan"), "p90": float("nan"), "min": float("nan"),
+                "mean": float("nan"), "std": float("nan")}
+    return {"n": int(a.size), "median": float(np.median(a)), "p10": float(np.percentile(a, 10)),
+            "p90": float(np.percentile(a, 90)), "min": float(a.min()), "mean": float(a.mean()),
+            "std": float(a.std(ddof=1)) if a.size > 1 else 0.0}
+
+
+def summarize(df, by: Sequence[str], value: str = "time_us"):
+    """Per group of ``by``: n, median, p10, p90, min, mean, std of ``value`` (columns ``<value>_<stat>``)."""
+    import pandas as pd
+
+    rows = []
+    for key, g in df.groupby(list(by), sort=True, dropna=False):
+        key = key if isinstance(key, tuple) else (key,)
+        st = stats(g[value].dropna().to_numpy())
+        rows.append({**dict(zip(by, key)), **{f"{value}_{k}": v for k, v in st.items()}})
+    return pd.DataFrame(rows)
