@@ -321,8 +321,10 @@ def _spawn_once(fn, cfg, world, backend, run_dir: Path, writer: results.RowWrite
     run = results.Run(run_dir, meta, writer.rows)
 
     def fail(message: str, rank: int | None, kind: str):
-        _kill_all(states)
+        # Collect what the other ranks already sent, *then* kill: a rank killed while writing to the queue
+        # can leave half a message in the pipe, so the queue is never read after a kill.
         _drain(q, states, writer, meta, on_row, verbose)
+        _kill_all(states)
         raise LaunchError(message, run, rank, kind)
 
     try:
@@ -368,8 +370,8 @@ def _spawn_once(fn, cfg, world, backend, run_dir: Path, writer: results.RowWrite
             # watchdog
             silent = {r: s for r, s in states.items() if not s.done and t - s.last_progress > cfg.timeout_s}
             if silent:
-                fail(_hang_report(states, silent, run_dir, cfg.timeout_s), min(silent, key=lambda r: states[r].steps),
-                     "hang")
+                message, culprit = _hang_report(states, silent, run_dir, cfg.timeout_s)
+                fail(message, culprit, "hang")
         # every rank delivered everything; teardown is bounded
         deadline = time.monotonic() + cfg.teardown_s
         for r, s in states.items():
@@ -415,35 +417,72 @@ def _handle(msg, states, writer, meta, on_row, verbose):
     return None
 
 
-def _drain(q, states, writer, meta, on_row, verbose) -> None:
+def _drain(q, states, writer, meta, on_row, verbose, quiet_s: float = 0.3) -> None:
+    """Handle messages until none has arrived for ``quiet_s`` (rows in flight from live ranks)."""
     while True:
         try:
-            msg = q.get(timeout=0.2)
+            msg = q.get(timeout=quiet_s)
         except (queue_mod.Empty, OSError, EOFError, ValueError):
             return
         if msg[0] != "error":
             _handle(msg, states, writer, meta, on_row, verbose)
 
 
-def _hang_report(states, silent, run_dir: Path, timeout_s: float) -> str:
+def _main_thread_frames(stack_text: str) -> list[str]:
+    """The 'File ... in func' lines of the thread that handled SIGUSR1 (the main thread), innermost first."""
+    frames, inside = [], False
+    for line in stack_text.splitlines():
+        if line.startswith("Current thread") or line.startswith("Thread"):
+            inside = line.startswith("Current thread")
+            continue
+        if inside and line.strip().startswith("File "):
+            frames.append(line.strip())
+    return frames
+
+
+_WAITING_MARKERS = ("torch/distributed/", "torch\\distributed\\", " in synchronize", " in wait", " in barrier")
+
+
+def _waiting_in_collective(frames: list[str]) -> bool:
+    """A rank blocked inside a torch.distributed call (or a device sync) is most likely waiting for a peer."""
+    return any(m in f for f in frames[:4] for m in _WAITING_MARKERS)
+
+
+def _hang_report(states, silent, run_dir: Path, timeout_s: float) -> tuple[str, int]:
+    """Dump every silent rank's Python stack, decide who hung, and describe it. Returns (message, culprit).
+
+    Culprits: silent ranks *not* blocked inside a torch.distributed call (the others wait for them); if that
+    does not single anyone out, the silent ranks with the least progress.
+    """
     for r in silent:
         try:
             os.kill(states[r].proc.pid, signal.SIGUSR1)
         except OSError:
             pass
     time.sleep(0.5)  # faulthandler writes synchronously from the signal handler
-    least = min(states[r].steps for r in silent)
-    culprits = [r for r in silent if states[r].steps == least]
+    stacks = {r: _tail(run_dir / "logs" / f"rank{r}.stacks", 200) for r in silent}
+    not_waiting = [r for r in silent if not _waiting_in_collective(_main_thread_frames(stacks[r]))]
+    if not_waiting and len(not_waiting) < len(silent):
+        culprits = sorted(not_waiting)
+    else:
+        least = min(states[r].steps for r in silent)
+        culprits = sorted(r for r in silent if states[r].steps == least)
     lines = [f"rank {', '.join(map(str, culprits))} hung: no progress for {timeout_s:g} s "
              f"(watchdog timeout_s) in step {states[culprits[0]].step!r}"]
     for r, s in sorted(states.items()):
-        state = "finished" if s.done else f"last step {s.step!r} after {s.steps} progress reports"
+        if s.done:
+            state = "finished"
+        else:
+            state = f"last step {s.step!r} after {s.steps} progress reports"
+            if r in silent and r not in culprits:
+                state += " (blocked in a collective, waiting)"
         lines.append(f"  rank {r}: {state}")
-    for r in sorted(silent):
-        stack = _tail(run_dir / "logs" / f"rank{r}.stacks", 12)
-        if stack.strip():
-            lines.append(f"--- Python stack of rank {r} when the watchdog fired ---\n{stack}")
-    return "\n".join(lines)
+    for r in sorted(silent, key=lambda r: (r not in culprits, r)):
+        frames = _main_thread_frames(stacks[r])
+        if frames:
+            lines.append(f"--- Python stack of rank {r} when the watchdog fired (innermost first) ---\n  "
+                         + "\n  ".join(frames[:12]))
+    return "\n".join(lines), culprits[0]
 
 
 # --------------------------------------------------------------------------------------------- public API

@@ -1,0 +1,56 @@
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT))
+
+
+def pids_of(run_dir) -> list[int]:
+    d = Path(run_dir) / "pids"
+    return [int(p.read_text()) for p in d.iterdir()] if d.exists() else []
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is dead for our purposes (it holds no GPU); check /proc state where available
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return True
+
+
+def wait_dead(pids, timeout=10.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = [p for p in pids if alive(p)]
+        if not left:
+            return []
+        time.sleep(0.1)
+    return [p for p in pids if alive(p)]
+
+
+@pytest.fixture
+def cfg(tmp_path):
+    from kit.config import LaunchConfig
+
+    return LaunchConfig(world_size=2, backend="gloo", results_root=str(tmp_path / "results"), timeout_s=60)
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch
+
+        ngpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:
+        ngpu = 0
+    for item in items:
+        if "gpu" in item.keywords and ngpu < 2:
+            item.add_marker(pytest.mark.skip(reason="needs 2 CUDA GPUs"))

@@ -1,0 +1,77 @@
+"""Tiny experiments for the launcher tests. Module-level so spawned ranks can import them."""
+
+import os
+import time
+from pathlib import Path
+
+
+def echo(cfg, ctx):
+    """One row per rank: what the rank saw (env override, world, backend), plus an all_reduce result."""
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor([float(ctx.rank + 1)], device=ctx.device)
+    dist.all_reduce(t)
+    yield {"world": ctx.world_size, "backend": ctx.backend, "env_seen": os.environ.get("KIT_TEST_VAR", ""),
+           "nccl_algo": os.environ.get("NCCL_ALGO", ""), "sum": float(t.item()), "pid": os.getpid()}
+
+
+def trivial(cfg, ctx):
+    return [{"ok": 1}]
+
+
+def write_pid(ctx):
+    d = Path(ctx.run_dir) / "pids"
+    d.mkdir(exist_ok=True)
+    (d / str(ctx.rank)).write_text(str(os.getpid()))
+
+
+def raise_on_rank1(cfg, ctx):
+    """Rows first (they must survive), then rank 1 raises while rank 0 waits in a collective."""
+    import torch.distributed as dist
+
+    write_pid(ctx)
+    for i in range(3):
+        yield {"i": i}
+    ctx.step("about to fail")
+    if ctx.rank == 1:
+        raise ValueError("deliberate failure on rank 1")
+    dist.barrier()
+    time.sleep(60)
+
+
+def hang_on_rank1(cfg, ctx):
+    write_pid(ctx)
+    yield {"i": 0}
+    if ctx.rank == 1:
+        ctx.step("stuck in a sleep")
+        time.sleep(600)
+    else:
+        ctx.step("waiting for rank 1")
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def hang_in_teardown(cfg, ctx):
+    """Finishes its work, then hangs forever in destroy_process_group (as seen with profiler + CUDA graph)."""
+    import torch.distributed as dist
+
+    write_pid(ctx)
+    dist.destroy_process_group = lambda *a, **k: time.sleep(600)
+    yield {"done": 1}
+
+
+def exit_hard_on_rank0(cfg, ctx):
+    write_pid(ctx)
+    yield {"i": 0}
+    if ctx.rank == 0:
+        os._exit(3)
+    time.sleep(60)
+
+
+def sleep_forever(cfg, ctx):
+    write_pid(ctx)
+    ctx.step("sleeping")
+    yield {"started": 1}
+    time.sleep(600)
