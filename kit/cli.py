@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--config", "-c", help="YAML config (default: configs/gpu.yaml with GPUs, else configs/cpu-smoke.yaml)")
     r.add_argument("-p", "--param", action="append", metavar="KEY=VALUE", help="override a parameter (YAML value)")
     r.add_argument("--no-input", action="store_true", help="hide code cells in the HTML report")
-    r.add_argument("--results-root", default="results", help="where runs and reports are written")
+    r.add_argument("--results-root", help="where runs and reports are written (default: the config's, else results/)")
     r.set_defaults(fn=cmd_run)
 
     e = sub.add_parser("exp", help="run one experiment without a notebook (works under torchrun / srun)")

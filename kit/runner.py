@@ -157,8 +157,14 @@ git {html.escape(str(results.git_commit()))} &middot; {time.strftime('%Y-%m-%d %
 
 
 def run(names: list[str], config_path: str | None, overrides: list[tuple[str, Any]], *, no_input: bool = False,
-        results_root: str = "results", copy_figures: bool = True, log=print) -> tuple[Path, list[dict]]:
-    """Execute notebooks; returns (report_dir, entries). Raises ConfigError before running anything."""
+        results_root: str | None = None, copy_figures: bool = True, log=print) -> tuple[Path, list[dict]]:
+    """Execute notebooks; returns (report_dir, entries). Raises ConfigError before running anything.
+
+    ``results_root`` (``--results-root``) holds both the report and the experiments' runs; when not given,
+    the config's ``results_root`` (default ``results``) is used.
+    """
+    if results_root is not None:
+        overrides = [("results_root", str(results_root))] + list(overrides)
     if not names or names == ["all"]:
         names = notebook_names()
     missing = [n for n in names if not (NOTEBOOKS / f"{n}.ipynb").exists() or n not in EXPERIMENTS]
@@ -171,7 +177,8 @@ def run(names: list[str], config_path: str | None, overrides: list[tuple[str, An
     for p in params.values():  # notebooks run with cwd=REPO: keep a relative results_root relative to the caller
         if not os.path.isabs(p["results_root"]):
             p["results_root"] = os.path.abspath(p["results_root"])
-    report_dir = results.new_run_dir(Path(results_root).resolve(), "reports")
+    root = results_root or next(iter(params.values()))["results_root"]
+    report_dir = results.new_run_dir(Path(root).resolve(), "reports")
     log(f"kit run: {len(names)} notebook(s) with {cfg_path} -> {report_dir}")
     entries = []
     for i, name in enumerate(names, 1):

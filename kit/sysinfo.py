@@ -38,6 +38,7 @@ def _gpu_info(pynvml) -> dict[str, Any]:
         pass
     n = pynvml.nvmlDeviceGetCount()
     handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
+    bus_ids_all = {_s(pynvml.nvmlDeviceGetPciInfo(h).busId).lower() for h in handles}
     bus_ids = []
     for i, h in enumerate(handles):
         g: dict[str, Any] = {"index": i, "name": _s(pynvml.nvmlDeviceGetName(h))}
@@ -62,6 +63,8 @@ def _gpu_info(pynvml) -> dict[str, Any]:
                 break  # no such link / NVLink not supported on this GPU
         g["nvlinks_up"] = links
         g["_remotes"] = remotes
+        # links that end on an NVSwitch (HGX boards) rather than on a peer GPU
+        g["nvlinks_to_switch"] = sum(1 for r in remotes if r not in bus_ids_all)
         info["gpus"].append(g)
     # Connection matrix: NVLink count where links connect the pair, else the PCIe common ancestor level.
     for i, hi in enumerate(handles):
@@ -71,6 +74,15 @@ def _gpu_info(pynvml) -> dict[str, Any]:
                 row.append("X")
                 continue
             nv = sum(1 for r in info["gpus"][i]["_remotes"] if r == bus_ids[j])
+            if not nv and info["gpus"][i]["nvlinks_to_switch"] and info["gpus"][j]["nvlinks_to_switch"]:
+                # Through NVSwitches every link of a GPU reaches every peer on the fabric, as nvidia-smi
+                # topo -m reports it (NV18 on HGX H100/H200); only if NVML says the pair can use NVLink P2P.
+                try:
+                    ok = pynvml.nvmlDeviceGetP2PStatus(hi, hj, pynvml.NVML_P2P_CAPS_INDEX_NVLINK) == pynvml.NVML_P2P_STATUS_OK
+                except (pynvml.NVMLError, AttributeError):
+                    ok = False
+                if ok:
+                    nv = min(info["gpus"][i]["nvlinks_to_switch"], info["gpus"][j]["nvlinks_to_switch"])
             if nv:
                 row.append(f"NV{nv}")
                 continue

@@ -35,6 +35,17 @@ def requirements(extras: list[str], exclude: list[str]) -> list[str]:
     return [r for r in reqs if _name(r) not in skip]
 
 
+def _interpreter(version: str) -> str | None:
+    import shutil
+
+    if f"{sys.version_info.major}.{sys.version_info.minor}" == version:
+        return sys.executable
+    for cand in (shutil.which(f"python{version}"), *sorted(Path.home().glob(f".pyenv/versions/{version}*/bin/python{version}"))):
+        if cand and subprocess.call([str(cand), "-m", "pip", "--version"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) == 0:
+            return str(cand)
+    return None
+
+
 def _name(req: str) -> str:
     return re.split(r"[<>=!~\[; ]", req.strip(), maxsplit=1)[0].lower().replace("_", "-")
 
@@ -43,7 +54,15 @@ def build(dest: str, python_version: str, platforms: list[str] | None, exclude: 
     dest_p = Path(dest)
     dest_p.mkdir(parents=True, exist_ok=True)
     reqs = requirements(extras, exclude)
-    cmd = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--dest", str(dest_p),
+    # pip evaluates environment markers (e.g. papermill's `aiohttp; python_version == "3.12"`) for the
+    # interpreter that runs it, even with --python-version: use an interpreter of the target version if
+    # one is installed, so the wheelhouse holds exactly what that Python will ask for.
+    target_py = _interpreter(python_version)
+    if target_py is None:
+        print(f"warning: no python{python_version} found; environment markers are evaluated for this "
+              f"Python {sys.version_info.major}.{sys.version_info.minor} and conditional dependencies may be missing",
+              file=sys.stderr)
+    cmd = [target_py or sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--dest", str(dest_p),
            "--python-version", python_version]
     for plat in platforms or DEFAULT_PLATFORMS:
         cmd += ["--platform", plat]

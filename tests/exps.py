@@ -75,3 +75,29 @@ def sleep_forever(cfg, ctx):
     ctx.step("sleeping")
     yield {"started": 1}
     time.sleep(600)
+
+
+def profiler_and_graph_then_finish(cfg, ctx):
+    """The teardown case seen on 2xH200: a live profiler and a captured CUDA graph with a collective in it."""
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+
+    write_pid(ctx)
+    x = torch.ones(1 << 20, device=ctx.device)
+    dist.all_reduce(x)
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        dist.all_reduce(x)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        dist.all_reduce(x)
+    prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+    prof.__enter__()  # deliberately left open, graph alive: teardown must still be bounded
+    g.replay()
+    torch.cuda.synchronize()
+    ctx._keep = (g, prof)
+    yield {"value": float(x[0].item())}

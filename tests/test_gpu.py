@@ -1,0 +1,46 @@
+"""Tests that need 2 CUDA GPUs (marker `gpu`; run with `pytest -m gpu` on a GPU node)."""
+
+import dataclasses
+import os
+import time
+
+import pytest
+
+import exps
+from conftest import pids_of, wait_dead
+from kit import experiments
+from kit.launch import launch
+
+pytestmark = pytest.mark.gpu
+
+
+def test_nccl_rows_and_env_override(cfg):
+    cfg = dataclasses.replace(cfg, backend="auto", env={"KIT_TEST_VAR": "x", "NCCL_ALGO": "Ring"})
+    run = launch(exps.echo, cfg, "echo")
+    assert run.meta["backend"] == "nccl"
+    assert sorted(r["rank"] for r in run.rows) == [0, 1]
+    assert all(r["sum"] == 3.0 and r["nccl_algo"] == "Ring" and r["backend"] == "nccl" for r in run.rows)
+    assert run.meta["sysinfo"]["gpus"] and run.meta["sysinfo"]["nccl"]
+
+
+def test_teardown_with_profiler_and_graph_is_bounded(cfg):
+    cfg = dataclasses.replace(cfg, backend="auto", teardown_s=15)
+    t0 = time.monotonic()
+    run = launch(exps.profiler_and_graph_then_finish, cfg, "teardown")
+    assert time.monotonic() - t0 < 120
+    # 1 -> 2 (eager) -> 4 (side-stream warm-up) -> 8 (graph replay); capture itself runs nothing
+    assert [r["value"] for r in sorted(run.rows, key=lambda r: r["rank"])] == [8.0, 8.0]
+    assert wait_dead(pids_of(run.dir), 10) == []
+
+
+def test_collectives_gpu_methods(cfg):
+    c = experiments.make_config("collectives", {"world_size": 2, "max_bytes": 1 << 20, "min_bytes": 1 << 16,
+                                                "iters": 5, "repeats": 3, "results_root": cfg.results_root,
+                                                "nccl_tests": ""})
+    run = experiments.execute("collectives", c)
+    df = run.df()
+    assert {"eager", "graph", "kernel"} <= set(df["method"])
+    k = df[df.method == "kernel"]
+    # one NCCL kernel per call: iters kernels per (collective, size, rank)
+    assert (k.groupby(["collective", "bytes", "rank"]).size() == 5).all()
+    assert (df[df.method == "eager"]["host_us"] > 0).all()

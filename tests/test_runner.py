@@ -1,0 +1,100 @@
+"""`kit run`: notebooks through papermill into an HTML report; bad configs and failing cells."""
+
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+
+import nbformat
+import pytest
+
+from conftest import ROOT
+from kit import collectives, runner
+from kit.config import NOTEBOOK_EXTRAS, ConfigError
+from kit.experiments import EXPERIMENTS, get
+
+
+def _params_cell(name):
+    nb = nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
+    cells = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(cells) == 1
+    return nb, cells[0]
+
+
+@pytest.mark.parametrize("name", sorted(EXPERIMENTS))
+def test_notebook_parameters_match_config(name):
+    """The parameters cell holds plain literals, one per Config field + the notebook extras, same defaults."""
+    nb, cell = _params_cell(name)
+    ns = {}
+    exec(cell.source, {"__builtins__": {}}, ns)  # literals only: no names, no imports
+    cfg_cls = get(name).Config
+    fields = {f.name: f for f in dataclasses.fields(cfg_cls)}
+    assert set(ns) == set(fields) | set(NOTEBOOK_EXTRAS)
+    defaults = dataclasses.asdict(cfg_cls())
+    for k in fields:
+        assert ns[k] == defaults[k], k
+    assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), "commit notebooks without outputs"
+
+
+def test_kit_run_collectives_cpu_smoke(tmp_path):
+    """The CI path end to end: executed notebook, HTML report with the figure, index page, figures/ copy."""
+    p = subprocess.run([sys.executable, "-m", "kit", "run", "collectives", "--config", "configs/cpu-smoke.yaml",
+                        "--results-root", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "[1/1] collectives: ok" in p.stdout
+    report = next((tmp_path / "reports").iterdir())
+    html = (report / "collectives.html").read_text()
+    assert "data:image/png;base64" in html  # figures embedded: the HTML can be shared alone
+    assert (report / "figures" / "collectives-busbw-run.png").stat().st_size > 10_000
+    assert "collectives.html" in (report / "index.html").read_text()
+    assert (ROOT / "figures" / "collectives-busbw-run.png").exists()
+    executed = nbformat.read(report / "collectives.ipynb", as_version=4)
+    assert any("interactive = False" in "".join(o.get("text", "") for o in c.get("outputs", []))
+               for c in executed.cells if c.cell_type == "code")
+    # the experiment's own run directory, written from inside the notebook
+    runs = list((tmp_path / "collectives").glob("*/rows.csv"))
+    assert len(runs) == 1
+
+
+def test_bad_config_is_one_clear_error_and_nothing_runs(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("defaults:\n  world_size: two\ncollectives:\n  max_byte: 10\nnot_a_notebook: {}\n")
+    p = subprocess.run([sys.executable, "-m", "kit", "run", "collectives", "--config", str(bad),
+                        "--results-root", str(tmp_path / "r")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    err = p.stderr
+    assert "unknown section(s) ['not_a_notebook']" in err
+    assert "world_size: expected int, got str 'two'" in err
+    assert "unknown key 'max_byte'" in err and "Traceback" not in err
+    assert not (tmp_path / "r").exists()  # nothing ran
+
+
+def test_world_size_larger_than_gpus_rejected(tmp_path):
+    with pytest.raises(ConfigError, match="needs 16 GPUs"):
+        runner.resolve_params(["collectives"], ROOT / "configs" / "cpu-smoke.yaml",
+                              [("world_size", 16), ("backend", "nccl")])
+
+
+def test_failing_cell_names_notebook_and_cell_and_keeps_partial_notebook(tmp_path, monkeypatch):
+    nbdir = tmp_path / "notebooks"
+    nbdir.mkdir()
+    nb = nbformat.read(ROOT / "notebooks" / "collectives.ipynb", as_version=4)
+    idx = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", [])) + 1
+    nb.cells.insert(idx + 1, nbformat.v4.new_code_cell("raise RuntimeError('boom in a cell')"))
+    nbformat.write(nb, nbdir / "collectives.ipynb")
+    monkeypatch.setattr(runner, "NOTEBOOKS", nbdir)
+    report, entries = runner.run(["collectives"], str(ROOT / "configs" / "cpu-smoke.yaml"), [],
+                                 results_root=str(tmp_path / "r"), copy_figures=False, log=lambda *a: None)
+    e = entries[0]
+    assert e["status"] == "failed"
+    assert "notebook collectives: cell" in e["error"] and "RuntimeError: boom in a cell" in e["error"]
+    assert (report / "collectives.ipynb").exists() and (report / "collectives.html").exists()
+    assert "failed" in (report / "index.html").read_text()
+
+
+def test_cli_exit_code_on_failing_notebook(tmp_path):
+    """`kit run` with an unknown notebook name exits non-zero with a message, no traceback."""
+    p = subprocess.run([sys.executable, "-m", "kit", "run", "nope", "--results-root", str(tmp_path)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "no notebook for ['nope']" in p.stderr
