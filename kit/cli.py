@@ -4,6 +4,7 @@
     kit exp NAME [--config FILE] [-p key=value ...]                           one experiment, no notebook
                                                                               (spawn here, or in place under torchrun/srun)
     kit sysinfo [--json]                                                      hardware and software of this node
+    kit record RUN_DIR ...                                                    copy runs into recorded/ to commit
     kit wheelhouse DIR [--python-version 3.12] [--platform ...] [--exclude NAME ...]
                                                                               wheels for an offline node (never torch)
 """
@@ -64,6 +65,14 @@ def cmd_exp(args) -> int:
     return 0
 
 
+def cmd_record(args) -> int:
+    from . import results
+
+    for d in args.runs:
+        print(f"{d} -> {results.record(d)}")
+    return 0
+
+
 def cmd_wheelhouse(args) -> int:
     from . import wheelhouse
 
@@ -92,6 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("sysinfo", help="GPUs, topology, driver, torch/CUDA/NCCL, NCCL_*/TORCH_*/CUDA_* env")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_sysinfo)
+
+    rc = sub.add_parser("record", help="copy runs into recorded/ (committed evidence: rows gzipped, small files)")
+    rc.add_argument("runs", nargs="+")
+    rc.set_defaults(fn=cmd_record)
 
     w = sub.add_parser("wheelhouse", help="download every dependency except torch as wheels, for offline nodes")
     w.add_argument("dir")

@@ -7,10 +7,14 @@ For every collective and size, on every rank, three timings (all samples kept):
   device time, the GPU waits for Python and the eager number measures the host, not the network.
 * ``graph``  -- the same ``iters`` calls captured in one CUDA graph and replayed: device-only time without
   per-call host work (CUDA only).
-* ``kernel`` -- the durations of the NCCL kernels of one profiled eager loop (torch.profiler / CUPTI): the
-  communication itself (CUDA only).
-* ``nccl-tests`` -- when the nccl-tests binaries are available (``nccl_tests`` parameter), their out-of-place
-  time for the same sizes, run by the launcher process after the ranks have finished.
+* ``kernel`` -- the durations of the NCCL kernels of one profiled eager loop (torch.profiler / CUPTI), CUDA
+  only. A collective kernel starts on each GPU when that rank launches it and spins until its peers arrive,
+  so on every rank but the last to arrive it includes waiting for a late peer (seen on 2xH200 at 1 MiB:
+  12 us on one rank, 63 us on the other, whose host was ahead). The summary therefore takes, per call, the
+  *shortest* duration over ranks: the last rank to arrive waits for no one, its kernel is the transfer.
+* ``nccl-tests`` / ``nccl-tests-graph`` -- when the nccl-tests binaries are available (``nccl_tests``
+  parameter), their out-of-place time for the same sizes, plain and with ``-G`` (its own CUDA-graph mode,
+  the like-for-like reference for ``graph``), run by the launcher process after the ranks have finished.
 
 Sizes follow nccl-tests: ``bytes`` is the larger of the send and receive buffers (for all_gather the gathered
 output, for reduce_scatter the input), rounded down so each rank's part is a whole number of 16-byte aligned
@@ -129,7 +133,7 @@ def kernel_durations(fn, ctx, iters: int, name_filter=lambda n: "nccl" in n.lowe
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    ctx.sync()
+    ctx.barrier()  # start together, so the first kernels do not include the other rank's profiler start-up
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(iters):
             fn()
@@ -240,23 +244,26 @@ def run_nccl_tests(binaries: dict[str, str], cfg: Config, ngpus: int, timeout_s:
     """Run each binary over the configured sizes on ``ngpus`` GPUs of this node (one process, -g ngpus)."""
     rows, logs = [], []
     env = {**os.environ, **cfg.env}
+    # as many timed calls as one of our points (iters x repeats); a longer warm-up than ours because each
+    # binary is a fresh process whose GPU clocks and NCCL connections start cold
+    n, w = cfg.iters * cfg.repeats, max(cfg.warmup, 20)
     for coll in cfg.collectives:
         exe = binaries.get(coll)
         if not exe:
             continue
-        cmd = [exe, "-b", str(cfg.min_bytes), "-e", str(cfg.max_bytes), "-f", "2", "-g", str(ngpus),
-               "-n", str(cfg.iters), "-w", str(cfg.warmup), "-d", _NCCL_TESTS_DTYPE[cfg.dtype], "-c", "0"]
-        try:
-            p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            logs.append(f"$ {' '.join(cmd)}\n(timed out after {timeout_s:g} s)")
-            continue
-        logs.append(f"$ {' '.join(cmd)}\n{p.stdout}{p.stderr}")
-        for r in parse_nccl_tests(p.stdout, coll):
-            r["world_size"] = ngpus
-            r["iters"] = cfg.iters
-            r["dtype"] = cfg.dtype
-            rows.append(r)
+        base = [exe, "-b", str(cfg.min_bytes), "-e", str(cfg.max_bytes), "-f", "2", "-g", str(ngpus),
+                "-w", str(w), "-d", _NCCL_TESTS_DTYPE[cfg.dtype], "-c", "0"]
+        for method, extra in (("nccl-tests", ["-n", str(n)]), ("nccl-tests-graph", ["-n", str(cfg.iters), "-G", str(cfg.repeats)])):
+            cmd = base + extra
+            try:
+                p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                logs.append(f"$ {' '.join(cmd)}\n(timed out after {timeout_s:g} s)")
+                continue
+            logs.append(f"$ {' '.join(cmd)}\n{p.stdout}{p.stderr}")
+            for r in parse_nccl_tests(p.stdout, coll):
+                r.update(method=method, world_size=ngpus, iters=cfg.iters, dtype=cfg.dtype)
+                rows.append(r)
     return rows, logs
 
 
@@ -279,24 +286,33 @@ def after(cfg: Config, run) -> None:
 
 # ----------------------------------------------------------------------------------------------- analysis
 def summarize(df):
-    """One row per (label, collective, bytes, method): the slowest rank's time per sample, then stats.
+    """One row per (label, collective, bytes, method): per sample one time over ranks, then stats.
 
-    A collective is finished when its slowest rank is, so each sample's time is the max over ranks (samples
-    are barrier-aligned, so sample i is the same round on every rank). busbw/algbw come from the median.
+    ``eager``/``graph``: a collective is finished when its slowest rank is, so a sample's time is the max over
+    ranks (samples are barrier-aligned: sample i is the same round on every rank). ``kernel``: the min over
+    ranks, the duration on the rank that arrived last (the others include waiting for it). nccl-tests rows
+    are taken as printed (out-of-place). busbw/algbw come from the median time.
     """
     import pandas as pd
 
     if df.empty:
         return df
     keys = [k for k in ("label", "collective", "bytes", "method") if k in df.columns]
-    d = df[df["method"] != "nccl-tests"]
-    per_sample = d.groupby(keys + ["sample"], dropna=False).agg(time_us=("time_us", "max")).reset_index()
+    external = df["method"].astype(str).str.startswith("nccl-tests")
+    d = df[~external]
+    # eager/graph: a call ends when its slowest rank does -> max over ranks. kernel: the last rank to arrive
+    # does not wait for peers, its kernel is the transfer -> min over ranks (see the module docstring).
+    agg = d.groupby(keys + ["sample"], dropna=False)["time_us"]
+    per_sample = agg.max().reset_index()
+    kmin = agg.min().reset_index()
+    is_kernel = per_sample["method"] == "kernel"
+    per_sample.loc[is_kernel, "time_us"] = kmin.loc[is_kernel, "time_us"].to_numpy()
     if "host_us" in d.columns:
         host = d.groupby(keys, dropna=False)["host_us"].median().rename("host_us_median").reset_index()
     s = timing.summarize(per_sample, keys)
     if "host_us" in d.columns:
         s = s.merge(host, on=keys, how="left")
-    nt = df[(df["method"] == "nccl-tests") & (df.get("placement", "out-of-place") == "out-of-place")]
+    nt = df[external & (df.get("placement", "out-of-place") == "out-of-place")]
     if not nt.empty:
         nts = nt.groupby(keys, dropna=False)["time_us"].median().rename("time_us_median").reset_index()
         nts["time_us_n"] = 1

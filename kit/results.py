@@ -148,7 +148,7 @@ def read_meta(run_dir: str | Path) -> dict:
 
 
 def _run_dirs(path: Path) -> list[Path]:
-    if (path / "meta.json").exists() or (path / "rows.csv").exists():
+    if (path / "meta.json").exists() or (path / "rows.csv").exists() or (path / "rows.csv.gz").exists():
         return [path]
     if path.is_dir():  # an experiment folder (or a results root): every run below it
         return sorted({p.parent for p in path.rglob("meta.json")})
@@ -175,6 +175,8 @@ def load(*paths: str | Path, meta_columns: bool = True):
     frames = []
     for d in dirs:
         csv_path = d / "rows.csv"
+        if not csv_path.exists():
+            csv_path = d / "rows.csv.gz"  # recorded runs are stored gzipped
         if not csv_path.exists() or csv_path.stat().st_size == 0:
             continue
         df = pd.read_csv(csv_path)
@@ -211,3 +213,32 @@ def describe(run_dir: str | Path) -> str:
     meta = read_meta(run_dir)
     when = (meta.get("start_time") or "")[:10]
     return f"{sysinfo.summary(meta.get('sysinfo') or {})} | recorded {when}"
+
+
+RECORD_MAX_FILE = 2 * 2**20  # files larger than this stay behind (keep the repository small)
+
+
+def record(run_dir: str | Path, root: str | Path | None = None) -> Path:
+    """Copy a run into ``recorded/<experiment>/<run-id>/`` for committing: meta.json, rows gzipped, small
+    files (logs, traces already gzipped, graph dumps) up to 2 MiB each. Returns the new directory."""
+    import gzip
+    import shutil
+
+    src = Path(run_dir)
+    meta = read_meta(src)
+    if not meta:
+        raise FileNotFoundError(f"{src} is not a run directory (no meta.json)")
+    dest = Path(root or RECORDED_ROOT) / meta.get("experiment", src.parent.name) / src.name
+    dest.mkdir(parents=True, exist_ok=False)
+    for f in sorted(src.rglob("*")):
+        if not f.is_file():
+            continue
+        rel = f.relative_to(src)
+        out = dest / rel
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if rel.name == "rows.csv":
+            with open(f, "rb") as fi, gzip.open(dest / "rows.csv.gz", "wb", compresslevel=9) as fo:
+                shutil.copyfileobj(fi, fo)
+        elif f.stat().st_size <= RECORD_MAX_FILE and not rel.name.endswith(".stacks"):
+            shutil.copy2(f, out)
+    return dest

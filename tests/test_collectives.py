@@ -58,6 +58,30 @@ def test_summary_takes_slowest_rank_per_sample():
     assert s["busbw_gbps"] == pytest.approx((1 << 20) / 12e-6 / 1e9)  # factor 1 for 2 ranks
 
 
+def test_kernel_summary_takes_the_rank_that_arrived_last():
+    """Recorded on 2xH200 at 1 MiB: one rank's kernels spin ~50 us waiting for the other's launch."""
+    rows = []
+    for sample, (t0, t1) in enumerate([(57.1, 11.5), (63.0, 11.8), (339.2, 11.9)]):
+        rows += [dict(collective="all_reduce", bytes=1 << 20, method="kernel", sample=sample, rank=0, time_us=t0, world_size=2),
+                 dict(collective="all_reduce", bytes=1 << 20, method="kernel", sample=sample, rank=1, time_us=t1, world_size=2)]
+    s = C.summarize(pd.DataFrame(rows)).iloc[0]
+    assert s["time_us_median"] == 11.8
+
+
+def test_recorded_gpu_run_summary():
+    """The committed 2-GPU run: every method present, and busbw rises with size toward the link plateau."""
+    from kit import results
+
+    runs = results.recorded("collectives")
+    assert runs, "no recorded GPU run under recorded/collectives"
+    df = results.load(runs[-1])
+    s = C.summarize(df)
+    ar = s[(s.collective == "all_reduce") & (s.method == "graph")].set_index("bytes")["busbw_gbps"]
+    assert ar.loc[1 << 30] > 3 * ar.loc[1 << 20] > 0  # latency-bound at 1 MiB, bandwidth-bound at 1 GiB
+    assert {"eager", "graph", "kernel", "nccl-tests"} <= set(s["method"])
+    assert results.read_meta(runs[-1])["sysinfo"]["gpus"]
+
+
 def test_parse_nccl_tests_output():
     text = (DATA / "all_reduce_perf.txt").read_text()
     rows = C.parse_nccl_tests(text, "all_reduce")
