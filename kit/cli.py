@@ -54,14 +54,15 @@ def cmd_exp(args) -> int:
     cfg = experiments.make_config(args.name, mapping)
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) if launched_externally() else 0
     try:
-        run = experiments.execute(args.name, cfg, verbose=args.verbose)
+        runs = experiments.execute_all(args.name, cfg, verbose=args.verbose)
     except LaunchError as e:
         print(f"kit exp {args.name}: {e}", file=sys.stderr)
         if e.run is not None:
             print(f"kit exp {args.name}: {len(e.run.rows)} row(s) saved before the fault in {e.run.dir}", file=sys.stderr)
         return 1
     if rank == 0:
-        print(f"{len(run.rows)} rows -> {run.dir}")
+        for run in runs:
+            print(f"{len(run.rows)} rows -> {run.dir}")
     return 0
 
 

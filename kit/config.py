@@ -39,6 +39,9 @@ class LaunchConfig:
     """``auto`` (nccl when every rank has its own GPU, else gloo), ``nccl`` or ``gloo``."""
     env: dict[str, str] = field(default_factory=dict)
     """Environment set in every rank before any communicator exists, e.g. ``{"NCCL_ALGO": "Ring"}``."""
+    env_sets: list[dict[str, str]] = field(default_factory=list)
+    """Compare settings: one launch (fresh ranks, so NCCL reads the variables anew) per set, each merged over
+    ``env``; ``[]`` = a single launch. E.g. ``[{}, {"NCCL_GRAPH_MIXING_SUPPORT": "0"}]``."""
     timeout_s: float = 300.0
     """Watchdog: a rank that reports no progress (a step or a row) for this long is declared hung."""
     teardown_s: float = 20.0

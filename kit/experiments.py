@@ -10,6 +10,7 @@ from .config import ConfigError, LaunchConfig, validate
 
 EXPERIMENTS: dict[str, str] = {
     "collectives": "kit.collectives",
+    "graph_gaps": "kit.graph_gaps",
 }
 
 
@@ -33,3 +34,19 @@ def execute(name: str, cfg: LaunchConfig, **kw):
     if after is not None and not launched_externally():
         after(cfg, run)
     return run
+
+
+def execute_all(name: str, cfg: LaunchConfig, **kw) -> list:
+    """One run per entry of ``cfg.env_sets`` (fresh ranks each: NCCL reads its variables once per process),
+    labelled by the variables of the set; a single run when ``env_sets`` is empty. Returns the Runs."""
+    import dataclasses
+
+    if not cfg.env_sets:
+        return [execute(name, cfg, **kw)]
+    runs = []
+    for env in cfg.env_sets:
+        label = " ".join(f"{k}={v}" for k, v in env.items()) or "default env"
+        sub = dataclasses.replace(cfg, env={**cfg.env, **env}, env_sets=[],
+                                  label=f"{cfg.label} {label}".strip())
+        runs.append(execute(name, sub, **kw))
+    return runs

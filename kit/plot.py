@@ -95,3 +95,24 @@ def size_curves(summary, y: str = "busbw_gbps", hue: str = "method", col: str = 
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def timeline(events, ax=None, title: str = "", t0: float | None = None):
+    """Kernel timeline: one row per (device, stream), a bar per GPU activity; NCCL kernels in red, other
+    kernels blue, memcpy/memset grey. ``events``: kit.traces.gpu_events rows (times in us)."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 1.0 + 0.35 * max(events[["device", "stream"]].drop_duplicates().shape[0], 1)))
+    t0 = events["ts"].min() if t0 is None else t0
+    lanes = sorted(events[["device", "stream"]].drop_duplicates().itertuples(index=False, name=None))
+    y = {lane: i for i, lane in enumerate(lanes)}
+    for e in events.itertuples():
+        color = "#d62728" if e.nccl else ("#1f77b4" if e.cat == "kernel" else "#999999")
+        ax.barh(y[(e.device, e.stream)], e.dur, left=e.ts - t0, height=0.6, color=color)
+    ax.set_yticks(range(len(lanes)))
+    ax.set_yticklabels([f"GPU{d} s{s}" for d, s in lanes], fontsize=8)
+    ax.set_xlabel("time (us)")
+    if title:
+        ax.set_title(title, fontsize=9)
+    return ax

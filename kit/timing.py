@@ -73,8 +73,9 @@ def measure(fn: Callable[[], object], ctx, *, iters: int = 10, repeats: int = 10
     return s
 
 
-def capture_graph(fn: Callable[[], object], ctx, *, iters: int = 1, warmup: int = 3):
-    """Capture ``iters`` calls of ``fn`` into a ``torch.cuda.CUDAGraph`` (warm-up on a side stream first)."""
+def capture_graph(fn: Callable[[], object], ctx, *, iters: int = 1, warmup: int = 3, graph=None, debug_dot=None):
+    """Capture ``iters`` calls of ``fn`` into a ``torch.cuda.CUDAGraph`` (warm-up on a side stream first).
+    ``graph``: a CUDAGraph to capture into (e.g. one in debug mode); ``debug_dot``: dump it there as DOT."""
     import torch
 
     side = torch.cuda.Stream(device=ctx.device)
@@ -84,11 +85,13 @@ def capture_graph(fn: Callable[[], object], ctx, *, iters: int = 1, warmup: int 
             fn()
     torch.cuda.current_stream(ctx.device).wait_stream(side)
     ctx.sync()
-    g = torch.cuda.CUDAGraph()
+    g = graph if graph is not None else torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         for _ in range(iters):
             fn()
     ctx.sync()
+    if debug_dot is not None:
+        g.debug_dump(str(debug_dot))
     return g
 
 

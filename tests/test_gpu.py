@@ -44,3 +44,22 @@ def test_collectives_gpu_methods(cfg):
     # one NCCL kernel per call: iters kernels per (collective, size, rank)
     assert (k.groupby(["collective", "bytes", "rank"]).size() == 5).all()
     assert (df[df.method == "eager"]["host_us"] > 0).all()
+
+
+def test_graph_gaps_census_and_profile(cfg):
+    """Both settings: the census shows NCCL's event nodes only with mixing support on; profile rows exist."""
+    c = experiments.make_config("graph_gaps", {"world_size": 2, "layers": [4], "batch": 64, "hidden": 256,
+                                               "iters": 2, "repeats": 2, "launch_batches": [8], "launch_layers": 8,
+                                               "keep_traces": [4], "results_root": cfg.results_root})
+    runs = experiments.execute_all("graph_gaps", c)
+    assert [r.meta["env_overrides"] for r in runs] == [{}, {"NCCL_GRAPH_MIXING_SUPPORT": "0"}]
+    census = []
+    for r in runs:
+        rows = [x for x in r.rows if x["kind"] == "census" and x["rank"] == 0]
+        census.append({x["node_type"]: x["count"] for x in rows})
+        assert {x["mode"] for x in r.rows if x["kind"] == "profile"} == {"eager", "graph"}
+        assert list(r.dir.glob("trace_allreduce_N4_graph_rank0.json.gz"))
+    default, off = census
+    assert default["KERNEL:nccl"] == off["KERNEL:nccl"] == 4
+    assert default.get("EVENT_RECORD", 0) + default.get("EVENT_WAIT", 0) > 0
+    assert off.get("EVENT_RECORD", 0) + off.get("EVENT_WAIT", 0) == 0
