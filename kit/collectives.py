@@ -128,21 +128,10 @@ def _make_op(collective: str, nbytes: int, ctx, dtype):
     raise ValueError(collective)
 
 
-def kernel_durations(fn, ctx, iters: int, name_filter=lambda n: "nccl" in n.lower()) -> list[float]:
-    """Seconds per GPU kernel (names passing ``name_filter``) over one profiled loop of ``iters`` calls."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    ctx.barrier()  # start together, so the first kernels do not include the other rank's profiler start-up
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        ctx.sync()
-    out = []
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA and name_filter(e.name):
-            out.append(e.time_range.elapsed_us() / 1e6)
-    return out
+def kernel_durations(fn, ctx, iters: int) -> list[float]:
+    """Seconds per NCCL kernel over one profiled loop of ``iters`` calls (kit.timing.profile_gpu)."""
+    ev = timing.profile_gpu(fn, ctx, iters)
+    return (ev[ev["nccl"]]["dur"] / 1e6).tolist()
 
 
 def _human(n: int) -> str:

@@ -17,14 +17,14 @@ warm-up on a side stream first, and replayed), on every rank:
 
 Settings: ``env_sets`` (default: NCCL's default and ``NCCL_GRAPH_MIXING_SUPPORT=0``) -- one launch per set, since
 NCCL reads the variable when the communicator is created. Without CUDA only the eager timing runs (gloo).
-Weights are scaled by 1/(sqrt(hidden) * world) so activations keep their size through 640 summed layers (no
-inf/NaN: the timing is of real numbers).
+Weights differ per rank (like tensor-parallel shards) and are drawn with variance 1/(hidden * world): the
+all-reduced sum of the ranks' outputs then keeps E|y|^2 constant through any number of layers, so the timing
+is of real numbers, neither inf nor underflowed zeros (each profile row records the output's RMS as proof).
 """
 
 from __future__ import annotations
 
 import math
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,7 +76,8 @@ def build_forward(n_layers: int, cfg: Config, ctx, comm: bool, hidden: int | Non
     h, b = hidden or cfg.hidden, batch or cfg.batch
     dtype = getattr(torch, cfg.dtype)
     g = torch.Generator(device=ctx.device).manual_seed(1234 + ctx.rank)
-    scale = 1.0 / (math.sqrt(h) * (ctx.world_size if comm else 1))
+    # Var(w) = 1/(h * world): sum over ranks of W_r y has E|.|^2 = world * |y|^2 / world = |y|^2
+    scale = 1.0 / math.sqrt(h * (ctx.world_size if comm else 1))
     weights = [torch.randn(h, h, device=ctx.device, dtype=dtype, generator=g) * scale for _ in range(n_layers)]
     x = torch.randn(b, h, device=ctx.device, dtype=dtype, generator=g)
     do_comm = comm and ctx.world_size > 1
@@ -95,18 +96,8 @@ def build_forward(n_layers: int, cfg: Config, ctx, comm: bool, hidden: int | Non
 def _profile(fn, ctx, forwards: int, keep: Path | None, threshold_us: float) -> dict:
     """Kernel-time sum per forward and gap statistics from a profiler trace of ``forwards`` calls."""
     import numpy as np
-    from torch.profiler import ProfilerActivity, profile
 
-    ctx.barrier()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(forwards):
-            fn()
-        ctx.sync()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = keep or Path(tmp) / "trace.json"
-        prof.export_chrome_trace(str(path))
-        ev = traces.gpu_events(traces.load(path))
-    ev = ev[ev["device"] == ctx.local_rank] if (ev["device"] == ctx.local_rank).any() else ev
+    ev = timing.profile_gpu(fn, ctx, forwards, export=str(keep) if keep else None)
     k = ev[ev["cat"] == "kernel"]
     g = traces.gaps(ev, threshold_us)
     ok = g[~g["stall"]]
@@ -163,14 +154,20 @@ def run(cfg: Config, ctx):
                     if ctx.is_cuda:
                         keep = (ctx.run_dir / f"trace_{model}_N{n}_{mode}_rank{ctx.rank}.json.gz"
                                 if n in cfg.keep_traces else None)
-                        yield {"kind": "profile", "mode": mode, **keys,
+                        yield {"kind": "profile", "mode": mode, **keys, "output_rms": _rms(fwd()),
                                **_profile(fn, ctx, cfg.profile_forwards, keep, cfg.gap_threshold_us)}
+                if not ctx.is_cuda:
+                    yield {"kind": "check", "model": model, "layers": n, "output_rms": _rms(fwd())}
                 del modes, fwd
                 if ctx.is_cuda:
                     del g
                     torch.cuda.empty_cache()
     if ctx.is_cuda:
         yield from _launch_overhead(cfg, ctx)
+
+
+def _rms(y) -> float:
+    return float(y.float().pow(2).mean().sqrt())
 
 
 def _census(cfg: Config, ctx):
@@ -247,8 +244,10 @@ def forward_table(df):
     s = timing.summarize(per, ["label", "model", "layers", "mode"])
     p = df[df["kind"] == "profile"]
     if not p.empty:
-        ks = p.groupby(["label", "model", "layers", "mode"])[["kernel_sum_us", "gap_nccl_median_us", "gap_other_median_us",
-                                                              "gap_nccl_p90_us"]].median().reset_index()
+        by = ["label", "model", "layers", "mode"]
+        # kernel sum: the rank whose NCCL kernels waited least for a peer (min over ranks), as in collectives
+        ks = p.groupby(by)[["gap_nccl_median_us", "gap_other_median_us", "gap_nccl_p90_us"]].median().reset_index()
+        ks = ks.merge(p.groupby(by)["kernel_sum_us"].min().reset_index(), on=by)
         s = s.merge(ks, on=["label", "model", "layers", "mode"], how="left")
         s["overhead_us"] = s["time_us_median"] - s["kernel_sum_us"]
     eager = s[s["mode"] == "eager"].set_index(["label", "model", "layers"])["time_us_median"]

@@ -49,7 +49,7 @@ def log2_bytes_axis(ax) -> None:
     from matplotlib.ticker import FuncFormatter, LogLocator
 
     ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_locator(LogLocator(base=2, numticks=40))
+    ax.xaxis.set_major_locator(LogLocator(base=4, numticks=20))  # 1K, 4K, 16K, ...: readable on a small panel
 
     def fmt(x, _):
         for unit, div in (("G", 2**30), ("M", 2**20), ("K", 2**10)):

@@ -11,6 +11,8 @@ samples after ``warmup`` untimed calls and keeps every sample (rows carry ``samp
   kernels and the gaps the graph itself contains.
 * Every sample starts barrier-aligned across ranks (:meth:`kit.launch.Ctx.barrier`: all ranks arrive and the
   device is idle), so a collective's time is not inflated by a peer that started late.
+* :func:`profile_gpu` -- the GPU activity of ``calls`` calls from a torch.profiler (CUPTI) trace, as
+  kit.traces.gpu_events rows, cut to the window after an aligned start (see its docstring).
 * :func:`stats` / :func:`summarize` -- median, p10, p90, min, mean, std and n; the same everywhere.
 """
 
@@ -115,6 +117,48 @@ def measure_graph(fn: Callable[[], object], ctx, *, iters: int = 10, repeats: in
         s.device_s.append(start.elapsed_time(end) / 1e3 / iters)
     del g
     return s
+
+
+_profiler_warm = False
+
+
+def profile_gpu(fn: Callable[[], object], ctx, calls: int, export: str | None = None):
+    """GPU events (kit.traces.gpu_events) of ``calls`` calls of ``fn`` on this rank's device.
+
+    Two things keep the window honest across ranks: the profiler is started once beforehand (CUPTI's first
+    start-up takes long and would land inside a peer's collective, seen as a 290 ms "kernel" on 2xH200), and
+    the ranks align with a barrier *inside* the profiled window, whose own NCCL kernel -- the first on the
+    device -- and everything before it are cut away. ``export``: also keep the trace there (``.gz`` allowed).
+    """
+    import tempfile
+    from pathlib import Path
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from . import traces
+
+    global _profiler_warm
+    acts = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    if not _profiler_warm:
+        with profile(activities=acts):
+            ctx.sync()
+        _profiler_warm = True
+    ctx.sync()
+    with profile(activities=acts) as prof:
+        ctx.barrier()
+        for _ in range(calls):
+            fn()
+        ctx.sync()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = export or str(Path(tmp) / "trace.json")
+        prof.export_chrome_trace(path)
+        ev = traces.gpu_events(traces.load(path))
+    if (ev["device"] == ctx.local_rank).any():
+        ev = ev[ev["device"] == ctx.local_rank]
+    if ctx.world_size > 1 and ev["nccl"].any():
+        barrier_end = ev[ev["nccl"]].sort_values("ts")["end"].iloc[0]
+        ev = ev[ev["ts"] >= barrier_end]
+    return ev.reset_index(drop=True)
 
 
 def stats(values: Sequence[float]) -> dict[str, float]:
