@@ -11,6 +11,7 @@ from .config import ConfigError, LaunchConfig, validate
 EXPERIMENTS: dict[str, str] = {
     "collectives": "kit.collectives",
     "graph_gaps": "kit.graph_gaps",
+    "collective_tracing": "kit.collective_tracing",
 }
 
 

@@ -122,6 +122,28 @@ def measure_graph(fn: Callable[[], object], ctx, *, iters: int = 10, repeats: in
 _profiler_warm = False
 
 
+def trace_steps(step: Callable[[], object], ctx, steps: int, path, record_shapes: bool = True):
+    """Profile ``steps`` calls of ``step`` on this rank (CPU + CUDA activity, shapes recorded) and write the
+    Chrome trace to ``path`` (``.json.gz`` is written gzipped). The ranks start together: a barrier inside
+    the window, after a profiler start-up done once beforehand (CUPTI's first start is slow). Returns path."""
+    from torch.profiler import ProfilerActivity, profile
+
+    global _profiler_warm
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ctx.is_cuda else [])
+    if not _profiler_warm:
+        with profile(activities=acts):
+            ctx.sync()
+        _profiler_warm = True
+    ctx.sync()
+    with profile(activities=acts, record_shapes=record_shapes) as prof:
+        ctx.barrier()
+        for _ in range(steps):
+            step()
+        ctx.sync()
+    prof.export_chrome_trace(str(path))
+    return path
+
+
 def profile_gpu(fn: Callable[[], object], ctx, calls: int, export: str | None = None):
     """GPU events (kit.traces.gpu_events) of ``calls`` calls of ``fn`` on this rank's device.
 
@@ -133,25 +155,11 @@ def profile_gpu(fn: Callable[[], object], ctx, calls: int, export: str | None = 
     import tempfile
     from pathlib import Path
 
-    from torch.profiler import ProfilerActivity, profile
-
     from . import traces
 
-    global _profiler_warm
-    acts = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
-    if not _profiler_warm:
-        with profile(activities=acts):
-            ctx.sync()
-        _profiler_warm = True
-    ctx.sync()
-    with profile(activities=acts) as prof:
-        ctx.barrier()
-        for _ in range(calls):
-            fn()
-        ctx.sync()
     with tempfile.TemporaryDirectory() as tmp:
         path = export or str(Path(tmp) / "trace.json")
-        prof.export_chrome_trace(path)
+        trace_steps(fn, ctx, calls, path, record_shapes=False)
         ev = traces.gpu_events(traces.load(path))
     if (ev["device"] == ctx.local_rank).any():
         ev = ev[ev["device"] == ctx.local_rank]

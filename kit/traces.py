@@ -38,27 +38,76 @@ def is_nccl_kernel(name: str) -> bool:
     return bool(_NCCL.search(name or "")) or (name or "").startswith("nccl")
 
 
-def load(path: str | Path) -> dict[str, Any]:
-    """The parsed trace. Raises TraceError for a missing, truncated or foreign file."""
-    p = Path(path)
+def _read_text(p: Path) -> str:
     if not p.exists():
         raise TraceError(f"{p}: no such file")
     try:
         opener = gzip.open if p.suffix == ".gz" or _is_gzip(p) else open
         with opener(p, "rb") as f:
-            data = json.loads(f.read())
+            return f.read().decode("utf-8")
     except (EOFError, gzip.BadGzipFile, OSError) as e:
         raise TraceError(f"{p}: cannot read ({type(e).__name__}: {e}); is the file complete?") from None
+    except UnicodeDecodeError:
+        raise TraceError(f"{p}: not a text/JSON file") from None
+
+
+def load(path: str | Path, keep=None) -> dict[str, Any]:
+    """The parsed trace ``{"traceEvents": [...], ...top-level keys}``. Raises TraceError for a missing,
+    truncated or foreign file.
+
+    ``keep``: a predicate on events. Then the ``traceEvents`` array is decoded one event at a time and only
+    kept events are held, so a 100 MB trace needs memory for what is kept, not for every CPU op in it.
+    """
+    p = Path(path)
+    text = _read_text(p)
+    if keep is not None:
+        data = _stream(text, keep)
+        if data is not None:
+            return data
+    try:
+        data = json.loads(text)
     except json.JSONDecodeError as e:
         raise TraceError(f"{p}: not valid JSON at line {e.lineno} column {e.colno} ({e.msg}); "
                          f"the trace looks truncated or is not a Chrome trace") from None
-    except UnicodeDecodeError:
-        raise TraceError(f"{p}: not a text/JSON file") from None
     if isinstance(data, list):  # the bare-array variant of the Chrome trace format
         data = {"traceEvents": data}
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         raise TraceError(f"{p}: not a PyTorch profiler trace (no 'traceEvents' list)")
+    if keep is not None:
+        data["traceEvents"] = [e for e in data["traceEvents"] if keep(e)]
     return data
+
+
+_TE = re.compile(r'"traceEvents"\s*:\s*\[')
+_WS = re.compile(r"[\s,]*")
+
+
+def _stream(text: str, keep) -> dict[str, Any] | None:
+    """Decode the traceEvents array event by event; other top-level keys are decoded whole. Returns None
+    when the text is not laid out as expected (the caller then parses it in one piece)."""
+    m = _TE.search(text)
+    if not m or not text.lstrip().startswith("{"):
+        return None
+    dec = json.JSONDecoder()
+    i, n, events = m.end(), len(text), []
+    while True:
+        i = _WS.match(text, i).end()
+        if i >= n:
+            return None  # truncated inside the array: let json.loads produce the precise error
+        if text[i] == "]":
+            break
+        try:
+            e, i = dec.raw_decode(text, i)
+        except json.JSONDecodeError:
+            return None
+        if keep(e):
+            events.append(e)
+    try:  # the other top-level keys: the object with the events array emptied
+        rest = json.loads(text[: m.end()] + text[i:])
+    except json.JSONDecodeError:
+        return None
+    rest["traceEvents"] = events
+    return rest
 
 
 def _is_gzip(p: Path) -> bool:
@@ -136,7 +185,7 @@ def gap_summary(g) -> dict[str, Any]:
 
 def trace_gaps(path: str | Path, threshold_us: float = DEFAULT_STALL_US) -> dict[str, Any]:
     """``kit trace gaps``: gap statistics of one trace file."""
-    ev = gpu_events(load(path))
+    ev = gpu_events(load(path, keep=lambda e: e.get("cat") in GPU_CATS))
     if ev.empty:
         raise TraceError(f"{path}: the trace has no GPU kernels (was it recorded with ProfilerActivity.CUDA?)")
     out = gap_summary(gaps(ev, threshold_us))

@@ -63,3 +63,18 @@ def test_graph_gaps_census_and_profile(cfg):
     assert default["KERNEL:nccl"] == off["KERNEL:nccl"] == 4
     assert default.get("EVENT_RECORD", 0) + default.get("EVENT_WAIT", 0) > 0
     assert off.get("EVENT_RECORD", 0) + off.get("EVENT_WAIT", 0) == 0
+
+
+def test_collective_tracing_nccl_metadata(cfg):
+    c = experiments.make_config("collective_tracing", {"world_size": 2, "ddp_layers": 2, "hidden": 512, "batch": 8,
+                                                       "tp_layers": 1, "tp_tokens": 256, "tp_hidden": 512,
+                                                       "timed_steps": 2, "profile_steps": 2, "results_root": cfg.results_root})
+    run = experiments.execute("collective_tracing", c)
+    from kit import comm_trace as CT
+
+    df = CT.collectives(sorted(run.dir.glob("trace_tp_rank*.json.gz")))
+    assert set(df["rank"]) == {0, 1} and set(df["backend"]) == {"nccl"}
+    ag = df[df.collective == "all_gather"]
+    assert (ag["bytes"] == 256 * 512 * 2).all() and (ag["group_size"] == 2).all()  # bf16, gathered output
+    assert (df["wait_us"] >= 0).all()
+    assert any(r["kind"] == "overlap" for r in run.rows) and any(r["kind"] == "fr" for r in run.rows)
