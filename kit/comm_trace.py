@@ -335,14 +335,19 @@ def dump_flight_recorder() -> dict[str, Any]:
 
     import torch._C._distributed_c10d as c10d
 
-    for name in ("_dump_fr_trace", "_dump_nccl_trace"):
+    # NCCL process groups keep their own recorder (_dump_nccl_trace); gloo's is the generic one
+    # (_dump_fr_trace), which on a CUDA build of torch 2.11 is empty for NCCL jobs: keep the fuller dump.
+    dumps = []
+    for name in ("_dump_nccl_trace", "_dump_fr_trace"):
         fn = getattr(c10d, name, None)
         if fn is not None:
             try:
-                return pickle.loads(fn())
+                dumps.append(pickle.loads(fn()))
             except Exception:
                 continue
-    raise RuntimeError("this PyTorch build exposes no Flight Recorder dump (_dump_fr_trace / _dump_nccl_trace)")
+    if not dumps:
+        raise RuntimeError("this PyTorch build exposes no Flight Recorder dump (_dump_nccl_trace / _dump_fr_trace)")
+    return max(dumps, key=lambda d: len(d.get("entries", [])))
 
 
 def fr_entries(dump: dict[str, Any], rank: int):
