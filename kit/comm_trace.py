@@ -374,10 +374,10 @@ def fr_mismatches(df):
     if df.empty:
         return df
     c = df[~df["is_p2p"].astype(bool)]
-    all_ranks = sorted(df["rank"].unique())
+    all_ranks = sorted(int(r) for r in df["rank"].unique())
     out = []
     for (pg, seq), g in c.groupby(["pg_name", "seq"]):
-        present = sorted(g["rank"].unique())
+        present = sorted(int(r) for r in g["rank"].unique())
         ops = sorted(set(g["op"]))
         out.append({"pg_name": pg, "seq": int(seq), "ops": ", ".join(ops), "present": present,
                     "missing": [r for r in all_ranks if r not in present],

@@ -296,12 +296,17 @@ def kept_trace_gaps(run_dirs, threshold_us: float = 1000.0):
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def one_layer_window(events, nth_nccl: int = 3):
-    """The GPU events of one layer: from the end of the NCCL kernel before the ``nth_nccl``-th one to the end
-    of that one (so the GEMM, any gap, and the NCCL kernel are in view)."""
+def one_layer_window(events, threshold_us: float = 1000.0):
+    """The GPU events of one representative layer: the NCCL kernel whose gap before it is the median of all
+    gaps before NCCL kernels in this trace, with what ran since the previous NCCL kernel ended (the GEMM,
+    the gap, the NCCL kernel)."""
+    g = traces.gaps(events, threshold_us)
+    g = g[(g["before"] == "nccl") & ~g["stall"]].sort_values("gap_us").reset_index(drop=True)
     k = events.sort_values("ts")
-    nccl = k[k["nccl"]]
-    if len(nccl) <= nth_nccl:
+    if g.empty:
         return k
-    t0, t1 = nccl["end"].iloc[nth_nccl - 1], nccl["end"].iloc[nth_nccl]
-    return k[(k["end"] > t0 - 2) & (k["ts"] < t1 + 2)]
+    pick = g.iloc[len(g) // 2]
+    nccl = k[k["nccl"]]
+    prev = nccl[nccl["end"] <= pick["ts"]]
+    t0 = prev["end"].iloc[-1] if len(prev) else pick["ts"] - 50
+    return k[(k["end"] > t0 - 2) & (k["ts"] < pick["end"] + 2)]

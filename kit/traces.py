@@ -73,6 +73,8 @@ def load(path: str | Path, keep=None) -> dict[str, Any]:
         data = {"traceEvents": data}
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         raise TraceError(f"{p}: not a PyTorch profiler trace (no 'traceEvents' list)")
+    if not all(isinstance(e, dict) for e in data["traceEvents"]):
+        raise TraceError(f"{p}: not a PyTorch profiler trace (trace events are not JSON objects)")
     if keep is not None:
         data["traceEvents"] = [e for e in data["traceEvents"] if keep(e)]
     return data
@@ -100,6 +102,8 @@ def _stream(text: str, keep) -> dict[str, Any] | None:
             e, i = dec.raw_decode(text, i)
         except json.JSONDecodeError:
             return None
+        if not isinstance(e, dict):
+            return None  # the one-piece parse reports it
         if keep(e):
             events.append(e)
     try:  # the other top-level keys: the object with the events array emptied
