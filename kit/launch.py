@@ -198,8 +198,13 @@ def _init_pg(backend: str, rank: int, world: int, local_rank: int, init_method: 
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
         kwargs["device_id"] = torch.device("cuda", local_rank)  # eager communicator init, bound to our GPU
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=max(timeout_s, 30)), **kwargs)
+    try:
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=max(timeout_s, 30)), **kwargs)
+    except TypeError:  # torch < 2.3 has no device_id: the communicator is then created at the first collective
+        kwargs.pop("device_id", None)
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=max(timeout_s, 30)))
 
 
 def _destroy_pg() -> None:
