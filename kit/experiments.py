@@ -12,6 +12,7 @@ EXPERIMENTS: dict[str, str] = {
     "collectives": "kit.collectives",
     "graph_gaps": "kit.graph_gaps",
     "collective_tracing": "kit.collective_tracing",
+    "dataloader_sync": "kit.dataloader_sync",
 }
 
 
@@ -25,11 +26,28 @@ def make_config(name: str, mapping: dict[str, Any] | None, where: str | None = N
     return validate(get(name).Config, mapping, where=where or name)
 
 
+def check_world(cfg: LaunchConfig, where: str = "config") -> None:
+    """Checks that need the world size (e.g. a batch larger than each rank's share of the data): one
+    ConfigError before anything runs."""
+    import os
+
+    from .launch import launched_externally, resolve
+
+    fn = getattr(cfg, "check_world", None)
+    if fn is None:
+        return
+    world = int(os.environ["WORLD_SIZE"]) if launched_externally() and "WORLD_SIZE" in os.environ else resolve(cfg)[0]
+    errs = fn(world)
+    if errs:
+        raise ConfigError("invalid config:\n  " + "\n  ".join(f"{where}: {e}" for e in errs))
+
+
 def execute(name: str, cfg: LaunchConfig, **kw):
     """Launch experiment ``name`` with ``cfg`` on all ranks, then its launcher-side step. Returns the Run."""
     from .launch import launch, launched_externally
 
     mod = get(name)
+    check_world(cfg, name)
     run = launch(mod.run, cfg, name, **kw)
     after = getattr(mod, "after", None)
     if after is not None and not launched_externally():

@@ -68,6 +68,9 @@ def resolve_params(names: list[str], config_path: Path, overrides: list[tuple[st
         try:
             cfg, extras = validate(get(name).Config, mapping, where=name, extras=NOTEBOOK_EXTRAS)
             resolve(cfg)  # world size vs GPUs present, backend name
+            from .experiments import check_world
+
+            check_world(cfg, name)
             extras["interactive"] = False  # batch runs never wait for widgets
             out[name] = {**asdict(cfg), **extras}
         except ConfigError as e:

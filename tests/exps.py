@@ -101,3 +101,31 @@ def profiler_and_graph_then_finish(cfg, ctx):
     torch.cuda.synchronize()
     ctx._keep = (g, prof)
     yield {"value": float(x[0].item())}
+
+
+def sync_equivalence(cfg, ctx):
+    """Each sync mode's averaged gradients, and the average computed by hand from both ranks' local grads."""
+    import torch
+    import torch.distributed as dist
+
+    from kit import dataloader_sync as D
+
+    g = torch.Generator().manual_seed(10 + ctx.rank)  # different data on each rank
+    x = torch.randn(4, 3, 32, 32, generator=g)
+    y = torch.randint(0, 10, (4,), generator=g)
+
+    def grads(mode, sync=True):
+        model, module, _ = D.build(cfg, ctx, mode, 25.0)
+        torch.manual_seed(123)  # same dropout masks in every mode
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        if sync:
+            D.sync_gradients(module, mode, ctx.world_size)
+        return torch.cat([p.grad.flatten() for p in module.parameters()])
+
+    local = grads("per_param", sync=False)
+    both = [torch.empty_like(local) for _ in range(ctx.world_size)]
+    dist.all_gather(both, local)
+    expected = torch.stack(both).mean(0)
+    for mode in D.SYNC_MODES:
+        got = grads(mode)
+        yield {"mode": mode, "max_abs_err": float((got - expected).abs().max()), "norm": float(expected.norm())}
