@@ -206,3 +206,29 @@ def test_torchrun_two_agents(tmp_path):
     assert set(df["rank"]) == {0, 1}
     assert set(df["collective"]) == {"all_reduce", "all_gather"}
     assert set(df["bytes"]) == {1024, 2048, 4096}
+
+
+def test_slurm_style_in_place_run(tmp_path):
+    """Two processes with the variables srun sets (SLURM_PROCID/NTASKS/LOCALID, no RANK/WORLD_SIZE) run the
+    experiment in place: one run directory, written by rank 0, with both ranks' rows."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    res = tmp_path / "res"
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_"))}
+    base.update(PYTHONPATH=str(ROOT), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), SLURM_NTASKS="2",
+                SLURM_JOB_ID="4242")
+    cmd = [sys.executable, "-m", "kit", "exp", "collectives", "--config", str(ROOT / "configs/cpu-smoke.yaml"),
+           "-p", f"results_root={res}", "-p", "max_bytes=2048", "-p", "collectives=[broadcast]"]
+    procs = [subprocess.Popen(cmd, env={**base, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)}, cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(2)]
+    outs = [p.communicate(timeout=120)[0].decode() for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n----\n".join(outs)
+    runs = list(res.glob("collectives/*/meta.json"))
+    assert len(runs) == 1
+    meta = json.loads(runs[0].read_text())
+    assert meta["mode"] == "in-place" and meta["world_size"] == 2
+    import pandas as pd
+
+    df = pd.read_csv(runs[0].parent / "rows.csv")
+    assert set(df["rank"]) == {0, 1} and set(df["collective"]) == {"broadcast"}
