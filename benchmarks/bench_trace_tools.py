@@ -11,7 +11,6 @@ a real profile, at the size of a long one.
 import argparse
 import gzip
 import json
-import resource
 import subprocess
 import sys
 import tempfile

@@ -326,7 +326,7 @@ def train(cfg: Config, ctx, h2d: str, sync: str, bucket_mb: float, dataset, trac
             ev[2].record()
         host["backward_host_us"] = (time.perf_counter() - t) * 1e6
         t = time.perf_counter()
-        params = [] if record else None
+        params = None
         if record and sync == "per_param":
             param_events.clear()
         sync_gradients(module, sync, ctx.world_size, on_param if (record and sync == "per_param") else None)
@@ -384,7 +384,7 @@ def train(cfg: Config, ctx, h2d: str, sync: str, bucket_mb: float, dataset, trac
             ev = traces.gpu_events(traces.load(trace_path, keep=lambda e: e.get("cat") in traces.GPU_CATS))
             for r in comm_trace.overlap(ev[ev["device"] == ctx.local_rank]).to_dict("records"):
                 yield {"kind": "overlap", **keys, **r, "steps": cfg.profile_steps}
-    del mover, loader, model, module, opt
+    del mover, loader, model, module, opt  # free this configuration's model and pinned buffers before the next
     if cuda:
         torch.cuda.empty_cache()
 

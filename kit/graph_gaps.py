@@ -237,8 +237,6 @@ def _train_step(cfg: Config, ctx, batch: int):
 def forward_table(df):
     """Median time per forward by (label, model, layers, mode), graph/eager ratio and overhead over the
     kernel sum (time per forward minus the summed kernel durations of one forward)."""
-    import pandas as pd
-
     t = df[df["kind"] == "time"]
     per = t.groupby(["label", "model", "layers", "mode", "sample"])["time_us"].max().reset_index()  # slowest rank
     s = timing.summarize(per, ["label", "model", "layers", "mode"])

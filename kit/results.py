@@ -95,6 +95,12 @@ class RowWriter:
             for r in rows:
                 w.writerow({k: _cell(v) for k, v in r.items()})
 
+    def rewrite(self, rows: list[dict]) -> None:
+        """Replace the file's content with ``rows`` (header: the union of their keys)."""
+        self.rows = rows
+        self.header = list(dict.fromkeys(k for r in rows for k in r))
+        self._open_write(rows, "w")
+
     def add(self, row: dict) -> None:
         self.rows.append(row)
         new = [k for k in row if k not in self.header]
@@ -133,10 +139,7 @@ class Run:
     def add_rows(self, rows: Iterable[dict]) -> None:
         """Rows computed after the ranks finished (e.g. nccl-tests): appended here and in rows.csv."""
         self.rows.extend(rows)
-        w = RowWriter(self.dir / "rows.csv")
-        w.header = list(dict.fromkeys(k for r in self.rows for k in r))
-        w.rows = self.rows
-        w._open_write(self.rows, "w")
+        RowWriter(self.dir / "rows.csv").rewrite(self.rows)
 
     def __repr__(self) -> str:
         return f"Run({str(self.dir)!r}, status={self.meta.get('status')!r}, rows={len(self.rows)})"

@@ -16,7 +16,6 @@ A failing cell gives a non-zero exit whose message names the notebook and the ce
 from __future__ import annotations
 
 import html
-import json
 import os
 import shutil
 import sys

@@ -1,7 +1,5 @@
 """The collective-bandwidth experiment: formulas, sizes, the gloo sweep, the summary, nccl-tests parsing."""
 
-import dataclasses
-import gzip
 from pathlib import Path
 
 import pandas as pd

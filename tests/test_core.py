@@ -1,6 +1,5 @@
 """Config validation, results storage, timing statistics, sysinfo without NVML."""
 
-import dataclasses
 import json
 import sys
 import types
@@ -9,7 +8,7 @@ import pytest
 
 from kit import results, sysinfo, timing
 from kit.collectives import Config as CollConfig
-from kit.config import ConfigError, LaunchConfig, parse_override, validate
+from kit.config import ConfigError, parse_override, validate
 
 
 # ------------------------------------------------------------------------------------------------ config

@@ -1,7 +1,6 @@
 """Tests that need 2 CUDA GPUs (marker `gpu`; run with `pytest -m gpu` on a GPU node)."""
 
 import dataclasses
-import os
 import time
 
 import pytest

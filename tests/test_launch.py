@@ -9,12 +9,11 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 
 import exps
-from conftest import ROOT, alive, pids_of, wait_dead
+from conftest import ROOT, pids_of, wait_dead
 from kit import launch as L
 from kit.launch import LaunchError, launch
 

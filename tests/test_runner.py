@@ -1,8 +1,6 @@
 """`kit run`: notebooks through papermill into an HTML report; bad configs and failing cells."""
 
 import dataclasses
-import json
-import shutil
 import subprocess
 import sys
 
@@ -10,7 +8,7 @@ import nbformat
 import pytest
 
 from conftest import ROOT
-from kit import collectives, runner
+from kit import runner
 from kit.config import NOTEBOOK_EXTRAS, ConfigError
 from kit.experiments import EXPERIMENTS, get
 
