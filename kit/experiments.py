@@ -13,6 +13,7 @@ EXPERIMENTS: dict[str, str] = {
     "graph_gaps": "kit.graph_gaps",
     "collective_tracing": "kit.collective_tracing",
     "dataloader_sync": "kit.dataloader_sync",
+    "p2p_transports": "kit.p2p_transports",
 }
 
 

@@ -1,0 +1,66 @@
+"""P2P transport targets on 2 GPUs of one node, at 256 MiB one way (GPU 0 -> GPU 1):
+
+* ``copy`` (kit.p2p, one process) reaches >= 97% of a bare ``dst.copy_(src)`` loop -- the interface (an event
+  per message, the mailbox) must cost nothing measurable at this size;
+* ``ipc`` (two processes, CUDA IPC mailbox + interprocess events) reaches >= 90% of ``copy`` -- the price of
+  crossing a process boundary (host handshake, the receiver's local copy out of the slot).
+
+Both are measured by the experiment itself (``kit.p2p_transports`` bandwidth part, 256 MiB only, more samples
+than the notebook), so the numbers are the notebook's. With ``--run DIR`` the ratios are read from an existing
+run instead (e.g. the recorded one), and the whole-investigation target (< 3 min on 2 GPUs) is checked from
+the ``kit run`` log given with ``--kit-run-log``.
+
+    python benchmarks/bench_p2p.py [--run DIR] [--kit-run-log LOG]
+"""
+
+import argparse
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+SIZE = 256 << 20
+COPY_VS_BARE, IPC_VS_COPY, WHOLE_S = 0.97, 0.90, 180.0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--run", help="read a finished p2p_transports run instead of measuring")
+    ap.add_argument("--kit-run-log", help="the output of `kit run p2p_transports` (for the whole-run time)")
+    ap.add_argument("--repeats", type=int, default=30)
+    args = ap.parse_args()
+    from kit import experiments, results
+    from kit import p2p_transports as X
+
+    if args.run:
+        df = results.load(args.run)
+    else:
+        cfg = experiments.make_config("p2p_transports", {
+            "transports": ["copy", "ipc"], "parts": ["bandwidth"], "directions": ["one"], "min_bytes": SIZE,
+            "max_bytes": SIZE, "iters": 10, "repeats": args.repeats, "warmup": 5, "results_root": "results/bench"})
+        df = experiments.execute("p2p_transports", cfg).df()
+    t = X.at_size(df, SIZE, "one")
+    ok = True
+    for name in (X.BARE, "copy", "ipc"):
+        if name in t.index:
+            print(f"{name:11s} {t.loc[name, 'gbps']:7.1f} GB/s  ({t.loc[name, 'time_us_median']:.1f} us per 256 MiB)")
+    if X.BARE in t.index and "copy" in t.index:
+        r = t.loc["copy", "gbps"] / t.loc[X.BARE, "gbps"]
+        ok &= r >= COPY_VS_BARE
+        print(f"copy / copy_ loop = {r:.4f}  (target >= {COPY_VS_BARE}) {'PASS' if r >= COPY_VS_BARE else 'FAIL'}")
+    if "ipc" in t.index and "copy" in t.index:
+        r = t.loc["ipc", "gbps"] / t.loc["copy", "gbps"]
+        ok &= r >= IPC_VS_COPY
+        print(f"ipc / copy = {r:.4f}  (target >= {IPC_VS_COPY}) {'PASS' if r >= IPC_VS_COPY else 'FAIL'}")
+    if args.kit_run_log:
+        m = re.search(r"p2p_transports: ok in ([\d.]+) s", open(args.kit_run_log).read())
+        if m:
+            s = float(m.group(1))
+            ok &= s < WHOLE_S
+            print(f"whole investigation (kit run, notebook included): {s:.1f} s  (target < {WHOLE_S:g} s) "
+                  f"{'PASS' if s < WHOLE_S else 'FAIL'}")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
