@@ -118,23 +118,45 @@ class Config(LaunchConfig):
 
 
 # ----------------------------------------------------------------------------------------------- helpers
-class _HostClock:
-    """A ctx whose timing uses the host clock: gloo's CPU tensors inside a CUDA job."""
+class Sync:
+    """The ``ctx`` an experiment times transport ``T`` with: rank and device as ``ctx``, ``is_cuda`` when the
+    transport's buffers are on GPUs, and a ``barrier`` that fits the transport.
 
-    is_cuda = False
+    For an in-process transport (``copy``) the ranks other than 0 have nothing to do, and they must not wait
+    in an NCCL barrier: that kernel would spin on their GPU, and a GPU time-slices between processes'
+    contexts (slices of ~ms), so the driving process's work on that GPU -- the events ``copy_`` records
+    on the destination device -- would wait for the slice (seen on 2xH200: every copy 2 ms late). They wait
+    in a gloo (host) barrier instead, and rank 0 synchronises every GPU it drives."""
 
-    def __init__(self, ctx):
-        self._ctx = ctx
+    def __init__(self, ctx, in_process: bool, cuda: bool, host_group=None):
+        import torch
 
-    def barrier(self):
-        self._ctx.barrier()
+        self._ctx, self.rank, self.world_size, self.device = ctx, ctx.rank, ctx.world_size, ctx.device
+        self.is_cuda = bool(cuda)
+        self.host = in_process and host_group is not None
+        self._group = host_group
+        self.devices = [torch.device("cuda", d) for d in range(torch.cuda.device_count())] \
+            if (in_process and self.is_cuda and ctx.rank == 0) else ([ctx.device] if self.is_cuda else [])
 
-    def sync(self):
-        pass
+    def sync(self) -> None:
+        import torch
+
+        for d in self.devices:
+            torch.cuda.synchronize(d)
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        if self.host:
+            self.sync()
+            dist.barrier(group=self._group)
+        else:
+            self._ctx.barrier()
+            self.sync()
 
 
-def _clock_ctx(T, ctx):
-    return ctx if (ctx.is_cuda and T.device(0).type == "cuda") else _HostClock(ctx)
+def sync_for(T, ctx, host_group=None) -> Sync:
+    return Sync(ctx, T.in_process, ctx.is_cuda and T.device(0).type == "cuda", host_group)
 
 
 def _endpoints(T, ctx) -> int:
@@ -246,7 +268,11 @@ def run(cfg: Config, ctx):
     """The rank function: every transport (collectively set up) through every experiment."""
     import torch
 
+    import torch.distributed as dist
+
     torch.manual_seed(0)
+    # a host-side barrier for in-process transports (see Sync); collective, so created on every rank
+    host_group = dist.new_group(backend="gloo") if ctx.is_cuda and ctx.world_size > 1 else None
     for name in cfg.transports:
         ctx.step(f"set up {name}")
         try:
@@ -254,6 +280,7 @@ def run(cfg: Config, ctx):
         except p2p.TransportUnavailable as e:
             yield dict(kind="skipped", transport=name, reason=str(e), rank=ctx.rank)
             continue
+        T.sync = sync_for(T, ctx, host_group)
         try:
             for exp in cfg.parts:
                 ctx.step(f"{name} {exp}")
@@ -262,7 +289,7 @@ def run(cfg: Config, ctx):
             ctx.sync()
             T.close()
     if "bandwidth" in cfg.parts and "copy" in cfg.transports and ctx.is_cuda and torch.cuda.device_count() >= 2:
-        yield from _bare_copy(cfg, ctx)
+        yield from _bare_copy(cfg, ctx, Sync(ctx, True, True, host_group))
 
 
 def _verify_or_time(cfg, ctx, T, flows, keys, kind="bandwidth"):
@@ -277,7 +304,7 @@ def _verify_or_time(cfg, ctx, T, flows, keys, kind="bandwidth"):
     else:
         def fn():
             transfer(T, ctx, flows, bufs)
-    s = timing.measure(fn, _clock_ctx(T, ctx), iters=cfg.iters, repeats=cfg.repeats, warmup=cfg.warmup)
+    s = timing.measure(fn, T.sync, iters=cfg.iters, repeats=cfg.repeats, warmup=cfg.warmup)
     if not _participates(T, flows):
         return []
     return [dict(r, kind=kind) for r in s.rows(**keys, verified=cfg.verify)]
@@ -311,7 +338,7 @@ def _free(ctx) -> None:
         torch.cuda.empty_cache()
 
 
-def _bare_copy(cfg: Config, ctx):
+def _bare_copy(cfg: Config, ctx, S):
     """The reference for ``copy``: a bare ``dst.copy_(src)`` loop from GPU 0 to GPU 1 in rank 0."""
     import torch
 
@@ -323,7 +350,7 @@ def _bare_copy(cfg: Config, ctx):
             fn = lambda: dst.copy_(src)  # noqa: E731
         else:
             fn = lambda: None  # noqa: E731
-        s = timing.measure(fn, ctx, iters=cfg.iters, repeats=cfg.repeats, warmup=cfg.warmup)
+        s = timing.measure(fn, S, iters=cfg.iters, repeats=cfg.repeats, warmup=cfg.warmup)
         if ctx.rank == 0:
             yield from (dict(r, kind="bandwidth") for r in s.rows(
                 transport=BARE, direction="one", src=0, dst=1, bytes=n, iters=cfg.iters,
@@ -352,7 +379,7 @@ def _comm_comm(cfg: Config, ctx, T):
     r1, r2 = 1, (2 if n_end > 2 else 1)
     T.setup([(0, r1), (0, r2)], cfg.flow_bytes)
     T2 = _second_channel(T, ctx)
-    cuda = _clock_ctx(T, ctx) is ctx and ctx.is_cuda
+    cuda = T.sync.is_cuda
     scenarios = {"two_flows": [(0, r1, cfg.flow_bytes), (0, r2, cfg.flow_bytes)],
                  "small_behind_big": [(0, r1, cfg.flow_bytes), (0, r2, cfg.small_bytes)]}
     streams = {}
@@ -385,7 +412,7 @@ def _flows_once(ctx, chans, flows, bufs, streams, mode, cuda) -> dict[int, float
 
     T = chans[0]
     mine = [k for k, (a, b, _) in enumerate(flows) if T.sends(a) or T.recvs(b)]
-    ctx.barrier()
+    T.sync.barrier()
     if not cuda:
         t0 = time.perf_counter()
         works = {k: _post(chans[k], _ops(T, flows, bufs, only=k)) for k in mine}
@@ -424,7 +451,7 @@ def _flows_once(ctx, chans, flows, bufs, streams, mode, cuda) -> dict[int, float
             ends[k] = e
     for k in (0, 1):
         main.wait_stream(streams[k][ctx.device.index])
-    torch.cuda.synchronize(ctx.device)
+    T.sync.sync()
     return {k: start.elapsed_time(e) * 1e3 for k, e in ends.items()}
 
 
@@ -436,23 +463,33 @@ def _compute_dtype(cfg, ctx):
 
 
 def _comm_compute(cfg: Config, ctx, T):
+    """Compute alone, transfers alone, both at once (see the module docstring). The process that drives a
+    GPU computes on it: with ``copy`` rank 0 computes on every GPU, the other ranks idle on the host."""
     import torch
 
     T.setup([(0, 1)], cfg.overlap_bytes)
-    cuda = _clock_ctx(T, ctx) is ctx and ctx.is_cuda
+    S = T.sync
+    cuda = S.is_cuda
     dt = _compute_dtype(cfg, ctx)
+    if T.in_process:
+        comp_devs = S.devices
+    else:
+        comp_devs = [ctx.device] if ctx.is_cuda else [torch.device("cpu")]
     g = torch.Generator().manual_seed(1)
-    a = torch.randn(cfg.compute_n, cfg.compute_n, generator=g).to(ctx.device, dt)
-    b = torch.randn(cfg.compute_n, cfg.compute_n, generator=g).to(ctx.device, dt)
+    mats = {}
+    for d in comp_devs:
+        mats[d] = (torch.randn(cfg.compute_n, cfg.compute_n, generator=g).to(d, dt),
+                   torch.randn(cfg.compute_n, cfg.compute_n, generator=g).to(d, dt))
     flows = [(0, 1, cfg.overlap_bytes)]
     bufs = _buffers(T, flows)
     verified_transfer(T, ctx, flows, bufs, seq=0)
     comm_role = _participates(T, flows)
-    devs = sorted({ctx.device.index} | ({0, 1} if T.in_process else set())) if ctx.is_cuda else []
-    cs = torch.cuda.Stream(ctx.device) if ctx.is_cuda else None
-    ms = {d: torch.cuda.Stream(d) for d in devs}
+    cs = {d: torch.cuda.Stream(d) for d in comp_devs} if cuda else {}
+    comm_devs = sorted({ctx.device.index} | ({0, 1} if T.in_process else set())) if cuda else []
+    ms = {d: torch.cuda.Stream(d) for d in comm_devs}
 
-    def compute():
+    def compute(d):
+        a, b = mats[d]
         for _ in range(cfg.compute_matmuls):
             torch.mm(a, b)
 
@@ -460,10 +497,12 @@ def _comm_compute(cfg: Config, ctx, T):
         for _ in range(cfg.overlap_messages):
             transfer(T, ctx, flows, bufs)
 
-    def once(phase: str, barrier: bool = True) -> dict:
+    def once(phase: str, barrier: bool = True) -> list[dict]:
+        """One sample: a row per device this process computes on (or one row if it computes nowhere)."""
         if barrier:
-            ctx.barrier()
-        do_c, do_m = phase in ("compute", "overlapped"), phase in ("comm", "overlapped")
+            S.barrier()
+        do_c, do_m = phase in ("compute", "overlapped"), phase in ("comm", "overlapped") and comm_role
+        devs = comp_devs or [None]
         if not cuda:
             t0 = time.perf_counter()
             works = []
@@ -471,58 +510,72 @@ def _comm_compute(cfg: Config, ctx, T):
                 for _ in range(cfg.overlap_messages):
                     works += _post(T, _ops(T, flows, bufs))
             tc = time.perf_counter()
-            if do_c and ctx.is_cuda:
-                compute()
-                torch.cuda.synchronize(ctx.device)
-            elif do_c:
-                compute()
+            if do_c:
+                for d in comp_devs:
+                    compute(d)
+                    if d.type == "cuda":
+                        torch.cuda.synchronize(d)
             c_us = (time.perf_counter() - tc) * 1e6 if do_c else math.nan
             for w in works:
                 w.wait()
             total = (time.perf_counter() - t0) * 1e6
-            return dict(compute_us=c_us, comm_us=total if (do_m and comm_role) else math.nan, total_us=total)
+            return [dict(device=str(d), compute_us=c_us, comm_us=total if do_m else math.nan, total_us=total)
+                    for d in devs]
+        E = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
         main = torch.cuda.current_stream(ctx.device)
-        ev = {k: torch.cuda.Event(enable_timing=True) for k in ("s", "c0", "c1", "m0", "m1", "e")}
-        ev["s"].record(main)
-        cs.wait_stream(main)
-        for d, s in ms.items():
-            s.wait_stream(torch.cuda.current_stream(d))
-        if do_c:
-            with torch.cuda.stream(cs):
-                ev["c0"].record(cs)
-                compute()
-                ev["c1"].record(cs)
-        if do_m and comm_role:
+        s, e, m0, m1 = E(), E(), E(), E()
+        c0 = {d: E() for d in comp_devs}
+        c1 = {d: E() for d in comp_devs}
+        s.record(main)
+        for d in comp_devs:
+            cs[d].wait_stream(torch.cuda.current_stream(d))
+        for d, st in ms.items():
+            st.wait_stream(torch.cuda.current_stream(d))
+        if do_c:  # compute first: its kernels are queued before any host wait inside a transfer
+            for d in comp_devs:
+                with torch.cuda.stream(cs[d]):
+                    c0[d].record(cs[d])
+                    compute(d)
+                    c1[d].record(cs[d])
+        if do_m:
             with _Streams(ms.values()):
-                ev["m0"].record(ms[ctx.device.index])
-                comm()
-                ev["m1"].record(ms[ctx.device.index])
-        main.wait_stream(cs)
-        main.wait_stream(ms[ctx.device.index])  # transfer() joined the other devices' streams into this one
-        ev["e"].record(main)
-        ev["e"].synchronize()
-        torch.cuda.synchronize(ctx.device)
-        return dict(compute_us=ev["c0"].elapsed_time(ev["c1"]) * 1e3 if do_c else math.nan,
-                    comm_us=ev["m0"].elapsed_time(ev["m1"]) * 1e3 if (do_m and comm_role) else math.nan,
-                    total_us=ev["s"].elapsed_time(ev["e"]) * 1e3)
+                m0.record(ms[ctx.device.index])
+                comm()  # transfer() joins every device's comm stream into this device's
+                m1.record(ms[ctx.device.index])
+        for d in comp_devs:
+            main.wait_stream(cs[d])
+        main.wait_stream(ms[ctx.device.index])
+        e.record(main)
+        S.sync()
+        total = s.elapsed_time(e) * 1e3
+        comm_us = m0.elapsed_time(m1) * 1e3 if do_m else math.nan
+        return [dict(device=str(d) if d is not None else str(ctx.device),
+                     compute_us=c0[d].elapsed_time(c1[d]) * 1e3 if (do_c and d is not None) else math.nan,
+                     comm_us=comm_us, total_us=total) for d in devs]
 
     keys = dict(kind="comm_compute", transport=T.name, bytes=cfg.overlap_bytes, messages=cfg.overlap_messages,
                 compute_n=cfg.compute_n, matmuls=cfg.compute_matmuls, dtype=str(dt).replace("torch.", ""),
                 comm_role=comm_role, world_size=ctx.world_size)
+    active = bool(comp_devs) or comm_role
     for phase in ("compute", "comm", "overlapped"):
         ctx.step(f"{T.name} comm_compute {phase}")
         for sample in range(-cfg.warmup, cfg.repeats):
-            r = once(phase)
-            if sample >= 0:
-                yield dict(keys, phase=phase, sample=sample, **r)
+            rows = once(phase)
+            if sample >= 0 and active:
+                for r in rows:
+                    yield dict(keys, phase=phase, sample=sample, **r)
     if cfg.profile and cuda:
         ctx.step(f"{T.name} comm_compute profile")
         d = Path(ctx.run_dir) / "traces"
         d.mkdir(exist_ok=True)
         path = d / f"comm_compute-{T.name}-rank{ctx.rank}.json.gz"
-        timing.trace_steps(lambda: once("overlapped", barrier=False), ctx, 1, path, record_shapes=False)
-        yield dict(kind="trace", transport=T.name, path=str(path.relative_to(ctx.run_dir)), rank=ctx.rank)
-    del a, b, bufs
+        timing.trace_steps(lambda: once("overlapped", barrier=False), S, 1, path, record_shapes=False)
+        if active:
+            yield dict(kind="trace", transport=T.name, path=str(path.relative_to(ctx.run_dir)), rank=ctx.rank)
+        else:
+            path.unlink(missing_ok=True)
+    mats.clear()
+    bufs.clear()
     _free(ctx)
 
 
@@ -533,14 +586,15 @@ def _semantics(cfg: Config, ctx, T):
     import torch.distributed as dist
 
     T.setup([(0, 1)], max(cfg.semantics_bytes))
-    cuda = _clock_ctx(T, ctx) is ctx and ctx.is_cuda
+    S = T.sync
+    cuda = S.is_cuda
     apis = ["copy_"] if T.in_process else (["isend"] if T.name == "ipc" else ["send", "isend"])
     rounds = [(n, api, s) for n in cfg.semantics_bytes for api in apis for s in range(-1, min(cfg.repeats, 5))]
     active = ctx.rank == 0 if T.in_process else ctx.rank in (0, 1)
     for n, api, sample in rounds:
         if not active:  # same barriers as the active ranks
-            ctx.barrier()
-            ctx.barrier()
+            S.barrier()
+            S.barrier()
             continue
         role = "send" if ctx.rank == 0 else "recv"
         if T.in_process:
@@ -549,8 +603,7 @@ def _semantics(cfg: Config, ctx, T):
         else:
             buf = p2p.pattern(n, T.device(ctx.rank), sample, 0) if role == "send" else \
                 torch.empty(n, dtype=torch.uint8, device=T.device(ctx.rank))
-        ctx.sync()
-        ctx.barrier()
+        S.barrier()
         if role == "recv" and cfg.recv_delay_ms:
             time.sleep(cfg.recv_delay_ms / 1e3)
         if cuda:
@@ -578,7 +631,7 @@ def _semantics(cfg: Config, ctx, T):
         if role == "recv" or T.in_process:
             got = out if T.in_process else buf
             p2p.check(got, p2p.pattern(n, got.device, sample, 0), f"{T.name} semantics {api} {n} B")
-        ctx.barrier()
+        S.barrier()
         if sample < 0:
             continue
         yield dict(kind="semantics", transport=T.name, api=api, role="copy" if T.in_process else role, bytes=n,
@@ -617,13 +670,13 @@ def _pipeline(cfg: Config, ctx, T):
         for s, st in stages.items():
             st.zero_grad()
             progs.append(st.iteration(T, s - 1 if s > 0 else None, s + 1 if s < n - 1 else None, comm))
-        P.drive(progs)
+        P.drive(progs, T)
         for d in devs:
             torch.cuda.synchronize(d)
 
     for step in range(-2, cfg.pipeline_steps):
         ctx.step(f"{T.name} pipeline step {step}")
-        ctx.barrier()
+        T.sync.barrier()
         t0 = time.perf_counter()
         iteration()
         t = (time.perf_counter() - t0) * 1e6
@@ -636,7 +689,7 @@ def _pipeline(cfg: Config, ctx, T):
                        micro_batches=cfg.pipeline_micro_batches, layers=cfg.pipeline_layers,
                        hidden=cfg.pipeline_hidden, batch=cfg.pipeline_batch, dtype=str(dt).replace("torch.", ""),
                        world_size=n)
-    del stages
+    stages.clear()
     _free(ctx)
 
 
@@ -701,8 +754,10 @@ def comm_compute(df):
     rows = []
     for t, g in d.groupby("transport", sort=False):
         med = lambda phase, col: g[g.phase == phase].groupby("sample")[col].max().median()  # noqa: E731
-        comp_alone = g[g.phase == "compute"].groupby("rank")["compute_us"].median()
-        comp_over = g[g.phase == "overlapped"].groupby("rank")["compute_us"].median()
+        # per sample the slowest device/rank; then the median over samples
+        by = "device" if "device" in g.columns else "rank"
+        comp_alone = g[g.phase == "compute"].groupby(by)["compute_us"].median()
+        comp_over = g[g.phase == "overlapped"].groupby(by)["compute_us"].median()
         slow = (comp_over / comp_alone).max()
         c, m, o = med("compute", "total_us"), med("comm", "total_us"), med("overlapped", "total_us")
         rows.append(dict(transport=t, compute_alone_us=c, comm_alone_us=m, overlapped_us=o, serial_sum_us=c + m,

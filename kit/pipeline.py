@@ -102,9 +102,9 @@ class Stage:
             elif kind == "B" and not last:
                 recv = ("recv", torch.empty(self.batch, self.hidden, device=self.device, dtype=self.dtype), nxt)
             if carry and recv and carry[0][2] != recv[2]:
-                sends += yield from _issue(T, carry, comm_streams)
+                sends += yield from _issue(T, carry, comm_streams, self.stage)
                 carry = []
-            works = yield from _issue(T, carry + ([recv] if recv else []), comm_streams)
+            works = yield from _issue(T, carry + ([recv] if recv else []), comm_streams, self.stage)
             sends += works[:len(carry)]
             carry = []
             if recv:
@@ -131,7 +131,7 @@ class Stage:
                     if not first:
                         carry = [("send", x.grad, prev)]
         if carry:
-            sends += yield from _issue(T, carry, comm_streams)
+            sends += yield from _issue(T, carry, comm_streams, self.stage)
         for w in sends:
             w.wait()
 
@@ -144,24 +144,28 @@ class _nullctx:
         return False
 
 
-def _issue(T, ops, comm_streams: dict | None = None) -> Iterator[None]:
+def _issue(T, ops, comm_streams: dict | None = None, me: int | None = None) -> Iterator[None]:
     """Post ``ops`` on ``T``; in one process (``T.in_process``) post the sends, then yield until every receive
     has a posted message. With ``comm_streams`` the transfers are issued on those streams (each first waits
     for the current stream of its device, where the data was produced); ``Work.wait()`` later orders the
     compute stream after them. Returns the Works (a generator's return value)."""
     if not ops:
         return []
-    if T.in_process:
-        for i, (k, t, p) in enumerate(ops):
-            if k == "recv":
-                while not T.poll(p, t.device.index):
-                    yield
-    with _on_streams(ops, comm_streams):
-        if not T.in_process:
+    if not T.in_process:
+        with _on_streams(ops, comm_streams):
             return T.exchange(ops)
-        works = {i: T.isend(t, p) for i, (k, t, p) in enumerate(ops) if k == "send"}
+    # one process: post the sends first (the neighbour's matching exchange may be waiting for them), then
+    # yield until every receive's message is there -- never yield with the comm streams made current
+    works = {}
+    with _on_streams(ops, comm_streams):
+        works.update({i: T.isend(t, p) for i, (k, t, p) in enumerate(ops) if k == "send"})
+    for i, (k, t, p) in enumerate(ops):
+        if k == "recv":
+            while not T.poll(p, me):
+                yield
+    with _on_streams(ops, comm_streams):
         works.update({i: T.irecv(t, p) for i, (k, t, p) in enumerate(ops) if k == "recv"})
-        return [works[i] for i in range(len(ops))]
+    return [works[i] for i in range(len(ops))]
 
 
 class _on_streams:
@@ -191,21 +195,23 @@ class _on_streams:
         return False
 
 
-def drive(programs: list[Iterator[None]], max_idle: int = 1_000_000) -> None:
-    """Run stage generators to completion, round-robin (one process driving several stages)."""
+def drive(programs: list[Iterator[None]], T=None) -> None:
+    """Run stage generators to completion, round-robin (one process driving several stages). A stage yields
+    only while its next message has not been posted. If a whole round passes in which no stage finished and
+    ``T.posted`` (messages posted so far) did not grow, no stage can ever proceed: a schedule deadlock,
+    raised as an error instead of spinning forever."""
     live = list(programs)
-    idle = 0
     while live:
-        progressed = False
+        before = getattr(T, "posted", None)
+        n_live = len(live)
         for g in list(live):
             try:
                 next(g)
             except StopIteration:
                 live.remove(g)
-                progressed = True
-        idle = 0 if progressed else idle + 1
-        if idle > max_idle:
-            raise RuntimeError("pipeline: every stage is waiting for a message (schedule deadlock)")
+        if live and len(live) == n_live and before is not None and T.posted == before:
+            raise RuntimeError("pipeline: every stage is waiting for a message that no stage will post "
+                               "(schedule deadlock)")
 
 
 def reference(n: int, layers: int, hidden: int, batch: int, m: int, device="cpu", dtype=None, seed: int = 0):

@@ -65,6 +65,37 @@ def test_schedule_is_1f1b():
             assert peak == min(n - s, m)  # 1F1B bounds the activations kept alive
 
 
+def test_drive_runs_stages_cooperatively_and_reports_a_deadlock():
+    class Box:
+        posted = 0
+
+    box = Box()
+    log = []
+
+    def producer():
+        for i in range(3):
+            log.append(("put", i))
+            box.posted += 1
+            yield
+
+    def consumer():
+        for i in range(3):
+            while box.posted <= i:
+                yield
+            log.append(("got", i))
+
+    P.drive([consumer(), producer()], box)
+    assert [e for e in log if e[0] == "got"] == [("got", 0), ("got", 1), ("got", 2)]
+    assert log.index(("put", 2)) < log.index(("got", 2))
+
+    def waits_forever():
+        while True:
+            yield
+
+    with pytest.raises(RuntimeError, match="schedule deadlock"):
+        P.drive([waits_forever(), waits_forever()], Box())
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_pipeline_equals_single_process(tmp_path, world):
     cfg = _cfg(tmp_path, world_size=world)
