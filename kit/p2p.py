@@ -410,11 +410,18 @@ class IpcTransport(Transport):
                 self._in[a] = _Channel(a, slots, ready, consumed, ctr, mm, capacity)
             if a == me:
                 info = shared[("recv", a, b)]
-                remote = rebuild_cuda_tensor(*info["buf"])
-                # enable peer access dev -> b's GPU in this process (torch does it on a cross-device copy);
-                # done once here, never again: later copies must not queue work on b's GPU in our context
-                torch.empty(1, device=remote.device).copy_(torch.zeros(1, device=dev))
-                torch.cuda.synchronize(remote.device)
+                # Map the peer's mailbox into *our* GPU's context (argument 6 of torch's rebuild is the
+                # device whose context opens the handle; cudaIpcOpenMemHandle enables peer access lazily).
+                # Opened under the owner's device index instead, the mapping would belong to a context of
+                # ours on the peer GPU, the driver would run our copies there, and that GPU would time-slice
+                # between our context and the peer process's (seen on 2xH200: both directions at once fell
+                # to 37 GB/s each way). The tensor reports our device; its memory is on GPU b.
+                args = list(info["buf"])
+                args[6] = dev.index
+                try:
+                    remote = rebuild_cuda_tensor(*args)
+                except RuntimeError:  # a driver that will not map it here: the owner's device, as torch does
+                    remote = rebuild_cuda_tensor(*info["buf"])
                 with torch.cuda.device(dev):
                     consumed = [torch.cuda.Event.from_ipc_handle(dev, h) for h in info["consumed"]]
                 ctr, mm = _map_counters(info["path"], create=False)

@@ -471,8 +471,8 @@ def _comm_compute(cfg: Config, ctx, T):
     S = T.sync
     cuda = S.is_cuda
     dt = _compute_dtype(cfg, ctx)
-    if T.in_process:
-        comp_devs = S.devices
+    if T.in_process:  # the driving process computes on every GPU; the others stay off the GPUs
+        comp_devs = S.devices if ctx.rank == 0 else []
     else:
         comp_devs = [ctx.device] if ctx.is_cuda else [torch.device("cpu")]
     g = torch.Generator().manual_seed(1)
