@@ -238,7 +238,7 @@ class CopyTransport(Transport):
         if streams:  # the side streams now use both tensors: keep the allocator from reusing them early
             t.record_stream(streams[0])
             out.record_stream(streams[1])
-        with torch.cuda.stream(s_src), (torch.cuda.stream(streams[1]) if streams else _null()):
+        with (torch.cuda.stream(s_src) if streams else _null()), (torch.cuda.stream(streams[1]) if streams else _null()):
             if out.is_contiguous() and t.is_contiguous():
                 out.view(-1).copy_(t.reshape(-1))
             else:
