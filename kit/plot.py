@@ -90,7 +90,9 @@ def size_curves(summary, y: str = "busbw_gbps", hue: str = "method", col: str = 
             ax.set_yscale("log")
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
-    axes.flat[0].legend(fontsize=8)
+    for ax in list(axes.flat)[:n]:  # each panel names its own lines (a hue may exist in one panel only)
+        if ax.get_lines():
+            ax.legend(fontsize=8)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
