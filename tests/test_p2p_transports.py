@@ -193,3 +193,28 @@ def test_gpu_pipeline_same_numbers_over_every_transport(tmp_path):
     assert set(pp.index) == {"copy", "ipc", "nccl"}
     assert pp.loss.max() - pp.loss.min() <= 1e-6 * pp.loss.max()
     assert len(set(pp.grad_norms)) == 1
+
+
+def test_analysis_of_the_recorded_gpu_run():
+    """The committed 2-GPU run: every analysis works on it, the three GPU transports agree on the pipeline's
+    numbers, and the profiled overlap shows the transfer as copy-engine memcpys (copy, ipc) vs NCCL kernels."""
+    from kit import results
+
+    runs = results.recorded("p2p_transports")
+    assert runs, "no recorded p2p_transports run"
+    df = results.load(runs[-1])
+    b = X.bandwidth(df)
+    assert {"copy", "ipc", "nccl", X.BARE} <= set(b.transport)
+    assert set(b.direction) == {"one", "both"} and b.bytes.max() == 1 << 30
+    assert len(X.at_size(df, 256 << 20)) == 4
+    pp = X.pipeline(df).set_index("transport")
+    assert set(pp.index) == {"copy", "ipc", "nccl"} and len(set(pp.grad_norms)) == 1
+    assert len(X.comm_compute(df)) == 3 and len(X.comm_comm(df)) == 3 * 2 * 2 * 2
+    se = X.semantics(df)
+    assert set(se.transport) == {"copy", "ipc", "nccl"}
+    for t, want_memcpy in (("copy", True), ("ipc", True), ("nccl", False)):
+        ev = X.trace_events(runs[-1], t)
+        memcpy = ev[(ev.cat == "gpu_memcpy") & ev.name.str.contains("PtoP")]
+        assert (len(memcpy) > 0) == want_memcpy, t
+        if t == "nccl":
+            assert ev[ev.nccl].name.str.contains("SendRecv|Send|Recv").any()
