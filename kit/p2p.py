@@ -45,6 +45,7 @@ import tempfile
 import time
 import uuid
 from collections import deque
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -238,7 +239,7 @@ class CopyTransport(Transport):
         if streams:  # the side streams now use both tensors: keep the allocator from reusing them early
             t.record_stream(streams[0])
             out.record_stream(streams[1])
-        with (torch.cuda.stream(s_src) if streams else _null()), (torch.cuda.stream(streams[1]) if streams else _null()):
+        with (torch.cuda.stream(s_src) if streams else nullcontext()), (torch.cuda.stream(streams[1]) if streams else nullcontext()):
             if out.is_contiguous() and t.is_contiguous():
                 out.view(-1).copy_(t.reshape(-1))
             else:
@@ -272,14 +273,6 @@ class CopyTransport(Transport):
             works[i] = self.irecv(out, src, streams=(ss, sd))
         del sends
         return [works[i] for i in range(len(ops))]
-
-
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *a):
-        return False
 
 
 # ------------------------------------------------------------------------------------------------- ipc

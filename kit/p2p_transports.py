@@ -14,8 +14,12 @@ Every transport is a :mod:`kit.p2p` transport (one interface: ``isend``/``irecv`
   message issued after a large one -- on one NCCL communicator it cannot finish before the large one.
 * ``comm_compute`` -- ``compute_matmuls`` bf16 matmuls (``compute_n``^3) on a compute stream, and
   ``overlap_messages`` transfers of ``overlap_bytes`` 0 -> 1 on a communication stream: alone and together.
-  ``compute_us`` (on every rank's GPU), ``comm_us`` (ranks that take part), ``total_us``. One overlapped
-  iteration per CUDA transport is also profiled (``traces/``) for the timeline.
+  ``compute_us`` per GPU (``device``; with ``copy`` rank 0 drives and computes on every GPU), ``comm_us``
+  (ranks that take part), ``total_us``. One overlapped iteration per CUDA transport is also profiled
+  (``traces/``) for the timeline.
+
+Timing uses :class:`Sync` as its ``ctx``: for ``copy`` the ranks that drive nothing wait in a host barrier,
+never in an NCCL kernel on a GPU the driving process uses (see its docstring for why that matters).
 * ``semantics`` -- what blocks the host: rank 1 posts its receive ``recv_delay_ms`` late; each rank records
   the host time inside the call (``call_us``), inside ``wait()`` (``wait_us``), until the device is known done
   (``done_us``, a ``synchronize``) and the stream time (``device_us``, events around call + wait).
@@ -36,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import p2p, timing
-from .collectives import sizes as size_range
+from .collectives import _human, sizes as size_range
 from .config import LaunchConfig
 
 PARTS = ("bandwidth", "comm_comm", "comm_compute", "semantics", "pipeline")
@@ -163,13 +167,6 @@ def _endpoints(T, ctx) -> int:
     import torch
 
     return torch.cuda.device_count() if T.in_process else ctx.world_size
-
-
-def _human(n: int) -> str:
-    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= div:
-            return f"{n / div:g} {unit}"
-    return f"{n} B"
 
 
 class _Streams:

@@ -21,6 +21,7 @@ neighbours posted their *send* first as separate operations, each would wait for
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from typing import Iterator
 
 
@@ -109,7 +110,7 @@ class Stage:
             carry = []
             if recv:
                 works[-1].wait()
-            with torch.cuda.device(self.device) if self.device.type == "cuda" else _nullctx():
+            with torch.cuda.device(self.device) if self.device.type == "cuda" else nullcontext():
                 if kind == "F":
                     x = self.inputs[i] if first else recv[1].requires_grad_()
                     y = forward(self.weights, x)
@@ -134,14 +135,6 @@ class Stage:
             sends += yield from _issue(T, carry, comm_streams, self.stage)
         for w in sends:
             w.wait()
-
-
-class _nullctx:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *a):
-        return False
 
 
 def _issue(T, ops, comm_streams: dict | None = None, me: int | None = None) -> Iterator[None]:
