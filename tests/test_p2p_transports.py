@@ -134,10 +134,13 @@ def test_whole_experiment_on_gloo(tmp_path):
     assert pp.steps == 2 and pp.time_ms_median > 0 and pp.loss > 0
 
 
-def test_three_ranks_one_sender_two_receivers(tmp_path):
+def test_three_ranks_pair_matrix_and_one_sender_two_receivers(tmp_path):
     run = experiments.execute("p2p_transports", _cfg(tmp_path, world_size=3, transports=["gloo"],
-                                                     parts=["comm_comm", "semantics"]))
+                                                     parts=["bandwidth", "comm_comm", "semantics"],
+                                                     max_bytes=4096, matrix_bytes=4096, directions=["one"]))
     df = run.df()
+    m = X.matrix(df, "gloo")  # more than two endpoints: every ordered pair, like p2pBandwidthLatencyTest
+    assert m.shape == (3, 3) and m.notna().sum().sum() == 6 and (m.fillna(1) > 0).all().all()
     cc = df[df.kind == "comm_comm"]
     assert set(zip(cc.flow, cc.dst)) == {(0, 1), (1, 2)}
     assert set(cc["rank"]) == {0, 1, 2}
