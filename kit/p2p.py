@@ -107,6 +107,25 @@ def _flat_bytes(t):
     return f.view(torch.uint8)
 
 
+class current_streams:
+    """Make the given CUDA streams current (each on its own device) for the duration of the block."""
+
+    def __init__(self, streams):
+        self.streams = [s for s in streams if s is not None]
+
+    def __enter__(self):
+        import torch
+
+        self._ctxs = [torch.cuda.stream(s) for s in self.streams]
+        for c in self._ctxs:
+            c.__enter__()
+
+    def __exit__(self, *a):
+        for c in reversed(self._ctxs):
+            c.__exit__(*a)
+        return False
+
+
 def _nbytes(t) -> int:
     return t.numel() * t.element_size()
 
@@ -253,9 +272,7 @@ class CopyTransport(Transport):
         """Several copies at once each get their own pair of streams, so they can run concurrently."""
         import torch
 
-        sends = [o for o in ops if o[0] == "send"]
-        recvs = [o for o in ops if o[0] == "recv"]
-        if len(recvs) <= 1:
+        if sum(o[0] == "recv" for o in ops) <= 1:
             return super().exchange(ops)
         works: dict[int, Work] = {}
         for i, (kind, t, peer) in enumerate(ops):
@@ -271,7 +288,6 @@ class CopyTransport(Transport):
             ss, sd = self._streams[key]
             sd.wait_stream(torch.cuda.current_stream(dst))  # out is free to overwrite
             works[i] = self.irecv(out, src, streams=(ss, sd))
-        del sends
         return [works[i] for i in range(len(ops))]
 
 
@@ -555,15 +571,9 @@ class DistTransport(Transport):
             else:
                 raise ValueError(f"op must be 'send' or 'recv', not {kind!r}")
         works = dist.batch_isend_irecv(p2p)
-        if len(works) == len(ops):
-            return [_dist_work(w, (lambda o=fix[i]: o[0].copy_(o[1])) if i in fix else None) for i, w in enumerate(works)]
-        # NCCL coalesces the whole batch into one Work: every op completes with it
-        one = works[0]
-        out = []
-        for i in range(len(ops)):
-            after = (lambda o=fix[i]: o[0].copy_(o[1])) if i in fix else None
-            out.append(_dist_work(one, after))
-        return out
+        if len(works) != len(ops):  # NCCL coalesces the whole batch into one Work: every op completes with it
+            works = works[:1] * len(ops)
+        return [_dist_work(w, (lambda o=fix[i]: o[0].copy_(o[1])) if i in fix else None) for i, w in enumerate(works)]
 
 
 class NcclTransport(DistTransport):

@@ -139,8 +139,12 @@ class Sync:
         self.is_cuda = bool(cuda)
         self.host = in_process and host_group is not None
         self._group = host_group
-        self.devices = [torch.device("cuda", d) for d in range(torch.cuda.device_count())] \
-            if (in_process and self.is_cuda and ctx.rank == 0) else ([ctx.device] if self.is_cuda else [])
+        if not self.is_cuda:
+            self.devices = []
+        elif in_process:  # rank 0 drives every GPU of the node; the other ranks drive none
+            self.devices = [torch.device("cuda", d) for d in range(torch.cuda.device_count())] if ctx.rank == 0 else []
+        else:
+            self.devices = [ctx.device]
 
     def sync(self) -> None:
         import torch
@@ -167,25 +171,6 @@ def _endpoints(T, ctx) -> int:
     import torch
 
     return torch.cuda.device_count() if T.in_process else ctx.world_size
-
-
-class _Streams:
-    """Make the given CUDA streams current (one per device) for the duration of the block."""
-
-    def __init__(self, streams):
-        self.streams = [s for s in streams if s is not None]
-
-    def __enter__(self):
-        import torch
-
-        self._ctxs = [torch.cuda.stream(s) for s in self.streams]
-        for c in self._ctxs:
-            c.__enter__()
-
-    def __exit__(self, *a):
-        for c in reversed(self._ctxs):
-            c.__exit__(*a)
-        return False
 
 
 def _buffers(T, flows, seq0: int = 0):
@@ -436,7 +421,7 @@ def _flows_once(ctx, chans, flows, bufs, streams, mode, cuda) -> dict[int, float
     ends = {}
     for k in mine:
         lane = streams[k if mode == "two_streams" else 0]
-        with _Streams(lane.values()):
+        with p2p.current_streams(lane.values()):
             for w in _post(chans[k], _ops(T, flows, bufs, only=k)):
                 w.wait()
             if T.in_process:
@@ -468,8 +453,8 @@ def _comm_compute(cfg: Config, ctx, T):
     S = T.sync
     cuda = S.is_cuda
     dt = _compute_dtype(cfg, ctx)
-    if T.in_process:  # the driving process computes on every GPU; the others stay off the GPUs
-        comp_devs = S.devices if ctx.rank == 0 else []
+    if T.in_process:  # the driving process computes on every GPU it drives; the others stay off the GPUs
+        comp_devs = S.devices
     else:
         comp_devs = [ctx.device] if ctx.is_cuda else [torch.device("cpu")]
     g = torch.Generator().manual_seed(1)
@@ -498,6 +483,8 @@ def _comm_compute(cfg: Config, ctx, T):
         """One sample: a row per device this process computes on (or one row if it computes nowhere)."""
         if barrier:
             S.barrier()
+        if not comp_devs and not comm_role:  # a rank that drives nothing here stays off the GPUs
+            return []
         do_c, do_m = phase in ("compute", "overlapped"), phase in ("comm", "overlapped") and comm_role
         devs = comp_devs or [None]
         if not cuda:
@@ -535,7 +522,7 @@ def _comm_compute(cfg: Config, ctx, T):
                     compute(d)
                     c1[d].record(cs[d])
         if do_m:
-            with _Streams(ms.values()):
+            with p2p.current_streams(ms.values()):
                 m0.record(ms[ctx.device.index])
                 comm()  # transfer() joins every device's comm stream into this device's
                 m1.record(ms[ctx.device.index])
@@ -553,12 +540,11 @@ def _comm_compute(cfg: Config, ctx, T):
     keys = dict(kind="comm_compute", transport=T.name, bytes=cfg.overlap_bytes, messages=cfg.overlap_messages,
                 compute_n=cfg.compute_n, matmuls=cfg.compute_matmuls, dtype=str(dt).replace("torch.", ""),
                 comm_role=comm_role, world_size=ctx.world_size)
-    active = bool(comp_devs) or comm_role
     for phase in ("compute", "comm", "overlapped"):
         ctx.step(f"{T.name} comm_compute {phase}")
         for sample in range(-cfg.warmup, cfg.repeats):
             rows = once(phase)
-            if sample >= 0 and active:
+            if sample >= 0:
                 for r in rows:
                     yield dict(keys, phase=phase, sample=sample, **r)
     if cfg.profile and cuda:
@@ -567,7 +553,7 @@ def _comm_compute(cfg: Config, ctx, T):
         d.mkdir(exist_ok=True)
         path = d / f"comm_compute-{T.name}-rank{ctx.rank}.json.gz"
         timing.trace_steps(lambda: once("overlapped", barrier=False), S, 1, path, record_shapes=False)
-        if active:
+        if comp_devs or comm_role:
             yield dict(kind="trace", transport=T.name, path=str(path.relative_to(ctx.run_dir)), rank=ctx.rank)
         else:
             path.unlink(missing_ok=True)

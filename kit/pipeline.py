@@ -171,21 +171,18 @@ class _on_streams:
     def __enter__(self):
         import torch
 
-        self._ctxs = []
+        from .p2p import current_streams
+
         for d, s in self.streams.items():
             s.wait_stream(torch.cuda.current_stream(d))
         for _, t, _p in self.ops:
             if t.is_cuda and t.device.index in self.streams:
                 t.record_stream(self.streams[t.device.index])
-        for s in self.streams.values():
-            c = torch.cuda.stream(s)
-            c.__enter__()
-            self._ctxs.append(c)
+        self._cur = current_streams(self.streams.values())
+        self._cur.__enter__()
 
     def __exit__(self, *a):
-        for c in reversed(self._ctxs):
-            c.__exit__(*a)
-        return False
+        return self._cur.__exit__(*a)
 
 
 def drive(programs: list[Iterator[None]], T=None) -> None:

@@ -210,7 +210,7 @@ def pipeline_vs_reference(cfg, ctx):
 
     from kit import p2p, pipeline as P
 
-    n, layers, hidden, batch, m = ctx.world_size, 2, 16, 4, cfg.micro_batches
+    n, layers, hidden, batch, m = ctx.world_size, 2, 16, 4, cfg.pipeline_micro_batches
     T = p2p.make("gloo", ctx)
     st = P.Stage(ctx.rank, n, layers, hidden, batch, m, torch.device("cpu"), torch.float32)
     P.drive([st.iteration(T, ctx.rank - 1 if ctx.rank else None, ctx.rank + 1 if ctx.rank < n - 1 else None)])

@@ -98,8 +98,7 @@ def test_drive_runs_stages_cooperatively_and_reports_a_deadlock():
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_pipeline_equals_single_process(tmp_path, world):
-    cfg = _cfg(tmp_path, world_size=world)
-    cfg.micro_batches = 5
+    cfg = _cfg(tmp_path, world_size=world, pipeline_micro_batches=5)
     run = launch(exps.pipeline_vs_reference, cfg, "pp_ref")
     df = run.df()
     assert sorted(df.stage) == list(range(world))
