@@ -29,8 +29,8 @@ def main():
     ap.add_argument("--kit-run-log", help="the output of `kit run p2p_transports` (for the whole-run time)")
     ap.add_argument("--repeats", type=int, default=30)
     args = ap.parse_args()
-    from kit import experiments, results
-    from kit import p2p_transports as X
+    from kit import contract as experiments, results
+    from kit.investigations import p2p_transports as X
 
     if args.run:
         df = results.load(args.run)

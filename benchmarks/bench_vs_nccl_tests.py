@@ -15,7 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def main(run_dir: str) -> int:
-    from kit import collectives, results
+    from kit import results
+    from kit.investigations import collectives
 
     s = collectives.summarize(results.load(run_dir))
     s = s[s.collective == "all_reduce"].pivot_table(index="bytes", columns="method", values=["busbw_gbps", "time_us_median"])

@@ -60,6 +60,8 @@ NOTEBOOK_EXTRAS: dict[str, tuple[type, Any]] = {
 
 
 def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is typing.Literal:
+        return "one of " + ", ".join(map(repr, typing.get_args(tp)))
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
@@ -68,6 +70,11 @@ def _check(value: Any, tp: Any, where: str, problems: list[str]) -> Any:
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if tp is Any:
+        return value
+    if origin is typing.Literal:
+        if value in args and type(value) in {type(a) for a in args}:
+            return value
+        problems.append(f"{where}: {value!r} is not one of {', '.join(map(repr, args))}")
         return value
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:

@@ -245,3 +245,129 @@ def record(run_dir: str | Path, root: str | Path | None = None) -> Path:
         elif f.stat().st_size <= RECORD_MAX_FILE and not rel.name.endswith(".stacks"):
             shutil.copy2(f, out)
     return dest
+
+
+# ------------------------------------------------------------------------------------------------ run status
+def run_status(meta: dict) -> str:
+    """The run's status as a reader should see it: ``meta["status"]``, except that a run still marked
+    ``running`` whose supervisor process (``meta["supervisor"]``: pid and host) is gone is ``died`` -- its
+    launcher was killed before it could write an end status. Its rows are still usable."""
+    status = meta.get("status") or "unknown"
+    sup = meta.get("supervisor") or {}
+    if status != "running" or not sup.get("pid"):
+        return status
+    if sup.get("host") and sup["host"] != socket.gethostname():
+        return status  # another machine's process: cannot tell from here
+    try:
+        os.kill(int(sup["pid"]), 0)
+    except ProcessLookupError:
+        return "died"
+    except PermissionError:
+        return status  # alive, someone else's
+    if sup.get("start_ticks") is not None and _start_ticks(int(sup["pid"])) not in (None, sup["start_ticks"]):
+        return "died"  # the pid was reused by another process
+    return status
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22): with the pid, an
+    identity that survives pid reuse. None where /proc is not available."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def supervisor_identity() -> dict:
+    """What a run records about the process that supervises it, so readers can tell a dead run."""
+    return {"pid": os.getpid(), "host": socket.gethostname(), "start_ticks": _start_ticks(os.getpid())}
+
+
+# ------------------------------------------------------------------------------------------------ run sets
+@dataclass
+class RunSet:
+    """The runs a notebook analyses: their directories, rows (one DataFrame, ``label``/``run_id`` columns from
+    each run's meta) and metadata. Every investigation's ``tables``/``figures``/``findings`` take one."""
+
+    dirs: list[Path]
+    source: str = ""
+    """where they come from, for people: 'this run', 'recorded: 2x NVIDIA H200 ...', 'given'"""
+
+    def __post_init__(self) -> None:
+        self.dirs = [Path(d) for d in self.dirs]
+        self._df = None
+
+    @property
+    def df(self):
+        if self._df is None:
+            self._df = load(*self.dirs) if self.dirs else _empty_frame()
+        return self._df
+
+    @property
+    def metas(self) -> list[dict]:
+        return [read_meta(d) for d in self.dirs]
+
+    @property
+    def meta(self) -> dict:
+        """The first run's meta (hardware and software are the same for every run of a set)."""
+        return self.metas[0] if self.dirs else {}
+
+    @property
+    def cuda(self) -> bool:
+        return any(m.get("backend") == "nccl" for m in self.metas)
+
+    @property
+    def title(self) -> str:
+        from . import plot
+
+        return plot.hardware_title(self.meta) if self.dirs else "no runs"
+
+    def files(self, pattern: str) -> list[Path]:
+        """Files matching ``pattern`` (a glob) in every run directory, sorted."""
+        return sorted(f for d in self.dirs for f in d.glob(pattern))
+
+    def __repr__(self) -> str:
+        if not self.dirs:
+            return "RunSet(no runs)"
+        statuses = ", ".join(sorted({run_status(m) for m in self.metas}))
+        return (f"RunSet({self.source or 'runs'}: {len(self.dirs)} run(s), {statuses}; "
+                f"{self.title.replace(chr(10), ' | ')}; {', '.join(str(d) for d in self.dirs)})")
+
+
+def _empty_frame():
+    import pandas as pd
+
+    return pd.DataFrame()
+
+
+def recorded_set(experiment: str, root: str | Path | None = None) -> list[Path]:
+    """The newest recorded run per label (one per env setting of an ``env_sets`` comparison)."""
+    latest: dict[str, Path] = {}
+    for d in recorded(experiment, root):
+        latest[run_label(read_meta(d)) or d.name] = d
+    return sorted(latest.values())
+
+
+def choose(experiment: str, this=None, analyse: Any = "auto", root: str | Path | None = None) -> RunSet:
+    """The one rule every notebook uses to pick the runs it analyses.
+
+    ``this``: the Run(s) just made (or None/[] when the investigation could not run here). ``analyse``:
+    ``"auto"`` -- this run when it ran on CUDA GPUs, else the newest recorded GPU runs (``recorded/``), else
+    this run; ``"this"``; ``"recorded"``; or a list of run directories to analyse instead.
+    """
+    if isinstance(this, Run):
+        this = [this]
+    mine = [r.dir for r in (this or [])]
+    if isinstance(analyse, (list, tuple)):
+        return RunSet([Path(d) for p in analyse for d in _run_dirs(Path(p))], "given")
+    if analyse not in ("auto", "this", "recorded"):
+        raise ValueError(f"analyse must be 'auto', 'this', 'recorded' or a list of run directories, not {analyse!r}")
+    rec = recorded_set(experiment, root)
+    rec_set = RunSet(rec, f"recorded: {describe(rec[0])}" if rec else "recorded (none)")
+    if analyse == "recorded":
+        return rec_set
+    here = RunSet(mine, "this run")
+    if analyse == "this" or (here.dirs and here.cuda) or not rec:
+        return here
+    return rec_set

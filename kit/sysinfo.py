@@ -184,3 +184,28 @@ def format_text(info: dict[str, Any]) -> str:
     for k, v in info["env"].items():
         lines.append(f"env           {k}={v}")
     return "\n".join(lines)
+
+
+def peer_access() -> bool | None:
+    """True when every pair of GPUs can read each other's memory (NVML's P2P read status), False when a pair
+    cannot, None when NVML cannot tell (no driver). Creates no CUDA context."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        hs = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        for i, a in enumerate(hs):
+            for b in hs[i + 1:]:
+                if pynvml.nvmlDeviceGetP2PStatus(a, b, pynvml.NVML_P2P_CAPS_INDEX_READ) != pynvml.NVML_P2P_STATUS_OK:
+                    return False
+        return True
+    except Exception:
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass

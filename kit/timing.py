@@ -13,7 +13,9 @@ samples after ``warmup`` untimed calls and keeps every sample (rows carry ``samp
   device is idle), so a collective's time is not inflated by a peer that started late.
 * :func:`profile_gpu` -- the GPU activity of ``calls`` calls from a torch.profiler (CUPTI) trace, as
   kit.traces.gpu_events rows, cut to the window after an aligned start (see its docstring).
-* :func:`stats` / :func:`summarize` -- median, p10, p90, min, mean, std and n; the same everywhere.
+* :class:`PhaseTimer` -- named phases on their streams (CUDA events), read after the work.
+
+Statistics over the samples live in :mod:`kit.stats`.
 """
 
 from __future__ import annotations
@@ -169,25 +171,48 @@ def profile_gpu(fn: Callable[[], object], ctx, calls: int, export: str | None = 
     return ev.reset_index(drop=True)
 
 
-def stats(values: Sequence[float]) -> dict[str, float]:
-    import numpy as np
+class PhaseTimer:
+    """Named phases of a step, timed on the stream each runs on, read after the work.
 
-    a = np.asarray(values, dtype=float)
-    if a.size == 0:
-        return {"n": 0, "median": float("nan"), "p10": float("nan"), "p90": float("nan"), "min": float("nan"),
-                "mean": float("nan"), "std": float("nan")}
-    return {"n": int(a.size), "median": float(np.median(a)), "p10": float(np.percentile(a, 10)),
-            "p90": float(np.percentile(a, 90)), "min": float(a.min()), "mean": float(a.mean()),
-            "std": float(a.std(ddof=1)) if a.size > 1 else 0.0}
+    ``with timer.phase("forward"):`` records a CUDA event before and after on ``stream`` (default: the current
+    stream) -- nothing waits for the GPU inside a step, so a loop timed this way runs ahead of the device as a
+    real training loop does; :meth:`read` synchronises on the recorded events afterwards and returns
+    microseconds per phase (a phase entered several times is summed). On CPU the host clock is used. ``host``
+    phases (``host=True``) time the host's own time in the block, e.g. a ``.to(device)`` that blocks.
+    """
 
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+        self._events: list[tuple[str, object, object]] = []
+        self._host: dict[str, float] = {}
 
-def summarize(df, by: Sequence[str], value: str = "time_us"):
-    """Per group of ``by``: n, median, p10, p90, min, mean, std of ``value`` (columns ``<value>_<stat>``)."""
-    import pandas as pd
+    def phase(self, name: str, stream=None, host: bool = False):
+        from contextlib import contextmanager
 
-    rows = []
-    for key, g in df.groupby(list(by), sort=True, dropna=False):
-        key = key if isinstance(key, tuple) else (key,)
-        st = stats(g[value].dropna().to_numpy())
-        rows.append({**dict(zip(by, key)), **{f"{value}_{k}": v for k, v in st.items()}})
-    return pd.DataFrame(rows)
+        @contextmanager
+        def block():
+            h0 = time.perf_counter()
+            if self.cuda and not host:
+                import torch
+
+                s = stream or torch.cuda.current_stream()
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record(s)
+                yield
+                b.record(s)
+                self._events.append((name, a, b))
+            else:
+                yield
+            if host or not self.cuda:
+                self._host[name] = self._host.get(name, 0.0) + (time.perf_counter() - h0) * 1e6
+
+        return block()
+
+    def read(self) -> dict[str, float]:
+        """Microseconds per phase (device phases after their events completed); clears the timer."""
+        out = dict(self._host)
+        for name, a, b in self._events:
+            b.synchronize()
+            out[name] = out.get(name, 0.0) + a.elapsed_time(b) * 1e3
+        self._events, self._host = [], {}
+        return out

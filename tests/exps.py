@@ -108,7 +108,7 @@ def sync_equivalence(cfg, ctx):
     import torch
     import torch.distributed as dist
 
-    from kit import dataloader_sync as D
+    from kit.investigations import dataloader_sync as D
 
     g = torch.Generator().manual_seed(10 + ctx.rank)  # different data on each rank
     x = torch.randn(4, 3, 32, 32, generator=g)
@@ -137,7 +137,7 @@ def p2p_integrity(cfg, ctx):
     compares with what the sender made (same seeded generator). One row per checked message."""
     import torch
 
-    from kit import p2p
+    from kit import transports as p2p
 
     names = ["gloo"] + (["nccl", "ipc", "copy"] if ctx.is_cuda else [])
     shapes = [(1,), (7,), (3, 5), (1001,), (4099,), (33, 65)]
@@ -208,7 +208,8 @@ def pipeline_vs_reference(cfg, ctx):
     gradient difference and (last stage) the loss."""
     import torch
 
-    from kit import p2p, pipeline as P
+    from kit import transports as p2p
+    from kit.investigations.p2p_transports import pipeline as P
 
     n, layers, hidden, batch, m = ctx.world_size, 2, 16, 4, cfg.pipeline_micro_batches
     T = p2p.make("gloo", ctx)

@@ -5,8 +5,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from kit import collectives as C
-from kit import experiments
+from kit.investigations import collectives as C
+from kit import contract as experiments
 
 DATA = Path(__file__).parent / "data"
 

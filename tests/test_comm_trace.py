@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 
 from conftest import ROOT
-from kit import comm_trace as CT
-from kit import experiments, results
+from kit.traces import comm as CT
+from kit import contract as experiments, results
 
 DATA = Path(__file__).parent / "data"
 NCCL = [DATA / "colls_rank0.json.gz", DATA / "colls_rank1.json.gz"]
@@ -81,7 +81,7 @@ def test_gloo_traces_and_flight_recorder(tmp_path):
     assert (rs["bytes"] == 64 * 64 * 4).all()
     assert any(r["kind"] == "fr" for r in run.rows)
     # the mismatch demo: rank 0 issues a 4th all_reduce that rank 1 never joins
-    from kit import collective_tracing as T
+    from kit.investigations import collective_tracing as T
     from kit.launch import launch
 
     demo = launch(T.mismatch, dataclasses.replace(cfg, teardown_s=5.0), "fr_demo")

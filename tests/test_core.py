@@ -7,7 +7,7 @@ import types
 import pytest
 
 from kit import results, sysinfo, timing
-from kit.collectives import Config as CollConfig
+from kit.investigations.collectives import Config as CollConfig
 from kit.config import ConfigError, parse_override, validate
 
 

@@ -9,8 +9,8 @@ import torch
 
 import exps
 from conftest import ROOT
-from kit import dataloader_sync as D
-from kit import experiments
+from kit.investigations import dataloader_sync as D
+from kit import contract as experiments
 from kit.config import ConfigError
 from kit.launch import launch
 

@@ -7,7 +7,7 @@ import pytest
 
 import exps
 from conftest import pids_of, wait_dead
-from kit import experiments
+from kit import contract as experiments
 from kit.launch import launch
 
 pytestmark = pytest.mark.gpu
@@ -69,7 +69,7 @@ def test_collective_tracing_nccl_metadata(cfg):
                                                        "tp_layers": 1, "tp_tokens": 256, "tp_hidden": 512,
                                                        "timed_steps": 2, "profile_steps": 2, "results_root": cfg.results_root})
     run = experiments.execute("collective_tracing", c)
-    from kit import comm_trace as CT
+    from kit.traces import comm as CT
 
     df = CT.collectives(sorted(run.dir.glob("trace_tp_rank*.json.gz")))
     assert set(df["rank"]) == {0, 1} and set(df["backend"]) == {"nccl"}

@@ -6,8 +6,8 @@ import sys
 import pytest
 
 from conftest import ROOT
-from kit import experiments, results
-from kit import graph_gaps as G
+from kit import contract as experiments, results
+from kit.investigations import graph_gaps as G
 from kit.config import ConfigError
 
 

@@ -10,8 +10,9 @@ import pytest
 
 import exps
 from conftest import ROOT
-from kit import experiments, pipeline as P
-from kit import p2p_transports as X
+from kit import contract as experiments
+from kit.investigations.p2p_transports import pipeline as P
+from kit.investigations import p2p_transports as X
 from kit.config import ConfigError
 from kit.launch import launch
 
@@ -38,7 +39,7 @@ def test_interface_keeps_data_intact_on_gloo(tmp_path):
 def test_pattern_check_catches_corruption():
     import torch
 
-    from kit import p2p
+    from kit import transports as p2p
 
     want = p2p.pattern(1001, "cpu", seq=3, src=0)
     p2p.check(want.clone(), want, "same")

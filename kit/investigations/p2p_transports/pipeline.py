@@ -171,7 +171,7 @@ class _on_streams:
     def __enter__(self):
         import torch
 
-        from .p2p import current_streams
+        from ...transports import current_streams
 
         for d, s in self.streams.items():
             s.wait_stream(torch.cuda.current_stream(d))

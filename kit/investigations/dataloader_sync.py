@@ -37,8 +37,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import comm_trace, timing, traces
-from .config import LaunchConfig
+from .. import timing, traces
+from ..traces import comm as comm_trace
+from ..config import LaunchConfig
 
 H2D_MODES = ["pageable", "pinned", "side_stream", "prefetch"]
 SYNC_MODES = ["per_param", "flat", "ddp", "ddp_one_bucket"]

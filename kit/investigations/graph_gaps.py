@@ -28,8 +28,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import timing, traces
-from .config import LaunchConfig
+from .. import timing, traces
+from ..config import LaunchConfig
 
 
 @dataclass
@@ -279,7 +279,7 @@ def kept_trace_gaps(run_dirs, threshold_us: float = 1000.0):
 
     import pandas as pd
 
-    from . import results
+    from .. import results
 
     frames = []
     for d in map(Path, run_dirs):

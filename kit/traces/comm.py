@@ -30,8 +30,8 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
-from . import traces
-from .collectives import bus_factor
+from .. import traces
+from ..investigations.collectives import bus_factor
 
 _CANON = {
     "allreduce": "all_reduce", "all_reduce": "all_reduce", "allreduce_coalesced": "all_reduce",

@@ -23,8 +23,9 @@ import json
 import time
 from dataclasses import dataclass, field
 
-from . import comm_trace, timing, traces
-from .config import LaunchConfig
+from .. import timing, traces
+from ..traces import comm as comm_trace
+from ..config import LaunchConfig
 
 FR_ENV = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}  # old and new name
 

@@ -31,8 +31,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 
-from . import timing
-from .config import LaunchConfig
+from .. import timing
+from ..config import LaunchConfig
 
 ALL = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"]
 NCCL_TESTS_BINARIES = {"all_reduce": "all_reduce_perf", "all_gather": "all_gather_perf",
@@ -258,7 +258,7 @@ def run_nccl_tests(binaries: dict[str, str], cfg: Config, ngpus: int, timeout_s:
 
 def after(cfg: Config, run) -> None:
     """Launcher-side step once the ranks are done: nccl-tests at the same sizes, into the same run."""
-    from . import results
+    from .. import results
 
     meta = run.meta
     if meta.get("backend") != "nccl" or meta.get("mode") != "spawn":

@@ -39,9 +39,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import p2p, timing
-from .collectives import _human, sizes as size_range
-from .config import LaunchConfig
+from ... import timing, transports as p2p
+from ..collectives import _human, sizes as size_range
+from ...config import LaunchConfig
 
 PARTS = ("bandwidth", "comm_comm", "comm_compute", "semantics", "pipeline")
 DIRECTIONS = ("one", "both")
@@ -780,7 +780,7 @@ def trace_events(run_dir, transport: str):
     """GPU events of the profiled overlapped iteration of ``transport``, every rank's trace together."""
     import pandas as pd
 
-    from . import traces
+    from ... import traces
 
     d = Path(run_dir) / "traces"
     frames = []
