@@ -1,12 +1,17 @@
 """The ``kit`` command (also ``python -m kit``).
 
-    kit run [NAME ...|all] [--config FILE] [-p key=value ...] [--no-input]   notebooks -> HTML report
+    kit run [NAME ...|all] [--config FILE] [-p key=value ...] [--no-input] [--strict]
+                                                                              notebooks -> HTML report
     kit exp NAME [--config FILE] [-p key=value ...]                           one experiment, no notebook
                                                                               (spawn here, or in place under torchrun/srun)
     kit sysinfo [--json]                                                      hardware and software of this node
+    kit trace gaps|collectives|merge TRACE ...                                analyse any PyTorch profiler trace
     kit record RUN_DIR ...                                                    copy runs into recorded/ to commit
     kit wheelhouse DIR [--python-version 3.12] [--platform ...] [--exclude NAME ...]
                                                                               wheels for an offline node (never torch)
+
+Exit status: 0 success; 1 a run or notebook failed; 2 bad input (config, file), nothing ran; 3 an investigation
+cannot run on this machine (``kit exp``, or ``kit run --strict``), with what is missing.
 """
 
 from __future__ import annotations
@@ -36,25 +41,32 @@ def cmd_run(args) -> int:
 
     _, entries = runner.run(args.names, args.config, _overrides(args.param), no_input=args.no_input,
                             results_root=args.results_root)
-    failed = [e for e in entries if e["status"] != "ok"]
+    failed = [e for e in entries if e["status"] == "failed"]
+    skipped = [e for e in entries if e["status"] == "skipped"]
+    for e in failed:
+        print(f"kit run: FAILED {e['error']}", file=sys.stderr)
+    for e in skipped:
+        print(f"kit run: {e['name']} cannot run here ({'; '.join(e['missing'])}); its page shows the recorded runs",
+              file=sys.stderr)
     if failed:
-        for e in failed:
-            print(f"kit run: FAILED {e['error']}", file=sys.stderr)
         return 1
-    return 0
+    return 3 if (skipped and args.strict) else 0
 
 
 def cmd_exp(args) -> int:
-    from . import experiments
+    from . import contract
     from .config import load_yaml
     from .launch import LaunchError, launched_externally
 
     data = load_yaml(args.config) if args.config else {}
     mapping = {**(data.get("defaults") or {}), **(data.get(args.name) or {}), **dict(_overrides(args.param))}
-    cfg = experiments.make_config(args.name, mapping)
+    cfg = contract.make_config(args.name, mapping)
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) if launched_externally() else 0
     try:
-        runs = experiments.execute_all(args.name, cfg, verbose=args.verbose)
+        runs = contract.execute_all(args.name, cfg, verbose=args.verbose)
+    except contract.Skipped as e:
+        print(f"kit exp {args.name}: cannot run on this machine:\n  " + "\n  ".join(e.reasons), file=sys.stderr)
+        return 3
     except LaunchError as e:
         print(f"kit exp {args.name}: {e}", file=sys.stderr)
         if e.run is not None:
@@ -90,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-p", "--param", action="append", metavar="KEY=VALUE", help="override a parameter (YAML value)")
     r.add_argument("--no-input", action="store_true", help="hide code cells in the HTML report")
     r.add_argument("--results-root", help="where runs and reports are written (default: the config's, else results/)")
+    r.add_argument("--strict", action="store_true",
+                   help="an investigation this machine cannot run is an error (exit 3), e.g. in CI of GPU nodes")
     r.set_defaults(fn=cmd_run)
 
     e = sub.add_parser("exp", help="run one experiment without a notebook (works under torchrun / srun)")

@@ -55,13 +55,20 @@ class LaunchConfig:
 # Parameters every notebook has besides its experiment's Config.
 NOTEBOOK_EXTRAS: dict[str, tuple[type, Any]] = {
     "interactive": (bool, True),  # ipywidgets cells; `kit run` sets False
-    "show_recorded": (bool, True),  # also show committed GPU runs from recorded/ (always when no CUDA)
+    # which runs the analyses show (kit.results.choose): "auto" = this run if it ran on GPUs, else the recorded
+    # GPU runs; "this"; "recorded"; or a list of run directories
+    "analyse": (typing.Union[typing.Literal["auto", "this", "recorded"], list[str]], "auto"),
 }
 
 
 def _type_name(tp: Any) -> str:
-    if typing.get_origin(tp) is typing.Literal:
+    origin = typing.get_origin(tp)
+    if origin is typing.Literal:
         return "one of " + ", ".join(map(repr, typing.get_args(tp)))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is list:
+        return f"a list of {_type_name(typing.get_args(tp)[0])}" if typing.get_args(tp) else "a list"
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 

@@ -10,7 +10,12 @@ present). Output goes to one report directory per invocation::
         <name>.html                 nbconvert HTML, images embedded (``--no-input`` hides the code)
         figures/<name>-*.png        every figure the notebook saved; also copied to ./figures/
 
-A failing cell gives a non-zero exit whose message names the notebook and the cell.
+Every investigation is asked first whether this machine can run it (its ``needs``, kit.contract): those that
+fit run; each one that does not is still rendered -- its notebook prints what is missing and what this machine
+has, then analyses the committed recorded runs, labelled as such -- and the index marks it ``skipped``.
+
+Exit status (``kit run``): 0 when everything that could run ran; 1 when a notebook failed (the message names the
+notebook and the cell); with ``--strict`` a skipped investigation is an error too (exit 3), for CI of GPU nodes.
 """
 
 from __future__ import annotations
@@ -24,21 +29,25 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from . import results
+from . import contract, results
 from .config import NOTEBOOK_EXTRAS, ConfigError, LaunchConfig, load_yaml, validate
-from .experiments import EXPERIMENTS, get
 
 REPO = results.REPO_ROOT
-NOTEBOOKS = REPO / "notebooks"
 CONFIGS = REPO / "configs"
+NOTEBOOKS: Path | None = None  # tests point this at a folder of modified notebooks; None = each investigation's own
 
 
 class NotebookFailed(RuntimeError):
     pass
 
 
+def notebook_path(name: str) -> Path:
+    return (NOTEBOOKS / f"{name}.ipynb") if NOTEBOOKS is not None else contract.get(name).notebook_path
+
+
 def notebook_names() -> list[str]:
-    return sorted(p.stem for p in NOTEBOOKS.glob("*.ipynb") if p.stem in EXPERIMENTS)
+    """Every registered investigation that has a notebook, in registry order."""
+    return [n for n in contract.names() if notebook_path(n).exists()]
 
 
 def default_config() -> Path:
@@ -53,9 +62,10 @@ def resolve_params(names: list[str], config_path: Path, overrides: list[tuple[st
 
     data = load_yaml(config_path) if config_path else {}
     problems: list[str] = []
-    unknown = [k for k in data if k != "defaults" and k not in EXPERIMENTS]
+    known = contract.names()
+    unknown = [k for k in data if k != "defaults" and k not in known]
     if unknown:
-        problems.append(f"{config_path}: unknown section(s) {unknown}; sections are 'defaults' and {list(EXPERIMENTS)}")
+        problems.append(f"{config_path}: unknown section(s) {unknown}; sections are 'defaults' and {known}")
     defaults = data.get("defaults") or {}
     try:
         validate(LaunchConfig, defaults, where=f"{config_path}:defaults")
@@ -65,17 +75,33 @@ def resolve_params(names: list[str], config_path: Path, overrides: list[tuple[st
     for name in names:
         mapping = {**defaults, **(data.get(name) or {}), **dict(overrides)}
         try:
-            cfg, extras = validate(get(name).Config, mapping, where=name, extras=NOTEBOOK_EXTRAS)
+            cfg, extras = validate(contract.get(name).Config, mapping, where=name, extras=NOTEBOOK_EXTRAS)
             resolve(cfg)  # world size vs GPUs present, backend name
-            from .experiments import check_world
-
-            check_world(cfg, name)
             extras["interactive"] = False  # batch runs never wait for widgets
             out[name] = {**asdict(cfg), **extras}
         except ConfigError as e:
             problems.append(str(e))
     if problems:
         raise ConfigError("\n".join(problems))
+    return out
+
+
+def cannot_run(names: list[str], params: dict[str, dict]) -> dict[str, list[str]]:
+    """name -> what is missing on this machine (only those that cannot run). Also config rules that need the
+    world size (``check_world``) -- they depend on the machine when ``world_size`` is 0 (all GPUs)."""
+    out = {}
+    for name in names:
+        inv = contract.get(name)
+        cfg = inv.config({k: v for k, v in params[name].items() if k not in NOTEBOOK_EXTRAS})
+        machine = contract.Machine.probe(cfg)
+        reasons = list(inv.needs(cfg, machine))
+        if not reasons:
+            try:
+                contract.check_world(name, cfg)
+            except ConfigError as e:
+                reasons = [str(e).split("\n", 1)[-1].strip()]
+        if reasons:
+            out[name] = reasons
     return out
 
 
@@ -92,7 +118,7 @@ def _export_html(nb_path: Path, html_path: Path, no_input: bool) -> None:
 def run_notebook(name: str, params: dict, report_dir: Path, no_input: bool, log=print) -> dict:
     import papermill as pm
 
-    src = NOTEBOOKS / f"{name}.ipynb"
+    src = notebook_path(name)
     out_nb = report_dir / f"{name}.ipynb"
     fig_dir = report_dir / "figures"
     fig_dir.mkdir(exist_ok=True)
@@ -132,29 +158,45 @@ def run_notebook(name: str, params: dict, report_dir: Path, no_input: bool, log=
             "figures": [f"figures/{f.name}" for f in figures], "params": params}
 
 
+_STATUS_STYLE = {"ok": ("ran here", "#070"), "skipped": ("cannot run here: recorded runs shown", "#a60"),
+                 "failed": ("failed", "#b00")}
+
+
 def write_index(report_dir: Path, entries: list[dict], config_path: Path | None) -> Path:
+    """index.html: one row per notebook -- ran here, skipped (what is missing; the page shows the recorded
+    runs), or failed (the cell) -- with its figures; a summary line counts each kind."""
     from . import sysinfo
 
     info = sysinfo.collect()
     rows = []
     for e in entries:
         link = f'<a href="{e["html"]}">{e["name"]}</a>' if e["html"] else e["name"]
-        status = e["status"] if e["status"] == "ok" else f'<b style="color:#b00">{e["status"]}</b>'
+        word, color = _STATUS_STYLE.get(e["status"], (e["status"], "#b00"))
+        status = f'<b style="color:{color}">{html.escape(word)}</b>'
+        why = "".join(f"<li>{html.escape(r)}</li>" for r in e.get("missing") or [])
+        why = f"<ul>{why}</ul>" if why else ""
         figs = "".join(f'<a href="{f}"><img src="{f}" height="120"></a> ' for f in e["figures"])
         err = f'<pre>{html.escape(e["error"])}</pre>' if e["error"] else ""
-        rows.append(f"<tr><td>{link}<br><small>{e['notebook']}</small></td><td>{status}</td>"
+        q = f"<br><small>{html.escape(e.get('question') or '')}</small>"
+        rows.append(f"<tr><td>{link}{q}</td><td>{status}{why}</td>"
                     f"<td>{e['seconds']} s</td><td>{figs}{err}</td></tr>")
+    counts = {k: sum(e["status"] == k for e in entries) for k in ("ok", "skipped", "failed")}
+    summary = (f"{counts['ok']} ran on this machine, {counts['skipped']} cannot run here (their pages show the "
+               f"recorded runs, labelled as such), {counts['failed']} failed")
     page = f"""<!doctype html><meta charset="utf-8"><title>kit report {report_dir.name}</title>
-<style>body{{font-family:sans-serif;margin:2em}} td{{vertical-align:top;padding:6px;border-bottom:1px solid #ddd}}</style>
+<style>body{{font-family:sans-serif;margin:2em}} td{{vertical-align:top;padding:6px;border-bottom:1px solid #ddd}}
+ul{{margin:4px 0;padding-left:18px;font-size:90%}}</style>
 <h1>kit report {report_dir.name}</h1>
 <p>{html.escape(sysinfo.summary(info))}<br>config: {html.escape(str(config_path))} &middot;
 git {html.escape(str(results.git_commit()))} &middot; {time.strftime('%Y-%m-%d %H:%M')}</p>
-<table><tr><th>notebook</th><th>status</th><th>time</th><th>figures</th></tr>{''.join(rows)}</table>
+<p><b>{html.escape(summary)}</b></p>
+<table><tr><th>investigation</th><th>status</th><th>time</th><th>figures</th></tr>{''.join(rows)}</table>
 <details><summary>sysinfo</summary><pre>{html.escape(sysinfo.format_text(info))}</pre></details>
 """
     path = report_dir / "index.html"
     path.write_text(page)
-    results.write_json(report_dir / "report.json", {"entries": entries, "config": str(config_path), "sysinfo": info})
+    results.write_json(report_dir / "report.json", {"entries": entries, "config": str(config_path), "sysinfo": info,
+                                                     "summary": counts})
     return path
 
 
@@ -162,16 +204,18 @@ def run(names: list[str], config_path: str | None, overrides: list[tuple[str, An
         results_root: str | None = None, copy_figures: bool = True, log=print) -> tuple[Path, list[dict]]:
     """Execute notebooks; returns (report_dir, entries). Raises ConfigError before running anything.
 
-    ``results_root`` (``--results-root``) holds both the report and the experiments' runs; when not given,
-    the config's ``results_root`` (default ``results``) is used.
+    Entries have ``status`` ``ok``, ``skipped`` (``missing``: what this machine lacks; the notebook was still
+    rendered, from the recorded runs) or ``failed`` (``error``). ``results_root`` (``--results-root``) holds
+    both the report and the experiments' runs; when not given, the config's (default ``results``) is used.
     """
     if results_root is not None:
         overrides = [("results_root", str(results_root))] + list(overrides)
     if not names or names == ["all"]:
         names = notebook_names()
-    missing = [n for n in names if not (NOTEBOOKS / f"{n}.ipynb").exists() or n not in EXPERIMENTS]
-    if missing:
-        raise ConfigError(f"no notebook for {missing}; available: {notebook_names()}")
+    known = contract.names()
+    missing_nb = [n for n in names if n not in known or not notebook_path(n).exists()]
+    if missing_nb:
+        raise ConfigError(f"no notebook for {missing_nb}; available: {notebook_names()}")
     cfg_path = Path(config_path) if config_path else default_config()
     if not cfg_path.exists() and (CONFIGS / cfg_path.name).exists():
         cfg_path = CONFIGS / cfg_path.name
@@ -179,19 +223,25 @@ def run(names: list[str], config_path: str | None, overrides: list[tuple[str, An
     for p in params.values():  # notebooks run with cwd=REPO: keep a relative results_root relative to the caller
         if not os.path.isabs(p["results_root"]):
             p["results_root"] = os.path.abspath(p["results_root"])
+    skip = cannot_run(names, params)
     root = results_root or next(iter(params.values()))["results_root"]
     report_dir = results.new_run_dir(Path(root).resolve(), "reports")
     log(f"kit run: {len(names)} notebook(s) with {cfg_path} -> {report_dir}")
+    for name, reasons in skip.items():
+        log(f"  {name} cannot run here ({'; '.join(reasons)}): its page shows the recorded runs")
     entries = []
     for i, name in enumerate(names, 1):
-        log(f"[{i}/{len(names)}] {name}: running ...")
+        log(f"[{i}/{len(names)}] {name}: {'rendering recorded runs' if name in skip else 'running'} ...")
         e = run_notebook(name, params[name], report_dir, no_input, log)
+        e["question"] = contract.get(name).question
+        if name in skip and e["status"] == "ok":
+            e["status"], e["missing"] = "skipped", skip[name]
         entries.append(e)
         log(f"[{i}/{len(names)}] {name}: {e['status']} in {e['seconds']} s"
             + (f", {len(e['figures'])} figure(s)" if e["figures"] else ""))
         if e["error"]:
             log("  " + e["error"].replace("\n", "\n  "))
-        if copy_figures and e["figures"]:
+        if copy_figures and e["figures"] and e["status"] == "ok":  # figures/ holds this machine's results only
             dest = REPO / "figures"
             dest.mkdir(exist_ok=True)
             for f in e["figures"]:

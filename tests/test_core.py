@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from kit import results, sysinfo, timing
+from kit import results, stats, sysinfo, timing
 from kit.investigations.collectives import Config as CollConfig
 from kit.config import ConfigError, parse_override, validate
 
@@ -31,7 +31,7 @@ def test_config_types_are_coerced_only_where_safe():
 
 
 def test_config_semantic_check():
-    with pytest.raises(ConfigError, match="unknown collective"):
+    with pytest.raises(ConfigError, match="'allreduce' is not one of 'all_reduce'"):
         validate(CollConfig, {"collectives": ["all_reduce", "allreduce"]})
     with pytest.raises(ConfigError, match="min_bytes <= max_bytes"):
         validate(CollConfig, {"min_bytes": 4096, "max_bytes": 1024})
@@ -85,7 +85,7 @@ def test_meta_written_atomically(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ timing
 def test_stats_known_values():
-    st = timing.stats(list(range(1, 11)))  # 1..10
+    st = stats.stats(list(range(1, 11)))  # 1..10
     assert st["n"] == 10 and st["median"] == 5.5 and st["min"] == 1
     assert st["p10"] == pytest.approx(1.9) and st["p90"] == pytest.approx(9.1)
     assert st["mean"] == 5.5
@@ -95,7 +95,7 @@ def test_summarize_groups():
     import pandas as pd
 
     df = pd.DataFrame({"k": ["a"] * 3 + ["b"] * 2, "time_us": [1, 2, 30, 5, 7]})
-    s = timing.summarize(df, ["k"]).set_index("k")
+    s = stats.summarize(df, ["k"]).set_index("k")
     assert s.loc["a", "time_us_median"] == 2 and s.loc["b", "time_us_median"] == 6
     assert s.loc["a", "time_us_n"] == 3
 
@@ -146,7 +146,8 @@ def test_sysinfo_without_nvml_driver(monkeypatch):
     assert info["env"]["NCCL_ALGO"] == "Ring"
     assert info["torch"] and info["python"] and info["cpu_count"] >= 1
     assert "CPU only" in sysinfo.summary(info)
-    sysinfo.format_text(info)
+    text = sysinfo.format_text(info)
+    assert "GPUs          none (NVMLError: NVML Shared Library Not Found)" in text and "env           NCCL_ALGO=Ring" in text
 
 
 def test_sysinfo_topology_from_fake_nvml(monkeypatch):

@@ -10,7 +10,7 @@ import pytest
 from conftest import ROOT
 from kit import runner
 from kit.config import NOTEBOOK_EXTRAS, ConfigError
-from kit.experiments import EXPERIMENTS, get
+from kit.contract import REGISTRY, get
 
 
 def _params_cell(name):
@@ -20,7 +20,7 @@ def _params_cell(name):
     return nb, cells[0]
 
 
-@pytest.mark.parametrize("name", sorted(EXPERIMENTS))
+@pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_notebook_parameters_match_config(name):
     """The parameters cell holds plain literals, one per Config field + the notebook extras, same defaults."""
     nb, cell = _params_cell(name)
@@ -44,9 +44,9 @@ def test_kit_run_collectives_cpu_smoke(tmp_path):
     report = next((tmp_path / "reports").iterdir())
     html = (report / "collectives.html").read_text()
     assert "data:image/png;base64" in html  # figures embedded: the HTML can be shared alone
-    assert (report / "figures" / "collectives-busbw-run.png").stat().st_size > 10_000
+    assert (report / "figures" / "collectives-busbw.png").stat().st_size > 10_000
     assert "collectives.html" in (report / "index.html").read_text()
-    assert (ROOT / "figures" / "collectives-busbw-run.png").exists()
+    assert (ROOT / "figures" / "collectives-busbw.png").exists()
     executed = nbformat.read(report / "collectives.ipynb", as_version=4)
     assert any("interactive = False" in "".join(o.get("text", "") for o in c.get("outputs", []))
                for c in executed.cells if c.cell_type == "code")
@@ -91,8 +91,23 @@ def test_failing_cell_names_notebook_and_cell_and_keeps_partial_notebook(tmp_pat
     assert "failed" in (report / "index.html").read_text()
 
 
-def test_cli_exit_code_on_failing_notebook(tmp_path):
-    """`kit run` with an unknown notebook name exits non-zero with a message, no traceback."""
+def test_cli_unknown_notebook_is_one_clear_error(tmp_path):
     p = subprocess.run([sys.executable, "-m", "kit", "run", "nope", "--results-root", str(tmp_path)], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
-    assert p.returncode == 2 and "no notebook for ['nope']" in p.stderr
+    assert p.returncode == 2 and "no notebook for ['nope']" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_cli_exit_code_on_failing_notebook(tmp_path):
+    """`kit run` on a notebook whose cell raises: exit 1, the message names the notebook and the cell."""
+    nbdir = tmp_path / "nbs"
+    nbdir.mkdir()
+    nb = nbformat.read(ROOT / "notebooks" / "collectives.ipynb", as_version=4)
+    idx = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
+    nb.cells.insert(idx + 1, nbformat.v4.new_code_cell("raise RuntimeError('boom from the CLI')"))
+    nbformat.write(nb, nbdir / "collectives.ipynb")
+    env = {**__import__("os").environ, "KIT_INVESTIGATIONS": f"collectives=kit.investigations.collectives:{nbdir / 'collectives.ipynb'}"}
+    p = subprocess.run([sys.executable, "-m", "kit", "run", "collectives", "--config", "configs/cpu-smoke.yaml",
+                        "--results-root", str(tmp_path / "r")], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "FAILED notebook collectives: cell" in p.stderr and "RuntimeError: boom from the CLI" in p.stderr
