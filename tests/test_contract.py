@@ -83,6 +83,8 @@ def _make_investigation(tmp_path, name, ranks):
     pkg.mkdir(exist_ok=True)
     (pkg / f"{name}.py").write_text(TOY.replace("NAME", repr(name)).replace("RANKS", str(ranks)))
     nb = nbformat.v4.new_notebook()
+    nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
+                   "language_info": {"name": "python"}}
     params = nbformat.v4.new_code_cell("world_size = 0\nbackend = 'auto'\nnumel = 1024\nop = 'sum'\nrepeats = 4\n"
                                        "interactive = True\nanalyse = 'auto'")
     params.metadata["tags"] = ["parameters"]
