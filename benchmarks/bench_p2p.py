@@ -1,12 +1,12 @@
 """P2P transport targets on 2 GPUs of one node, at 256 MiB one way (GPU 0 -> GPU 1):
 
-* ``copy`` (kit.p2p, one process) reaches >= 97% of a bare ``dst.copy_(src)`` loop -- the interface (an event
+* ``copy`` (kit.transports, one process) reaches >= 97% of a bare ``dst.copy_(src)`` loop -- the interface (an event
   per message, the mailbox) must cost nothing measurable at this size;
 * ``ipc`` (two processes, CUDA IPC mailbox + interprocess events) reaches >= 90% of ``copy`` -- the price of
   crossing a process boundary (host handshake, the receiver's local copy out of the slot).
 
-Both are measured by the experiment itself (``kit.p2p_transports`` bandwidth part, 256 MiB only, more samples
-than the notebook), so the numbers are the notebook's. With ``--run DIR`` the ratios are read from an existing
+Both are measured by the experiment itself (``kit.investigations.p2p_transports`` bandwidth part, 256 MiB only,
+more samples than the notebook), so the numbers are the notebook's. With ``--run DIR`` the ratios are read from an existing
 run instead (e.g. the recorded one), and the whole-investigation target (< 3 min on 2 GPUs) is checked from
 the ``kit run`` log given with ``--kit-run-log``.
 
@@ -31,6 +31,7 @@ def main():
     args = ap.parse_args()
     from kit import contract as experiments, results
     from kit.investigations import p2p_transports as X
+    from kit.investigations.p2p_transports import analysis as A
 
     if args.run:
         df = results.load(args.run)
@@ -39,7 +40,7 @@ def main():
             "transports": ["copy", "ipc"], "parts": ["bandwidth"], "directions": ["one"], "min_bytes": SIZE,
             "max_bytes": SIZE, "iters": 10, "repeats": args.repeats, "warmup": 5, "results_root": "results/bench"})
         df = experiments.execute("p2p_transports", cfg).df()
-    t = X.at_size(df, SIZE, "one")
+    t = A.at_size(df, SIZE, "one")
     ok = True
     for name in (X.BARE, "copy", "ipc"):
         if name in t.index:

@@ -1,6 +1,8 @@
-"""`kit trace gaps` and `kit trace collectives` on a 100 MB trace.
+"""`kit trace gaps`, `kit trace collectives` and `kit.traces.load_trace` (every frame, default CPU events) on a
+100 MB trace.
 
-Targets: each under 10 s; `kit trace collectives` under 2 GB of memory (peak RSS of the process).
+Targets: each under 10 s; `kit trace collectives` and `load_trace` under 2 GB of memory (peak RSS of the
+process).
 The trace is built from a real 2xH200 tensor-parallel trace (tests/data/tp_rank0.json.gz): its events are
 repeated, shifted in time, until the file is 100 MB -- the same mix of CPU ops, runtime calls and kernels as
 a real profile, at the size of a long one.
@@ -41,10 +43,14 @@ def build(path: Path, mb: int) -> None:
 
 
 def timed(args) -> tuple[float, float, int]:
+    """Seconds, peak RSS (MB) and exit code of ``kit <args>`` -- or, for ``["load_trace", path]``, of
+    ``kit.traces.load_trace(path)`` -- in a fresh process."""
+    run = ("from kit import traces; traces.load_trace(sys.argv[2])" if args[0] == "load_trace"
+           else "sys.argv = ['kit'] + sys.argv[1:]; runpy.run_module('kit', run_name='__main__')")
     t = time.perf_counter()
     p = subprocess.run([sys.executable, "-c",
-                        "import resource, sys, runpy; sys.argv = ['kit'] + sys.argv[1:];\n"
-                        "try:\n    runpy.run_module('kit', run_name='__main__')\n"
+                        "import resource, sys, runpy\n"
+                        f"try:\n    {run}\n"
                         "finally:\n    print('MAXRSS_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)",
                         *args], cwd=ROOT, capture_output=True, text=True)
     dt = time.perf_counter() - t
@@ -61,12 +67,15 @@ def main():
         trace = Path(tmp) / "big.json"
         build(trace, a.mb)
         size = trace.stat().st_size / 2**20
-        for verb in (["trace", "gaps", str(trace), "--json"], ["trace", "collectives", str(trace), "--json"]):
+        for verb in (["trace", "gaps", str(trace), "--json"], ["trace", "collectives", str(trace), "--json"],
+                     ["load_trace", str(trace)]):
             dt, rss, rc = timed(verb)
-            good = rc == 0 and dt < TARGET_S and (verb[1] != "collectives" or rss < TARGET_MB)
+            mem = "collectives" in verb or verb[0] == "load_trace"
+            good = rc == 0 and dt < TARGET_S and (not mem or rss < TARGET_MB)
             ok &= good
-            print(f"kit {' '.join(verb[:2])} on {size:.0f} MB: {dt:.1f} s, peak RSS {rss:.0f} MB (targets < {TARGET_S:g} s"
-                  f"{', < %d MB' % TARGET_MB if verb[1] == 'collectives' else ''}) -> {'PASS' if good else 'FAIL'}")
+            what = "kit.traces.load_trace" if verb[0] == "load_trace" else f"kit {' '.join(verb[:2])}"
+            print(f"{what} on {size:.0f} MB: {dt:.1f} s, peak RSS {rss:.0f} MB (targets < {TARGET_S:g} s"
+                  f"{', < %d MB' % TARGET_MB if mem else ''}) -> {'PASS' if good else 'FAIL'}")
     return 0 if ok else 1
 
 

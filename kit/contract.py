@@ -177,14 +177,14 @@ class Investigation:
     def table(self, name: str, runs: "RunSet") -> "pd.DataFrame":
         return _lookup(self.tables, name, self.name, "table")(runs)
 
-    def figure(self, name: str, runs: "RunSet", save: bool = True):
-        """Draw figure ``name`` and save it (kit.plot.save) as ``<name>.png``; returns the Figure."""
+    def figure(self, name: str, runs: "RunSet", save: bool = True) -> None:
+        """Draw figure ``name``, show it (in a notebook) and save it (kit.plot.save) as ``<name>.png``.
+        Returns nothing, so a notebook cell shows it once; ``figures[name](runs)`` gives the Figure."""
         from . import plot
 
         fig = _lookup(self.figures, name, self.name, "figure")(runs)
         if save and fig is not None:
             plot.save(fig, name)
-        return fig
 
     def check_row(self, row: Mapping[str, Any]) -> None:
         missing = [c for c in self.columns if c not in row]

@@ -53,23 +53,23 @@ def choose(inv: contract.Investigation, made, analyse: Any = "auto") -> results.
     return runs
 
 
-def show(inv: contract.Investigation, name: str, runs: results.RunSet, round_to: int = 2):
-    """Display table ``name`` (rounded); says so when it is empty."""
+def show(inv: contract.Investigation, name: str, runs: results.RunSet, round_to: int = 2) -> None:
+    """Display table ``name`` (rounded); says so when it is empty. Returns nothing (a notebook cell would
+    show a returned table a second time); ``inv.table(name, runs)`` gives the DataFrame."""
     t = inv.table(name, runs)
     if t is None or len(t) == 0:
         print(f"{name}: nothing to show for these runs")
-        return t
+        return
     _display(t.round(round_to))
-    return t
 
 
-def findings(inv: contract.Investigation, runs: results.RunSet) -> list[contract.Finding]:
+def findings(inv: contract.Investigation, runs: results.RunSet) -> None:
+    """Print the measured statements (``inv.findings(runs)`` gives the Finding objects)."""
     fs = inv.findings(runs)
     if not fs:
         print("no findings: these runs have no rows the findings are computed from")
     for f in fs:
         print("-", f.text)
-    return fs
 
 
 def explore(inv: contract.Investigation, runs: results.RunSet, interactive: bool = True) -> None:

@@ -44,6 +44,19 @@ def save(fig, name: str) -> Path:
     return path
 
 
+def message(text: str, title: str = ""):
+    """A figure that says why there is nothing to draw (e.g. "no NCCL kernel: one rank"), so a report shows the
+    reason where the plot would be."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 1.6))
+    ax.axis("off")
+    ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=10, wrap=True)
+    if title:
+        fig.suptitle(title, fontsize=8)
+    return fig
+
+
 def log2_bytes_axis(ax) -> None:
     """x axis in bytes on a log2 scale with KiB/MiB/GiB tick labels."""
     from matplotlib.ticker import FuncFormatter, LogLocator

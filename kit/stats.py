@@ -81,3 +81,20 @@ def gbps(nbytes, time_us):
 
         return pd.Series(out, index=nbytes.index)
     return float(out) if out.ndim == 0 else out
+
+
+def pow2_sizes(min_bytes: int, max_bytes: int) -> list[int]:
+    """``min_bytes``, doubled up to ``max_bytes`` (nccl-tests' ``-f 2``)."""
+    out, b = [], max(int(min_bytes), 1)
+    while b <= max_bytes:
+        out.append(b)
+        b *= 2
+    return out
+
+
+def human_bytes(n: int) -> str:
+    """'64 MiB', '1 GiB', '512 B'."""
+    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= div:
+            return f"{n / div:g} {unit}"
+    return f"{int(n)} B"

@@ -147,7 +147,7 @@ def trace_steps(step: Callable[[], object], ctx, steps: int, path, record_shapes
 
 
 def profile_gpu(fn: Callable[[], object], ctx, calls: int, export: str | None = None):
-    """GPU events (kit.traces.gpu_events) of ``calls`` calls of ``fn`` on this rank's device.
+    """GPU events (the ``gpu`` frame of kit.traces.load_trace) of ``calls`` calls of ``fn`` on this rank's device.
 
     Two things keep the window honest across ranks: the profiler is started once beforehand (CUPTI's first
     start-up takes long and would land inside a peer's collective, seen as a 290 ms "kernel" on 2xH200), and
@@ -162,7 +162,7 @@ def profile_gpu(fn: Callable[[], object], ctx, calls: int, export: str | None = 
     with tempfile.TemporaryDirectory() as tmp:
         path = export or str(Path(tmp) / "trace.json")
         trace_steps(fn, ctx, calls, path, record_shapes=False)
-        ev = traces.gpu_events(traces.load(path))
+        ev = traces.load_trace(path, cpu="none").gpu
     if (ev["device"] == ctx.local_rank).any():
         ev = ev[ev["device"] == ctx.local_rank]
     if ctx.world_size > 1 and ev["nccl"].any():

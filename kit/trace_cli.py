@@ -1,4 +1,5 @@
-"""``kit trace ...``: analyses of any PyTorch profiler trace (a user's own job's, not only the kit's)."""
+"""``kit trace ...``: analyses of any PyTorch profiler trace (a user's own job's, not only the kit's); the
+analyses themselves live in :mod:`kit.traces`."""
 
 from __future__ import annotations
 
@@ -38,23 +39,23 @@ def cmd_gaps(args) -> int:
 
 
 def cmd_collectives(args) -> int:
-    from . import comm_trace, traces
+    from . import traces
 
     try:
-        df = comm_trace.collectives(args.traces)
+        df = traces.collectives(args.traces)
     except traces.TraceError as e:
         print(f"kit trace collectives: {e}", file=sys.stderr)
         return 2
-    s = comm_trace.summary(df)
-    print(json.dumps(comm_trace.to_json(df, s), indent=1, default=str) if args.json else comm_trace.format_text(df, s))
+    s = traces.summary(df)
+    print(json.dumps(traces.to_json(df, s), indent=1, default=str) if args.json else traces.format_text(df, s))
     return 0
 
 
 def cmd_merge(args) -> int:
-    from . import comm_trace, traces
+    from . import traces
 
     try:
-        info = comm_trace.merge(args.traces, args.output)
+        info = traces.merge(args.traces, args.output)
     except traces.TraceError as e:
         print(f"kit trace merge: {e}", file=sys.stderr)
         return 2

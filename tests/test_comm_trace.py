@@ -1,7 +1,7 @@
 """Collective tracing: field extraction and bandwidth on real 2xH200 traces (tests/data) and on gloo traces,
-cross-rank matching, merge, overlap, Flight Recorder, bad input, and the notebook."""
+cross-rank matching, merge, overlap, Flight Recorder, bad input; the collective_tracing investigation's tables,
+figures and findings on the recorded 2xH200 run, on a gloo run, on empty and one-rank runs; and the notebook."""
 
-import dataclasses
 import gzip
 import json
 import subprocess
@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 
 from conftest import ROOT
+from kit import collective_ops, contract, results, traces
 from kit.traces import comm as CT
-from kit import contract as experiments, results
 
 DATA = Path(__file__).parent / "data"
 NCCL = [DATA / "colls_rank0.json.gz", DATA / "colls_rank1.json.gz"]
@@ -64,31 +64,52 @@ def test_kernel_rows_without_metadata(tmp_path):
     rows = CT.collective_rows(p)
     assert [r["collective"] for r in rows] == ["all_reduce", "all_gather", "reduce_scatter"]  # from kernel names
     assert all(r["bytes"] is None and r["busbw_gbps"] is None and r["dur_us"] > 0 for r in rows)
-    assert CT.canonical("_allgather_base") == "all_gather" and CT._kernel_collective("ncclKernel_AllReduce_RING_LL_Sum_float") == "all_reduce"
+    assert collective_ops.canonical("_allgather_base") == "all_gather"
+    assert collective_ops.from_kernel("ncclKernel_AllReduce_RING_LL_Sum_float") == "all_reduce"
 
 
-def test_gloo_traces_and_flight_recorder(tmp_path):
-    cfg = experiments.make_config("collective_tracing", {"world_size": 2, "backend": "gloo", "ddp_layers": 2,
-                                                         "hidden": 64, "batch": 8, "tp_layers": 2, "tp_tokens": 64,
-                                                         "tp_hidden": 64, "timed_steps": 2, "profile_steps": 2,
-                                                         "results_root": str(tmp_path)})
-    run = experiments.execute("collective_tracing", cfg)
-    df = CT.collectives(sorted(run.dir.glob("trace_tp_rank*.json.gz")))
+@pytest.fixture(scope="module")
+def gloo_run(tmp_path_factory):
+    """collective_tracing on 2 gloo ranks, tiny sizes: the parts, the traces, the FR demo at the end."""
+    cfg = contract.make_config("collective_tracing", {
+        "world_size": 2, "backend": "gloo", "ddp_layers": 2, "hidden": 64, "batch": 8, "tp_layers": 2,
+        "tp_tokens": 64, "tp_hidden": 64, "timed_steps": 2, "profile_steps": 2,
+        "results_root": str(tmp_path_factory.mktemp("ct"))})
+    return contract.execute("collective_tracing", cfg)
+
+
+def test_gloo_traces_and_flight_recorder(gloo_run):
+    run = gloo_run
+    assert [f.path.name for f in traces.find_traces(run.dir, part="tp")] == ["trace_part=tp_rank0.json.gz",
+                                                                              "trace_part=tp_rank1.json.gz"]
+    df = CT.collectives([f.path for f in traces.find_traces(run.dir, part="tp")])
     assert set(df["backend"]) == {"gloo"} and set(df["rank"]) == {0, 1}
     ag = df[df.collective == "all_gather"]
     assert len(ag) == 2 * 2 * 2 and (ag["bytes"] == 64 * 64 * 4).all()  # ranks x layers x steps; fp32 on CPU
     rs = df[df.collective == "reduce_scatter"]
     assert (rs["bytes"] == 64 * 64 * 4).all()
-    assert any(r["kind"] == "fr" for r in run.rows)
-    # the mismatch demo: rank 0 issues a 4th all_reduce that rank 1 never joins
-    from kit.investigations import collective_tracing as T
-    from kit.launch import launch
-
-    demo = launch(T.mismatch, dataclasses.replace(cfg, teardown_s=5.0), "fr_demo")
-    fr = pd.DataFrame([r for r in demo.rows if r["kind"] == "fr"])
-    mm = CT.fr_mismatches(fr)
+    assert any(r["kind"] == "fr" and r["tag"] == "run" for r in run.rows)
+    assert (run.dir / "merged_ddp.json.gz").exists() and (run.dir / "merged_tp.json.gz").exists()
+    # the FR demo ends the run: rank 0 issues an all_reduce that rank 1 never joins
+    mm = CT.fr_mismatches(pd.DataFrame([r for r in run.rows if r["kind"] == "fr" and r["tag"] == "mismatch"]))
     bad = mm[mm.problem != ""]
-    assert len(bad) == 1 and bad.iloc[0]["seq"] == 4 and bad.iloc[0]["missing"] == [1] and bad.iloc[0]["present"] == [0]
+    assert len(bad) == 1 and bad.iloc[0]["missing"] == [1] and bad.iloc[0]["present"] == [0]
+    assert bad.iloc[0]["seq"] == mm["seq"].max() and "all_reduce" in bad.iloc[0]["ops"]
+
+
+def test_gloo_run_analyses(gloo_run):
+    inv = contract.get("collective_tracing")
+    runs = results.choose("collective_tracing", gloo_run, "this")
+    for name in inv.tables:
+        inv.table(name, runs)
+    for name in inv.figures:
+        assert inv.figures[name](runs) is not None
+    assert inv.table("overlap", runs).empty  # no kernels on CPU
+    s = inv.table("summary", runs)
+    assert set(s["part"]) == {"ddp", "tp"} and (s["duration_basis"] == "min over ranks per instance").all()
+    fs = {f.key: f for f in inv.findings(runs)}
+    assert fs["fr_missing_rank"].value == 1 and "never issued by rank(s) [1]" in fs["fr_missing_rank"].text
+    assert "ddp_bucket_busbw" in fs and "late_peer_wait" in fs
 
 
 def test_recorded_flight_recorder_on_nccl():
@@ -148,3 +169,100 @@ def test_kit_run_collective_tracing_cpu_smoke(tmp_path):
     html = next((tmp_path / "reports").iterdir()).joinpath("collective_tracing.html").read_text()
     assert "never issued by rank(s) [1]" in html
     assert "recorded:" in html and "NVIDIA H200" in html
+
+
+# ------------------------------------------------------------------------------------------------ the investigation
+REC = results.recorded("collective_tracing")[0]
+
+
+def _recorded():
+    return results.RunSet([REC], "recorded")
+
+
+def test_findings_on_the_recorded_2xh200_run():
+    """README: DDP's 33.5 MB gradient buckets reach ~232 GB/s busbw; ~25% of their kernel time ran beside
+    backward; one rank's all_reduce took 403 us of which 258 us waiting; FR names rank 1."""
+    fs = {f.key: f for f in contract.get("collective_tracing").findings(_recorded())}
+    assert fs["ddp_bucket_busbw"].value == pytest.approx(232, abs=3) and "24 x all_reduce of 33.6 MB" in fs[
+        "ddp_bucket_busbw"].text
+    assert fs["tp_all_gather_busbw"].value == pytest.approx(184, abs=3)
+    assert fs["tp_reduce_scatter_busbw"].value == pytest.approx(180, abs=3)
+    assert fs["ddp_overlap_share"].value == pytest.approx(0.253, abs=0.01)
+    assert fs["tp_overlap_share"].value == 0
+    assert fs["late_peer_wait"].value == pytest.approx(258, abs=1) and "took 403 us" in fs["late_peer_wait"].text
+    assert fs["ddp_vs_sweep"].value == pytest.approx(0.92, abs=0.03)
+    assert fs["step_ms"].value == pytest.approx(2.66, abs=0.05)
+    # the FR demo of that run was recorded beside it (collective_tracing_fr/)
+    assert fs["fr_missing_rank"].value == 1 and "seq 4 (nccl:all_reduce)" in fs["fr_missing_rank"].text
+
+
+def test_late_peer_example_on_the_test_traces():
+    """README: in a raw trace one rank's all-reduce "took" 358 us, 328 us of it waiting for its peer."""
+    from kit.investigations.collective_tracing.analysis import late_peer
+
+    f = late_peer(CT.collectives(NCCL))
+    assert f.value == pytest.approx(328, abs=1) and "all_reduce took 358 us" in f.text
+    assert late_peer(CT.collectives(NCCL[:1])) is None  # one rank: nothing to compare with
+
+
+def test_recorded_tables_and_figures():
+    inv = contract.get("collective_tracing")
+    runs = _recorded()
+    c = inv.table("collectives", runs)
+    assert len(c) == 100 and {"part", "rank", "wait_us", "instance_min_us"} <= set(c.columns)
+    tvs = inv.table("traced_vs_sweep", runs).set_index(["part", "collective"])
+    assert tvs.loc[("ddp", "all_reduce"), "sweep_kernel_busbw_gbps"] == pytest.approx(253, abs=5)
+    assert len(inv.table("overlap", runs)) == 4 and len(inv.table("steps", runs)) == 2
+    assert list(inv.table("fr_mismatches", runs)["missing"].iloc[-1]) == [1]
+    for name in inv.figures:
+        fig = inv.figures[name](runs)
+        assert fig.axes and fig.axes[0].has_data(), name
+
+
+def _run_dir(tmp_path, rows, name="20990101-000000-x-000000"):
+    d = tmp_path / "collective_tracing" / name
+    d.mkdir(parents=True)
+    (d / "meta.json").write_text(json.dumps({"experiment": "collective_tracing", "status": "ok"}))
+    pd.DataFrame(rows).to_csv(d / "rows.csv", index=False)
+    return d
+
+
+@pytest.mark.parametrize("rows", [
+    [],  # an empty run
+    [{"rank": 0, "kind": "step", "part": "ddp", "method": "eager", "sample": i, "time_us": 10.0 + i} for i in range(3)]
+    + [{"rank": 0, "kind": "collective", "part": "ddp", "collective": "all_reduce", "bytes": 4096, "dur_us": 5.0,
+        "busbw_gbps": 0.0}],  # one rank, no traces kept
+    [{"rank": 0, "kind": "fr_unavailable", "tag": "run", "reason": "no buffer"}],  # no FR, nothing else
+], ids=["empty", "one-rank", "fr-unavailable"])
+def test_analyses_never_raise(tmp_path, rows):
+    inv = contract.get("collective_tracing")
+    runs = results.RunSet([_run_dir(tmp_path, rows)] if rows else [])
+    for name in inv.tables:
+        t = inv.table(name, runs)
+        assert t is not None
+    for name in inv.figures:
+        assert inv.figures[name](runs) is not None
+    fs = inv.findings(runs)
+    if rows and rows[0]["kind"] == "step":
+        keys = {f.key for f in fs}
+        assert "step_ms" in keys and "late_peer_wait" not in keys  # one rank: no wait to measure
+        assert inv.table("collectives", runs)["wait_us"].isna().all()
+    else:
+        assert [f.key for f in fs] == ["no_collectives"]
+
+
+def test_one_rank_traces_give_a_statement(tmp_path):
+    d = _run_dir(tmp_path, [{"rank": 0, "kind": "step", "part": "ddp", "sample": 0, "time_us": 1.0}])
+    info = {"backend": "nccl", "rank": 0, "world_size": 1}
+    kern = {"ph": "X", "cat": "kernel", "name": "sm90_gemm", "ts": 0, "dur": 5, "args": {"device": 0, "stream": 7}}
+    traces.trace_path(d, rank=0, part="ddp").write_bytes(
+        gzip.compress(json.dumps({"schemaVersion": 1, "distributedInfo": info, "traceEvents": [kern]}).encode()))
+    fs = contract.get("collective_tracing").findings(results.RunSet([d]))
+    assert fs[0].key == "no_collectives" and "with one rank NCCL launches none" in fs[0].text
+
+
+def test_config_types():
+    with pytest.raises(Exception, match="dtype"):
+        contract.make_config("collective_tracing", {"dtype": "int8"})
+    cfg = contract.make_config("collective_tracing", {})
+    assert cfg.fr_demo and cfg.teardown_s == 5.0 and cfg.env["TORCH_FR_BUFFER_SIZE"]

@@ -69,9 +69,10 @@ def test_collective_tracing_nccl_metadata(cfg):
                                                        "tp_layers": 1, "tp_tokens": 256, "tp_hidden": 512,
                                                        "timed_steps": 2, "profile_steps": 2, "results_root": cfg.results_root})
     run = experiments.execute("collective_tracing", c)
+    from kit import traces
     from kit.traces import comm as CT
 
-    df = CT.collectives(sorted(run.dir.glob("trace_tp_rank*.json.gz")))
+    df = CT.collectives([f.path for f in traces.find_traces(run.dir, part="tp")])
     assert set(df["rank"]) == {0, 1} and set(df["backend"]) == {"nccl"}
     ag = df[df.collective == "all_gather"]
     assert (ag["bytes"] == 256 * 512 * 2).all() and (ag["group_size"] == 2).all()  # bf16, gathered output

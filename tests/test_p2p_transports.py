@@ -1,29 +1,94 @@
 """p2p_transports on CPU (gloo, 2-3 ranks): the transport interface keeps data intact (odd sizes, dtypes,
-strided tensors, more messages in flight than slots), the overlap harnesses produce complete rows, the 1F1B
-pipeline equals a single-process forward/backward, bad parameters are one clear error, and the notebook runs
-through `kit run`. GPU tests (marker `gpu`) repeat the integrity check over nccl, ipc and copy."""
+strided tensors, more messages in flight than slots), transports are chosen by capability (a registry, a new
+transport is one class + one register line, no experiment compares names), the experiments produce complete
+rows, the 1F1B pipeline equals a single-process forward/backward, bad parameters are one clear error, every
+analysis copes with empty / one-rank / CPU-only rows, the findings reproduce the recorded 2xH200 run, and the
+notebook runs through `kit run`. GPU tests (marker `gpu`) repeat the integrity check over nccl, ipc and copy."""
 
+import ast
+import json
 import subprocess
 import sys
+from pathlib import Path
 
+import pandas as pd
 import pytest
 
 import exps
 from conftest import ROOT
 from kit import contract as experiments
-from kit.investigations.p2p_transports import pipeline as P
-from kit.investigations import p2p_transports as X
+from kit import results, transports
 from kit.config import ConfigError
+from kit.investigations import p2p_transports as X
+from kit.investigations.p2p_transports import analysis as A
+from kit.investigations.p2p_transports import pipeline as P
 from kit.launch import launch
 
 SMALL = dict(max_bytes=65536, iters=3, repeats=3, warmup=1, flow_bytes=1 << 20, small_bytes=1024, compute_n=32,
              compute_matmuls=2, overlap_bytes=4096, overlap_messages=3, semantics_bytes=[1024], recv_delay_ms=30.0,
              pipeline_hidden=32, pipeline_batch=8, pipeline_steps=2, pipeline_micro_batches=4)
+RECORDED = ROOT / "recorded" / "p2p_transports" / "20261122-145624-vm-d3e657"
+INV = experiments.get("p2p_transports")
 
 
 def _cfg(tmp_path, **kw):
     return experiments.make_config("p2p_transports", {"world_size": 2, "backend": "gloo", "timeout_s": 60,
                                                       "results_root": str(tmp_path), **SMALL, **kw})
+
+
+def _runset(tmp_path, df: pd.DataFrame, meta: dict | None = None, name="run") -> results.RunSet:
+    """A run directory holding ``df`` (rows as a run writes them) and ``meta``."""
+    d = tmp_path / name
+    d.mkdir()
+    df.drop(columns=[c for c in ("run_id", "label", "gpu", "host") if c in df.columns]).to_csv(d / "rows.csv",
+                                                                                               index=False)
+    (d / "meta.json").write_text(json.dumps(meta or {"experiment": "p2p_transports", "backend": "gloo"}))
+    return results.RunSet([d], "test")
+
+
+# ------------------------------------------------------------------------------------------------ transports
+def test_registry_and_capabilities():
+    assert transports.names()[:4] == ["copy", "ipc", "nccl", "gloo"]
+    caps = {n: transports.capabilities(n) for n in ("copy", "ipc", "nccl", "gloo")}
+    assert [n for n, c in caps.items() if c.copy_engine] == ["copy", "ipc"]
+    assert [n for n, c in caps.items() if c.in_process] == ["copy"]
+    assert [n for n, c in caps.items() if c.cuda] == ["copy", "ipc", "nccl"]
+    assert [n for n, c in caps.items() if c.needs_peer_access] == ["copy", "ipc"]
+    assert all(c.second_channel for c in caps.values())
+    assert transports.capabilities(X.BARE) is None
+    with pytest.raises(ValueError, match="unknown transport 'rdma'"):
+        transports.get("rdma")
+    with pytest.raises(TypeError, match="Transport subclass"):
+        transports.register("x")(object)
+
+
+def test_make_rejects_an_option_no_transport_takes():
+    class Ctx:
+        world_size, rank, is_cuda, backend = 1, 0, False, "gloo"
+
+    with pytest.raises(TypeError, match="no transport takes option"):
+        transports.make("gloo", Ctx(), slotz=4)
+
+
+def test_unavailable_follows_capabilities():
+    class Ctx:
+        world_size, rank, is_cuda, backend = 2, 0, False, "gloo"
+
+    assert transports.get("copy").unavailable(Ctx()) == "copy needs CUDA"
+    assert transports.get("nccl").unavailable(Ctx()) == "nccl needs CUDA"
+    assert transports.get("gloo").unavailable(Ctx()) is None
+
+
+def test_experiments_ask_capabilities_not_names():
+    """No experiment or analysis module compares anything with a transport's name (``T.name == "nccl"``,
+    ``name in ("copy", "ipc")``): they ask ``T.caps``."""
+    pkg = Path(X.__file__).parent
+    names = set(transports.names())
+    for f in sorted(pkg.glob("*.py")):
+        compares = [n for n in ast.walk(ast.parse(f.read_text())) if isinstance(n, ast.Compare)]
+        bad = [(c.lineno, k.value) for c in compares for k in ast.walk(c)
+               if isinstance(k, ast.Constant) and isinstance(k.value, str) and k.value in names]
+        assert not bad, f"{f.name} compares with transport names: {bad}"
 
 
 def test_interface_keeps_data_intact_on_gloo(tmp_path):
@@ -39,19 +104,28 @@ def test_interface_keeps_data_intact_on_gloo(tmp_path):
 def test_pattern_check_catches_corruption():
     import torch
 
-    from kit import transports as p2p
-
-    want = p2p.pattern(1001, "cpu", seq=3, src=0)
-    p2p.check(want.clone(), want, "same")
+    want = transports.pattern(1001, "cpu", seq=3, src=0)
+    transports.check(want.clone(), want, "same")
     bad = want.clone()
     bad[517] += 1
     with pytest.raises(AssertionError, match="1 of 1001 bytes, first at byte 517"):
-        p2p.check(bad, want, "corrupt")
+        transports.check(bad, want, "corrupt")
     with pytest.raises(AssertionError):  # a message of another sequence number is not accepted
-        p2p.check(p2p.pattern(1001, "cpu", seq=4, src=0), want, "stale")
-    assert torch.equal(p2p.pattern(8, "cpu", 0, 1), p2p.pattern(8, "cpu", 0, 1))
+        transports.check(transports.pattern(1001, "cpu", seq=4, src=0), want, "stale")
+    assert torch.equal(transports.pattern(8, "cpu", 0, 1), transports.pattern(8, "cpu", 0, 1))
 
 
+def test_a_new_transport_is_one_class_and_one_register_line(tmp_path):
+    """tests/exps.p2p_new_transport registers gloo without a blocking send or a second channel: the
+    experiments adapt by capability."""
+    df = launch(exps.p2p_new_transport, _cfg(tmp_path, parts=["comm_comm", "semantics"]), "p2p_new").df()
+    assert set(df.transport) == {"gloo_one_channel"}
+    assert set(df[df.kind == "comm_comm"]["mode"]) == {"one_stream"}
+    assert df[df.kind == "skipped"].reason.str.contains("no second channel").all()
+    assert set(df[df.kind == "semantics"].api) == {"isend"}
+
+
+# ------------------------------------------------------------------------------------------------ pipeline
 def test_schedule_is_1f1b():
     assert P.schedule(0, 2, 4) == [("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1), ("F", 3), ("B", 2), ("B", 3)]
     assert P.schedule(1, 2, 4) == [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2), ("F", 3), ("B", 3)]
@@ -110,28 +184,39 @@ def test_pipeline_equals_single_process(tmp_path, world):
     assert last.loss == pytest.approx(last.ref_loss, rel=1e-6)
 
 
+# ------------------------------------------------------------------------------------------------ whole runs
 def test_whole_experiment_on_gloo(tmp_path):
     run = experiments.execute("p2p_transports", _cfg(tmp_path, transports=["copy", "gloo"], verify=True))
-    df = run.df()
-    skipped = df[df.kind == "skipped"]
-    assert set(skipped.transport) == {"copy"} and skipped.reason.str.contains("CUDA").all()
-    b = X.bandwidth(df)
+    runs = results.RunSet([run.dir], "this run")
+    df = runs.df
+    skipped = A.skipped(runs)
+    assert list(skipped.transport) == ["copy"] and skipped.reason.str.contains("CUDA").all()
+    b = A.bandwidth(runs)
     assert set(b.direction) == {"one", "both"} and len(b) == 2 * len(range(10, 17))  # 1 KiB .. 64 KiB
     assert (b.gbps > 0).all() and (b.time_us_n == 3).all()
     assert df[df.kind == "bandwidth"].verified.all()
-    cc = X.comm_comm(df)
+    cc = A.comm_comm(runs)
     assert set(zip(cc.scenario, cc["mode"])) == {(s, m) for s in ("two_flows", "small_behind_big")
                                                   for m in ("one_stream", "two_streams")}
     assert (cc.time_us_n == 3).all()
-    co = X.comm_compute(df).iloc[0]
+    co = A.comm_compute(runs).iloc[0]
     assert co.compute_alone_us > 0 and co.comm_alone_us > 0 and co.serial_sum_us == co.compute_alone_us + co.comm_alone_us
-    se = X.semantics(df).set_index(["api", "role"])
+    se = A.semantics(runs).set_index(["api", "role"])
     # gloo's blocking send waits for the late receiver; its isend returns at once and wait() blocks instead
     assert se.loc[("send", "send"), "call_us"] > 0.6 * 30e3
     assert se.loc[("isend", "send"), "call_us"] < 0.3 * 30e3
     assert se.loc[("isend", "send"), "wait_us"] > 0.6 * 30e3
-    pp = X.pipeline(df).iloc[0]
+    pp = A.pipeline(runs).iloc[0]
     assert pp.steps == 2 and pp.time_ms_median > 0 and pp.loss > 0
+    # CPU-only rows: every analysis answers, the findings speak of gloo at the largest size it measured
+    _every_analysis_answers(runs)
+    f = {x.key: x for x in INV.findings(runs)}
+    assert f["bandwidth.one.gloo"].value > 0 and "64 KiB one way" in f["bandwidth.one.gloo"].text
+    assert "skipped.copy" in f and "CUDA" in f["skipped.copy"].text
+    assert f["semantics.gloo.send.1024"].value > 0.6 * 30e3  # the blocking send waited for the receiver
+    assert "timeline" not in {k for k in f}  # no traces on CPU: the figure says so instead
+    # one rank's rows of the same run (rank 1 only): tables and figures still answer
+    _every_analysis_answers(_runset(tmp_path, df[df["rank"] == 1].copy(), name="one-rank"))
 
 
 def test_three_ranks_pair_matrix_and_one_sender_two_receivers(tmp_path):
@@ -139,8 +224,9 @@ def test_three_ranks_pair_matrix_and_one_sender_two_receivers(tmp_path):
                                                      parts=["bandwidth", "comm_comm", "semantics"],
                                                      max_bytes=4096, matrix_bytes=4096, directions=["one"]))
     df = run.df()
-    m = X.matrix(df, "gloo")  # more than two endpoints: every ordered pair, like p2pBandwidthLatencyTest
+    m = A.matrix(df, "gloo")  # more than two endpoints: every ordered pair, like p2pBandwidthLatencyTest
     assert m.shape == (3, 3) and m.notna().sum().sum() == 6 and (m.fillna(1) > 0).all().all()
+    assert A.matrices(df).shape == (3, 3)
     cc = df[df.kind == "comm_comm"]
     assert set(zip(cc.flow, cc.dst)) == {(0, 1), (1, 2)}
     assert set(cc["rank"]) == {0, 1, 2}
@@ -148,8 +234,9 @@ def test_three_ranks_pair_matrix_and_one_sender_two_receivers(tmp_path):
 
 @pytest.mark.parametrize("params, message", [
     ({"transports": ["copy", "rdma"]}, "unknown transport(s) ['rdma']"),
-    ({"directions": ["sideways"]}, "unknown direction(s) ['sideways']"),
-    ({"parts": ["bandwdith"]}, "unknown part(s) ['bandwdith']"),
+    ({"directions": ["sideways"]}, "'sideways' is not one of 'one', 'both'"),
+    ({"parts": ["bandwdith"]}, "'bandwdith' is not one of 'bandwidth'"),
+    ({"dtype": "fp8"}, "'fp8' is not one of 'bfloat16'"),
     ({"min_bytes": 4096, "max_bytes": 1024}, "min_bytes <= max_bytes"),
     ({"overlap_messages": 0}, "overlap_messages must be >= 1"),
     ({"iters": "ten"}, "expected int"),
@@ -161,10 +248,11 @@ def test_bad_parameters_are_one_clear_error(params, message):
     assert message in str(e.value)
 
 
-def test_one_rank_is_refused_before_launch(tmp_path):
+def test_one_rank_cannot_run_and_says_why(tmp_path):
     cfg = _cfg(tmp_path, world_size=1)
-    with pytest.raises(ConfigError, match="at least 2 ranks"):
+    with pytest.raises(experiments.Skipped, match="at least 2 ranks"):
         experiments.execute("p2p_transports", cfg)
+    assert cfg.check_world(1) and not cfg.check_world(2)  # torchrun jobs are not asked `needs` first
 
 
 def test_kit_run_cpu_smoke(tmp_path):
@@ -174,9 +262,143 @@ def test_kit_run_cpu_smoke(tmp_path):
     html = list(tmp_path.glob("reports/*/p2p_transports.html"))
     assert html and "1F1B pipeline" in html[0].read_text()
     figs = {f.name for f in tmp_path.glob("reports/*/figures/*.png")}
-    assert {"p2p_transports-bandwidth.png", "p2p_transports-overlap.png", "p2p_transports-pipeline.png"} <= figs
+    assert {f"p2p_transports-{n}.png" for n in INV.figures} <= figs
 
 
+def test_notebook_is_thin():
+    nb = json.loads((ROOT / "notebooks" / "p2p_transports.ipynb").read_text())
+    code = [c for c in nb["cells"] if c["cell_type"] == "code" and "parameters" not in c["metadata"].get("tags", [])]
+    lines = [ln for c in code for ln in "".join(c["source"]).splitlines() if ln.strip() and not ln.startswith("#")]
+    assert len(lines) <= 40, len(lines)
+    assert all(not c.get("outputs") and c.get("execution_count") is None for c in code)
+
+
+# ------------------------------------------------------------------------------------------------ analyses
+def _every_analysis_answers(runs):
+    """Every table is a DataFrame, every figure a Figure, findings a list -- none raises."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for name, fn in INV.tables.items():
+        assert isinstance(fn(runs), pd.DataFrame), name
+    for name, fn in INV.figures.items():
+        fig = fn(runs)
+        assert isinstance(fig, matplotlib.figure.Figure), name
+        plt.close(fig)
+    assert isinstance(INV.findings(runs), list)
+
+
+def test_analyses_of_nothing(tmp_path):
+    empty = results.RunSet([])
+    _every_analysis_answers(empty)
+    assert INV.findings(empty) == []
+    assert all(INV.tables[n](empty).empty for n in INV.tables)
+    # rows without a `kind` column (not this investigation's rows): empty tables, no findings
+    other = _runset(tmp_path, pd.DataFrame({"rank": [0, 1], "sample": [0, 0], "time_us": [1.0, 2.0]}))
+    _every_analysis_answers(other)
+    assert INV.findings(other) == [] and all(INV.tables[n](other).empty for n in INV.tables if n != "topology")
+
+
+def test_analyses_of_one_rank_of_the_recorded_run(tmp_path):
+    df = results.load(RECORDED)
+    one = _runset(tmp_path, df[df["rank"] == 0].copy(), results.read_meta(RECORDED))
+    _every_analysis_answers(one)
+    f = {x.key: x.value for x in INV.findings(one)}
+    assert f["bandwidth.one.copy"] > 300  # copy and the copy_ loop ran in rank 0 only: unchanged
+
+
+# ------------------------------------------------------------------------------------------------ recorded run
+@pytest.fixture(scope="module")
+def recorded():
+    assert RECORDED.exists(), "the recorded 2xH200 run is missing"
+    return results.RunSet([RECORDED], "recorded")
+
+
+def test_findings_of_the_recorded_gpu_run(recorded):
+    """The headline numbers of README.md ('P2P transports') from the committed 2xH200 run."""
+    f = {x.key: x for x in INV.findings(recorded)}
+    approx = lambda v: pytest.approx(v, rel=0.01)  # noqa: E731
+    # 256 MiB one way, GB/s: copy 381 (bare copy_ loop 385), ipc 380, nccl 359
+    assert f["bandwidth.one.copy"].value == approx(380.7)
+    assert f[f"bandwidth.one.{X.BARE}"].value == approx(384.8)
+    assert f["bandwidth.one.ipc"].value == approx(380.2)
+    assert f["bandwidth.one.nccl"].value == approx(358.8)
+    assert f["bandwidth.one.copy"].unit == "GB/s" and "256 MiB one way" in f["bandwidth.one.copy"].text
+    # both directions at once, total GB/s: 731 / 631 / 598
+    for t, v in (("copy", 731.3), ("ipc", 630.6), ("nccl", 597.7)):
+        assert f[f"bandwidth.both.{t}"].value == approx(v)
+    # comm-compute: overlapped / serial sum; transfers inside the overlap (copy as fast as alone, nccl stretched)
+    for t, ratio, ms in (("copy", 0.599, 3.04), ("ipc", 0.764, 5.43), ("nccl", 0.923, 6.99)):
+        assert f[f"comm_compute.{t}.overlapped_vs_serial"].value == approx(ratio)
+        assert f[f"comm_compute.{t}.comm_in_overlap_ms"].value == approx(ms)
+    co = A.comm_compute(recorded).set_index("transport")
+    assert co.loc["copy", "comm_alone_us"] == approx(3168.2) and co.loc["nccl", "comm_alone_us"] == approx(3439.1)
+    assert 1.0 < co.compute_slowdown.min() and co.compute_slowdown.max() < 1.07  # the GEMMs slow by 2-6%
+    # semantics: dist.send of 1 GiB returns to Python in ~0.2 ms while the receiver is 20 ms late ...
+    assert f["semantics.nccl.send.1073741824"].value == approx(211.5)
+    assert "receiver 20 ms late" in f["semantics.nccl.send.1073741824"].text
+    se = A.semantics(recorded).set_index(["transport", "api", "role", "bytes"])
+    assert se.loc[("nccl", "send", "send", 1 << 30), "done_us"] == approx(22908.2)  # ... the device waits
+    assert se.loc[("nccl", "send", "send", 64 << 20), "done_us"] < 1000  # up to 64 MiB NCCL did not wait
+    # comm-comm: on one channel the second 64 MiB flow ends after the first
+    assert f["comm_comm.nccl.two_flows.one_stream"].value == approx(510.0)
+    assert f["comm_comm.copy.small_behind_big.two_streams"].value == approx(289.7)
+    # pipeline: ms per iteration, the same loss everywhere
+    for t, ms in (("copy", 24.01), ("ipc", 13.27), ("nccl", 13.56)):
+        assert f[f"pipeline.{t}.ms"].value == approx(ms)
+    assert f["pipeline.loss"].value == approx(0.06509) and "identical" in f["pipeline.loss"].text
+    assert not [k for k in f if k.startswith("skipped")]
+
+
+def test_tables_and_figures_of_the_recorded_gpu_run(recorded):
+    """Every analysis works on it, and the profiled overlap shows the transfer as copy-engine memcpys (copy,
+    ipc) vs NCCL kernels."""
+    b = A.bandwidth(recorded)
+    assert {"copy", "ipc", "nccl", X.BARE} <= set(b.transport)
+    assert set(b.direction) == {"one", "both"} and b.bytes.max() == 1 << 30
+    one = INV.table("at_256mib_one", recorded)
+    assert list(one.index) == ["copy", "ipc", "nccl", X.BARE]
+    assert one.loc["copy", f"vs {X.BARE}"] == pytest.approx(0.989, abs=0.002)
+    assert one.loc["ipc", "vs copy"] == pytest.approx(0.999, abs=0.002)
+    assert len(INV.table("at_256mib_both", recorded)) == 3
+    pp = A.pipeline(recorded).set_index("transport")
+    assert set(pp.index) == {"copy", "ipc", "nccl"} and len(set(pp.grad_norms)) == 1
+    assert len(A.comm_compute(recorded)) == 3 and len(A.comm_comm(recorded)) == 3 * 2 * 2 * 2
+    assert set(A.semantics(recorded).transport) == {"copy", "ipc", "nccl"}
+    assert INV.table("topology", recorded).loc["GPU0", "GPU1"] == "NV18"
+    shown = A.traced(recorded)
+    assert list(shown) == ["copy", "ipc", "nccl"]
+    for t, want_memcpy in (("copy", True), ("ipc", True), ("nccl", False)):
+        ev = shown[t]
+        memcpy = ev[(ev.cat == "gpu_memcpy") & ev.name.str.contains("PtoP")]
+        assert (len(memcpy) > 0) == want_memcpy, t
+        if t == "nccl":
+            assert ev[ev.nccl].name.str.contains("SendRecv|Send|Recv").any()
+    _every_analysis_answers(recorded)
+
+
+def test_profiled_iterations_are_found_by_old_and_new_names(tmp_path):
+    """The recorded run keeps traces/comm_compute-<t>-rank<r>.json.gz; new runs kit.traces.trace_path names."""
+    import shutil
+
+    from kit import traces
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "meta.json").write_text("{}")
+    for f in traces.find_traces(RECORDED, experiment="comm_compute", transport="ipc"):
+        shutil.copy(f.path, traces.trace_path(run, rank=f.rank, experiment="comm_compute", transport="ipc"))
+    assert sorted(p.name for p in run.glob("trace_*")) == [
+        f"trace_experiment=comm_compute_transport=ipc_rank{r}.json.gz" for r in (0, 1)]
+    ev = A.traced(results.RunSet([run]))
+    assert list(ev) == ["ipc"] and set(ev["ipc"]["rank"]) == {0, 1}
+    old = A.trace_events(RECORDED, "ipc")
+    assert len(ev["ipc"]) == len(old) > 0
+
+
+# ------------------------------------------------------------------------------------------------ GPU
 @pytest.mark.gpu
 def test_gpu_transports_keep_data_intact(tmp_path):
     cfg = experiments.make_config("p2p_transports", {"world_size": 2, "backend": "nccl", "timeout_s": 120,
@@ -192,32 +414,7 @@ def test_gpu_pipeline_same_numbers_over_every_transport(tmp_path):
                                                      "results_root": str(tmp_path), "transports": ["copy", "ipc", "nccl"],
                                                      "parts": ["pipeline"], "pipeline_hidden": 256,
                                                      "pipeline_batch": 64, "pipeline_steps": 2, "dtype": "float32"})
-    pp = X.pipeline(experiments.execute("p2p_transports", cfg).df()).set_index("transport")
+    pp = A.pipeline(experiments.execute("p2p_transports", cfg).df()).set_index("transport")
     assert set(pp.index) == {"copy", "ipc", "nccl"}
     assert pp.loss.max() - pp.loss.min() <= 1e-6 * pp.loss.max()
     assert len(set(pp.grad_norms)) == 1
-
-
-def test_analysis_of_the_recorded_gpu_run():
-    """The committed 2-GPU run: every analysis works on it, the three GPU transports agree on the pipeline's
-    numbers, and the profiled overlap shows the transfer as copy-engine memcpys (copy, ipc) vs NCCL kernels."""
-    from kit import results
-
-    runs = results.recorded("p2p_transports")
-    assert runs, "no recorded p2p_transports run"
-    df = results.load(runs[-1])
-    b = X.bandwidth(df)
-    assert {"copy", "ipc", "nccl", X.BARE} <= set(b.transport)
-    assert set(b.direction) == {"one", "both"} and b.bytes.max() == 1 << 30
-    assert len(X.at_size(df, 256 << 20)) == 4
-    pp = X.pipeline(df).set_index("transport")
-    assert set(pp.index) == {"copy", "ipc", "nccl"} and len(set(pp.grad_norms)) == 1
-    assert len(X.comm_compute(df)) == 3 and len(X.comm_comm(df)) == 3 * 2 * 2 * 2
-    se = X.semantics(df)
-    assert set(se.transport) == {"copy", "ipc", "nccl"}
-    for t, want_memcpy in (("copy", True), ("ipc", True), ("nccl", False)):
-        ev = X.trace_events(runs[-1], t)
-        memcpy = ev[(ev.cat == "gpu_memcpy") & ev.name.str.contains("PtoP")]
-        assert (len(memcpy) > 0) == want_memcpy, t
-        if t == "nccl":
-            assert ev[ev.nccl].name.str.contains("SendRecv|Send|Recv").any()

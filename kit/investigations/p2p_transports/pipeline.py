@@ -1,4 +1,5 @@
-"""A small 1F1B pipeline over any :mod:`kit.p2p` transport.
+"""A small 1F1B pipeline over any :mod:`kit.transports` transport, and the ``pipeline`` experiment that runs it
+(:func:`experiment`).
 
 ``n`` stages (stage ``s`` on rank ``s``, or on GPU ``s`` of one process for the in-process ``copy``
 transport), ``m`` micro-batches. Each stage is ``layers`` matrices ``W`` (hidden x hidden) applied as
@@ -16,6 +17,11 @@ the next stage + receive its gradient", "send gradient to the previous stage + r
 With NCCL this matters: P2P operations between a pair of ranks run in one order on one stream, so if both
 neighbours posted their *send* first as separate operations, each would wait for the other's receive
 (for messages above NCCL's buffer size: a deadlock). Posted as one group they proceed together.
+
+The experiment (:func:`experiment`): one stage per rank (or per GPU of the driving process for an in-process
+transport), wall-clock per iteration from a barrier to every GPU idle, the loss and each stage's gradient norm
+(equal across transports: they compute the same thing). Copy-engine transports get a communication stream per
+GPU so a transfer overlaps the stage's next compute; NCCL already runs on an internal stream of its own.
 """
 
 from __future__ import annotations
@@ -138,13 +144,13 @@ class Stage:
 
 
 def _issue(T, ops, comm_streams: dict | None = None, me: int | None = None) -> Iterator[None]:
-    """Post ``ops`` on ``T``; in one process (``T.in_process``) post the sends, then yield until every receive
+    """Post ``ops`` on ``T``; in one process (``T.caps.in_process``) post the sends, then yield until every receive
     has a posted message. With ``comm_streams`` the transfers are issued on those streams (each first waits
     for the current stream of its device, where the data was produced); ``Work.wait()`` later orders the
     compute stream after them. Returns the Works (a generator's return value)."""
     if not ops:
         return []
-    if not T.in_process:
+    if not T.caps.in_process:
         with _on_streams(ops, comm_streams):
             return T.exchange(ops)
     # one process: post the sends first (the neighbour's matching exchange may be waiting for them), then
@@ -219,3 +225,57 @@ def reference(n: int, layers: int, hidden: int, batch: int, m: int, device="cpu"
         loss.backward()
         total += loss.detach()
     return float(total), [[w.grad for w in stage] for stage in ws]
+
+
+def experiment(cfg, ctx, T, S):
+    """Rows ``kind="pipeline"``: per step and stage this process runs, the iteration time, loss, gradient norm."""
+    import time
+
+    import torch
+
+    from . import harness as H
+
+    n = ctx.world_size
+    if T.caps.in_process and torch.cuda.device_count() < n:
+        yield dict(kind="skipped", transport=T.name, experiment="pipeline", rank=ctx.rank,
+                   reason=f"{n} stages need {n} GPUs in one process")
+        return
+    dt = H.compute_dtype(cfg, ctx, cuda=S.is_cuda)
+    elem = torch.tensor([], dtype=dt).element_size()
+    T.setup([(s, s + 1) for s in range(n - 1)] + [(s + 1, s) for s in range(n - 1)],
+            cfg.pipeline_batch * cfg.pipeline_hidden * elem)
+    if T.caps.in_process:
+        mine = list(range(n)) if ctx.rank == 0 else []
+    else:
+        mine = [ctx.rank]
+    stages = {s: Stage(s, n, cfg.pipeline_layers, cfg.pipeline_hidden, cfg.pipeline_batch,
+                       cfg.pipeline_micro_batches, T.device(s), dt) for s in mine}
+    devs = sorted({st.device.index for st in stages.values()}) if S.is_cuda else []
+    comm = {d: torch.cuda.Stream(d) for d in devs} if T.caps.copy_engine else None
+
+    def iteration():
+        progs = []
+        for s, st in stages.items():
+            st.zero_grad()
+            progs.append(st.iteration(T, s - 1 if s > 0 else None, s + 1 if s < n - 1 else None, comm))
+        drive(progs, T)
+        for d in devs:
+            torch.cuda.synchronize(d)
+
+    for step in range(-2, cfg.pipeline_steps):
+        ctx.step(f"{T.name} pipeline step {step}")
+        S.barrier()
+        t0 = time.perf_counter()
+        iteration()
+        t = (time.perf_counter() - t0) * 1e6
+        if step < 0:
+            continue
+        for s, st in stages.items():
+            gn = math.sqrt(sum(float(w.grad.float().pow(2).sum()) for w in st.weights))
+            yield dict(kind="pipeline", transport=T.name, step=step, stage=s, time_us=t,
+                       loss=float(st.loss) if s == n - 1 else math.nan, grad_norm=gn,
+                       micro_batches=cfg.pipeline_micro_batches, layers=cfg.pipeline_layers,
+                       hidden=cfg.pipeline_hidden, batch=cfg.pipeline_batch, dtype=str(dt).replace("torch.", ""),
+                       world_size=n)
+    stages.clear()
+    H.free(ctx)

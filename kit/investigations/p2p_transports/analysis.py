@@ -1,0 +1,313 @@
+"""The tables and findings of p2p_transports, from the rows of any runs (:class:`kit.results.RunSet` or a
+DataFrame): GPU runs, CPU (gloo) runs, old recorded runs, or nothing -- a table without its rows is empty, the
+findings say only what the rows show.
+
+Time per message is the slowest participant of each barrier-aligned sample, median over samples
+(:func:`kit.stats.slowest_rank_stats`); bandwidth is ``bytes / time`` per direction (:func:`kit.stats.gbps`;
+``total_gbps`` counts both directions). Comparisons find their reference by capability: besides ``vs copy_ loop``
+the 256 MiB tables have a ``vs <name>`` column for the in-process copy-engine transport (``vs copy``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from ... import stats, traces, transports
+from ...contract import Finding
+from .bandwidth import BARE
+from .harness import human as _human
+
+AT = 256 << 20  # the size the headline bandwidth is stated at
+
+
+def frame(data) -> pd.DataFrame:
+    """The rows of a RunSet (``.df``) or a DataFrame."""
+    df = getattr(data, "df", data)
+    return df if df is not None else pd.DataFrame()
+
+
+def rows_of(df: pd.DataFrame, *kinds: str) -> pd.DataFrame:
+    """The rows of the given kinds (none when the rows have no ``kind`` column)."""
+    if df is None or df.empty or "kind" not in df.columns:
+        return pd.DataFrame()
+    return df[df["kind"].isin(kinds)]
+
+
+def _ordered(names) -> list[str]:
+    """Transport names in registry order (the reference row last), unknown names after."""
+    reg = transports.names()
+    names = list(dict.fromkeys(names))
+    return sorted(names, key=lambda t: (t == BARE, reg.index(t) if t in reg else len(reg), str(t)))
+
+
+def _per_transport(d: pd.DataFrame):
+    """(transport, its rows) in registry order."""
+    return [(t, d[d["transport"] == t]) for t in _ordered(d["transport"])]
+
+
+def copy_engine_reference(names) -> str | None:
+    """The in-process copy-engine transport among ``names`` (what the other transports are compared with)."""
+    for t in _ordered(names):
+        c = transports.capabilities(t)
+        if c is not None and c.in_process and c.copy_engine:
+            return t
+    return None
+
+
+# ------------------------------------------------------------------------------------------------ tables
+def bandwidth(data) -> pd.DataFrame:
+    """Per (label, kind, transport, direction, src, dst, bytes): time per message statistics (slowest
+    participant per sample), ``gbps`` per direction and ``total_gbps`` over both directions."""
+    d = rows_of(frame(data), "bandwidth", "matrix")
+    if d.empty or "time_us" not in d.columns:
+        return pd.DataFrame()
+    keys = [k for k in ("label", "kind", "transport", "direction", "src", "dst", "bytes") if k in d.columns]
+    s = stats.slowest_rank_stats(d, keys)
+    s["gbps"] = stats.gbps(s["bytes"], s["time_us_median"])
+    s["total_gbps"] = s["gbps"] * s["direction"].map({"one": 1, "both": 2})
+    return s.sort_values(keys).reset_index(drop=True)
+
+
+def at_size(data, nbytes: int = AT, direction: str = "one") -> pd.DataFrame:
+    """GB/s per transport at ``nbytes`` (the largest measured size at or below it), indexed by transport."""
+    b = bandwidth(data)
+    if b.empty:
+        return b
+    b = b[(b["kind"] == "bandwidth") & (b["direction"] == direction)]
+    size = b.loc[b["bytes"] <= nbytes, "bytes"].max()
+    if b.empty or pd.isna(size):
+        return pd.DataFrame()
+    t = b[b["bytes"] == size].set_index("transport")[["bytes", "time_us_median", "gbps", "total_gbps"]]
+    return t.loc[_ordered(t.index)]
+
+
+def at_256mib(direction: str):
+    """Table: :func:`at_size` at 256 MiB with the ratios to the bare ``copy_`` loop and to the in-process
+    copy-engine transport."""
+
+    def table(data) -> pd.DataFrame:
+        t = at_size(data, AT, direction)
+        if t.empty:
+            return t
+        if BARE in t.index:
+            t[f"vs {BARE}"] = t["gbps"] / t.loc[BARE, "gbps"]
+        ref = copy_engine_reference(t.index)
+        if ref is not None:
+            t[f"vs {ref}"] = t["gbps"] / t.loc[ref, "gbps"]
+        return t
+
+    table.__name__ = f"at_256mib_{direction}"
+    return table
+
+
+def latency(data) -> pd.DataFrame:
+    """One way, at the smallest measured size: time per message per transport."""
+    b = bandwidth(data)
+    if b.empty:
+        return b
+    b = b[(b["kind"] == "bandwidth") & (b["direction"] == "one")]
+    if b.empty:
+        return pd.DataFrame()
+    t = b[b["bytes"] == b["bytes"].min()].set_index("transport")
+    return t.loc[_ordered(t.index), ["bytes", "time_us_median", "time_us_p10", "time_us_p90"]]
+
+
+def matrix(data, transport: str) -> pd.DataFrame:
+    """src x dst GB/s at the matrix size for ``transport`` (empty with two endpoints)."""
+    b = bandwidth(data)
+    if b.empty:
+        return b
+    b = b[(b["kind"] == "matrix") & (b["transport"] == transport)]
+    return b.pivot(index="src", columns="dst", values="gbps") if len(b) else pd.DataFrame()
+
+
+def matrices(data) -> pd.DataFrame:
+    """Table: every transport's GPU-pair matrix (rows: transport, source; columns: destination)."""
+    b = bandwidth(data)
+    if b.empty or not (b["kind"] == "matrix").any():
+        return pd.DataFrame()
+    b = b[b["kind"] == "matrix"]
+    return b.pivot_table(index=["transport", "src"], columns="dst", values="gbps")
+
+
+def comm_comm(data) -> pd.DataFrame:
+    """Per (transport, scenario, mode, flow): completion time of the flow (slowest participant per sample);
+    ``flow_name`` says its size."""
+    d = rows_of(frame(data), "comm_comm")
+    if d.empty:
+        return pd.DataFrame()
+    keys = [k for k in ("label", "transport", "scenario", "mode", "flow", "bytes") if k in d.columns]
+    s = stats.slowest_rank_stats(d, keys)
+    s["flow_name"] = [f"flow {int(f)} ({_human(int(n))})" for f, n in zip(s["flow"], s["bytes"])]
+    return s
+
+
+def comm_compute(data) -> pd.DataFrame:
+    """Per transport: compute alone / comm alone / overlapped (median over samples of the slowest rank), the
+    compute slowdown under overlap (per device, worst device) and the overlapped total vs the serial sum."""
+    d = rows_of(frame(data), "comm_compute")
+    if d.empty:
+        return pd.DataFrame()
+    rows = []
+    for t, g in _per_transport(d):
+
+        def med(phase, col):  # per sample the slowest device/rank, then the median over samples
+            return stats.per_sample(g[g["phase"] == phase], [], value=col)[col].median()
+
+        by = "device" if "device" in g.columns else "rank"
+        comp_alone = g[g["phase"] == "compute"].groupby(by)["compute_us"].median()
+        comp_over = g[g["phase"] == "overlapped"].groupby(by)["compute_us"].median()
+        c, m, o = med("compute", "total_us"), med("comm", "total_us"), med("overlapped", "total_us")
+        rows.append(dict(transport=t, compute_alone_us=c, comm_alone_us=m, overlapped_us=o, serial_sum_us=c + m,
+                         overlapped_vs_serial=o / (c + m), compute_slowdown=(comp_over / comp_alone).max(),
+                         comm_in_overlap_us=med("overlapped", "comm_us"),
+                         compute_in_overlap_us=med("overlapped", "compute_us")))
+    return pd.DataFrame(rows)
+
+
+def semantics(data) -> pd.DataFrame:
+    """Per (transport, api, role, bytes): median host time in the call, in wait(), until done; stream time;
+    how late this rank's receive was posted (``delay_ms``) and its peer's (``peer_delay_ms``)."""
+    d = rows_of(frame(data), "semantics")
+    if d.empty:
+        return pd.DataFrame()
+    keys = ["transport", "api", "role", "bytes"]
+    cols = [c for c in ("call_us", "wait_us", "done_us", "device_us", "delay_ms", "peer_delay_ms") if c in d.columns]
+    s = d.groupby(keys, sort=False)[cols].median().reset_index()
+    s["bytes"] = s["bytes"].astype("int64")
+    return s
+
+
+def pipeline(data) -> pd.DataFrame:
+    """Per transport: median iteration time (slowest rank per step), p10/p90, the loss and gradient norms."""
+    d = rows_of(frame(data), "pipeline")
+    if d.empty:
+        return pd.DataFrame()
+    rows = []
+    for t, g in _per_transport(d):
+        st = stats.stats(g.groupby("step")["time_us"].max().to_numpy())
+        rows.append(dict(transport=t, time_ms_median=st["median"] / 1e3, time_ms_p10=st["p10"] / 1e3,
+                         time_ms_p90=st["p90"] / 1e3, steps=st["n"], loss=g["loss"].dropna().median(),
+                         grad_norms=", ".join(f"{v:.4g}" for v in g.groupby("stage")["grad_norm"].median())))
+    return pd.DataFrame(rows)
+
+
+def skipped(data) -> pd.DataFrame:
+    """Transports (or one experiment of a transport) that could not run, with the reason."""
+    d = rows_of(frame(data), "skipped")
+    if d.empty:
+        return pd.DataFrame()
+    d = d.assign(experiment=d["experiment"] if "experiment" in d.columns else None)
+    d["experiment"] = d["experiment"].fillna("all")
+    return d[["transport", "experiment", "reason"]].drop_duplicates().reset_index(drop=True)
+
+
+def topology(runs) -> pd.DataFrame:
+    """The GPU connection matrix (NVML, as ``nvidia-smi topo -m``) of the first analysed run with GPUs."""
+    for meta in getattr(runs, "metas", []):
+        si = meta.get("sysinfo") or {}
+        if si.get("topology") and si.get("gpus"):
+            names = [f"GPU{g['index']}" for g in si["gpus"]]
+            return pd.DataFrame(si["topology"], index=names, columns=names)
+    return pd.DataFrame()
+
+
+def trace_events(run_dir, transport: str) -> pd.DataFrame:
+    """GPU events of the profiled overlapped iteration of ``transport``, every rank's trace together."""
+    return _events(traces.find_traces(run_dir, experiment="comm_compute", transport=transport))
+
+
+def _events(files) -> pd.DataFrame:
+    frames = []
+    for f in files:
+        try:
+            ev = traces.load_trace(f.path).gpu
+        except traces.TraceError as e:  # a truncated trace: say so, analyse the others
+            print(f"{f.path}: unreadable trace ({e})")
+            continue
+        frames.append(ev.assign(rank=f.rank))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def traced(runs) -> dict[str, pd.DataFrame]:
+    """{transport: GPU events} for every transport with a profiled iteration, from the first run that has any."""
+    for d in getattr(runs, "dirs", []):
+        files = traces.find_traces(d, experiment="comm_compute")
+        ev = {t: _events([f for f in files if f.tags.get("transport") == t])
+              for t in _ordered(f.tags.get("transport") for f in files)}
+        ev = {t: e for t, e in ev.items() if len(e)}
+        if ev:
+            return ev
+    return {}
+
+
+# ------------------------------------------------------------------------------------------------ findings
+def findings(data) -> list[Finding]:
+    """What the rows show, one statement each (the old notebook's closing cell, measured)."""
+    df = frame(data)
+    out: list[Finding] = []
+    for t, r in at_size(df, AT, "one").iterrows():
+        out.append(Finding(f"bandwidth.one.{t}", f"{t}: {_human(int(r.bytes))} one way: {r.gbps:.1f} GB/s",
+                           float(r.gbps), "GB/s"))
+    for t, r in at_size(df, AT, "both").iterrows():
+        out.append(Finding(f"bandwidth.both.{t}", f"{t}: {_human(int(r.bytes))} each way at once: "
+                                                  f"{r.total_gbps:.1f} GB/s total", float(r.total_gbps), "GB/s"))
+    for r in comm_compute(df).itertuples():
+        out.append(Finding(f"comm_compute.{r.transport}.overlapped_vs_serial",
+                           f"{r.transport}: compute + transfers overlapped {r.overlapped_us / 1e3:.2f} ms vs "
+                           f"serial sum {r.serial_sum_us / 1e3:.2f} ms ({r.overlapped_vs_serial:.2f}); compute slowed "
+                           f"{r.compute_slowdown:.3f}x", float(r.overlapped_vs_serial)))
+        out.append(Finding(f"comm_compute.{r.transport}.comm_in_overlap_ms",
+                           f"{r.transport}: transfers {r.comm_alone_us / 1e3:.2f} ms alone, "
+                           f"{r.comm_in_overlap_us / 1e3:.2f} ms overlapped with compute",
+                           float(r.comm_in_overlap_us / 1e3), "ms"))
+    out += _semantics_findings(df)
+    cc = comm_comm(df)
+    for (t, sc, mode), g in cc.groupby(["transport", "scenario", "mode"], sort=False) if len(cc) else []:
+        f = g.set_index("flow")["time_us_median"]
+        f0, f1 = f.get(0, math.nan), f.get(1, math.nan)
+        out.append(Finding(f"comm_comm.{t}.{sc}.{mode}", f"{t} {sc} {mode}: flow 0 done at {f0:.1f} us, "
+                                                          f"flow 1 at {f1:.1f} us", float(f1), "us"))
+    out += _pipeline_findings(df)
+    for r in skipped(df).itertuples():
+        what = "" if r.experiment == "all" else f" ({r.experiment})"
+        out.append(Finding(f"skipped.{r.transport}" + ("" if r.experiment == "all" else f".{r.experiment}"),
+                           f"{r.transport}{what} not measured: {r.reason}"))
+    return out
+
+
+def _semantics_findings(df) -> list[Finding]:
+    se = semantics(df)
+    out = []
+    for r in se[se["role"] != "recv"].itertuples() if len(se) else []:
+        late = getattr(r, "peer_delay_ms", 0.0)
+        late = f" (receiver {late:g} ms late)" if late and late > 0 else ""
+        out.append(Finding(f"semantics.{r.transport}.{r.api}.{int(r.bytes)}",
+                           f"{r.transport} {r.api} {_human(int(r.bytes))}: host in call {r.call_us:.1f} us, in wait "
+                           f"{r.wait_us:.1f} us, until done {r.done_us / 1e3:.2f} ms{late}", float(r.call_us), "us"))
+    return out
+
+
+def _pipeline_findings(df) -> list[Finding]:
+    pp = pipeline(df)
+    out = [Finding(f"pipeline.{r.transport}.ms", f"{r.transport}: 1F1B pipeline {r.time_ms_median:.2f} ms / iteration, "
+                                                 f"loss {r.loss:.5f}", float(r.time_ms_median), "ms")
+           for r in pp.itertuples()]
+    losses = pp["loss"].dropna() if len(pp) else pd.Series(dtype=float)
+    if len(losses):
+        spread = float((losses.max() - losses.min()) / abs(losses.median())) if losses.median() else math.nan
+        if len(pp) > 1:
+            same = "identical" if len(set(pp["grad_norms"])) == 1 else "differ"
+            how = f"relative spread {spread:.1e}, gradient norms {same} across transports"
+        else:
+            how = "one transport, nothing to compare"
+        out.append(Finding("pipeline.loss", f"pipeline loss {losses.median():.5f} over {', '.join(pp['transport'])}: "
+                                            f"{how}", float(losses.median())))
+    return out
+
+
+TABLES = {"skipped": skipped, "topology": topology, "bandwidth": bandwidth, "at_256mib_one": at_256mib("one"),
+          "at_256mib_both": at_256mib("both"), "latency": latency, "matrix": matrices, "comm_comm": comm_comm,
+          "comm_compute": comm_compute, "semantics": semantics, "pipeline": pipeline}

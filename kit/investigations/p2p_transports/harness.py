@@ -1,0 +1,167 @@
+"""The benchmark harness every p2p experiment uses, for any transport: flows, their buffers, one round of
+transfers (optionally verified), the timing ``ctx`` (:class:`Sync`) and a timed point.
+
+A *flow* is ``(src, dst, nbytes)`` between endpoints (ranks, or GPUs of one process for an in-process
+transport). Buffers are uint8 (the transports are dtype-agnostic) and carry :func:`kit.transports.pattern`,
+so a receiver can check what arrived. Nothing here knows a transport's name: it asks ``T.caps``, ``T.sends``,
+``T.recvs`` and ``T.device``.
+"""
+
+from __future__ import annotations
+
+from ... import timing, transports
+from ...stats import human_bytes as human, pow2_sizes as sizes  # noqa: F401 (the harness's vocabulary)
+
+
+class Sync:
+    """The ``ctx`` an experiment times transport ``T`` with: rank and device as ``ctx``, ``is_cuda`` when the
+    transport's buffers are on GPUs, ``devices`` this process drives, and a ``barrier`` that fits the transport.
+
+    For an in-process transport the ranks other than 0 have nothing to do, and they must not wait in an NCCL
+    barrier: that kernel would spin on their GPU, and a GPU time-slices between processes' contexts (slices of
+    ~ms), so the driving process's work on that GPU -- the events ``copy_`` records on the destination device
+    -- would wait for the slice (seen on 2xH200: every copy 2 ms late). They wait in a gloo (host) barrier
+    instead, and rank 0 synchronises every GPU it drives."""
+
+    def __init__(self, ctx, in_process: bool, cuda: bool, host_group=None):
+        import torch
+
+        self._ctx, self.rank, self.world_size, self.device = ctx, ctx.rank, ctx.world_size, ctx.device
+        self.is_cuda = bool(cuda)
+        self.host = in_process and host_group is not None
+        self._group = host_group
+        if not self.is_cuda:
+            self.devices = []
+        elif in_process:  # rank 0 drives every GPU of the node; the other ranks drive none
+            self.devices = [torch.device("cuda", d) for d in range(torch.cuda.device_count())] if ctx.rank == 0 else []
+        else:
+            self.devices = [ctx.device]
+
+    def sync(self) -> None:
+        import torch
+
+        for d in self.devices:
+            torch.cuda.synchronize(d)
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        if self.host:
+            self.sync()
+            dist.barrier(group=self._group)
+        else:
+            self._ctx.barrier()
+            self.sync()
+
+
+def sync_for(T, ctx, host_group=None) -> Sync:
+    return Sync(ctx, T.caps.in_process, ctx.is_cuda and T.caps.cuda, host_group)
+
+
+def buffers(T, flows, seq0: int = 0) -> list[dict]:
+    """Per flow: ``send`` where this process sends (the pattern of message ``seq0``), ``recv`` where it receives."""
+    import torch
+
+    bufs = []
+    for src, dst, n in flows:
+        b = {}
+        if T.sends(src):
+            b["send"] = transports.pattern(n, T.device(src), seq0, src)
+        if T.recvs(dst):
+            b["recv"] = torch.empty(n, dtype=torch.uint8, device=T.device(dst))
+        bufs.append(b)
+    return bufs
+
+
+def ops(T, flows, bufs, only: int | None = None) -> list[tuple]:
+    """This process's ``(kind, tensor, peer)`` operations for ``flows`` (or for flow ``only``)."""
+    out = []
+    for k, ((src, dst, _), b) in enumerate(zip(flows, bufs)):
+        if only is not None and k != only:
+            continue
+        if "send" in b:
+            out.append(("send", b["send"], dst))
+        if "recv" in b:
+            out.append(("recv", b["recv"], src))
+    return out
+
+
+def post(T, op_list) -> list:
+    """Post ``op_list`` (one op: ``isend``/``irecv``; several: ``exchange``); returns the Works."""
+    if not op_list:
+        return []
+    if len(op_list) == 1:
+        kind, t, peer = op_list[0]
+        return [T.isend(t, peer) if kind == "send" else T.irecv(t, peer)]
+    return T.exchange(op_list)
+
+
+def join(T, ctx, flows) -> None:
+    """In one process, make this rank's current stream wait for every device a flow touched (so events on it
+    time the whole transfer)."""
+    import torch
+
+    if T.caps.in_process and ctx.is_cuda:
+        main = torch.cuda.current_stream(ctx.device)
+        for d in {d for f in flows for d in f[:2]}:
+            if d != ctx.device.index:
+                main.wait_stream(torch.cuda.current_stream(d))
+
+
+def transfer(T, ctx, flows, bufs) -> None:
+    """This process's part of one round of ``flows`` (every message posted at once, then waited for)."""
+    for w in post(T, ops(T, flows, bufs)):
+        w.wait()
+    join(T, ctx, flows)
+
+
+def verified_transfer(T, ctx, flows, bufs, seq: int) -> None:
+    """One round whose data is checked at every receiver against the pattern of message ``seq``."""
+    for (src, dst, n), b in zip(flows, bufs):
+        if "send" in b:
+            b["send"].copy_(transports.pattern(n, b["send"].device, seq, src))
+    transfer(T, ctx, flows, bufs)
+    for (src, dst, n), b in zip(flows, bufs):
+        if "recv" in b:
+            transports.check(b["recv"], transports.pattern(n, b["recv"].device, seq, src),
+                             f"{T.name} {src}->{dst} {n} B message {seq}")
+
+
+def participates(T, flows) -> bool:
+    return any(T.sends(a) or T.recvs(b) for a, b, _ in flows)
+
+
+def timed_rows(cfg, ctx, T, S, flows, keys: dict, kind: str) -> list[dict]:
+    """One timed point: the first round verified, then ``repeats`` samples of ``iters`` rounds
+    (:func:`kit.timing.measure` with ``S`` as its ctx; every round verified when ``cfg.verify``). Rows for the
+    processes that take part."""
+    bufs = buffers(T, flows)
+    verified_transfer(T, ctx, flows, bufs, seq=0)  # always: the first transfer of every point is checked
+    if cfg.verify:
+        seq = [1]
+
+        def fn():
+            verified_transfer(T, ctx, flows, bufs, seq[0])
+            seq[0] += 1
+    else:
+        def fn():
+            transfer(T, ctx, flows, bufs)
+    s = timing.measure(fn, S, iters=cfg.iters, repeats=cfg.repeats, warmup=cfg.warmup)
+    if not participates(T, flows):
+        return []
+    return [dict(r, kind=kind) for r in s.rows(**keys, verified=cfg.verify)]
+
+
+def free(ctx) -> None:
+    """Give cached GPU memory back between points (the largest buffers are 1 GiB)."""
+    if ctx.is_cuda:
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+def compute_dtype(cfg, ctx, cuda: bool | None = None):
+    """``cfg.dtype`` on GPUs, float32 on CPU (``cuda``: override whether the buffers are on GPUs)."""
+    import torch
+
+    return getattr(torch, cfg.dtype) if (ctx.is_cuda if cuda is None else cuda) else torch.float32
