@@ -77,6 +77,15 @@ def sleep_forever(cfg, ctx):
     time.sleep(600)
 
 
+def rows_then_sleep(cfg, ctx):
+    """Three rows per rank, then a long sleep: the supervisor is killed while the run is still 'running'."""
+    write_pid(ctx)
+    for i in range(3):
+        yield {"i": i}
+    ctx.step("sleeping")
+    time.sleep(600)
+
+
 def profiler_and_graph_then_finish(cfg, ctx):
     """The teardown case seen on 2xH200: a live profiler and a captured CUDA graph with a collective in it."""
     import torch
@@ -139,7 +148,8 @@ def p2p_integrity(cfg, ctx):
 
     from kit import transports as p2p
 
-    names = ["gloo"] + (["nccl", "ipc", "copy"] if ctx.is_cuda else [])
+    # every registered transport this job can run (CUDA ones only in a CUDA job)
+    names = [n for n in p2p.names() if ctx.is_cuda or not p2p.capabilities(n).cuda]
     shapes = [(1,), (7,), (3, 5), (1001,), (4099,), (33, 65)]
     dtypes = [torch.float32, torch.bfloat16, torch.int64, torch.uint8]
 
@@ -165,7 +175,7 @@ def p2p_integrity(cfg, ctx):
                 for strided in (False, True):
                     seq += 1
                     ops, expect = [], []
-                    if T.in_process:
+                    if T.caps.in_process:
                         if ctx.rank == 0:
                             for src, dst in ((0, 1), (1, 0)):
                                 x = make(shape, dtype, seq * 10 + src, T.device(src), strided)
@@ -186,7 +196,7 @@ def p2p_integrity(cfg, ctx):
                     for out, want in expect:
                         yield {"transport": name, "shape": str(shape), "dtype": str(dtype), "strided": strided,
                                "out_contiguous": out.is_contiguous(), "ok": torch.equal(out.cpu(), want)}
-        if not T.in_process and ctx.rank < 2:
+        if not T.caps.in_process and ctx.rank < 2:
             dev = T.device(ctx.rank)
             if ctx.rank == 0:
                 works = [T.isend(torch.full((513,), float(i), device=dev), 1) for i in range(10)]
@@ -220,3 +230,58 @@ def pipeline_vs_reference(cfg, ctx):
     scale = max(float(g.abs().max()) for g in grads[ctx.rank])
     yield {"stage": ctx.rank, "max_err": err, "scale": scale,
            "loss": float(st.loss) if ctx.rank == n - 1 else float("nan"), "ref_loss": loss}
+
+
+def p2p_new_transport(cfg, ctx):
+    """The recipe for a new transport, followed in a test: one class with its capabilities and one register
+    line, then the whole investigation over it. This one is gloo without a blocking send and without a second
+    channel, so the experiments must adapt by capability (semantics: isend only; comm_comm: one channel, and
+    a skipped row for two)."""
+    import dataclasses
+
+    from kit import transports as p2p
+    from kit.investigations import p2p_transports as X
+
+    class GlooOneChannel(p2p.GlooTransport):
+        caps = dataclasses.replace(p2p.GlooTransport.caps, blocking_send=False, second_channel=False)
+
+    if "gloo_one_channel" not in p2p.names():
+        p2p.register("gloo_one_channel")(GlooOneChannel)
+    yield from X.run(dataclasses.replace(cfg, transports=["gloo_one_channel"]), ctx)
+
+
+def dataloader_sync_waits(cfg, ctx):
+    """dataloader_sync's run with every way of waiting for the GPU counted (torch.cuda.synchronize, stream and
+    event synchronize, elapsed_time, query), and where: inside a timed window (from the "N steps" progress step
+    to the ctx.sync() after it) or outside. One row per rank."""
+    import torch
+
+    from kit.investigations import dataloader_sync as D
+
+    log, step, sync = [], ctx.step, ctx.sync
+    ctx.step = lambda name: (log.append(("step", name)), step(name))[1]
+    ctx.sync = lambda: (log.append(("sync", "")), sync())[1]
+
+    def counted(owner, name):
+        fn = getattr(owner, name)
+
+        def wrapper(*a, **k):
+            log.append(("wait", name))
+            return fn(*a, **k)
+
+        setattr(owner, name, wrapper)
+
+    for owner, name in ((torch.cuda, "synchronize"), (torch.cuda.Stream, "synchronize"), (torch.cuda.Event, "synchronize"),
+                        (torch.cuda.Event, "elapsed_time"), (torch.cuda.Event, "query")):
+        counted(owner, name)
+    n = sum(1 for _ in D.run(cfg, ctx))
+    inside, waits, windows = False, 0, 0
+    for kind, name in log:
+        if kind == "step":
+            inside = name.endswith(" steps")
+            windows += inside
+        elif kind == "sync":
+            inside = False
+        elif inside:
+            waits += 1
+    yield {"kind": "check", "rows": n, "waits_in_timed_steps": waits, "timed_windows": windows}
