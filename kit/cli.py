@@ -6,6 +6,8 @@
                                                                               (spawn here, or in place under torchrun/srun)
     kit sysinfo [--json]                                                      hardware and software of this node
     kit trace gaps|collectives|merge TRACE ...                                analyse any PyTorch profiler trace
+    kit runs [NAME ...] [--root DIR] [--json]                                 runs on disk: status (died: its supervisor
+                                                                              is gone), rows, label, hardware
     kit record RUN_DIR ...                                                    copy runs into recorded/ to commit
     kit wheelhouse DIR [--python-version 3.12] [--platform ...] [--exclude NAME ...]
                                                                               wheels for an offline node (never torch)
@@ -130,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.set_defaults(fn=cmd_wheelhouse)
 
     _add_trace_commands(sub)
+    from . import runs_cli
+
+    runs_cli.add_parser(sub)
     return p
 
 

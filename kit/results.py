@@ -150,7 +150,8 @@ def read_meta(run_dir: str | Path) -> dict:
     return json.loads(p.read_text()) if p.exists() else {}
 
 
-def _run_dirs(path: Path) -> list[Path]:
+def run_dirs(path: Path) -> list[Path]:
+    """The run directories at or below ``path``."""
     if (path / "meta.json").exists() or (path / "rows.csv").exists() or (path / "rows.csv.gz").exists():
         return [path]
     if path.is_dir():  # an experiment folder (or a results root): every run below it
@@ -163,7 +164,8 @@ def load(*paths: str | Path, meta_columns: bool = True):
 
     Each path is a run directory, a folder of runs (``results/collectives``) or a glob. Columns added from
     ``meta.json``: ``run_id``, ``label`` (the run's label, else its env overrides, else its run id),
-    ``gpu`` and ``host`` -- so two machines or two env settings can be put side by side.
+    ``gpu``, ``host`` and ``status`` (:func:`run_status`: a run whose supervisor was killed reads ``died``) --
+    so two machines or two env settings can be put side by side.
     """
     import glob as _glob
 
@@ -174,7 +176,7 @@ def load(*paths: str | Path, meta_columns: bool = True):
         p = Path(p)
         matches = [Path(m) for m in _glob.glob(str(p))] if any(c in str(p) for c in "*?[") else [p]
         for m in matches:
-            dirs.extend(_run_dirs(m))
+            dirs.extend(run_dirs(m))
     frames = []
     for d in dirs:
         csv_path = d / "rows.csv"
@@ -190,6 +192,7 @@ def load(*paths: str | Path, meta_columns: bool = True):
             gpus = (meta.get("sysinfo") or {}).get("gpus") or []
             df["gpu"] = gpus[0]["name"] if gpus else "cpu"
             df["host"] = (meta.get("sysinfo") or {}).get("hostname")
+            df["status"] = run_status(meta)  # 'died' when its supervisor is gone without an end status
         frames.append(df)
     if not frames:
         return pd.DataFrame()
@@ -264,6 +267,11 @@ def run_status(meta: dict) -> str:
         return "died"
     except PermissionError:
         return status  # alive, someone else's
+    try:
+        if Path(f"/proc/{int(sup['pid'])}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            return "died"  # exited, not yet reaped by its parent
+    except (OSError, IndexError):
+        pass
     if sup.get("start_ticks") is not None and _start_ticks(int(sup["pid"])) not in (None, sup["start_ticks"]):
         return "died"  # the pid was reused by another process
     return status
@@ -360,7 +368,7 @@ def choose(experiment: str, this=None, analyse: Any = "auto", root: str | Path |
         this = [this]
     mine = [r.dir for r in (this or [])]
     if isinstance(analyse, (list, tuple)):
-        return RunSet([Path(d) for p in analyse for d in _run_dirs(Path(p))], "given")
+        return RunSet([Path(d) for p in analyse for d in run_dirs(Path(p))], "given")
     if analyse not in ("auto", "this", "recorded"):
         raise ValueError(f"analyse must be 'auto', 'this', 'recorded' or a list of run directories, not {analyse!r}")
     rec = recorded_set(experiment, root)
