@@ -52,5 +52,7 @@ def pytest_collection_modifyitems(config, items):
     except Exception:
         ngpu = 0
     for item in items:
-        if "gpu" in item.keywords and ngpu < 2:
-            item.add_marker(pytest.mark.skip(reason="needs 2 CUDA GPUs"))
+        m = item.get_closest_marker("gpu")
+        need = m.kwargs.get("gpus", 2) if m is not None else 0
+        if m is not None and ngpu < need:
+            item.add_marker(pytest.mark.skip(reason=f"needs {need} CUDA GPU(s)"))

@@ -1,21 +1,26 @@
-"""The collective-bandwidth experiment: formulas, sizes, the gloo sweep, the summary, nccl-tests parsing."""
+"""The collective-bandwidth investigation: sizes, the gloo sweep, the summary, nccl-tests parsing, the analyses on
+empty / one-rank / old recorded rows, and the findings of the recorded 2xH200 run."""
 
+import json
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from kit import contract, results
+from kit.config import ConfigError
 from kit.investigations import collectives as C
-from kit import contract as experiments
 
 DATA = Path(__file__).parent / "data"
+MiB = 1 << 20
 
 
-def test_bus_factors_match_nccl_tests():
-    assert C.bus_factor("all_reduce", 2) == 1.0
-    assert C.bus_factor("all_reduce", 8) == pytest.approx(1.75)
-    assert C.bus_factor("all_gather", 8) == C.bus_factor("reduce_scatter", 8) == C.bus_factor("all_to_all", 8) == 0.875
-    assert C.bus_factor("broadcast", 8) == 1.0
+def _run_dir(tmp_path, rows, name="r"):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "meta.json").write_text(json.dumps({"experiment": "collectives", "status": "ok"}))
+    pd.DataFrame(rows).to_csv(d / "rows.csv", index=False)
+    return d
 
 
 def test_sizes_and_alignment():
@@ -25,15 +30,31 @@ def test_sizes_and_alignment():
     assert C.per_rank_count(16, 8, 4) == 1  # never zero
 
 
+def test_config_allowed_values_are_types():
+    with pytest.raises(ConfigError, match="'allreduce' is not one of 'all_reduce'"):
+        contract.make_config("collectives", {"collectives": ["allreduce"]})
+    with pytest.raises(ConfigError, match="'float8' is not one of"):
+        contract.make_config("collectives", {"dtype": "float8"})
+    with pytest.raises(ConfigError, match="min_bytes <= max_bytes"):
+        contract.make_config("collectives", {"min_bytes": 4096, "max_bytes": 1024})
+
+
+def test_needs_two_ranks():
+    cfg = contract.make_config("collectives", {"world_size": 1})
+    why = C.INVESTIGATION.needs(cfg, contract.Machine(gpus=1, gpu_name="H100", nccl=True, world_size=1))
+    assert why and "at least 2 ranks" in why[0]
+    assert C.INVESTIGATION.needs(cfg, contract.Machine(gpus=0, world_size=2)) == []
+
+
 def test_gloo_sweep_rows_and_bandwidths(tmp_path):
-    cfg = experiments.make_config("collectives", {"world_size": 2, "backend": "gloo", "max_bytes": 4096,
-                                                  "iters": 2, "repeats": 3, "warmup": 1,
-                                                  "results_root": str(tmp_path)})
-    run = experiments.execute("collectives", cfg)
+    cfg = contract.make_config("collectives", {"world_size": 2, "backend": "gloo", "max_bytes": 4096,
+                                               "iters": 2, "repeats": 3, "warmup": 1,
+                                               "results_root": str(tmp_path)})
+    run = contract.execute("collectives", cfg)
     df = run.df()
     # every (collective, size, rank, sample) is a row; CPU has only the eager method
     assert len(df) == 5 * 3 * 2 * 3
-    assert set(df["method"]) == {"eager"}
+    assert set(df["method"]) == {"eager"} and set(df["kind"]) == {"sample"}
     assert set(df["bytes"]) == {1024, 2048, 4096}
     r = df.iloc[0]
     assert r["algbw_gbps"] == pytest.approx(r["bytes"] / (r["time_us"] * 1e-6) / 1e9)
@@ -41,50 +62,111 @@ def test_gloo_sweep_rows_and_bandwidths(tmp_path):
     assert (ar["busbw_gbps"] == ar["algbw_gbps"]).all()  # 2(n-1)/n = 1 for n = 2
     ag = df[df.collective == "all_gather"]
     assert ag["busbw_gbps"].to_numpy() == pytest.approx(ag["algbw_gbps"].to_numpy() * 0.5)
+    runs = results.RunSet([run.dir])
+    assert set(C.busbw_table(runs)["method"]) == {"eager"}
+    fs = {f.key: f for f in C.findings(runs)}  # no 64 MiB point: the largest size stands in
+    assert fs["all_reduce_busbw_4KiB_eager"].value > 0
 
 
 def test_summary_takes_slowest_rank_per_sample():
     rows = []
     for sample, (t0, t1) in enumerate([(10, 12), (11, 30), (9, 10)]):
-        rows += [dict(collective="all_reduce", bytes=1 << 20, method="eager", sample=sample, rank=0, time_us=t0,
+        rows += [dict(collective="all_reduce", bytes=MiB, method="eager", sample=sample, rank=0, time_us=t0,
                       world_size=2, host_us=4.0),
-                 dict(collective="all_reduce", bytes=1 << 20, method="eager", sample=sample, rank=1, time_us=t1,
+                 dict(collective="all_reduce", bytes=MiB, method="eager", sample=sample, rank=1, time_us=t1,
                       world_size=2, host_us=6.0)]
-    s = C.summarize(pd.DataFrame(rows)).iloc[0]
+    s = C.summarize(pd.DataFrame(rows)).iloc[0]  # rows without `kind` (as recorded): samples
     assert s["time_us_median"] == 12  # max per sample: 12, 30, 10 -> median 12
     assert s["time_us_min"] == 10 and s["host_us_median"] == 5.0
-    assert s["busbw_gbps"] == pytest.approx((1 << 20) / 12e-6 / 1e9)  # factor 1 for 2 ranks
+    assert s["busbw_gbps"] == pytest.approx(MiB / 12e-6 / 1e9)  # factor 1 for 2 ranks
 
 
 def test_kernel_summary_takes_the_rank_that_arrived_last():
     """Recorded on 2xH200 at 1 MiB: one rank's kernels spin ~50 us waiting for the other's launch."""
     rows = []
     for sample, (t0, t1) in enumerate([(57.1, 11.5), (63.0, 11.8), (339.2, 11.9)]):
-        rows += [dict(collective="all_reduce", bytes=1 << 20, method="kernel", sample=sample, rank=0, time_us=t0, world_size=2),
-                 dict(collective="all_reduce", bytes=1 << 20, method="kernel", sample=sample, rank=1, time_us=t1, world_size=2)]
+        rows += [dict(kind="sample", collective="all_reduce", bytes=MiB, method="kernel", sample=sample, rank=0,
+                      time_us=t0, world_size=2),
+                 dict(kind="sample", collective="all_reduce", bytes=MiB, method="kernel", sample=sample, rank=1,
+                      time_us=t1, world_size=2)]
     s = C.summarize(pd.DataFrame(rows)).iloc[0]
     assert s["time_us_median"] == 11.8
 
 
-def test_recorded_gpu_run_summary():
-    """The committed 2-GPU run: every method present, and busbw rises with size toward the link plateau."""
-    from kit import results
+def test_old_rows_get_a_kind():
+    df = pd.DataFrame([dict(method="eager", collective="all_reduce", bytes=1, sample=0, time_us=1.0),
+                       dict(method="nccl-tests-graph", collective="all_reduce", bytes=1, sample=0, time_us=1.0,
+                            placement="out-of-place"),
+                       dict(kind="note", method="kernel", collective="all_reduce", bytes=1, note=C.NO_KERNEL)])
+    assert C.rows(df)["kind"].tolist() == ["sample", "nccl-tests", "note"]
 
-    runs = results.recorded("collectives")
-    assert runs, "no recorded GPU run under recorded/collectives"
-    df = results.load(runs[-1])
-    s = C.summarize(df)
+
+def test_kernel_durations_without_nccl_kernels(monkeypatch):
+    """One rank: NCCL launches no kernel, the profile is empty -- no KeyError (issue 19)."""
+    from kit import timing
+
+    for empty in (pd.DataFrame(), pd.DataFrame(columns=["name", "nccl", "dur"]),
+                  pd.DataFrame({"name": ["gemm"], "nccl": [False], "dur": [3.0]})):
+        monkeypatch.setattr(timing, "profile_gpu", lambda fn, ctx, n, e=empty: e)
+        assert C.kernel_durations(lambda: None, None, 3) == []
+
+
+ONE_RANK = ([dict(kind="sample", collective="all_reduce", bytes=b, method=m, sample=i, rank=0, time_us=5.0 + i,
+                  world_size=1, host_us=3.0) for b in (1024, MiB) for m in ("eager", "graph") for i in range(3)]
+            + [dict(kind="note", collective="all_reduce", bytes=b, method="kernel", rank=0, world_size=1,
+                    note=C.NO_KERNEL) for b in (1024, MiB)])
+
+
+@pytest.mark.parametrize("rows", [[], ONE_RANK], ids=["empty", "one-rank"])
+def test_analyses_never_raise(tmp_path, rows):
+    runs = results.RunSet([_run_dir(tmp_path, rows)] if rows else [])
+    for name in C.INVESTIGATION.tables:
+        assert C.INVESTIGATION.table(name, runs) is not None
+    for name in C.INVESTIGATION.figures:
+        assert C.INVESTIGATION.figures[name](runs) is not None
+    fs = C.findings(runs)
+    if not rows:
+        assert fs == [] and C.busbw_table(runs).empty and C.times_table(runs).empty
+    else:
+        keys = {f.key for f in fs}
+        assert "no_kernel" in keys and "all_reduce_1MiB_kernel_us" not in keys
+        assert "with one rank NCCL launches none" in C.notes_table(runs)["note"].iloc[0]
+        s = C.busbw_table(runs)
+        assert (s["busbw_gbps"] == 0).all()  # one rank: all_reduce moves nothing over a bus (factor 0)
+
+
+def test_recorded_gpu_run_findings():
+    """The committed 2xH200 run: the README's numbers (busbw vs nccl-tests at 64 MiB and 1 GiB; the 1 MiB
+    per-call times; the host's enqueue time), from old rows without `kind`."""
+    dirs = results.recorded("collectives")
+    assert dirs, "no recorded GPU run under recorded/collectives"
+    runs = results.RunSet(dirs[-1:])
+    assert "kind" not in pd.read_csv(dirs[-1] / "rows.csv.gz", nrows=1).columns  # old rows: analyses fill kind
+    f = {x.key: x.value for x in C.findings(runs)}
+    assert f["all_reduce_busbw_64MiB_graph"] == pytest.approx(266, abs=2)
+    assert f["all_reduce_busbw_64MiB_nccl-tests"] == pytest.approx(271, abs=2)
+    assert f["all_reduce_busbw_1GiB_graph"] == pytest.approx(330, abs=2)
+    assert f["all_reduce_busbw_1GiB_nccl-tests"] == pytest.approx(332, abs=2)
+    assert f["all_reduce_1MiB_eager_us"] == pytest.approx(34, abs=1)
+    assert f["all_reduce_1MiB_graph_us"] == pytest.approx(17, abs=0.5)
+    assert f["all_reduce_1MiB_kernel_us"] == pytest.approx(11.7, abs=0.3)
+    assert 33 <= f["all_reduce_1MiB_host_us"] <= 35 and 33 <= f["all_reduce_host_us"] <= 35
+    assert MiB <= f["all_reduce_host_bound_up_to_bytes"] <= 8 * MiB  # "up to a few MiB eager measures the host"
+    s = C.busbw_table(runs)
+    assert {"eager", "graph", "kernel", "nccl-tests", "nccl-tests-graph"} <= set(s["method"])
     ar = s[(s.collective == "all_reduce") & (s.method == "graph")].set_index("bytes")["busbw_gbps"]
-    assert ar.loc[1 << 30] > 3 * ar.loc[1 << 20] > 0  # latency-bound at 1 MiB, bandwidth-bound at 1 GiB
-    assert {"eager", "graph", "kernel", "nccl-tests"} <= set(s["method"])
-    assert results.read_meta(runs[-1])["sysinfo"]["gpus"]
+    assert ar.loc[1 << 30] > 3 * ar.loc[MiB] > 0  # latency-bound at 1 MiB, bandwidth-bound at 1 GiB
+    t = C.times_table(runs)
+    assert {"eager", "graph", "kernel", "host_enqueue_us"} <= set(t.columns)
+    assert list(C.at_1mib_table(runs)["method"]) == ["eager", "graph", "kernel", "nccl-tests", "nccl-tests-graph"]
+    assert C.notes_table(runs).empty
 
 
 def test_parse_nccl_tests_output():
     text = (DATA / "all_reduce_perf.txt").read_text()
     rows = C.parse_nccl_tests(text, "all_reduce")
     oop = {r["bytes"]: r for r in rows if r["placement"] == "out-of-place"}
-    assert len(oop) >= 10 and 1048576 in oop
+    assert len(oop) >= 10 and 1048576 in oop and {r["kind"] for r in rows} == {"nccl-tests"}
     r = oop[1048576]
     # algbw = bytes / time, busbw = algbw * 2(n-1)/n: check the printed numbers against the formula
     assert r["algbw_gbps"] == pytest.approx(r["bytes"] / (r["time_us"] * 1e-6) / 1e9, rel=0.02)

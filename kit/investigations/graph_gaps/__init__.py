@@ -1,0 +1,61 @@
+"""CUDA-graph gaps before NCCL kernels, and what CUDA graphs buy.
+
+The reported setup: N layers of ``Linear(hidden, hidden, bias=False)``, each followed by ``all_reduce``, in
+inference mode (batch 1024, hidden 2048, fp32, TF32 a parameter), plus a matmul-only control model. For every
+N, model and mode (``eager`` = the Python loop; ``graph`` = the same forward captured once in a CUDA graph,
+warm-up on a side stream first, and replayed), on every rank:
+
+* ``kind=time``    -- time per forward, ``iters`` forwards per sample, every sample kept (kit.timing);
+* ``kind=profile`` -- from a torch.profiler (CUPTI) trace of ``profile_forwards`` forwards: the sum of kernel
+  durations per forward (the pure device work: time above it is overhead) and the gaps before NCCL kernels and
+  before other kernels (kit.traces.gaps: start minus the latest end of any earlier activity on that GPU, all
+  streams; gaps above ``gap_threshold_us`` count as stalls). Traces for N in ``keep_traces`` are kept, gzipped,
+  named by kit.traces.trace_path (``trace_model=allreduce_layers=10_mode=graph_rank0.json.gz``) and found again
+  by kit.traces.find_traces (older recorded names included);
+* ``kind=census``  -- node types of the captured graph at N = ``census_layers`` (``CUDAGraph.debug_dump``,
+  kit.traces.graph_census): the structural evidence of what NCCL inserts, and proof the variable reached NCCL;
+* ``kind=launch``  -- why graphs exist: a chain of ``launch_layers`` small Linear layers, eager vs graphed, and
+  a small training step eager vs ``torch.cuda.make_graphed_callables``, per batch size;
+* ``kind=check``   -- without CUDA, the output's RMS (the eager timing is all that runs, on gloo).
+
+Every row names its mode in one column, ``mode`` (kit.timing calls it ``method``; :func:`.experiment.timed_rows`
+is the one place it is renamed), as the recorded runs do.
+
+Settings: ``env_sets`` (default: NCCL's default and ``NCCL_GRAPH_MIXING_SUPPORT=0``) -- one launch per set, since
+NCCL reads the variable when the communicator is created. Weights differ per rank (like tensor-parallel shards)
+and are drawn with variance 1/(hidden * world): the all-reduced sum of the ranks' outputs then keeps E|y|^2
+constant through any number of layers, so the timing is of real numbers, neither inf nor underflowed zeros
+(each profile row records the output's RMS as proof).
+
+**One GPU.** Launch overhead and graph replay are meaningful with one rank (time per forward, graph/eager, the
+launch benchmark, the census of a graph without NCCL); the gap before NCCL kernels is not -- with one rank the
+``allreduce`` model runs no all_reduce and NCCL launches no kernel -- and the analyses say so instead of showing
+numbers. Hence ``needs = Needs(ranks=1)``.
+
+Package layout: :mod:`.experiment` (Config, model, the rank function), :mod:`.analysis` (tables, kept-trace
+gaps), :mod:`.figures`, :mod:`.findings`.
+"""
+
+from __future__ import annotations
+
+from ...contract import Investigation, Needs
+from .analysis import (NO_NCCL, census_table, forward_table, gaps_table, kept_trace_gaps, launch_table,
+                       one_layer_window, table_census, table_forward, table_gaps, table_launch)
+from .experiment import Config, build_forward, capture, run, timed_rows
+from .figures import FIGURES
+from .findings import findings
+
+INVESTIGATION = Investigation(
+    name="graph_gaps",
+    Config=Config,
+    run=run,
+    columns=("kind", "mode"),
+    tables={"forward": table_forward, "gaps": table_gaps, "census": table_census, "launch": table_launch},
+    figures=FIGURES,
+    findings=findings,
+    needs=Needs(ranks=1),
+    question="why a CUDA graph idles before each NCCL kernel (NCCL_GRAPH_MIXING_SUPPORT), and what graphs buy",
+)
+
+__all__ = ["Config", "FIGURES", "INVESTIGATION", "NO_NCCL", "build_forward", "capture", "census_table", "findings",
+           "forward_table", "gaps_table", "kept_trace_gaps", "launch_table", "one_layer_window", "run", "timed_rows"]

@@ -1,0 +1,101 @@
+"""The measured statements of graph_gaps, stated from the rows (never pre-written): the gap before NCCL kernels
+per mode and setting across N, graph/eager at the largest N, the graph census's event nodes, and the speedup
+graphs give where launches dominate. Runs without CUDA or with one rank get a statement of what they lack."""
+
+from __future__ import annotations
+
+from ...contract import Finding
+from .analysis import NO_NCCL, census_table, forward_table, gaps_table, launch_table, rows
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.2f}" if x < 10 else f"{x:.0f}"
+
+
+def _ordered(groups, labels: list[str]) -> list:
+    """``list(df.groupby(...))`` sorted: labels in the runs' order (the first run's first), graph before eager."""
+    rank = {lab: i for i, lab in enumerate(labels)}
+
+    def order(item):
+        key = item[0] if isinstance(item[0], tuple) else (item[0],)
+        return tuple(rank[x] if x in rank else (0 if x == "graph" else 1) for x in key)
+
+    return sorted(groups, key=order)
+
+
+def _gap_findings(df, labels: list[str]) -> list[Finding]:
+    out = []
+    gp = gaps_table(df)
+    if gp.empty:
+        return out
+    if not (gp["nccl_kernels"].fillna(0) > 0).any():
+        return [Finding("no_nccl_kernel", NO_NCCL + "; launch overhead and graph replay above are measured")]
+    for (label, mode), d in _ordered(gp[gp["nccl_kernels"].fillna(0) > 0].groupby(["label", "mode"]), labels):
+        d = d.sort_values("layers")
+        per_n = ", ".join(f"{_fmt(g)} us at N={n}" for n, g in zip(d["layers"], d["gap_nccl_median_us"]))
+        med = float(d["gap_nccl_median_us"].median())
+        out.append(Finding(f"gap_before_nccl_us[{mode}, {label}]",
+                           f"{mode} | {label}: median gap before NCCL kernels {per_n} (median over N: {med:.2f} us)",
+                           med, "us"))
+    return out
+
+
+def _ratio_findings(df, labels: list[str]) -> list[Finding]:
+    ft = forward_table(df)
+    out = []
+    if ft.empty:
+        return out
+    g = ft[(ft["model"] == "allreduce") & (ft["mode"] == "graph")]
+    for label, d in _ordered(g.groupby("label"), labels):
+        top = d[d["layers"] == d["layers"].max()].iloc[0]
+        if top["graph_over_eager"] == top["graph_over_eager"]:
+            out.append(Finding(f"graph_over_eager[{label}]",
+                               f"graph | {label}: time per forward graph/eager at N={int(top['layers'])}: "
+                               f"{top['graph_over_eager']:.2f}", float(top["graph_over_eager"])))
+    if g.empty:  # no graph mode (CPU): the eager time per forward at the largest N
+        e = ft[(ft["model"] == "allreduce") & (ft["mode"] == "eager")]
+        for label, d in _ordered(e.groupby("label"), labels):
+            top = d[d["layers"] == d["layers"].max()].iloc[0]
+            out.append(Finding(f"eager_forward_us[{label}]",
+                               f"eager | {label}: time per forward at N={int(top['layers'])}: "
+                               f"{top['time_us_median']:.0f} us (no CUDA graph without CUDA)",
+                               float(top["time_us_median"]), "us"))
+    return out
+
+
+def _census_findings(df, labels: list[str]) -> list[Finding]:
+    ct = census_table(df)
+    out = []
+    for label in sorted(ct.columns, key=lambda x: labels.index(x) if x in labels else len(labels)):
+        c = ct[label]
+        ev = int(c.get("EVENT_RECORD", 0) + c.get("EVENT_WAIT", 0))
+        nccl = int(c.get("KERNEL:nccl", 0))
+        out.append(Finding(f"census_event_nodes[{label}]",
+                           f"census | {label}: {nccl} captured NCCL kernels bring {int(c.get('EVENT_RECORD', 0))} "
+                           f"EVENT_RECORD + {int(c.get('EVENT_WAIT', 0))} EVENT_WAIT nodes", float(ev)))
+    return out
+
+
+def _launch_findings(df) -> list[Finding]:
+    lt = launch_table(df)
+    out = []
+    for bench, d in lt.groupby("bench"):
+        d = d.sort_values("batch")
+        first = d.iloc[0]
+        out.append(Finding(f"launch_speedup[{bench}, batch={int(first['batch'])}]",
+                           f"launch | {bench}: graph {first['speedup']:.1f}x faster than eager at batch "
+                           f"{int(first['batch'])} ({d['speedup'].min():.1f}-{d['speedup'].max():.1f}x over batches "
+                           f"{', '.join(map(str, d['batch']))})", float(first["speedup"]), "x"))
+    return out
+
+
+def findings(runs) -> list[Finding]:
+    df = rows(runs.df)
+    if df.empty:
+        return []
+    labels = list(dict.fromkeys(df["label"].dropna()))
+    out = _gap_findings(df, labels) + _ratio_findings(df, labels) + _census_findings(df, labels) + _launch_findings(df)
+    if not (df["kind"] == "profile").any():
+        out.append(Finding("no_profile", "no profiler rows: these runs had no CUDA, so no gaps, census or launch "
+                                         "benchmark (see the recorded GPU runs)"))
+    return out
