@@ -138,9 +138,9 @@ def test_analyses_never_raise(tmp_path, rows):
 def test_recorded_gpu_run_findings():
     """The committed 2xH200 run: the README's numbers (busbw vs nccl-tests at 64 MiB and 1 GiB; the 1 MiB
     per-call times; the host's enqueue time), from old rows without `kind`."""
-    dirs = results.recorded("collectives")
-    assert dirs, "no recorded GPU run under recorded/collectives"
-    runs = results.RunSet(dirs[-1:])
+    dirs = [d for d in results.recorded("collectives") if d.name == "20261122-132357-vm-53269d"]
+    assert dirs, "the 2026-11-22 2xH200 run under recorded/collectives"
+    runs = results.RunSet(dirs)
     assert "kind" not in pd.read_csv(dirs[-1] / "rows.csv.gz", nrows=1).columns  # old rows: analyses fill kind
     f = {x.key: x.value for x in C.findings(runs)}
     assert f["all_reduce_busbw_64MiB_graph"] == pytest.approx(266, abs=2)
@@ -183,3 +183,16 @@ def test_find_nccl_tests(tmp_path, monkeypatch):
     monkeypatch.setenv("NCCL_TESTS_DIR", str(tmp_path))
     assert C.find_nccl_tests("auto")["all_reduce"] == str(exe)
     assert C.find_nccl_tests("") == {}
+
+
+def test_recorded_rerun_agrees():
+    """The 2026-11-23 re-run (after the refactor, another 2xH200 machine; rows with `kind`): the same headline
+    numbers within the run-to-run spread."""
+    dirs = [d for d in results.recorded("collectives") if d.name == "20261123-022931-vm-d798f8"]
+    assert dirs
+    f = {x.key: x.value for x in C.findings(results.RunSet(dirs))}
+    assert f["all_reduce_busbw_64MiB_graph"] == pytest.approx(266, abs=3)
+    assert f["all_reduce_busbw_1GiB_graph"] == pytest.approx(328.5, abs=2)
+    assert f["all_reduce_busbw_1GiB_nccl-tests"] == pytest.approx(332, abs=2)
+    assert f["all_reduce_1MiB_graph_us"] == pytest.approx(16.8, abs=1)
+    assert f["all_reduce_1MiB_kernel_us"] == pytest.approx(11.8, abs=0.5)

@@ -186,7 +186,8 @@ def test_every_real_trace_parses(tmp_path):
     assert len(files) > 30
     for f in files:
         t = traces.load_trace(f)
-        assert len(t.gpu) and t.info.world_size == 2 and t.info.rank in (0, 1), f
+        one_gpu = "h100x1" in f.parts
+        assert len(t.gpu) and t.info.world_size == (1 if one_gpu else 2) and t.info.rank in (0, 1), f
         assert (t.gpu.end >= t.gpu.ts).all()
         g = traces.gaps(t.gpu)
         assert len(g) == (t.gpu.cat == "kernel").sum() - t.gpu.device.nunique() or len(g) > 0, f
@@ -315,16 +316,22 @@ def test_find_traces_new_and_old_names(tmp_path):
     assert len(traces.find_traces(tmp_path)) == 4 and len(traces.find_traces(tmp_path, rank=1)) == 2
     assert len(traces.find_traces([tmp_path], part=["ddp", "tp"], rank=[0])) == 2
     # the names already in recorded/, with the tags today's writers use
-    rec = RECORDED
-    ct = traces.find_traces(rec / "collective_tracing", part="ddp")
+    rec = RECORDED  # the 2026-11-22 runs: written before the trace layer's naming scheme existed
+    old = {"collective_tracing": rec / "collective_tracing" / "20261122-132904-vm-8b9407",
+           "graph_gaps": [rec / "graph_gaps" / "20261122-132502-vm-68627f", rec / "graph_gaps" / "20261122-132602-vm-c64914"],
+           "dataloader_sync": rec / "dataloader_sync" / "20261122-134536-vm-8b8065",
+           "p2p_transports": rec / "p2p_transports" / "20261122-145624-vm-d3e657"}
+    ct = traces.find_traces(old["collective_tracing"], part="ddp")
     assert [f.rank for f in ct] == [0, 1] and ct[0].path.name == "trace_ddp_rank0.json.gz"
     assert ct[0].run_dir.parent.name == "collective_tracing"
-    gg = traces.find_traces(rec / "graph_gaps", model="allreduce", layers=10, mode="graph")
+    new = traces.find_traces(rec / "dataloader_sync" / "20261123-023337-vm-5b27c3", h2d="pageable", sync="per_param")
+    assert [f.path.name for f in new] == [f"trace_h2d=pageable_sync=per_param_rank{r}.json.gz" for r in (0, 1)]
+    gg = traces.find_traces(old["graph_gaps"], model="allreduce", layers=10, mode="graph")
     assert len(gg) == 4 and gg[0].path.name == "trace_allreduce_N10_graph_rank0.json.gz"
-    assert traces.find_traces(rec / "graph_gaps", model="matmul-only", layers=160, mode="eager", rank=1)
-    dl = traces.find_traces(rec / "dataloader_sync", h2d="pageable", sync="per_param")
+    assert traces.find_traces(old["graph_gaps"], model="matmul-only", layers=160, mode="eager", rank=1)
+    dl = traces.find_traces(old["dataloader_sync"], h2d="pageable", sync="per_param")
     assert [f.path.name for f in dl] == ["trace_pageable_per_param_rank0.json.gz", "trace_pageable_per_param_rank1.json.gz"]
-    p2p = traces.find_traces(rec / "p2p_transports", experiment="comm_compute", transport="nccl")
+    p2p = traces.find_traces(old["p2p_transports"], experiment="comm_compute", transport="nccl")
     assert [f.rank for f in p2p] == [0, 1] and p2p[0].path.parent.name == "traces"
     assert not traces.find_traces(rec, name="merged_tp")  # merged traces and FR dumps are not rank traces
     data = traces.find_traces(DATA, name="tp")
