@@ -26,7 +26,7 @@ report: setup                 ## every notebook, preset for this machine (config
 test: setup                   ## CPU tests (what CI runs)
 	$(PY) -m pytest $(ARGS)
 
-test-gpu: setup               ## tests marked gpu (needs 2 CUDA GPUs)
+test-gpu: setup               ## tests marked gpu (most need 2 CUDA GPUs; one-GPU paths need 1)
 	$(PY) -m pytest -m gpu $(ARGS)
 
 lab: setup                    ## JupyterLab on the notebooks

@@ -1,6 +1,7 @@
 """`kit run`: notebooks through papermill into an HTML report; bad configs and failing cells."""
 
 import dataclasses
+import json
 import subprocess
 import sys
 
@@ -111,3 +112,25 @@ def test_cli_exit_code_on_failing_notebook(tmp_path):
                        timeout=300)
     assert p.returncode == 1, p.stdout + p.stderr
     assert "FAILED notebook collectives: cell" in p.stderr and "RuntimeError: boom from the CLI" in p.stderr
+
+
+@pytest.mark.slow
+def test_kit_run_world_size_one_reports_every_investigation(tmp_path):
+    """Issue 19 on CPU: with one rank, what fits runs (graph_gaps, dataloader_sync), the rest get a page saying
+    what is missing and showing the recorded runs; exit 0. --strict then exits 3."""
+    p = subprocess.run([sys.executable, "-m", "kit", "run", "--config", "configs/cpu-smoke.yaml", "-p", "world_size=1",
+                        "--results-root", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout + p.stderr
+    report = next((tmp_path / "reports").iterdir())
+    entries = {e["name"]: e for e in json.loads((report / "report.json").read_text())["entries"]}
+    assert set(entries) == set(REGISTRY)
+    assert {n for n, e in entries.items() if e["status"] == "ok"} == {"graph_gaps", "dataloader_sync"}
+    for n in ("collectives", "collective_tracing", "p2p_transports"):
+        assert entries[n]["status"] == "skipped" and "needs at least 2 ranks" in entries[n]["missing"][0]
+        html = (report / f"{n}.html").read_text()
+        assert "cannot run on this machine" in html and "recorded: " in html and "Traceback" not in html
+    assert "2 ran on this machine, 3 cannot run here" in (report / "index.html").read_text()
+    p = subprocess.run([sys.executable, "-m", "kit", "run", "p2p_transports", "--config", "configs/cpu-smoke.yaml",
+                        "-p", "world_size=1", "--strict", "--results-root", str(tmp_path / "s")], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 3 and "p2p_transports cannot run here" in p.stderr
