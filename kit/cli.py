@@ -84,7 +84,11 @@ def cmd_record(args) -> int:
     from . import results
 
     for d in args.runs:
-        print(f"{d} -> {results.record(d)}")
+        try:
+            print(f"{d} -> {results.record(d)}")
+        except (FileNotFoundError, FileExistsError) as e:
+            print(f"kit record: {d}: {e}", file=sys.stderr)
+            return 2
     return 0
 
 

@@ -35,7 +35,7 @@ class LaunchConfig:
 
     world_size: int = 0
     """Ranks to start. 0 = one rank per visible GPU (at least 1), or 2 ranks on a machine without CUDA."""
-    backend: str = "auto"
+    backend: typing.Literal["auto", "nccl", "gloo"] = "auto"
     """``auto`` (nccl when every rank has its own GPU, else gloo), ``nccl`` or ``gloo``."""
     env: dict[str, str] = field(default_factory=dict)
     """Environment set in every rank before any communicator exists, e.g. ``{"NCCL_ALGO": "Ring"}``."""

@@ -262,9 +262,23 @@ def check_world(name: str, cfg: LaunchConfig) -> None:
 
 
 def missing(name: str, cfg: LaunchConfig, machine: Machine | None = None) -> list[str]:
-    """What ``cfg`` of investigation ``name`` needs that this machine lacks ([] = it can run here)."""
+    """What ``cfg`` of investigation ``name`` needs that this machine lacks ([] = it can run here): more ranks
+    than GPUs for NCCL, the investigation's ``needs``, and the Config's rules that depend on the world size
+    (``check_world``: with ``world_size: 0`` the world is the machine's GPU count)."""
+    from .launch import resolve
+
     inv = get(name)
-    return list(inv.needs(cfg, machine or Machine.probe(cfg)))
+    try:
+        resolve(cfg)
+    except ConfigError as e:
+        return [str(e)]
+    reasons = list(inv.needs(cfg, machine or Machine.probe(cfg)))
+    if not reasons:
+        try:
+            check_world(name, cfg)
+        except ConfigError as e:
+            reasons = [line.strip() for line in str(e).splitlines()[1:]] or [str(e)]
+    return reasons
 
 
 class Skipped(RuntimeError):

@@ -368,6 +368,9 @@ def choose(experiment: str, this=None, analyse: Any = "auto", root: str | Path |
         this = [this]
     mine = [r.dir for r in (this or [])]
     if isinstance(analyse, (list, tuple)):
+        empty = [str(p) for p in analyse if not run_dirs(Path(p))]
+        if empty:
+            raise ValueError(f"no run directory at {', '.join(empty)} (a run directory holds meta.json / rows.csv)")
         return RunSet([Path(d) for p in analyse for d in run_dirs(Path(p))], "given")
     if analyse not in ("auto", "this", "recorded"):
         raise ValueError(f"analyse must be 'auto', 'this', 'recorded' or a list of run directories, not {analyse!r}")

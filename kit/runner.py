@@ -57,9 +57,8 @@ def default_config() -> Path:
 
 
 def resolve_params(names: list[str], config_path: Path, overrides: list[tuple[str, Any]]) -> dict[str, dict]:
-    """Validated papermill parameters per notebook. Raises one ConfigError listing every problem."""
-    from .launch import resolve
-
+    """Validated papermill parameters per notebook. Raises one ConfigError listing every problem. Whether this
+    machine can run each one is :func:`cannot_run`'s question, not a config error."""
     data = load_yaml(config_path) if config_path else {}
     problems: list[str] = []
     known = contract.names()
@@ -76,7 +75,6 @@ def resolve_params(names: list[str], config_path: Path, overrides: list[tuple[st
         mapping = {**defaults, **(data.get(name) or {}), **dict(overrides)}
         try:
             cfg, extras = validate(contract.get(name).Config, mapping, where=name, extras=NOTEBOOK_EXTRAS)
-            resolve(cfg)  # world size vs GPUs present, backend name
             extras["interactive"] = False  # batch runs never wait for widgets
             out[name] = {**asdict(cfg), **extras}
         except ConfigError as e:
@@ -87,19 +85,12 @@ def resolve_params(names: list[str], config_path: Path, overrides: list[tuple[st
 
 
 def cannot_run(names: list[str], params: dict[str, dict]) -> dict[str, list[str]]:
-    """name -> what is missing on this machine (only those that cannot run). Also config rules that need the
-    world size (``check_world``) -- they depend on the machine when ``world_size`` is 0 (all GPUs)."""
+    """name -> what is missing on this machine (only those that cannot run): kit.contract.missing, the same
+    check ``contract.execute`` makes inside the notebook, so a page announced as skipped is rendered, not failed."""
     out = {}
     for name in names:
-        inv = contract.get(name)
-        cfg = inv.config({k: v for k, v in params[name].items() if k not in NOTEBOOK_EXTRAS})
-        machine = contract.Machine.probe(cfg)
-        reasons = list(inv.needs(cfg, machine))
-        if not reasons:
-            try:
-                contract.check_world(name, cfg)
-            except ConfigError as e:
-                reasons = [str(e).split("\n", 1)[-1].strip()]
+        cfg = contract.get(name).config({k: v for k, v in params[name].items() if k not in NOTEBOOK_EXTRAS})
+        reasons = contract.missing(name, cfg)
         if reasons:
             out[name] = reasons
     return out

@@ -51,8 +51,12 @@ def per_sample(df, keys: Sequence[str], value: str = "time_us", how: str = "max"
     transfer ends when its last rank does), ``min`` = the rank that waited least (kernel durations)."""
     import pandas as pd
 
+    if df is None:
+        import pandas as pd
+
+        return pd.DataFrame(columns=list(keys) + ["sample", value])
     keys = [k for k in keys if k in df.columns] + ["sample"]
-    if df is None or df.empty or value not in df.columns or "sample" not in df.columns:
+    if df.empty or value not in df.columns or "sample" not in df.columns:
         return pd.DataFrame(columns=keys + [value])
     return df.groupby(keys, dropna=False)[value].agg(how).reset_index()
 

@@ -97,8 +97,8 @@ def test_config_is_typed():
         INV.config({"image_size": 16})
     assert INV.config({"keep_traces": ["prefetch+ddp_one_bucket"]}).keep_traces == ["prefetch+ddp_one_bucket"]
     cfg = INV.config({"world_size": 2, "backend": "gloo", "samples": 16, "batch": 32})
-    with pytest.raises(ConfigError, match="batch 32 is larger than the dataset's share per rank"):
-        contract.execute("dataloader_sync", cfg)
+    with pytest.raises(contract.Skipped, match="batch 32 is larger than the dataset's share per rank"):
+        contract.execute("dataloader_sync", cfg)  # depends on the world size, i.e. on the machine: a reason
     assert INV.needs(cfg, contract.Machine(gpus=0, world_size=1)) == []  # one rank is enough (issue 19)
 
 

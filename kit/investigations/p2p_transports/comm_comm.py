@@ -62,6 +62,8 @@ def flows_once(ctx, S, chans, flows, bufs, streams, mode) -> dict[int, float]:
     import torch
 
     main = torch.cuda.current_stream(ctx.device)
+    # Raw events, not kit.timing.PhaseTimer: every flow's completion is measured on its own stream from ONE
+    # common start event, which PhaseTimer's per-phase start/end pairs cannot express.
     start = torch.cuda.Event(enable_timing=True)
     start.record(main)
     for k in (0, 1):

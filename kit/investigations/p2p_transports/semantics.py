@@ -56,7 +56,7 @@ def _one_call(cfg, ctx, T, S, n: int, api: str, seq: int, role: str) -> dict[str
     S.barrier()
     if role == "recv" and cfg.recv_delay_ms:
         time.sleep(cfg.recv_delay_ms / 1e3)
-    if S.is_cuda:
+    if S.is_cuda:  # one event pair spans call + wait + join while host clocks split them: not PhaseTimer phases
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         e0.record()
     h0 = time.perf_counter()
