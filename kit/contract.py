@@ -295,11 +295,12 @@ def execute(name: str, cfg: LaunchConfig, **kw) -> "Run":
     from .launch import launch, launched_externally
 
     inv = get(name)
-    if not launched_externally():
-        why = missing(name, cfg)
+    if launched_externally():  # torchrun / srun chose the world already: a world-size rule is a config error
+        check_world(name, cfg)
+    else:
+        why = missing(name, cfg)  # includes the world-size rules (check_world)
         if why:
             raise Skipped(name, why)
-    check_world(name, cfg)
     run = launch(_Checked(name), cfg, name, **kw)
     if inv.after is not None and not launched_externally():
         inv.after(cfg, run)

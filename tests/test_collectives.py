@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from kit import contract, results
+from kit import contract, results, stats
 from kit.config import ConfigError
 from kit.investigations import collectives as C
 
@@ -24,7 +24,7 @@ def _run_dir(tmp_path, rows, name="r"):
 
 
 def test_sizes_and_alignment():
-    assert C.sizes(1024, 8192) == [1024, 2048, 4096, 8192]
+    assert stats.pow2_sizes(1024, 8192) == [1024, 2048, 4096, 8192]
     # 3 ranks, fp32: each part rounded down to 16 B (4 elements), as nccl-tests does
     assert C.per_rank_count(1024, 3, 4) == 84  # 1024/3/4 = 85.3 -> 85 -> 84
     assert C.per_rank_count(16, 8, 4) == 1  # never zero

@@ -172,11 +172,6 @@ def fr_table(runs):
 
 
 # ------------------------------------------------------------------------------------------------ figures
-def _says(text: str, title: str = ""):
-    """A figure that says what is missing (an analysis never raises on runs that lack its data)."""
-    return plot.message(text, title)
-
-
 def traced_vs_sweep_figure(runs):
     import matplotlib.pyplot as plt
 
@@ -185,7 +180,7 @@ def traced_vs_sweep_figure(runs):
     s = summary_table(runs)
     s = s[s["bytes"].notna() & (s["bytes"].astype(float) > 64)] if len(s) else s
     if s.empty:
-        return _says("no traced collective with a known size in these runs", runs.title)
+        return plot.message("no traced collective with a known size in these runs", runs.title)
     sw = _sweep(runs)
     colls = [c for c in ("all_reduce", "all_gather", "reduce_scatter") if c in set(s["collective"])]
     fig, axes = plt.subplots(1, len(colls), figsize=(5.2 * len(colls), 4), squeeze=False)
@@ -214,12 +209,12 @@ def timeline_figure(runs):
 
     found = traces.find_traces(runs, part="ddp")
     if not found:
-        return _says("no DDP traces kept in these runs", runs.title)
+        return plot.message("no DDP traces kept in these runs", runs.title)
     run_dir = found[0].run_dir
     ev = traces.aligned_gpu([f.path for f in found if f.run_dir == run_dir])
     k = ev[ev["cat"] == "kernel"]
     if k.empty:
-        return _says("no GPU kernels in these traces (a gloo run): open them in Perfetto for the CPU view",
+        return plot.message("no GPU kernels in these traces (a gloo run): open them in Perfetto for the CPU view",
                      runs.title)
     steps = int((results.read_meta(run_dir).get("config") or {}).get("profile_steps") or 1)
     t0 = k["ts"].min() + (k["end"].max() - k["ts"].min()) * (1 - 1 / max(steps, 1))
@@ -233,7 +228,7 @@ def overlap_figure(runs):
 
     ov = overlap_table(runs)
     if ov.empty:
-        return _says("no overlap rows: they come from CUDA kernels (a CPU/gloo run has none)", runs.title)
+        return plot.message("no overlap rows: they come from CUDA kernels (a CPU/gloo run has none)", runs.title)
     fig, ax = plt.subplots(figsize=(6, 3.5))
     p = ov.pivot_table(index=["part", "rank"], values=["exposed_us", "overlapped_us"])
     p[["exposed_us", "overlapped_us"]].plot.barh(stacked=True, ax=ax, color=["#d62728", "#2ca02c"])

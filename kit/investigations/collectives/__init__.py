@@ -38,7 +38,7 @@ from ...contract import Investigation, Needs
 from .analysis import (at_1mib_table, busbw_figure, busbw_table, findings, notes_table, rows, summarize,
                        times_table)
 from .nccl_tests import after, find_nccl_tests, parse_nccl_tests, run_nccl_tests
-from .sweep import NO_KERNEL, Config, kernel_durations, per_rank_count, run, sizes
+from .sweep import NO_KERNEL, Config, kernel_durations, per_rank_count, run
 
 INVESTIGATION = Investigation(
     name="collectives",
@@ -55,4 +55,4 @@ INVESTIGATION = Investigation(
 
 __all__ = ["Config", "INVESTIGATION", "NO_KERNEL", "after", "at_1mib_table", "busbw_figure", "busbw_table",
            "find_nccl_tests", "findings", "kernel_durations", "notes_table", "parse_nccl_tests", "per_rank_count",
-           "rows", "run", "run_nccl_tests", "sizes", "summarize", "times_table"]
+           "rows", "run", "run_nccl_tests", "summarize", "times_table"]

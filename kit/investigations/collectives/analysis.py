@@ -9,7 +9,9 @@ from __future__ import annotations
 from ... import plot, stats
 from ...collective_ops import SWEEPABLE, bus_factor
 from ...contract import Finding
-from .sweep import NO_KERNEL, _human
+from .sweep import NO_KERNEL
+
+_human = stats.human_bytes
 
 MiB = 1 << 20
 

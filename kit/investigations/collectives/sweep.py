@@ -45,14 +45,6 @@ class Config(LaunchConfig):
 
 
 # ------------------------------------------------------------------------------------------------ the sweep
-def sizes(min_bytes: int, max_bytes: int) -> list[int]:
-    out, b = [], min_bytes
-    while b <= max_bytes:
-        out.append(b)
-        b *= 2
-    return out
-
-
 def per_rank_count(nbytes: int, world: int, elem: int) -> int:
     """Elements in each rank's part, rounded down to 16-byte alignment as nccl-tests does (at least 1)."""
     align = max(16 // elem, 1)
@@ -97,13 +89,6 @@ def kernel_durations(fn, ctx, iters: int) -> list[float]:
     return (ev[ev["nccl"].astype(bool)]["dur"] / 1e6).tolist()
 
 
-def _human(n: int) -> str:
-    for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= div:
-            return f"{n / div:g} {unit}"
-    return f"{n} B"
-
-
 def _with_bw(rows: list[dict], collective: str, world: int) -> list[dict]:
     f = bus_factor(collective, world)
     for r in rows:
@@ -118,8 +103,8 @@ def run(cfg: Config, ctx):
 
     dtype = getattr(torch, cfg.dtype)
     for coll in cfg.collectives:
-        for nbytes in sizes(cfg.min_bytes, cfg.max_bytes):
-            ctx.step(f"{coll} {_human(nbytes)}")
+        for nbytes in stats.pow2_sizes(cfg.min_bytes, cfg.max_bytes):
+            ctx.step(f"{coll} {stats.human_bytes(nbytes)}")
             op, actual = _make_op(coll, nbytes, ctx, dtype)
             keys = dict(kind="sample", collective=coll, bytes=actual, dtype=cfg.dtype, world_size=ctx.world_size,
                         backend=ctx.backend, iters=cfg.iters)

@@ -17,7 +17,8 @@ import pandas as pd
 from ... import stats, traces, transports
 from ...contract import Finding
 from .bandwidth import BARE
-from .harness import human as _human
+
+_human = stats.human_bytes
 
 AT = 256 << 20  # the size the headline bandwidth is stated at
 

@@ -10,7 +10,7 @@ a bare ``dst.copy_(src)`` loop from GPU 0 to GPU 1 (rows with ``transport`` = :d
 
 from __future__ import annotations
 
-from ... import timing, transports
+from ... import stats, timing, transports
 from . import harness as H
 
 BARE = "copy_ loop"  # the reference transport name in rows
@@ -22,8 +22,8 @@ def experiment(cfg, ctx, T, S):
     pairs = [(0, 1), (1, 0)] + ([(a, b) for a in range(n_end) for b in range(n_end) if a != b] if matrix else [])
     T.setup(pairs, max(cfg.max_bytes, cfg.matrix_bytes if matrix else 0))
     for direction in cfg.directions:
-        for n in H.sizes(cfg.min_bytes, cfg.max_bytes):
-            ctx.step(f"{T.name} {direction} {H.human(n)}")
+        for n in stats.pow2_sizes(cfg.min_bytes, cfg.max_bytes):
+            ctx.step(f"{T.name} {direction} {stats.human_bytes(n)}")
             flows = [(0, 1, n)] + ([(1, 0, n)] if direction == "both" else [])
             keys = dict(transport=T.name, direction=direction, src=0, dst=1, bytes=n, iters=cfg.iters,
                         world_size=ctx.world_size, backend=ctx.backend)
@@ -42,8 +42,8 @@ def bare_copy(cfg, ctx, S):
     (``S``: an in-process :class:`~harness.Sync`; the other ranks only join its barriers)."""
     import torch
 
-    for n in H.sizes(cfg.min_bytes, cfg.max_bytes):
-        ctx.step(f"{BARE} {H.human(n)}")
+    for n in stats.pow2_sizes(cfg.min_bytes, cfg.max_bytes):
+        ctx.step(f"{BARE} {stats.human_bytes(n)}")
         if ctx.rank == 0:
             src = transports.pattern(n, torch.device("cuda", 0), 0, 0)
             dst = torch.empty(n, dtype=torch.uint8, device="cuda:1")

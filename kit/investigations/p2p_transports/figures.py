@@ -12,16 +12,11 @@ def _title(runs) -> str:
     return getattr(runs, "title", "") or ""
 
 
-def _say(runs, text: str):
-    """A figure that only states why there is nothing to draw."""
-    return plot.message(text, _title(runs))
-
-
 def _curves(runs, y: str, ylabel: str, logy: bool):
     b = A.bandwidth(runs)
     bw = b[b["kind"] == "bandwidth"] if len(b) else b
     if bw.empty:
-        return _say(runs, "no bandwidth rows in these runs")
+        return plot.message("no bandwidth rows in these runs", _title(runs))
     return plot.size_curves(bw, y=y, hue="transport", col="direction", title=_title(runs), ylabel=ylabel, logy=logy)
 
 
@@ -41,7 +36,7 @@ def comm_comm(runs):
 
     cc = A.comm_comm(runs)
     if cc.empty:
-        return _say(runs, "no comm_comm rows in these runs")
+        return plot.message("no comm_comm rows in these runs", _title(runs))
     scen = list(dict.fromkeys(cc["scenario"]))
     fig, axes = plt.subplots(1, len(scen), figsize=(6 * len(scen), 4), squeeze=False)
     for ax, s in zip(axes[0], scen):
@@ -62,7 +57,7 @@ def _panel(runs, rows, missing: str, figsize, draw):
     import matplotlib.pyplot as plt
 
     if rows.empty:
-        return _say(runs, missing)
+        return plot.message(missing, _title(runs))
     fig, ax = plt.subplots(figsize=figsize)
     draw(rows, ax)
     ax.set_title(_title(runs), fontsize=9)
@@ -87,7 +82,7 @@ def timeline(runs):
 
     shown = A.traced(runs)
     if not shown:
-        return _say(runs, "no profiler traces in these runs (CUDA transports only)")
+        return plot.message("no profiler traces in these runs (CUDA transports only)", _title(runs))
     fig, axes = plt.subplots(len(shown), 1, figsize=(11, 2.2 * len(shown)), squeeze=False)
     for ax, (t, ev) in zip(axes[:, 0], shown.items()):
         plot.timeline(ev[ev["dur"] > 0], ax=ax, title=f"{t}: one overlapped iteration")

@@ -10,7 +10,6 @@ so a receiver can check what arrived. Nothing here knows a transport's name: it 
 from __future__ import annotations
 
 from ... import timing, transports
-from ...stats import human_bytes as human, pow2_sizes as sizes  # noqa: F401 (the harness's vocabulary)
 
 
 class Sync:
