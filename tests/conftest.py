@@ -56,3 +56,18 @@ def pytest_collection_modifyitems(config, items):
         need = m.kwargs.get("gpus", 2) if m is not None else 0
         if m is not None and ngpu < need:
             item.add_marker(pytest.mark.skip(reason=f"needs {need} CUDA GPU(s)"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _trace_cache(tmp_path_factory):
+    """Every test (and the CLIs they start) reads and writes parsed-trace caches in one temporary folder: the
+    cache path is exercised everywhere, and no .kitcache/ appears beside tests/data or recorded/."""
+    import os
+
+    old = os.environ.get("KIT_TRACE_CACHE")
+    os.environ["KIT_TRACE_CACHE"] = str(tmp_path_factory.mktemp("trace-cache"))
+    yield
+    if old is None:
+        os.environ.pop("KIT_TRACE_CACHE", None)
+    else:
+        os.environ["KIT_TRACE_CACHE"] = old

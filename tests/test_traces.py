@@ -259,11 +259,11 @@ def test_no_gpu_kernels_and_no_collective_metadata(tmp_path):
 
 
 def test_merge_parses_each_file_once(monkeypatch, tmp_path):
-    from kit.traces import frames
+    from kit.traces import parse
 
     calls = []
-    real = frames.load
-    monkeypatch.setattr(frames, "load", lambda p, keep=None: calls.append(str(p)) or real(p, keep=keep))
+    real = parse.read_bytes
+    monkeypatch.setattr(parse, "read_bytes", lambda p: calls.append(str(p)) or real(p))
     tp = [DATA / "tp_rank0.json.gz", DATA / "tp_rank1.json.gz"]
     info = traces.merge(tp, tmp_path / "m.json.gz")
     assert sorted(calls) == sorted(map(str, tp)) and info["ranks"] == [0, 1]

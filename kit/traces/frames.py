@@ -32,7 +32,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Mapping
 
-from .parse import load
+
+from .parse import args, args_type, names
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -47,7 +48,6 @@ GPU_COLUMNS = ("name", "cat", "device", "stream", "ts", "dur", "end", "nccl", "c
 CPU_COLUMNS = ("name", "cat", "pid", "tid", "ts", "dur", "end", "correlation", "external_id", "collective",
                "in_nelems", "out_nelems", "group_size", "dtype", "pg_name", "pg_desc", "pg_ranks", "seq",
                "input_dims", "input_type")
-_FLOAT = ("ts", "dur", "end")
 
 _NCCL = re.compile(r"(^|_Z\d+)nccl(Dev)?Kernel", re.IGNORECASE)
 COMM_OPS = re.compile(r"^(gloo:|nccl:|c10d::|record_param_comms$)")
@@ -198,104 +198,217 @@ class Trace:
                 "nccl_kernels": int(k["nccl"].sum()), "gloo_ops": int(gloo.sum())}
 
 
-class _Counting:
-    """A keep predicate that counts every event it is asked about (the file's event count)."""
-
-    def __init__(self, keep: Callable[[dict], bool]):
-        self.keep, self.n = keep, 0
-
-    def reset(self) -> None:
-        self.n = 0
-
-    def __call__(self, e: dict) -> bool:
-        self.n += 1
-        return self.keep(e)
+def raw_arg_keys() -> tuple[str, ...]:
+    """Every raw ``args`` key some adapter declares: the only ``args`` keys the decoder materialises."""
+    return tuple(sorted({k for a in ADAPTERS for k in a.args}))
 
 
-def keep_predicate(cpu: CpuMode = "default") -> Callable[[dict], bool]:
-    """The events :func:`load_trace` keeps: GPU activity, plus the CPU events ``cpu`` asks for."""
-    gpu = _raw_cats(GPU_CATS)
-    runtime = _raw_cats(("cuda_runtime", "cuda_driver"))
-    annot = _raw_cats(("user_annotation",))
-    cpu_cats = _raw_cats(CPU_CATS)
-
-    def keep(e: dict) -> bool:
-        c = e.get("cat")
-        if c in gpu:
-            return True
-        if cpu == "none" or e.get("ph") != "X":
-            return False
-        if cpu == "all":
-            return c is not None
-        if cpu == "comm":
-            return c in annot and str(e.get("name", "")).startswith(("gloo:", "nccl:"))
-        return c in runtime or c in annot or (c in cpu_cats and bool(COMM_OPS.match(str(e.get("name", "")))))
-
-    return keep
+def _cpu_filter(cpu: CpuMode) -> Callable[[str, str], bool]:
+    """``keep(frame_cat, name)`` for CPU events under ``cpu`` (GPU activity is always kept)."""
+    if cpu == "none":
+        return lambda c, n: False
+    if cpu == "all":
+        return lambda c, n: True
+    if cpu == "comm":
+        return lambda c, n: c == "user_annotation" and n.startswith(("gloo:", "nccl:"))
+    return lambda c, n: c != "cpu_op" or bool(COMM_OPS.match(n))
 
 
 def load_trace(path: str | Path, *, cpu: CpuMode = "default", raw: bool = False,
-               adapter: Adapter | None = None) -> Trace:
+               adapter: Adapter | None = None, cache: bool | None = None) -> Trace:
     """Parse one trace file once into a :class:`Trace`. Raises :class:`~kit.traces.TraceError` for a missing,
     truncated or foreign file.
 
     ``cpu``: which CPU events the ``cpu`` frame holds -- ``"default"`` (annotations, runtime/driver calls,
     c10d ops and ``record_param_comms``), ``"comm"`` (only the ``gloo:``/``nccl:`` collective annotations: what
-    ``collectives`` needs), ``"none"``, ``"all"`` (every CPU op; memory grows with the trace). Events not kept
-    are never held in memory.
-    ``raw``: also keep the raw kept events (``Trace.events``) -- with ``cpu="all"``, every event.
+    ``collectives`` needs), ``"none"``, ``"all"`` (every CPU op; memory grows with the trace).
+    ``raw``: also keep the raw events as dicts (``Trace.events``; every event with ``cpu="all"``, else the
+    ones the frames hold) -- decoded as plain dicts (slower, all in memory), never cached.
     ``adapter``: force one instead of detecting it from the header.
+    ``cache``: read/write the parsed frames in the trace cache (:mod:`kit.traces.cache`); None = the default
+    (on, unless ``KIT_TRACE_CACHE=0``).
     """
-    keep = _Counting(keep_predicate(cpu))
-    data = load(path, keep=keep if not (raw and cpu == "all") else None)
-    n = keep.n if (not raw or cpu != "all") else len(data["traceEvents"])
-    return from_dict(data, path=Path(path), adapter=adapter, raw=raw, n_events=n)
+    from . import cache as _cache
+    from .parse import decode, load
+
+    p = Path(path)
+    use_cache = not raw and _cache.enabled(cache)
+    if use_cache:
+        hit = _cache.read(p, cpu, adapter)
+        if hit is not None:
+            return hit
+    if raw:  # one generic decode: the dicts are kept, the frames built from them
+        data = load(p)
+        n = len(data["traceEvents"])
+        if cpu != "all":
+            keep = keep_predicate(cpu)
+            data["traceEvents"] = [e for e in data["traceEvents"] if keep(e)]
+        return from_dict(data, path=p, adapter=adapter, raw=True, n_events=n, cpu=cpu)
+    header, chunks = decode(p)
+    t = _build(header, chunks, path=p, adapter=adapter, cpu=cpu)
+    if use_cache:
+        _cache.write(p, cpu, adapter, t)
+    return t
+
+
+def keep_predicate(cpu: CpuMode = "default") -> Callable[[dict], bool]:
+    """The raw event dicts a Trace of this ``cpu`` mode holds (for ``raw=True``)."""
+    cats = {raw: c for a in ADAPTERS for raw, c in a.cats.items()}
+    keep_cpu = _cpu_filter(cpu)
+
+    def keep(e: dict) -> bool:
+        c = cats.get(e.get("cat"))
+        if c is None or e.get("ph") != "X":
+            return False
+        return c in GPU_CATS or keep_cpu(c, str(e.get("name", "")))
+
+    return keep
 
 
 def from_dict(data: Mapping[str, Any], path: Path | None = None, adapter: Adapter | None = None,
-              raw: bool = False, n_events: int | None = None) -> Trace:
-    """A :class:`Trace` from an already decoded ``{"traceEvents": [...], ...}`` (every event is used)."""
+              raw: bool = False, n_events: int | None = None, cpu: CpuMode = "all") -> Trace:
+    """A :class:`Trace` from an already decoded ``{"traceEvents": [...], ...}`` (``cpu="all"``: every CPU
+    event is used)."""
+    import msgspec
+
+    from .parse import Event, TraceError
+
     header = {k: v for k, v in data.items() if k != "traceEvents"}
+    try:  # back to JSON and decoded as the file would be: one path for files and dicts
+        events = msgspec.json.decode(msgspec.json.encode(list(data.get("traceEvents") or [])), type=list[Event])
+    except (msgspec.ValidationError, msgspec.EncodeError) as e:
+        raise TraceError(f"{path or '(trace)'}: not a PyTorch profiler trace (traceEvents: {e})") from None
+    t = _build(header, [events], path=path, adapter=adapter, cpu=cpu)
+    if n_events is not None:
+        t.info = replace(t.info, events=n_events)
+    if raw:
+        t.events = list(data.get("traceEvents") or [])
+    return t
+
+
+def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: Adapter | None,
+           cpu: CpuMode) -> Trace:
+    """Frames from decoded events, chunk by chunk (:func:`kit.traces.parse.decode`): in each chunk two list
+    comprehensions pick the GPU and the kept CPU events, their names and args are decoded in one call each
+    (:func:`kit.traces.parse.names`/``args``), and every column grows by one comprehension -- no per-event
+    dict or row tuple, and a chunk's events are dropped before the next is decoded."""
     ad = adapter or adapter_for(header)
-    events = data.get("traceEvents") or []
-    arg_gpu = [c for c in GPU_COLUMNS if c in ARG_COLUMNS and c not in ("device", "stream")]
-    arg_cpu = [c for c in CPU_COLUMNS if c in ARG_COLUMNS]
-    gpu_rows, cpu_rows = [], []
-    for e in events:
-        if e.get("ph") != "X":
-            continue
-        cat = ad.cats.get(e.get("cat"))
-        if cat is None:
-            continue
-        a = e.get("args") or {}
-        name = e.get("name", "")
-        ts, dur = float(e.get("ts", 0) or 0), float(e.get("dur", 0) or 0)
-        if cat in GPU_CATS:
-            dev, stream = ad.columns(a, ("device", "stream"))
-            gpu_rows.append((name, cat, e.get("pid") if dev is None else dev, e.get("tid") if stream is None else stream,
-                             ts, dur, ts + dur, cat == "kernel" and is_nccl_kernel(name), *ad.columns(a, arg_gpu)))
-        else:
-            cpu_rows.append((name, cat, e.get("pid"), e.get("tid"), ts, dur, ts + dur, *ad.columns(a, arg_cpu)))
-    gpu = _frame(gpu_rows, ("name", "cat", "device", "stream", "ts", "dur", "end", "nccl", *arg_gpu), GPU_COLUMNS)
-    cpu = _frame(cpu_rows, ("name", "cat", "pid", "tid", "ts", "dur", "end", *arg_cpu), CPU_COLUMNS)
+    keys = raw_arg_keys()
+    _, attr = args_type(keys)
+    raw_of = lambda *cs: {r for r, c in ad.cats.items() if c in cs}  # noqa: E731
+    gpu_raw = raw_of(*GPU_CATS)
+    whole = {"none": set(), "all": raw_of(*CPU_CATS), "comm": set(),
+             "default": raw_of("user_annotation", "cuda_runtime", "cuda_driver")}[cpu]
+    by_name = {"comm": raw_of("user_annotation"), "default": raw_of("cpu_op")}.get(cpu, set())
+    """CPU events kept whole, and those kept only when their name says so (decoded only for these)"""
+    keep_cpu = _cpu_filter(cpu)
+    by_col = ad._by_col  # type: ignore[attr-defined]
+    cols_of = {c: tuple(attr[r] for r in by_col.get(c, ())) for c in ARG_COLUMNS}
+    g_cols = [c for c in GPU_COLUMNS if c in ARG_COLUMNS and c not in ("device", "stream")]
+    c_cols = [c for c in CPU_COLUMNS if c in ARG_COLUMNS]
+    g: dict[str, list] = {c: [] for c in ("name", "cat", "ts", "dur", "device", "stream", *g_cols)}
+    cc: dict[str, list] = {c: [] for c in ("name", "cat", "ts", "dur", "pid", "tid", *c_cols)}
+
+    def arg(a: list, col: str) -> list:
+        ns = cols_of[col]
+        if not ns:
+            return [None] * len(a)
+        if len(ns) == 1:
+            n = ns[0]
+            return [None if x is None else getattr(x, n) for x in a]
+        out = []
+        for x in a:
+            v = None
+            if x is not None:
+                for n in ns:
+                    v = getattr(x, n)
+                    if v is not None:
+                        break
+            out.append(v)
+        return out
+
+    def add(into: dict[str, list], evs: list, nm: list) -> list:
+        into["name"] += nm
+        into["cat"] += [ad.cats[e.cat] for e in evs]
+        into["ts"] += [e.ts for e in evs]
+        into["dur"] += [e.dur for e in evs]
+        return args(evs, keys)
+
+    n_events = 0
+    for events in chunks:
+        n_events += len(events)
+        g_ev = [e for e in events if e.cat in gpu_raw and e.ph == "X"]
+        a = add(g, g_ev, names(g_ev))
+        g["device"] += [e.pid if d is None else d for e, d in zip(g_ev, arg(a, "device"))]
+        g["stream"] += [e.tid if s is None else s for e, s in zip(g_ev, arg(a, "stream"))]
+        for c in g_cols:
+            g[c] += arg(a, c)
+        c_ev = [e for e in events if e.cat in whole and e.ph == "X"]
+        c_names = names(c_ev)
+        if by_name:
+            cand = [e for e in events if e.cat in by_name and e.ph == "X"]
+            sel = [(e, n) for e, n in zip(cand, names(cand)) if keep_cpu(ad.cats[e.cat], n)]
+            c_ev += [e for e, _ in sel]
+            c_names += [n for _, n in sel]
+        a = add(cc, c_ev, c_names)
+        cc["pid"] += [e.pid for e in c_ev]
+        cc["tid"] += [e.tid for e in c_ev]
+        for c in c_cols:
+            cc[c] += arg(a, c)
+        del events, g_ev, c_ev, a
+    cpu_df = _frame(cc, CPU_COLUMNS)
+    if by_name and len(cpu_df):  # the name-selected events were appended: back to time order
+        cpu_df = cpu_df.sort_values("ts", kind="stable", ignore_index=True)
+    return Trace(path=path, gpu=_frame(g, GPU_COLUMNS), cpu=cpu_df,
+                 info=trace_info(header, ad, n_events), adapter=ad.name, header=header)
+
+
+def trace_info(header: Mapping[str, Any], ad: Adapter, events: int) -> TraceInfo:
+    """The header's distributed info through the adapter's declared keys."""
     d = header.get(ad.info_key) or {}
     fields = {f: d.get(raw_key) for raw_key, f in ad.info.items()}
     fields["pg_config"] = tuple(fields.get("pg_config") or ())
-    info = TraceInfo(**fields, events=len(events) if n_events is None else n_events)
-    return Trace(path=path, gpu=gpu, cpu=cpu, info=info, adapter=ad.name, header=header,
-                 events=list(events) if raw else None)
+    return TraceInfo(**fields, events=events)
 
 
-def _frame(rows: list[tuple], built: tuple[str, ...], columns: tuple[str, ...]) -> "pd.DataFrame":
+INT_COLUMNS = ("device", "stream", "pid", "tid")
+"""int64 when every value is an integer (Kineto: always, for GPU events), else left as they are"""
+NUM_COLUMNS = ("correlation", "external_id", "in_nelems", "out_nelems", "group_size", "seq")
+"""float64, NaN where the event has none: ids and counts below 2**53 are exact"""
+CATEGORY_COLUMNS = ("name", "cat")
+"""categorical: half a million kernel/op names are a few thousand distinct strings"""
+
+
+def _frame(cols: dict[str, list], columns: tuple[str, ...]) -> "pd.DataFrame":
+    """A frame with narrow dtypes (:data:`INT_COLUMNS`, :data:`NUM_COLUMNS`, :data:`CATEGORY_COLUMNS`); string
+    metadata (collective, dtype, process group) stays object: mostly None, and code compares and fills it
+    like strings."""
+    import numpy as np
     import pandas as pd
 
-    df = pd.DataFrame.from_records(rows, columns=list(built)) if rows else pd.DataFrame(columns=list(built))
-    df = df.reindex(columns=list(columns))
-    for c in _FLOAT:
-        df[c] = df[c].astype(float)
-    if "nccl" in df.columns:
-        df["nccl"] = df["nccl"].astype(bool)
-    return df
+    n = len(cols["name"])
+    out: dict[str, Any] = {}
+    for c in columns:
+        v = cols.get(c)
+        if c == "end":
+            continue
+        if c in ("ts", "dur"):
+            out[c] = np.array([0.0 if x is None else x for x in v], dtype=np.float64)
+        elif c == "nccl":  # decided once per distinct name, not per kernel
+            cats = pd.Categorical(cols["name"])
+            is_nccl = np.array([is_nccl_kernel(x) for x in cats.categories], dtype=bool)
+            out[c] = (is_nccl[cats.codes] if n else np.zeros(0, dtype=bool)) & (np.array(cols["cat"]) == "kernel")
+        elif c in CATEGORY_COLUMNS:
+            out[c] = pd.Categorical([x if isinstance(x, str) else ("" if x is None else str(x)) for x in v])
+        elif c in NUM_COLUMNS:
+            out[c] = pd.to_numeric(pd.Series(v, dtype=object), errors="coerce").astype(np.float64)
+        elif c in INT_COLUMNS and n and all(type(x) is int for x in v):
+            out[c] = np.array(v, dtype=np.int64)
+        else:
+            out[c] = pd.Series(v, dtype=object)
+    df = pd.DataFrame(out, index=pd.RangeIndex(n))
+    df["end"] = df["ts"] + df["dur"]
+    return df[list(columns)]
 
 
 def gpu_events(trace: Mapping[str, Any] | Trace) -> "pd.DataFrame":

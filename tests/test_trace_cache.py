@@ -1,0 +1,147 @@
+"""The trace layer's decoding and cache (issue 18 items 1-3): msgspec decoding into narrow frames, the Parquet
+cache beside the trace -- hit, stale, corrupt, bypassed, unwritable folder -- on real 2xH200 traces."""
+
+import gzip
+import os
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from kit import traces
+from kit.traces import cache, parse
+
+DATA = Path(__file__).parent / "data"
+TP0 = DATA / "tp_rank0.json.gz"
+
+
+@pytest.fixture
+def trace(tmp_path, monkeypatch):
+    """A private copy of a real trace and a cache that lives beside it (the default location)."""
+    monkeypatch.delenv("KIT_TRACE_CACHE", raising=False)
+    p = tmp_path / "run" / TP0.name
+    p.parent.mkdir()
+    shutil.copy(TP0, p)
+    return p
+
+
+def _reads(monkeypatch) -> list[str]:
+    calls: list[str] = []
+    real = parse.read_bytes
+    monkeypatch.setattr(parse, "read_bytes", lambda p: calls.append(str(p)) or real(p))
+    return calls
+
+
+def test_second_open_comes_from_the_cache_and_equals_the_parse(trace, monkeypatch):
+    calls = _reads(monkeypatch)
+    a = traces.load_trace(trace)
+    assert cache.entry(trace) == trace.parent / ".kitcache" / f"{trace.name}.default.gpu.parquet"
+    b = traces.load_trace(trace)
+    assert calls == [str(trace)]  # parsed once
+    for x, y in ((a.gpu, b.gpu), (a.cpu, b.cpu)):
+        pd.testing.assert_frame_equal(x, y)
+    assert a.info == b.info and a.header == b.header and a.adapter == b.adapter
+    # the analyses give the same answers from the cache
+    assert traces.gap_summary(traces.gaps(a.gpu)) == traces.gap_summary(traces.gaps(b.gpu))
+    pd.testing.assert_frame_equal(a.collectives, b.collectives)
+
+
+def test_each_cpu_mode_has_its_own_entry(trace, monkeypatch):
+    calls = _reads(monkeypatch)
+    n = traces.load_trace(trace, cpu="none")
+    d = traces.load_trace(trace, cpu="default")
+    assert len(calls) == 2 and n.cpu.empty and len(d.cpu) > 0
+    traces.load_trace(trace, cpu="none")
+    assert len(calls) == 2
+
+
+def test_a_rewritten_trace_is_parsed_again(trace, monkeypatch):
+    calls = _reads(monkeypatch)
+    traces.load_trace(trace, cpu="none")
+    # same size, new content and mtime: the key (size, mtime, hash of both ends) no longer matches
+    data = gzip.decompress(trace.read_bytes()).replace(b'"ph": "X"', b'"ph":  "X"', 1)
+    trace.write_bytes(gzip.compress(data))
+    st = trace.stat()
+    os.utime(trace, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    traces.load_trace(trace, cpu="none")
+    assert len(calls) == 2
+
+
+def test_a_corrupt_cache_is_rebuilt_never_trusted(trace, monkeypatch):
+    calls = _reads(monkeypatch)
+    a = traces.load_trace(trace, cpu="none")
+    g = cache.entry(trace, "none")
+    g.write_bytes(g.read_bytes()[: len(g.read_bytes()) // 2])  # truncated
+    b = traces.load_trace(trace, cpu="none")
+    assert len(calls) == 2
+    pd.testing.assert_frame_equal(a.gpu, b.gpu)
+    g.write_bytes(b"not parquet at all")
+    traces.load_trace(trace, cpu="none")
+    assert len(calls) == 3 and cache.entry(trace, "none").read_bytes()[:4] == b"PAR1"
+
+
+def test_bypass_and_off_switch(trace, monkeypatch):
+    calls = _reads(monkeypatch)
+    traces.load_trace(trace, cache=False)
+    assert cache.entry(trace) is None
+    monkeypatch.setenv("KIT_TRACE_CACHE", "0")
+    traces.load_trace(trace)
+    traces.load_trace(trace)
+    assert len(calls) == 3 and cache.entry(trace) is None
+
+
+def test_unwritable_folder_falls_back_to_the_user_cache(trace, monkeypatch, tmp_path):
+    if os.geteuid() == 0:  # root writes anywhere: simulate the folder being unwritable
+        real_mkdir = Path.mkdir
+
+        def mkdir(self, *a, **k):
+            if self.name == ".kitcache":
+                raise PermissionError(13, "Permission denied", str(self))
+            return real_mkdir(self, *a, **k)
+
+        monkeypatch.setattr(Path, "mkdir", mkdir)
+    else:
+        trace.parent.chmod(0o555)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    try:
+        calls = _reads(monkeypatch)
+        traces.load_trace(trace, cpu="none")
+        traces.load_trace(trace, cpu="none")
+        assert len(calls) == 1
+        assert str(cache.entry(trace, "none")).startswith(str(tmp_path / "xdg" / "kit" / "traces"))
+    finally:
+        trace.parent.chmod(0o755)
+
+
+def test_frames_are_narrow_and_keep_sub_microsecond_times():
+    t = traces.load_trace(TP0, cache=False)
+    assert isinstance(t.gpu["name"].dtype, pd.CategoricalDtype) and isinstance(t.cpu["name"].dtype, pd.CategoricalDtype)
+    assert t.gpu["device"].dtype == "int64" and t.gpu["stream"].dtype == "int64"
+    assert t.gpu["correlation"].dtype == "float64" and t.gpu["ts"].dtype == "float64"
+    # Kineto writes ns-resolution timestamps (us with 3 decimals); nothing is rounded to whole us (HTA does)
+    assert (t.gpu["ts"] % 1 != 0).mean() > 0.5
+    g = traces.gaps(t.gpu)
+    assert (g["gap_us"] % 1 != 0).any()
+
+
+def test_only_the_declared_args_keys_are_decoded():
+    keys = traces.frames.raw_arg_keys()
+    assert "External id" in keys and "Collective name" in keys and "Input Strides" not in keys
+    a, attr = parse.args_type(keys)
+    assert set(attr) == set(keys) and len(a.__struct_fields__) == len(keys)
+
+
+def test_chunked_decoding_gives_the_same_frames(monkeypatch):
+    whole = traces.load_trace(TP0, cache=False)
+    monkeypatch.setattr(parse, "CHUNK", 7)  # many chunks, one ragged
+    monkeypatch.setattr(parse.decode, "__defaults__", (7,))
+    pieces = traces.load_trace(TP0, cache=False)
+    pd.testing.assert_frame_equal(whole.gpu, pieces.gpu)
+    pd.testing.assert_frame_equal(whole.cpu, pieces.cpu)
+    assert whole.info == pieces.info
+
+
+def test_no_hand_written_scanner_left():
+    src = "".join(p.read_text() for p in (Path(traces.__file__).parent).glob("*.py"))
+    assert "raw_decode" not in src and "JSONDecoder" not in src and "import json\n" not in parse.__loader__.get_source("kit.traces.parse")
