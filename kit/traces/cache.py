@@ -24,9 +24,11 @@ rather than Arrow IPC: compressed (a 100 MB trace's frames are a few MB), and re
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import tempfile
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,9 +45,18 @@ _EDGE = 1 << 20
 
 def enabled(flag: bool | None = None) -> bool:
     """Whether a call uses the cache: ``flag`` when given, else on unless ``KIT_TRACE_CACHE`` is 0/off/no."""
-    if flag is not None:
-        return flag
+    if flag is False or not _have_pyarrow():
+        return False
+    if flag:
+        return True
     return os.environ.get("KIT_TRACE_CACHE", "1").strip().lower() not in ("0", "off", "no", "false")
+
+
+@lru_cache(maxsize=1)
+def _have_pyarrow() -> bool:
+    """pyarrow is a dependency of kit; on a node where kit runs from a checkout without it (PYTHONPATH only),
+    traces are parsed every time instead of failing."""
+    return importlib.util.find_spec("pyarrow") is not None
 
 
 def key(path: Path, cpu: str, adapter: "Adapter | None") -> str:
