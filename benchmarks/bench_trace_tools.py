@@ -1,82 +1,306 @@
-"""`kit trace gaps`, `kit trace collectives` and `kit.traces.load_trace` (every frame, default CPU events) on a
-100 MB trace.
+"""The trace tools at the size of a real job (issue 18): 1 x 100 MB, 2 x 100 MB and 64 ranks x 100 MB of rank
+traces; wall time and peak RSS of every process; a 2-worker Dask ``LocalCluster`` against ``--workers 1``; and
+HolisticTraceAnalysis (HTA) on the same files in the same run, with the ratio.
 
-Targets: each under 10 s; `kit trace collectives` and `load_trace` under 2 GB of memory (peak RSS of the
-process).
-The trace is built from a real 2xH200 tensor-parallel trace (tests/data/tp_rank0.json.gz): its events are
-repeated, shifted in time, until the file is 100 MB -- the same mix of CPU ops, runtime calls and kernels as
-a real profile, at the size of a long one.
+**The traces** are built from a real 2xH200 tensor-parallel job (tests/data/tp_rank0/1.json.gz): rank r is
+``tp_rank{r % 2}``'s events repeated, each repetition shifted by the trace's span, until the file is ``--mb``
+MB -- the same mix of CPU ops, runtime calls and kernels as a real profile, at the size of a long one. Every
+rank gets the same number of repetitions (so the ranks' collectives match one for one), its own
+``distributedInfo`` rank and world size, and its own clock: rank r's timestamps are shifted by r x 1000.25 us,
+the skew ``kit trace merge`` removes. Files are written as plain ``.json`` (the generator is ~10x faster
+than through gzip, and a reader of ``.json.gz`` pays the same decode plus a decompression), under
+``--workdir`` (default ``/tmp/kit-bench-traces``) and reused by the next run when the size and the source
+traces are the same (64 x 100 MB takes a few minutes to write).
 
-    python benchmarks/bench_trace_tools.py [--mb 100]
+**Measured** (each command in a fresh process; ``--no-cache``, so every trace is parsed, except the
+re-open row): ``kit trace gaps`` on 1 rank, ``kit.traces.load_trace`` re-opened from the trace cache, ``kit
+trace gaps`` and ``kit trace collectives`` on 2 ranks, ``kit trace collectives`` on 64 ranks with the default
+workers (the machine's cores), with ``--workers 1`` and with ``--scheduler`` on a 2-worker
+``distributed.LocalCluster`` (its JSON output asserted identical to ``--workers 1``), and ``kit doctor`` on 64
+ranks when the doctor exists. Peak RSS: every process of the run (the command, its worker processes, the Dask
+workers) is sampled every 20 ms with psutil; the table gives the largest single process.
+
+**HTA** (``--hta-python PATH``: an interpreter where ``import hta`` works; HTA 0.5.0 crashes on these traces
+with pandas 3, so ``python3 -m venv /tmp/hta-venv && /tmp/hta-venv/bin/pip install holistictraceanalysis
+'pandas<3'``): ``TraceAnalysis(trace_dir=D)`` (parses every rank trace in D) followed by
+``get_idle_time_breakdown()`` -- HTA's analysis of idle GPU time, the counterpart of ``kit trace gaps``
+(HTA has no per-kernel gap statistic; its idle time breakdown needs the same parse and the same pass over
+each kernel's predecessor). On 1 rank it is compared with ``kit trace gaps``; on 2 ranks with ``kit trace
+gaps`` and ``kit trace collectives`` on the same 2 files.
+
+    python benchmarks/bench_trace_tools.py [--mb 100] [--ranks 64] [--workdir DIR] [--hta-python PATH]
+                                           [--skip-job]   # only the 1- and 2-rank rows
+
+Prints a markdown table (for the README) and the targets of issue 18 with PASS/FAIL; exit 1 when a target
+fails.
 """
+
+from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import json
+import os
+import platform
+import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGET_S, TARGET_MB = 10.0, 2048
+SOURCES = [ROOT / "tests/data/tp_rank0.json.gz", ROOT / "tests/data/tp_rank1.json.gz"]
+FORMAT = 2
+"""bump when the generated files change: the next run rewrites them"""
+SKEW_US = 1000.25
+"""rank r's clock runs r x SKEW_US ahead: what merge's clock offsets must find"""
 
 
-def build(path: Path, mb: int) -> None:
-    src = json.loads(gzip.decompress((ROOT / "tests/data/tp_rank0.json.gz").read_bytes()))
-    base = src["traceEvents"]
-    span = max(e.get("ts", 0) + e.get("dur", 0) for e in base) - min(e.get("ts", 0) for e in base if "ts" in e)
-    head = {k: v for k, v in src.items() if k != "traceEvents"}
-    with open(path, "w") as f:
-        f.write('{\n  "traceEvents": [\n')
-        first, k = True, 0
-        while f.tell() < mb * 2**20:
-            for e in base:
-                e2 = dict(e)
-                if "ts" in e2:
-                    e2["ts"] = e2["ts"] + k * (span + 100)
-                f.write(("" if first else ",\n") + "  " + json.dumps(e2))
-                first = False
-            k += 1
-        f.write("\n  ],\n" + json.dumps(head)[1:-1] + "\n}\n")
+# ------------------------------------------------------------------------------------------------ traces
+def make_job(out_dir: str | Path, ranks: int, mb: float | None = None, reps: int | None = None,
+             suffix: str = ".json", skew_us: float = SKEW_US, first: int | None = None) -> list[Path]:
+    """Write the rank traces ``trace_job=bench_rank<r><suffix>`` of a ``ranks``-rank job into ``out_dir`` (see
+    the module docstring): ``reps`` repetitions of the source events, or as many as make rank 0 ``mb`` MB;
+    ``first``: only the first this many ranks. Existing files written with the same parameters are kept (a
+    stamp file records them). Returns the paths by rank."""
+    import msgspec
+
+    encode = msgspec.json.Encoder().encode
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    src = [json.loads(gzip.decompress(p.read_bytes())) for p in SOURCES]
+    base0 = src[0]["traceEvents"]
+    span = max(e.get("ts", 0) + e.get("dur", 0) for e in base0) - min(e["ts"] for e in base0 if "ts" in e) + 100
+    if reps is None:
+        one = len(msgspec.json.encode(base0))
+        reps = max(1, round((mb or 1) * 2**20 / one))
+    stamp = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) +
+                           f"{FORMAT}|{reps}|{skew_us}|{suffix}|{ranks}".encode()).hexdigest()[:16]
+    paths = [out / f"trace_job=bench_rank{r}{suffix}" for r in range(ranks if first is None else first)]
+    stamps = out / ".stamps.json"
+    have = json.loads(stamps.read_text()) if stamps.exists() else {}
+    for f in out.glob(f"trace_job=bench_rank*{suffix}"):  # ranks of a larger job written before
+        if f not in paths and first is None:
+            f.unlink()
+    for r, path in enumerate(paths):
+        if have.get(path.name) == stamp and path.exists():
+            continue
+        s = src[r % 2]
+        head = {k: v for k, v in s.items() if k != "traceEvents"}
+        head["distributedInfo"] = {**head.get("distributedInfo", {}), "rank": r, "world_size": ranks}
+        events = s["traceEvents"]
+        timed = [i for i, e in enumerate(events) if "ts" in e]
+        opener = gzip.open if suffix.endswith(".gz") else open
+        with opener(path, "wb") as f:  # laid out as Kineto writes: header first, '"rank": r', an event a line
+            f.write(b"{\n" + json.dumps(head, indent=1)[2:-2].encode() + b',\n "traceEvents": [\n')
+            for k in range(reps):
+                shift = k * span + r * skew_us
+                rep = [dict(e) for e in events]
+                for i in timed:
+                    rep[i]["ts"] = events[i]["ts"] + shift
+                f.write((b",\n" if k else b"") + b",\n".join(map(encode, rep)))
+            f.write(b"\n ]\n}\n")
+        have[path.name] = stamp
+        stamps.write_text(json.dumps(have))
+    return paths
 
 
-def timed(args) -> tuple[float, float, int]:
-    """Seconds, peak RSS (MB) and exit code of ``kit <args>`` -- or, for ``["load_trace", path]``, of
-    ``kit.traces.load_trace(path)`` -- in a fresh process."""
-    run = ("from kit import traces; traces.load_trace(sys.argv[2])" if args[0] == "load_trace"
-           else "sys.argv = ['kit'] + sys.argv[1:]; runpy.run_module('kit', run_name='__main__')")
+# ------------------------------------------------------------------------------------------------ measuring
+class TreeRSS:
+    """Peak RSS of every descendant process of this one (commands, their workers, Dask workers), sampled
+    every ``interval`` s with psutil while running."""
+
+    def __init__(self, interval: float = 0.02):
+        import psutil
+
+        self.me, self.interval = psutil.Process(), interval
+        self.peak: dict[int, tuple[float, str]] = {}
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import psutil
+
+        while not self._stop.is_set():
+            for p in self.me.children(recursive=True):
+                try:
+                    rss = p.memory_info().rss / 2**20
+                    if rss > self.peak.get(p.pid, (0, ""))[0]:
+                        self.peak[p.pid] = (rss, " ".join(p.cmdline()[1:4])[:60])
+                except psutil.Error:
+                    pass
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> "TreeRSS":
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._t.join()
+
+    @property
+    def max_mb(self) -> float:
+        return max((v for v, _ in self.peak.values()), default=float("nan"))
+
+
+@dataclass
+class Row:
+    what: str
+    ranks: int
+    mb_per_rank: float
+    wall_s: float
+    peak_mb: float
+    processes: int
+    rc: int
+    out: str = ""
+
+
+def run(what: str, cmd: list[str], ranks: int, mb: float, stdout: Path | None = None, env=None) -> Row:
+    """Run ``cmd`` in a fresh process; wall time, the largest peak RSS of its process tree (and of any other
+    descendant of the benchmark alive meanwhile, e.g. Dask workers)."""
     t = time.perf_counter()
-    p = subprocess.run([sys.executable, "-c",
-                        "import resource, sys, runpy\n"
-                        f"try:\n    {run}\n"
-                        "finally:\n    print('MAXRSS_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)",
-                        *args], cwd=ROOT, capture_output=True, text=True)
+    with TreeRSS() as rss, open(stdout or os.devnull, "w") as out:
+        p = subprocess.run(cmd, cwd=ROOT, stdout=out, stderr=subprocess.PIPE, text=True,
+                           env={**os.environ, **(env or {})})
     dt = time.perf_counter() - t
-    rss = [int(l.split()[1]) for l in p.stderr.splitlines() if l.startswith("MAXRSS_KB")]
-    return dt, (rss[0] / 1024 if rss else float("nan")), p.returncode
+    if p.returncode not in (0, 3):
+        print(f"  {what}: exit {p.returncode}: {p.stderr.strip()[-600:]}", file=sys.stderr)
+    row = Row(what, ranks, mb, dt, rss.max_mb, len(rss.peak), p.returncode, p.stderr.strip()[-300:])
+    print(f"  {what:<48} {ranks:>3} x {mb:>4.0f} MB  {dt:7.2f} s  peak {row.peak_mb:7.0f} MB "
+          f"({row.processes} processes)  rc {p.returncode}", flush=True)
+    return row
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--mb", type=int, default=100)
+KIT = [sys.executable, "-m", "kit"]
+HTA = """
+import sys, time
+from hta.trace_analysis import TraceAnalysis
+t = time.perf_counter()
+a = TraceAnalysis(trace_dir=sys.argv[1])
+t1 = time.perf_counter()
+a.get_idle_time_breakdown(visualize=False)
+print(f"parse {t1 - t:.2f} s, idle time breakdown {time.perf_counter() - t1:.2f} s")
+"""
+REOPEN = """
+import sys, time
+from kit.traces import load_trace
+load_trace(sys.argv[1], cpu="none")  # parses, writes the cache (or finds it)
+t = time.perf_counter()
+load_trace(sys.argv[1], cpu="none")
+print(f"{time.perf_counter() - t:.3f}")
+"""
+
+
+def linked_dir(d: Path, files: list[Path]) -> Path:
+    """A directory holding exactly ``files`` (symlinks): HTA reads every trace of a directory."""
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    for f in files:
+        (d / f.name).symlink_to(f.resolve())
+    return d
+
+
+def doctor_flags() -> list[str] | None:
+    """``kit doctor``'s flags for a cold, machine-readable run (those its --help lists), or None when there is
+    no ``kit doctor`` here."""
+    p = subprocess.run(KIT + ["doctor", "--help"], cwd=ROOT, capture_output=True, text=True)
+    if p.returncode != 0:
+        return None
+    return [f for f in ("--json", "--no-cache") if f in p.stdout]
+
+
+# ------------------------------------------------------------------------------------------------ main
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mb", type=float, default=100, help="size of each rank trace (default 100)")
+    ap.add_argument("--ranks", type=int, default=64, help="ranks of the job run (default 64)")
+    ap.add_argument("--workdir", default="/tmp/kit-bench-traces", help="where the generated traces are kept")
+    ap.add_argument("--hta-python", default=None, help="a Python where holistictraceanalysis is installed")
+    ap.add_argument("--skip-job", action="store_true", help="only the 1- and 2-rank rows")
     a = ap.parse_args()
-    ok = True
-    with tempfile.TemporaryDirectory() as tmp:
-        trace = Path(tmp) / "big.json"
-        build(trace, a.mb)
-        size = trace.stat().st_size / 2**20
-        for verb in (["trace", "gaps", str(trace), "--json"], ["trace", "collectives", str(trace), "--json"],
-                     ["load_trace", str(trace)]):
-            dt, rss, rc = timed(verb)
-            mem = "collectives" in verb or verb[0] == "load_trace"
-            good = rc == 0 and dt < TARGET_S and (not mem or rss < TARGET_MB)
-            ok &= good
-            what = "kit.traces.load_trace" if verb[0] == "load_trace" else f"kit {' '.join(verb[:2])}"
-            print(f"{what} on {size:.0f} MB: {dt:.1f} s, peak RSS {rss:.0f} MB (targets < {TARGET_S:g} s"
-                  f"{', < %d MB' % TARGET_MB if mem else ''}) -> {'PASS' if good else 'FAIL'}")
-    return 0 if ok else 1
+
+    work = Path(a.workdir)
+    n = a.ranks
+    print(f"generating {2 if a.skip_job else n} rank traces of {a.mb:g} MB in {work / 'job'} (kept for the next "
+          f"run) ...", flush=True)
+    t = time.perf_counter()
+    files = make_job(work / "job", n, mb=a.mb, first=2 if a.skip_job else None)
+    mb = files[0].stat().st_size / 2**20
+    print(f"  ready in {time.perf_counter() - t:.0f} s: {len(files)} x {mb:.0f} MB", flush=True)
+    out = Path(tempfile.mkdtemp(prefix="kit-bench-out-"))
+    one, two = linked_dir(work / "one", files[:1]), linked_dir(work / "two", files[:2])
+    nc = ["--no-cache"]
+    rows: dict[str, Row] = {}
+    print(f"machine: {os.cpu_count()} cores, {platform.platform()}, Python {platform.python_version()}")
+
+    rows["gaps1"] = run("kit trace gaps", KIT + ["trace", "gaps", str(files[0]), "--json"] + nc, 1, mb)
+    t = time.perf_counter()
+    p = subprocess.run([sys.executable, "-c", REOPEN, str(files[0])], cwd=ROOT, capture_output=True, text=True)
+    reopen = float(p.stdout.strip() or "nan")
+    print(f"  load_trace re-opened from the cache: {reopen:.3f} s")
+    rows["gaps2"] = run("kit trace gaps", KIT + ["trace", "gaps", str(two), "--json"] + nc, 2, mb)
+    rows["coll2"] = run("kit trace collectives", KIT + ["trace", "collectives", str(two), "--json"] + nc, 2, mb)
+    if a.hta_python:
+        rows["hta1"] = run("HTA parse + idle time breakdown", [a.hta_python, "-c", HTA, str(one)], 1, mb)
+        rows["hta2"] = run("HTA parse + idle time breakdown", [a.hta_python, "-c", HTA, str(two)], 2, mb)
+
+    same = None
+    if not a.skip_job:
+        job = str(work / "job")
+        rows["collN"] = run(f"kit trace collectives (--workers {os.cpu_count()})",
+                            KIT + ["trace", "collectives", job, "--json"] + nc, n, mb, out / "coll_default.json")
+        rows["collN1"] = run("kit trace collectives --workers 1",
+                             KIT + ["trace", "collectives", job, "--json", "--workers", "1"] + nc, n, mb,
+                             out / "coll_w1.json")
+        from distributed import LocalCluster
+
+        with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+            rows["collNd"] = run("kit trace collectives --scheduler (2 Dask workers)",
+                                 KIT + ["trace", "collectives", job, "--json", "--scheduler",
+                                        cluster.scheduler_address] + nc, n, mb, out / "coll_dask.json")
+        w1, dk, dflt = (json.loads((out / f).read_text()) for f in ("coll_w1.json", "coll_dask.json",
+                                                                    "coll_default.json"))
+        same = w1 == dk == dflt
+        print(f"  JSON output identical (--workers 1, --workers {os.cpu_count()}, Dask): {same}; "
+              f"{len(w1['collectives'])} collective rows", flush=True)
+        flags = doctor_flags()
+        if flags is not None:
+            rows["doctorN"] = run("kit doctor", KIT + ["doctor", job] + flags, n, mb, out / "doctor.json")
+        else:
+            print("  kit doctor: not available here (`kit doctor --help` failed): skipped")
+
+    print("\n| command | ranks x MB | wall s | peak RSS, largest process (MB) | processes |")
+    print("|---|---|---|---|---|")
+    for r in rows.values():
+        print(f"| {r.what} | {r.ranks} x {r.mb_per_rank:.0f} | {r.wall_s:.1f} | {r.peak_mb:.0f} | {r.processes} |")
+    print(f"| kit.traces.load_trace re-opened from the cache | 1 x {mb:.0f} | {reopen:.2f} | | |")
+
+    checks = [("gaps, 1 rank <= 1.5 s", rows["gaps1"].wall_s <= 1.5 and rows["gaps1"].rc == 0),
+              ("re-open from the cache <= 0.2 s", reopen <= 0.2)]
+    if "hta1" in rows:
+        h1, h2 = rows["hta1"], rows["hta2"]
+        speed, mem = h1.wall_s / rows["gaps1"].wall_s, rows["gaps1"].peak_mb / h1.peak_mb
+        print(f"\nHTA / kit, 1 rank: {speed:.1f}x the wall time, kit's peak RSS {mem:.2f}x HTA's (HTA exit {h1.rc})")
+        print(f"HTA / kit, 2 ranks: gaps {h2.wall_s / rows['gaps2'].wall_s:.1f}x, collectives "
+              f"{h2.wall_s / rows['coll2'].wall_s:.1f}x the wall time (HTA exit {h2.rc})")
+        checks += [("gaps >= 10x faster than HTA (1 rank)", h1.rc == 0 and speed >= 10),
+                   ("gaps peak RSS <= 0.2x HTA's (1 rank)", h1.rc == 0 and mem <= 0.2)]
+    if same is not None:
+        for k in ("collN", "doctorN"):
+            if k in rows:
+                r = rows[k]
+                checks.append((f"{r.what}, {n} ranks: <= 180 s, no process above 1 GB",
+                               r.rc == 0 and r.wall_s <= 180 and r.peak_mb <= 1024))
+        checks.append(("Dask (2 workers) JSON identical to --workers 1", bool(same)))
+    print("\ntargets (issue 18):")
+    for name, good in checks:
+        print(f"  {'PASS' if good else 'FAIL'}  {name}")
+    return 0 if all(g for _, g in checks) else 1
 
 
 if __name__ == "__main__":

@@ -6,6 +6,9 @@
                                                                               (spawn here, or in place under torchrun/srun)
     kit sysinfo [--json]                                                      hardware and software of this node
     kit trace gaps|collectives|merge TRACE ...                                analyse any PyTorch profiler trace
+    kit doctor TRACE... [--json] [--html DIR] [--sweep RUN_DIR] [--fr DUMP...]
+                                                                              which known causes a job's traces show
+                                                                              (own exit status: kit doctor --help)
     kit runs [NAME ...] [--root DIR] [--json]                                 runs on disk: status (died: its supervisor
                                                                               is gone), rows, label, hardware
     kit record RUN_DIR ...                                                    copy runs into recorded/ to commit
@@ -136,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.set_defaults(fn=cmd_wheelhouse)
 
     _add_trace_commands(sub)
+    from .doctor import cli as doctor_cli
+
+    doctor_cli.add_parser(sub)
     from . import runs_cli
 
     runs_cli.add_parser(sub)

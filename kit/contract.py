@@ -49,6 +49,7 @@ REGISTRY: dict[str, str] = {
     "collective_tracing": "kit.investigations.collective_tracing",
     "dataloader_sync": "kit.investigations.dataloader_sync",
     "p2p_transports": "kit.investigations.p2p_transports",
+    "doctor": "kit.doctor.page",
 }
 
 
@@ -141,7 +142,9 @@ class Investigation:
 
     name: str
     Config: type
-    run: Callable[[Any, "Ctx"], Iterable[dict]]
+    run: Callable[[Any, "Ctx"], Iterable[dict]] | None
+    """the rank function; None for an analysis page (``kit doctor``): nothing is launched, the notebook
+    analyses the inputs its Config names (traces), and ``kit run`` only renders it"""
     columns: tuple[str, ...]
     tables: Mapping[str, Analysis]
     figures: Mapping[str, Analysis]
@@ -268,6 +271,8 @@ def missing(name: str, cfg: LaunchConfig, machine: Machine | None = None) -> lis
     from .launch import resolve
 
     inv = get(name)
+    if inv.run is None:  # an analysis page launches nothing: only its own needs count
+        return list(inv.needs(cfg, machine or Machine.probe(None)))
     try:
         resolve(cfg)
     except ConfigError as e:
@@ -295,6 +300,8 @@ def execute(name: str, cfg: LaunchConfig, **kw) -> "Run":
     from .launch import launch, launched_externally
 
     inv = get(name)
+    if inv.run is None:
+        raise ConfigError(f"{name} is an analysis page: it launches nothing (see its notebook)")
     if launched_externally():  # torchrun / srun chose the world already: a world-size rule is a config error
         check_world(name, cfg)
     else:

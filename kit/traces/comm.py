@@ -27,8 +27,9 @@ events, no GPU kernels, one rank -- NCCL launches no kernel for a group of one).
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import IO, TYPE_CHECKING, Any, Iterable, NamedTuple
 
 from .. import stats
 from ..collective_ops import bus_factor, canonical, from_kernel
@@ -131,37 +132,133 @@ def _missing(v) -> bool:
     return v is None or (isinstance(v, float) and v != v)
 
 
-def collectives(traces: Iterable[str | Path | Trace]) -> "pd.DataFrame":
-    """Rows of every trace (paths or loaded :class:`Trace`\\ s, one per rank), matched across ranks (see the
-    module docstring). Always has :data:`COLLECTIVE_COLUMNS` + :data:`MATCH_COLUMNS`; ``df.attrs["traces"]``
-    says what each trace held (:meth:`Trace.counts`), for :func:`explain_empty`."""
+def rank_collectives(path: str | Path, cache: bool | None = None) -> tuple["pd.DataFrame", dict[str, Any]]:
+    """The per-rank part of :func:`collectives`: one rank trace's :func:`collective_frame` (one row per NCCL
+    kernel or gloo op, a few hundred bytes each) and :meth:`Trace.counts` -- what crosses to the matching
+    step, never the events. Module-level so that worker processes and Dask can run it
+    (:func:`kit.traces.jobs.map_ranks`)."""
+    t = load_trace(path, cpu="comm", cache=cache)
+    return _compact(t.collectives), t.counts()
+
+
+def _compact(frame: "pd.DataFrame") -> "pd.DataFrame":
+    """String columns as categoricals: a rank's ~10^4 rows repeat a few kernel names, dtypes and process
+    groups, so this is ~1/4 of the bytes to pickle back from a worker and to hold for every rank at once."""
     import pandas as pd
 
-    loaded = [t if isinstance(t, Trace) else load_trace(t, cpu="comm") for t in traces]
-    frames = []
-    for i, t in enumerate(loaded):
-        f = t.collectives
-        if len(f):
-            frames.append(f.assign(rank=i) if t.info.rank is None else f)  # no distributedInfo: list position
+    strs = [c for c in frame.columns if pd.api.types.is_string_dtype(frame[c].dtype)
+            and not pd.api.types.is_object_dtype(frame[c].dtype)]
+    return frame.astype({c: "category" for c in strs}) if strs else frame
+
+
+def _concat(frames: list["pd.DataFrame"]) -> "pd.DataFrame":
+    """``pd.concat`` of per-rank frames with their string columns as categoricals (joined with
+    ``union_categoricals``): 64 ranks x 12,500 collectives are ~90 MB this way, ~260 MB as strings."""
+    import pandas as pd
+    from pandas.api.types import union_categoricals
+
+    frames = [_compact(f) for f in frames]
+    cols = list(dict.fromkeys(c for f in frames for c in f.columns))
+    cats = [c for c in cols if all(c in f.columns and isinstance(f[c].dtype, pd.CategoricalDtype) for f in frames)]
+    df = pd.concat([f.drop(columns=cats) for f in frames], ignore_index=True)
+    for c in cats:
+        df[c] = pd.Series(union_categoricals([f[c] for f in frames], sort_categories=True), index=df.index)
+    return df[cols]
+
+
+class RankCollectives(NamedTuple):
+    """One rank's part of :func:`collectives`, from :func:`per_rank_collectives`."""
+
+    item: Any
+    """the path or :class:`Trace` given"""
+    rank: int
+    """``distributedInfo``'s rank, else the position in the input"""
+    frame: "pd.DataFrame"
+    """:func:`collective_frame` with that rank"""
+    counts: dict[str, Any]
+    """:meth:`Trace.counts`"""
+
+
+def per_rank_collectives(traces: Iterable[str | Path | Trace] | str | Path, *, workers: int | None = 1,
+                         client: Any = None, cache: bool | None = None) -> tuple[list[RankCollectives], list]:
+    """The per-rank step of :func:`collectives` (and of :func:`kit.traces.merge.clock_offsets`): a
+    :class:`RankCollectives` for each trace that could be read, in input order, and the
+    :class:`~kit.traces.jobs.RankFailure`\\ s of those that could not. Paths go through
+    :func:`rank_collectives` on :func:`kit.traces.jobs.map_ranks`; a loaded :class:`Trace` is used as it is.
+    A trace without ``distributedInfo`` gets its position in the input as its rank. TraceError, one line per
+    file, when no trace could be read."""
+    from .jobs import RankResults, expand, map_ranks
+
+    items = expand(traces) if isinstance(traces, (str, Path)) else list(traces)
+    paths = [t for t in items if not isinstance(t, Trace)]
+    res: RankResults = map_ranks(paths, partial(rank_collectives, cache=cache), workers=workers,
+                                 client=client) if paths else RankResults()
+    res.raise_if_all_failed()
+    done = {str(p): v for p, v in res.ok}
+    out = []
+    for i, t in enumerate(items):
+        if isinstance(t, Trace):
+            frame, counts = t.collectives, t.counts()
+        elif str(Path(t)) in done:
+            frame, counts = done[str(Path(t))]
+        else:
+            continue
+        rank = i if counts["rank"] is None else counts["rank"]
+        out.append(RankCollectives(t, rank, frame.assign(rank=i) if counts["rank"] is None and len(frame) else frame,
+                                   counts))
+    return out, res.failed
+
+
+def collectives(traces: Iterable[str | Path | Trace] | str | Path, *, workers: int | None = 1, client: Any = None,
+                cache: bool | None = None) -> "pd.DataFrame":
+    """Rows of every trace (one per rank: paths, loaded :class:`Trace`\\ s, or one directory/glob of rank
+    traces), matched across ranks (see the module docstring). Always has :data:`COLLECTIVE_COLUMNS` +
+    :data:`MATCH_COLUMNS`; ``df.attrs["traces"]`` says what each trace held (:meth:`Trace.counts`), for
+    :func:`explain_empty`.
+
+    **Many ranks.** Each path is parsed by :func:`rank_collectives` through :func:`kit.traces.jobs.map_ranks`:
+    ``workers=1`` (default) in this process, ``workers=N`` (None: every core) in N worker processes,
+    ``client=`` a ``dask.distributed.Client`` or scheduler address; only the per-rank frames come back, and
+    the matching (:func:`match_instances`) runs on them here. A rank that cannot be read is left out and
+    named in ``df.attrs["failed"]`` (``[{"trace", "error"}]``); when no rank can be read, :class:`TraceError`
+    with one line per file."""
+    ranks, failed = per_rank_collectives(traces, workers=workers, client=client, cache=cache)
+    df = match_instances([r.frame for r in ranks], [r.counts for r in ranks])
+    df.attrs["failed"] = [f.to_json() for f in failed]
+    return df
+
+
+def match_instances(frames: list["pd.DataFrame"], counts: list[dict[str, Any]] | None = None) -> "pd.DataFrame":
+    """The cross-rank step of :func:`collectives` on per-rank collective frames (one per rank, each with its
+    ``rank``): the k-th op of the same (process group, collective, bytes) on each rank is one instance;
+    ``instance_min_us``, ``ranks_seen``, ``wait_us`` (see the module docstring). ``counts``: what each trace
+    held, kept in ``df.attrs["traces"]`` for :func:`explain_empty`. String columns come out categorical
+    (:func:`_concat`): a job's frame holds every collective of every rank."""
+    import pandas as pd
+
     cols = COLLECTIVE_COLUMNS + MATCH_COLUMNS
-    counts = [t.counts() for t in loaded]
+    counts = list(counts or [])
+    frames = [f for f in frames if len(f)]
     if not frames:
         df = pd.DataFrame(columns=cols)
         df.attrs["traces"] = counts
         return df
-    df = pd.concat(frames, ignore_index=True)
+    df = _concat(frames)
+    del frames
+    by_rank = df.groupby("rank", observed=True)["start_us"]
+    if not (df["rank"].is_monotonic_increasing and by_rank.is_monotonic_increasing.all()):
+        df = df.sort_values(["rank", "start_us"], kind="stable", ignore_index=True)
     # match key: the same (process group, collective, bytes); the k-th such op on each rank is one instance
-    df["match_key"] = [f"{pg}|{c}|{b}" for pg, c, b in zip(df["process_group"], df["collective"], df["bytes"])]
-    df = df.sort_values(["rank", "start_us"])
-    df["instance"] = df.groupby(["rank", "match_key"]).cumcount()
-    if df["rank"].nunique() > 1:
-        inst = df.groupby(["match_key", "instance"])["dur_us"].agg(["min", "count"]).rename(
-            columns={"min": "instance_min_us", "count": "ranks_seen"}).reset_index()
-        df = df.merge(inst, on=["match_key", "instance"], how="left")
+    df["match_key"] = pd.Categorical([f"{pg}|{c}|{b}" for pg, c, b in zip(df["process_group"], df["collective"],
+                                                                           df["bytes"])])
+    df["instance"] = df.groupby(["rank", "match_key"], observed=True).cumcount()
+    if df["rank"].nunique() > 1:  # per instance, in place (no merge: a copy of a 10^6-row frame)
+        inst = df.groupby(["match_key", "instance"], observed=True)["dur_us"]
+        df["instance_min_us"], df["ranks_seen"] = inst.transform("min"), inst.transform("count")
         df["wait_us"] = df["dur_us"] - df["instance_min_us"]
     else:
         df["instance_min_us"], df["ranks_seen"], df["wait_us"] = df["dur_us"], 1, float("nan")
-    df = df.sort_values(["rank", "start_us"]).reset_index(drop=True)[cols]
+    df = df[cols]
     df.attrs["traces"] = counts
     return df
 
@@ -174,11 +271,11 @@ def summary(df: "pd.DataFrame") -> "pd.DataFrame":
 
     if df is None or df.empty or "dur_us" not in df.columns or "collective" not in df.columns:
         return pd.DataFrame(columns=SUMMARY_COLUMNS)
-    df = df.reindex(columns=list(dict.fromkeys([*df.columns, *COLLECTIVE_COLUMNS, *MATCH_COLUMNS])))  # any rows
+    df = df.reindex(columns=["rank", "collective", "bytes", "group_size", "dur_us", *MATCH_COLUMNS])  # any rows
     multi = df["rank"].nunique() > 1 and df["instance_min_us"].notna().any()
     out = []
     d = df.assign(bytes=df["bytes"].fillna(-1), group_size=df["group_size"].fillna(-1))
-    for (c, b, n), g in d.groupby(["collective", "bytes", "group_size"], dropna=False):
+    for (c, b, n), g in d.groupby(["collective", "bytes", "group_size"], dropna=False, observed=True):
         wait = g["wait_us"].to_numpy(dtype=float)
         if multi:  # one duration per instance: the rank that arrived last
             durs = g.drop_duplicates(["match_key", "instance"])["instance_min_us"].to_numpy(dtype=float)
@@ -214,15 +311,44 @@ def explain_empty(df: "pd.DataFrame") -> str:
     return "no NCCL kernel and no gloo:<op> annotation in the trace(s): no collective ran in the profiled window"
 
 
-def to_json(df: "pd.DataFrame", s: "pd.DataFrame") -> dict[str, Any]:
-    def clean(records):
-        return [{k: (None if _missing(v) else v) for k, v in r.items()} for r in records]
+def _clean(records: list[dict]) -> list[dict]:
+    return [{k: (None if _missing(v) else v) for k, v in r.items()} for r in records]
 
-    out = {"collectives": clean(df.to_dict("records")), "summary": clean(s.to_dict("records")),
+
+def to_json(df: "pd.DataFrame", s: "pd.DataFrame", rows: bool = True) -> dict[str, Any]:
+    """``{"collectives": [rows], "summary": [rows], "notes"}`` (+ ``"failed"`` when some rank could not be
+    read); ``rows=False``: without the collectives' rows (what :func:`write_json` streams)."""
+    out = {"collectives": _clean(df.to_dict("records")) if rows else [], "summary": _clean(s.to_dict("records")),
            "notes": "summary durations: " + (s["duration_basis"].iloc[0] if len(s) else "n/a")}
     if df.empty:
         out["notes"] = explain_empty(df)
+    if df is not None and df.attrs.get("failed"):  # some ranks could not be read: the result is partial
+        out["failed"] = df.attrs["failed"]
     return out
+
+
+def write_json(df: "pd.DataFrame", s: "pd.DataFrame", f: IO[str], chunk: int = 20000) -> None:
+    """Write exactly ``json.dumps(to_json(df, s), indent=1, default=str)`` to ``f``, the collectives' rows a
+    ``chunk`` at a time: a 64-rank job has ~10^6 rows, ~0.5 GB of JSON text and ~2 GB as Python dicts, which
+    no process should hold at once. (A row dumped alone with ``indent=1`` and every line shifted by two
+    spaces is the row as ``json.dumps`` nests it in the list of the top-level object.)"""
+    import json
+
+    marker = "\x00kit-rows\x00"
+    head = to_json(df, s, rows=False)
+    head["collectives"] = marker
+    before, after = json.dumps(head, indent=1, default=str).split(json.dumps(marker), 1)
+    f.write(before)
+    if df.empty:
+        f.write("[]")
+    else:
+        enc = json.JSONEncoder(indent=1, default=str).encode
+        f.write("[")
+        for i in range(0, len(df), chunk):
+            rows = _clean(df.iloc[i:i + chunk].to_dict("records"))
+            f.write(("\n  " if i == 0 else ",\n  ") + ",\n  ".join(enc(r).replace("\n", "\n  ") for r in rows))
+        f.write("\n ]")
+    f.write(after)
 
 
 def format_text(df: "pd.DataFrame", s: "pd.DataFrame") -> str:

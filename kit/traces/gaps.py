@@ -9,18 +9,24 @@ is not idleness). memcpy/memset count as activity that ends idleness, but only k
 first activity on a device has no predecessor and no gap. Gaps longer than ``threshold_us`` are not launch
 gaps but host stalls or iteration boundaries (the host stopped submitting work): they are flagged
 ``stall`` and kept out of the gap statistics, and counted separately.
+
+**Many ranks** (``kit trace gaps DIR``, ``trace_gaps([paths])``): each rank is analysed on its own
+(:func:`rank_gaps`, in parallel through :func:`kit.traces.jobs.map_ranks`) and sends back its result and its
+gaps as counts per distinct ns value; :func:`combine_gaps` adds one summary over every kernel of every rank.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 from .. import stats
 from .frames import GPU_COLUMNS, load_trace
 from .parse import TraceError
 
 if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
     import pandas as pd
 
 DEFAULT_STALL_US = 1000.0  # 1 ms: far above any launch gap, far below an iteration boundary of a real step
@@ -71,33 +77,153 @@ def gap_summary(g: "pd.DataFrame") -> dict[str, Any]:
     return {"summary": block(g), "per_gpu": {str(dev): block(d) for dev, d in g.groupby("device", sort=True)}}
 
 
-def trace_gaps(path: str | Path, threshold_us: float = DEFAULT_STALL_US) -> dict[str, Any]:
-    """``kit trace gaps``: gap statistics of one trace file. A trace without GPU kernels is a TraceError
-    that says so."""
-    t = load_trace(path, cpu="none")
+def _one_rank(path: str | Path, threshold_us: float, cache: bool | None) -> tuple[dict[str, Any], "pd.DataFrame",
+                                                                                 int | None]:
+    """One file's result (what ``kit trace gaps FILE`` prints), its gaps frame and its rank."""
+    t = load_trace(path, cpu="none", cache=cache)
     ev = t.gpu
     if not (ev["cat"] == "kernel").any():
         raise TraceError(f"{path}: the trace has no GPU kernels (was it recorded with ProfilerActivity.CUDA?)")
-    out = gap_summary(gaps(ev, threshold_us))
+    g = gaps(ev, threshold_us)
+    out = gap_summary(g)
     out.update(trace=str(path), threshold_us=threshold_us, kernels=int((ev["cat"] == "kernel").sum()),
                nccl_kernels=int(ev["nccl"].sum()), world_size=t.info.world_size)
-    return out
+    return out, g, t.info.rank
+
+
+def _ns_counts(x) -> tuple["np.ndarray", "np.ndarray"]:
+    """Gap values rounded to the ns (Kineto writes timestamps in us with 3 decimals; float64 epoch-us values
+    resolve ~1 ns) as (distinct values, how often each): what a rank sends for the combined statistics -- one
+    pair per distinct gap, not one value per kernel, so the client's memory does not grow with kernels x
+    ranks (at most one pair per ns below the stall threshold: 1e6 for 1 ms)."""
+    import numpy as np
+
+    return np.unique(np.rint(np.asarray(x, dtype=float) * 1000).astype(np.int64), return_counts=True)
+
+
+def rank_gaps(path: str | Path, threshold_us: float = DEFAULT_STALL_US,
+              cache: bool | None = None) -> tuple[dict[str, Any], dict[str, tuple]]:
+    """The per-rank part of :func:`trace_gaps` over many ranks: the rank's result (as for one file, with its
+    ``rank``) and its non-stall gaps as ns counts per class (``nccl``/``other``) for the combined summary.
+    Module-level so that worker processes and Dask can run it (:func:`kit.traces.jobs.map_ranks`)."""
+    res, g, rank = _one_rank(path, threshold_us, cache)
+    ok = g[~g["stall"].astype(bool)]
+    hist = {b: _ns_counts(ok[ok["before"] == b]["gap_us"]) for b in ("nccl", "other")}
+    return {"rank": rank, **res}, hist
+
+
+def _fold(acc: tuple | None, vc: tuple) -> tuple:
+    """Two (values, counts) histograms -> one."""
+    import numpy as np
+
+    if acc is None:
+        return vc
+    u, inv = np.unique(np.concatenate([acc[0], vc[0]]), return_inverse=True)
+    return u, np.bincount(inv, weights=np.concatenate([acc[1], vc[1]])).astype(np.int64)
+
+
+def _quantile(values, counts, q: float) -> float:
+    """``np.percentile(np.repeat(values, counts), 100 q)`` (linear interpolation) without the repeat."""
+    import numpy as np
+
+    cum = np.cumsum(counts)
+    h = (cum[-1] - 1) * q
+    lo = int(np.floor(h))
+    at = lambda k: float(values[np.searchsorted(cum, k, side="right")])  # noqa: E731 - the k-th sorted value
+    a = at(lo)
+    return float(a + (h - lo) * (at(min(lo + 1, cum[-1] - 1)) - a))
+
+
+def _hist_stats(vc: tuple | None) -> dict[str, float | None]:
+    if vc is None or not len(vc[0]):
+        return {"count": 0, "median": None, "p90": None, "max": None}
+    v, c = vc
+    return {"count": int(c.sum()), "median": _quantile(v, c, 0.5) / 1000, "p90": _quantile(v, c, 0.9) / 1000,
+            "max": float(v[-1]) / 1000}
+
+
+def combine_gaps(per_rank: list[tuple[dict[str, Any], dict[str, tuple]]], threshold_us: float) -> dict[str, Any]:
+    """One summary over every rank from the per-rank results of :func:`rank_gaps`: count, median, p90 and max
+    of every kernel's gap on every rank (stalls excluded, as per rank), from the gaps rounded to the ns
+    (within 0.5 ns of the statistics of the pooled gaps); kernels and stalls summed."""
+    acc: dict[str, tuple | None] = {"nccl": None, "other": None}
+    for _, hist in per_rank:
+        for b in acc:
+            acc[b] = _fold(acc[b], hist[b])
+    res = [r for r, _ in per_rank]
+    return {"summary": {"before_nccl_us": _hist_stats(acc["nccl"]), "before_other_us": _hist_stats(acc["other"]),
+                        "stalls": sum(r["summary"]["stalls"] for r in res)},
+            "ranks": len(res), "kernels": sum(r["kernels"] for r in res),
+            "nccl_kernels": sum(r["nccl_kernels"] for r in res), "threshold_us": threshold_us}
+
+
+def _is_one_file(path: Any) -> bool:
+    import glob
+
+    return isinstance(path, (str, Path)) and not Path(path).is_dir() and (
+        Path(path).exists() or not glob.has_magic(str(path)))
+
+
+def trace_gaps(path: str | Path | Iterable[str | Path], threshold_us: float = DEFAULT_STALL_US, *,
+               workers: int | None = 1, client: Any = None, cache: bool | None = None) -> dict[str, Any]:
+    """``kit trace gaps``: gap statistics of one trace file, or of many rank traces.
+
+    One file (a path): ``{"summary", "per_gpu", "trace", "threshold_us", "kernels", "nccl_kernels",
+    "world_size"}``; a trace without GPU kernels is a TraceError that says so.
+
+    Many (a list of paths, a directory, a glob): each rank through :func:`rank_gaps` on
+    :func:`kit.traces.jobs.map_ranks` (``workers``/``client`` as there), then ``{"per_rank": [each rank's
+    result with its "rank"], "combined": {"summary", "ranks", "kernels", "nccl_kernels", "threshold_us"},
+    "failed": [{"trace", "error"}]}`` -- ``combined`` over every kernel of every rank that could be read
+    (:func:`combine_gaps`); a TraceError with one line per file when none could."""
+    from .jobs import expand, map_ranks
+
+    if _is_one_file(path):
+        return _one_rank(path, threshold_us, cache)[0]
+    res = map_ranks(expand(path) if isinstance(path, (str, Path)) else path,
+                    partial(rank_gaps, threshold_us=threshold_us, cache=cache), workers=workers, client=client)
+    res.raise_if_all_failed()
+    return {"per_rank": [r for r, _ in res.values()], "combined": combine_gaps(res.values(), threshold_us),
+            "failed": [f.to_json() for f in res.failed]}
+
+
+def _line(label: str, s: dict[str, Any]) -> str:
+    if not s["count"]:
+        return f"  {label:<14} count      0"
+    return (f"  {label:<14} count {s['count']:>6}  median {s['median']:>8.2f} us  p90 {s['p90']:>8.2f} us  "
+            f"max {s['max']:>9.2f} us")
+
+
+def _block(label: str, b: dict[str, Any]) -> list[str]:
+    return [f"{label}  (stalls: {b['stalls']})", _line("before NCCL", b["before_nccl_us"]),
+            _line("before other", b["before_other_us"])]
 
 
 def format_gaps(res: dict[str, Any]) -> str:
-    def line(label, s):
-        if not s["count"]:
-            return f"  {label:<14} count      0"
-        return (f"  {label:<14} count {s['count']:>6}  median {s['median']:>8.2f} us  p90 {s['p90']:>8.2f} us  "
-                f"max {s['max']:>9.2f} us")
-
+    """The text of ``kit trace gaps``: one file's blocks, or for many ranks one line per rank, the combined
+    summary and the ranks that could not be read."""
+    if "per_rank" in res:
+        return _format_many(res)
     lines = [f"{res['trace']}: {res['kernels']} kernels ({res['nccl_kernels']} NCCL); gaps = idle GPU time before "
              f"each kernel, all streams; gaps > {res['threshold_us']:g} us counted as stalls"]
     if not res["nccl_kernels"]:
         one = res.get("world_size") == 1
         lines.append("  no NCCL kernel in this trace" + (": with one rank NCCL launches none" if one else ""))
     for dev, b in [("all GPUs", res["summary"])] + [(f"GPU {k}", v) for k, v in res["per_gpu"].items()]:
-        lines.append(f"{dev}  (stalls: {b['stalls']})")
-        lines.append(line("before NCCL", b["before_nccl_us"]))
-        lines.append(line("before other", b["before_other_us"]))
+        lines += _block(dev, b)
+    return "\n".join(lines)
+
+
+def _format_many(res: dict[str, Any]) -> str:
+    c = res["combined"]
+    med = lambda s: "-" if s["median"] is None else f"{s['median']:.2f}"  # noqa: E731
+    lines = [f"{c['ranks']} ranks, {c['kernels']} kernels ({c['nccl_kernels']} NCCL); gaps = idle GPU time before "
+             f"each kernel, all streams; gaps > {c['threshold_us']:g} us counted as stalls",
+             f"{'rank':>6}{'kernels':>9}{'NCCL':>7}{'median before NCCL us':>23}{'median before other us':>24}"
+             f"{'stalls':>8}  trace"]
+    for r in res["per_rank"]:
+        s = r["summary"]
+        lines.append(f"{'-' if r['rank'] is None else r['rank']:>6}{r['kernels']:>9}{r['nccl_kernels']:>7}"
+                     f"{med(s['before_nccl_us']):>23}{med(s['before_other_us']):>24}{s['stalls']:>8}  {r['trace']}")
+    lines += _block("all ranks, all GPUs", c["summary"])
     return "\n".join(lines)

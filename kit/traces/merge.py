@@ -12,27 +12,23 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
+
+import msgspec
 
 from .frames import Trace, load_trace
+from .parse import CHUNK, TraceError, read_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
 
-def _ranks(traces: list[Trace]) -> list[int]:
-    return [t.info.rank if t.info.rank is not None else i for i, t in enumerate(traces)]
-
-
-def clock_offsets(traces: Iterable[Trace | str | Path]) -> dict[int, float]:
-    """``{rank: offset_us}`` to add to each rank's timestamps to put them on the first rank's clock."""
-    from .comm import collectives
-
-    traces = [t if isinstance(t, Trace) else load_trace(t, cpu="comm") for t in traces]
-    ranks = _ranks(traces)
+def _offsets(df: "pd.DataFrame", ranks: list[int]) -> dict[int, float]:
+    """The offsets from matched collectives (:func:`kit.traces.comm.match_instances`): the first instance
+    that every rank has; the first rank in ``ranks`` is the reference."""
     offsets = {r: 0.0 for r in ranks}
-    df = collectives(traces)
     if df.empty or not df["rank"].nunique() == len(set(ranks)) > 1:
         return offsets
     common = df[df["ranks_seen"] == len(set(ranks))]
@@ -45,9 +41,28 @@ def clock_offsets(traces: Iterable[Trace | str | Path]) -> dict[int, float]:
     return {r: ref - ends.get(r, ref) for r in ranks}
 
 
+def _rank_offsets(traces, **jobs) -> tuple[list[tuple[Any, int]], dict[int, float], list]:
+    """``([(item, rank)], offsets, failures)``: the per-rank collective frames
+    (:func:`kit.traces.comm.per_rank_collectives`, in parallel with ``jobs``) matched, then the offsets."""
+    from .comm import match_instances, per_rank_collectives
+
+    per_rank, failed = per_rank_collectives(traces, **jobs)
+    offsets = _offsets(match_instances([r.frame for r in per_rank]), [r.rank for r in per_rank])
+    return [(r.item, r.rank) for r in per_rank], offsets, failed
+
+
+def clock_offsets(traces: Iterable[Trace | str | Path], *, workers: int | None = 1, client: Any = None,
+                  cache: bool | None = None) -> dict[int, float]:
+    """``{rank: offset_us}`` to add to each rank's timestamps to put them on the first rank's clock. Only the
+    ranks' collective frames are needed: paths are summarised one rank at a time (``workers``/``client`` as
+    in :func:`kit.traces.comm.collectives`); a rank that cannot be read is left out."""
+    return _rank_offsets(traces, workers=workers, client=client, cache=cache)[1]
+
+
 def aligned_gpu(traces: Iterable[Trace | str | Path], offsets: dict[int, float] | None = None) -> "pd.DataFrame":
     """The ``gpu`` frames of several ranks' traces in one frame on one clock: a ``rank`` column, ``ts``/``end``
-    shifted by :func:`clock_offsets` (or the ``offsets`` given). Empty (with the columns) without GPU events."""
+    shifted by :func:`clock_offsets` (or the ``offsets`` given). Empty (with the columns) without GPU events.
+    Holds every rank's GPU frame: for a handful of ranks (a figure), not for a whole job."""
     import pandas as pd
 
     from .frames import GPU_COLUMNS
@@ -55,7 +70,8 @@ def aligned_gpu(traces: Iterable[Trace | str | Path], offsets: dict[int, float] 
     traces = [t if isinstance(t, Trace) else load_trace(t, cpu="comm") for t in traces]
     offsets = clock_offsets(traces) if offsets is None else offsets
     frames = []
-    for r, t in zip(_ranks(traces), traces):
+    for i, t in enumerate(traces):
+        r = t.info.rank if t.info.rank is not None else i
         if len(t.gpu):
             off = float(offsets.get(r, 0.0))
             frames.append(t.gpu.assign(rank=r, ts=t.gpu["ts"] + off, end=t.gpu["end"] + off))
@@ -64,36 +80,74 @@ def aligned_gpu(traces: Iterable[Trace | str | Path], offsets: dict[int, float] 
     return pd.concat(frames, ignore_index=True)
 
 
-def merge(paths: list[str | Path], out: str | Path) -> dict[str, Any]:
-    """One Chrome trace with a process per (rank, original process), clocks aligned (:func:`clock_offsets`);
-    each file is parsed once. Returns ``{"ranks", "offsets_us", "sources"}``."""
-    loaded = [load_trace(p, cpu="all", raw=True) for p in paths]
-    ranks = _ranks(loaded)
-    offsets = clock_offsets(loaded)
-    events, pid_map = [], {}
-    for t, r in zip(loaded, ranks):
-        for e in t.events or ():
-            e = dict(e)
-            key = (r, e.get("pid"))
-            if key not in pid_map:
-                pid_map[key] = len(pid_map) + 1
-                pid = pid_map[key]
-                events.append({"ph": "M", "name": "process_name", "pid": pid,
-                               "args": {"name": f"rank {r} | {e.get('pid')}"}})
-                events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": pid}})
-            if e.get("ph") == "M" and e.get("name") in ("process_name", "process_sort_index"):
-                continue
-            e["pid"] = pid_map[key]
-            if "ts" in e:
-                e["ts"] = float(e["ts"]) + offsets.get(r, 0.0)
-            events.append(e)
-    merged = {"traceEvents": events, "displayTimeUnit": "ms",
-              "kit": {"ranks": ranks, "offsets_us": offsets, "sources": [str(p) for p in paths]}}
+def _event_chunks(path: Path, chunk: int = CHUNK) -> Iterator[list[dict]]:
+    """One rank's events as dicts, ``chunk`` at a time: the file's bytes are split into one
+    :class:`msgspec.Raw` per event (a view, no decoding), and each chunk of views is decoded in one call --
+    the whole file is never a list of dicts."""
+    buf = read_bytes(path)
+    try:
+        if buf.lstrip()[:1] == b"[":  # the bare-array variant of the Chrome trace format
+            raws = msgspec.json.decode(buf, type=list[msgspec.Raw])
+        else:
+            top = msgspec.json.decode(buf, type=dict[str, msgspec.Raw])
+            raws = msgspec.json.decode(top.get("traceEvents", b"[]"), type=list[msgspec.Raw])
+        for i in range(0, len(raws), chunk):
+            yield msgspec.json.decode(b"[" + b",".join(raws[i:i + chunk]) + b"]", type=list[dict])
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise TraceError(f"{path}: not a readable PyTorch profiler trace ({e})") from None
+
+
+def merge(paths: Iterable[str | Path] | str | Path, out: str | Path, *, workers: int | None = 1,
+          client: Any = None, cache: bool | None = None) -> dict[str, Any]:
+    """One Chrome trace with a process per (rank, original process), clocks aligned (:func:`clock_offsets`).
+    Returns ``{"ranks", "offsets_us", "sources"}`` (+ ``"failed"``: ``[{"trace", "error"}]`` when some rank
+    could not be read and was left out; TraceError, one line per file, when none could).
+
+    Two passes, so that no process holds more than one rank's events: (1) the offsets from each rank's
+    collective frame (per rank, in parallel with ``workers``/``client``; from the trace cache when
+    ``kit trace collectives`` already parsed the file); (2) the merged file written rank by rank in this
+    process, each rank's events decoded a chunk at a time, shifted, renumbered and encoded straight to the
+    output (gzipped when ``out`` ends in ``.gz``; written to a temporary file beside it, renamed when
+    complete). ``paths``: rank traces, or a directory/glob of them."""
+    from .jobs import expand
+
+    items = expand(paths) if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
+    ranked, offsets, failed = _rank_offsets(items, workers=workers, client=client, cache=cache)
     out = Path(out)
-    data = json.dumps(merged).encode()
-    if out.suffix == ".gz":
-        with gzip.open(out, "wb") as f:
-            f.write(data)
-    else:
-        out.write_bytes(data)
-    return merged["kit"]
+    tmp = out.with_name(f".{out.name}.part")
+    pid_map: dict[tuple, int] = {}
+    try:
+        with (gzip.open(tmp, "wb", compresslevel=6) if out.suffix == ".gz" else open(tmp, "wb")) as f:
+            f.write(b'{"traceEvents": [')
+            first = True
+            for path, r in ranked:
+                off = offsets.get(r, 0.0)
+                for events in _event_chunks(Path(path)):
+                    kept = []
+                    for e in events:
+                        key = (r, e.get("pid"))
+                        if key not in pid_map:
+                            pid = pid_map[key] = len(pid_map) + 1
+                            kept.append({"ph": "M", "name": "process_name", "pid": pid,
+                                         "args": {"name": f"rank {r} | {e.get('pid')}"}})
+                            kept.append({"ph": "M", "name": "process_sort_index", "pid": pid,
+                                         "args": {"sort_index": pid}})
+                        if e.get("ph") == "M" and e.get("name") in ("process_name", "process_sort_index"):
+                            continue
+                        e["pid"] = pid_map[key]
+                        if "ts" in e:
+                            e["ts"] = float(e["ts"]) + off
+                        kept.append(e)
+                    if kept:
+                        f.write((b"" if first else b",") + msgspec.json.encode(kept)[1:-1])
+                        first = False
+                    del events, kept
+            info: dict[str, Any] = {"ranks": [r for _, r in ranked], "offsets_us": offsets,
+                                    "sources": [str(p) for p, _ in ranked]}
+            if failed:
+                info["failed"] = [x.to_json() for x in failed]
+            f.write(b'], "displayTimeUnit": "ms", "kit": ' + json.dumps(info).encode() + b"}")
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return info

@@ -1,0 +1,319 @@
+"""``diagnose(traces)``: run every rule over the rank traces of one job.
+
+Two phases (see :mod:`kit.doctor.model` for why): per rank, in parallel (:func:`kit.traces.jobs.map_ranks`:
+local processes, or a Dask cluster with ``client=``), :func:`rank_summary` parses the trace once and runs every
+rule's ``extract``; then, on the caller, every rule's ``judge`` over the summaries of all ranks. A rank whose
+trace cannot be read is named in ``Diagnosis.failed`` and the other ranks are still diagnosed.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from .model import RULES, Context, Diagnosis, Finding, RankView, Skip, severity
+
+STEP_PREFIX = "ProfilerStep#"
+
+
+class JobError(ValueError):
+    """The traces given are not one job (mixed world sizes, one rank twice): one line per problem."""
+
+
+@dataclass(frozen=True)
+class RankSummary:
+    """What a worker sends back for one rank: identity, step facts, capture notes, each rule's summary."""
+
+    path: str
+    rank: int | None
+    world_size: int | None
+    step_us: float | None
+    steps: int
+    notes: tuple[str, ...]
+    per_rule: dict[str, Any]
+    """rule id -> extract's summary, or a Skip"""
+    span: tuple[float, float] | None = None
+    """first and last GPU activity in Unix time (us: the header's ``baseTimeNanoseconds`` + the trace clock);
+    None when the trace has no GPU activity or no base time. The ranks of one job are traced at the same time."""
+
+
+def steps_frame(cpu) -> "Any":
+    """One row per ``ProfilerStep#N`` CPU annotation: step, ts, end, dur (empty frame when none)."""
+    import pandas as pd
+
+    cols = ["step", "ts", "end", "dur"]
+    if cpu is None or cpu.empty:
+        return pd.DataFrame(columns=cols)
+    s = cpu[(cpu["cat"] == "user_annotation") & cpu["name"].astype(str).str.startswith(STEP_PREFIX)]
+    if s.empty:
+        return pd.DataFrame(columns=cols)
+    out = pd.DataFrame({"step": s["name"].astype(str).str[len(STEP_PREFIX):].astype(int), "ts": s["ts"],
+                        "end": s["end"], "dur": s["dur"]})
+    return out.sort_values("ts", kind="stable").reset_index(drop=True)
+
+
+def capture_notes(trace, steps) -> list[str]:
+    """What the trace lacks for a full diagnosis, said as what to change in the capture (kit.capture does all)."""
+    notes = []
+    if trace.gpu.empty:
+        notes.append("no GPU activity: profile with ProfilerActivity.CUDA (kit.capture does)")
+    if steps.empty:
+        notes.append("no ProfilerStep annotations: call prof.step() once per training step (kit.capture does); "
+                     "costs are per traced span, not per step")
+    if trace.info.rank is None:
+        notes.append("no distributedInfo in the trace header: profile after init_process_group; ranks are "
+                     "taken from the file names")
+    nccl = trace.gpu[trace.gpu["nccl"]] if not trace.gpu.empty else trace.gpu
+    if len(nccl) and nccl["in_nelems"].isna().all():
+        notes.append("NCCL kernels carry no collective metadata (torch < 2.3?): bytes and busbw are unknown")
+    if trace.cpu.empty or not (trace.cpu["cat"] == "cuda_runtime").any():
+        notes.append("no CUDA runtime events: host-side rules (launches, syncs, copies) cannot run")
+    return notes
+
+
+def step_time(view: RankView) -> float | None:
+    """The rank's step time (us): the denominator of every finding's severity.
+
+    A ``ProfilerStep`` window is the host's side of a step only. Eagerly the host runs at most a step or two
+    ahead of the GPU, so in steady state the host's step period is the GPU's; but a step replayed from a CUDA
+    graph is one ``cudaGraphLaunch`` on the host (a millisecond) for tens of milliseconds of GPU work, and the
+    host can be several replays ahead. So: with two or more steps, the larger of the median period between step
+    starts (host) and between the ends of each step's GPU work (the work its host calls issued); with one step,
+    the larger of its window and the GPU time its work kept the GPU busy; without step annotations, the traced
+    GPU span (the whole trace is one step)."""
+    import numpy as np
+
+    st, gpu = view.steps, view.trace.gpu
+    if st.empty:
+        return float(gpu["end"].max() - gpu["ts"].min()) if not gpu.empty else None
+    st = st.sort_values("ts")
+    g = view.issued()
+    g = g[g["in_step"] & g["call_ts"].notna()]
+    step_of = np.searchsorted(st["ts"].to_numpy(dtype=float), g["call_ts"].to_numpy(dtype=float), side="right") - 1
+    if len(st) >= 2:
+        host = float(np.median(np.diff(st["ts"].to_numpy(dtype=float))))
+        ends = g.groupby(step_of)["end"].max().sort_index().to_numpy(dtype=float)
+        return max(host, float(np.median(np.diff(ends))) if len(ends) >= 2 else 0.0)
+    from ..traces.overlap import length, union
+
+    return max(float(st["dur"].iloc[0]), length(union(list(zip(g["ts"], g["end"])))))
+
+
+def rank_summary(path: str | Path) -> RankSummary:
+    """The per-rank phase: parse once, run every rule's extract. Runs in a worker (module-level, picklable)."""
+    from .. import traces
+    from ..traces.names import parse_name
+    from . import rules  # noqa: F401  (registers the rules in this process)
+
+    t = traces.load_trace(path)
+    st = steps_frame(t.cpu)
+    rank = t.info.rank
+    if rank is None:
+        parsed = parse_name(Path(path).name)
+        rank = parsed[1] if parsed else None
+    view = RankView(trace=t, steps=st, rank=rank if rank is not None else -1)
+    view = replace(view, step_us=step_time(view))  # the same memo: what step_time computed is shared
+    step_us = view.step_us
+    per_rule: dict[str, Any] = {}
+    for rid, r in RULES.items():
+        try:
+            per_rule[rid] = r.extract(view)
+        except Exception as e:  # a rule bug must not hide the other rules' findings
+            per_rule[rid] = Skip(rid, f"extract failed on {Path(path).name}: {type(e).__name__}: {e}")
+    base = t.header.get("baseTimeNanoseconds")
+    span = None
+    if isinstance(base, (int, float)) and not t.gpu.empty:
+        span = (base / 1e3 + float(t.gpu["ts"].min()), base / 1e3 + float(t.gpu["end"].max()))
+    return RankSummary(path=str(path), rank=rank, world_size=t.info.world_size, step_us=step_us,
+                       steps=int(len(st)), notes=tuple(capture_notes(t, st)), per_rule=per_rule, span=span)
+
+
+def check_one_job(summaries: Sequence[RankSummary]) -> list[RankSummary]:
+    """Ranks filled in (file order where the traces say nothing), and an error when the traces are not one job."""
+    problems = []
+    ws = {s.world_size for s in summaries if s.world_size is not None}
+    if len(ws) > 1:
+        problems += [f"{Path(s.path).name}: world size {s.world_size}, others {sorted(ws - {s.world_size})}: "
+                     f"traces of different jobs" for s in summaries if s.world_size is not None]
+    seen: dict[int, str] = {}
+    for s in summaries:
+        if s.rank is not None and s.rank in seen:
+            problems.append(f"{Path(s.path).name}: rank {s.rank} again (also {seen[s.rank]}): one trace per rank")
+        elif s.rank is not None:
+            seen[s.rank] = Path(s.path).name
+    problems += apart_in_time(summaries)
+    if problems:
+        raise JobError("\n".join(problems))
+    free = iter(r for r in range(len(summaries) + len(seen)) if r not in seen)
+    return [s if s.rank is not None else replace(s, rank=next(free)) for s in summaries]
+
+
+SAME_JOB_SLACK_S = 60.0
+"""traces whose GPU activity is further apart in time than this (and than their own spans) are not one job"""
+
+
+def apart_in_time(summaries: Sequence[RankSummary]) -> list[str]:
+    """One line per trace recorded at another time than the others: the ranks of one job are profiled together,
+    so their spans overlap (up to clock differences between nodes, far below :data:`SAME_JOB_SLACK_S`). The
+    traces are grouped into runs of overlapping spans; every trace outside the largest group is named."""
+    import datetime
+
+    timed = sorted((s.span, s) for s in summaries if s.span is not None)
+    if len(timed) < 2:
+        return []
+    groups: list[list] = [[timed[0]]]
+    end = timed[0][0][1]
+    for span, s in timed[1:]:
+        if span[0] > end + SAME_JOB_SLACK_S * 1e6:
+            groups.append([])
+        groups[-1].append((span, s))
+        end = max(end, span[1])
+    if len(groups) == 1:
+        return []
+    main = max(groups, key=len)
+    at = lambda us: datetime.datetime.fromtimestamp(us / 1e6, datetime.timezone.utc).strftime(  # noqa: E731
+        "%Y-%m-%d %H:%M:%S UTC")
+    ref = f"the {len(main)} traced from {at(main[0][0][0])}" if len(main) > 1 else f"traced at {at(main[0][0][0])}"
+    return [f"{Path(s.path).name}: traced at {at(span[0])}, not with the others ({ref}): a trace of another job "
+            f"(or another profiling window)" for g in groups if g is not main for span, s in g]
+
+
+def group_notes(summaries: Sequence[RankSummary]) -> list[str]:
+    """Each capture note once: without a prefix when every rank has it, else with the ranks that do."""
+    by_note: dict[str, list[int]] = {}
+    for s in summaries:
+        for n in s.notes:
+            by_note.setdefault(n, []).append(int(s.rank))  # type: ignore[arg-type]
+    out = []
+    for n, ranks in by_note.items():
+        if len(ranks) == len(summaries):
+            out.append(n)
+        else:
+            out.append(f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, sorted(ranks)))}: {n}")
+    return out
+
+
+def judge_all(summaries: Sequence[RankSummary], *, sweep=None, flight_recorder=None,
+              only: Iterable[str] | None = None) -> tuple[list[Finding], list[str], list[Skip], Context]:
+    """The cross-rank phase: every rule's judge over the per-rank summaries; findings ranked by cost."""
+    from . import rules  # noqa: F401
+
+    ranks = tuple(int(s.rank) for s in summaries)  # type: ignore[arg-type]
+    step_times = [s.step_us for s in summaries if s.step_us]
+    step_us = statistics.median(step_times) if step_times else None
+    ctx = Context(ranks=ranks, step_us=step_us, steps=min((s.steps for s in summaries), default=0),
+                  sweep=sweep, flight_recorder=flight_recorder)
+    findings: list[Finding] = []
+    checked: list[str] = []
+    skipped: list[Skip] = []
+    partial: list[str] = []
+    want = set(only) if only is not None else None
+    for rid, r in RULES.items():
+        if want is not None and rid not in want:
+            continue
+        if len(ranks) < r.needs_ranks:
+            skipped.append(Skip(rid, f"needs traces of {r.needs_ranks}+ ranks of one job; got {len(ranks)}"))
+            continue
+        if r.needs_sweep and sweep is None:
+            skipped.append(Skip(rid, "needs a collectives sweep of the same machine (--sweep RUN_DIR or "
+                                     "nccl-tests output)"))
+            continue
+        got = [(int(s.rank), s.per_rule.get(rid)) for s in summaries]  # type: ignore[arg-type]
+        skips = [v for _, v in got if isinstance(v, Skip)]
+        usable = [(rk, v) for rk, v in got if not isinstance(v, Skip) and v is not None]
+        if not usable:
+            skipped.append(skips[0] if skips else Skip(rid, "no rank gave it anything to look at"))
+            continue
+        if skips:  # judged on the other ranks; said, never silently narrowed
+            left = [rk for rk, v in got if isinstance(v, Skip)]
+            partial.append(f"{rid} judged on {len(usable)} of {len(got)} ranks, not on rank(s) "
+                           f"{', '.join(map(str, left[:16]))}{' ...' if len(left) > 16 else ''}: {skips[0].why}")
+        try:
+            out = r.judge(usable, ctx)
+        except Exception as e:
+            skipped.append(Skip(rid, f"judge failed: {type(e).__name__}: {e}"))
+            continue
+        if isinstance(out, Skip):
+            skipped.append(out)
+            continue
+        checked.append(rid)
+        for f in out:
+            findings.append(replace(f, severity=severity(f.cost_us_per_step, step_us),
+                                    notebook=f.notebook or r.notebook))
+    findings.sort(key=lambda f: -(f.cost_us_per_step or 0))
+    return findings, checked, skipped, replace(ctx, notes=tuple(partial))
+
+
+FR_RANK = re.compile(r"rank[_-]?(\d+)")
+
+
+def load_flight_recorder(paths: Iterable[str | Path]) -> "Any":
+    """The rows of Flight Recorder dumps (:func:`kit.traces.fr_entries`), one JSON dump per rank (the rank from
+    the file name, ``fr_run_rank0.json``, else the dump's order). A missing or unreadable file, or a pickled dump
+    (never unpickled here: a pickle can run code), is a TraceError naming it."""
+    import json
+
+    import pandas as pd
+
+    from ..traces import TraceError, fr_entries
+
+    frames, bad = [], []
+    for i, p in enumerate(Path(x) for x in paths):
+        try:
+            raw = p.read_bytes()
+        except OSError as e:
+            bad.append(f"{p}: cannot read ({e.strerror or e})")
+            continue
+        if raw[:1] == b"\x80":
+            bad.append(f"{p}: a pickled Flight Recorder dump; give the JSON one (TORCH_FR_DUMP as JSON, or "
+                       f"json.dump(pickle.load(f)) where you trust the file)")
+            continue
+        try:
+            dump = json.loads(raw.decode("utf-8", errors="replace"))
+        except ValueError as e:
+            bad.append(f"{p}: not JSON ({e})")
+            continue
+        if not isinstance(dump, dict) or not isinstance(dump.get("entries"), list):
+            bad.append(f"{p}: not a Flight Recorder dump (no 'entries' list)")
+            continue
+        m = FR_RANK.search(p.name)
+        frames.append(fr_entries(dump, int(m.group(1)) if m else int(dump.get("rank", i))))
+    if bad:
+        raise TraceError("\n".join(bad))
+    return pd.concat(frames, ignore_index=True) if frames else None
+
+
+def diagnose(traces: Iterable[str | Path], *, sweep=None, flight_recorder=None, workers: int | None = None,
+             client: Any = None, only: Iterable[str] | None = None) -> Diagnosis:
+    """Diagnose one job from its rank traces (files, directories or globs: :func:`kit.traces.jobs.expand`).
+    ``sweep``: a collectives sweep of the same machine (see :func:`kit.doctor.sweep.load_sweep`);
+    ``workers``/``client``: local processes or a ``dask.distributed.Client`` for the per-rank phase.
+    Raises TraceError when no trace can be read, JobError when the traces are not one job."""
+    from ..traces import TraceError
+    from ..traces.jobs import expand, map_ranks
+
+    paths = expand(traces)
+    res = map_ranks(paths, rank_summary, workers=workers, client=client)
+    failed = [{"trace": str(f.path), "error": f.error} for f in res.failed]
+    if not res.ok:
+        raise TraceError("\n".join(f"{d['trace']}: {d['error']}" if not d["error"].startswith(d["trace"])
+                                   else d["error"] for d in failed) or "no traces")
+    summaries = check_one_job([s for _, s in res.ok])
+    if sweep is not None and not hasattr(sweep, "columns"):
+        from .sweep import load_sweep
+
+        sweep = load_sweep(sweep)
+    findings, checked, skipped, ctx = judge_all(summaries, sweep=sweep, flight_recorder=flight_recorder, only=only)
+    fr = []
+    if flight_recorder is not None and len(flight_recorder):
+        from ..traces import fr_mismatches, fr_statements
+
+        fr = fr_statements(fr_mismatches(flight_recorder)) or [
+            f"{len(flight_recorder)} entries of {flight_recorder['rank'].nunique()} rank(s): every collective "
+            f"reached by every rank, the same op at each sequence number"]
+    return Diagnosis(findings=findings, checked=checked, skipped=skipped, traces=[s.path for s in summaries],
+                     ranks=list(ctx.ranks), step_us=ctx.step_us, steps=ctx.steps, failed=failed,
+                     notes=group_notes(summaries) + list(ctx.notes), flight_recorder=fr)

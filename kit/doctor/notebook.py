@@ -1,0 +1,257 @@
+"""What ``notebooks/doctor.ipynb`` shows of a :class:`~kit.doctor.model.Diagnosis`: the findings as a table, per
+finding its text and a timeline excerpt of the evidence, and what was checked, skipped or missing.
+
+**Timeline excerpts.** A finding may point at the stretch of the trace that shows it, as
+``evidence["excerpt"] = {"rank": r, "ranks": [...], "t0_us": ..., "t1_us": ...}`` (times on rank ``r``'s trace
+clock). :func:`excerpt_figure` loads those ranks' traces, puts them on one clock
+(:func:`kit.traces.clock_offsets`: the end of a collective every rank ran is the same moment everywhere) and draws,
+per rank, a host lane (DataLoader waits orange, synchronising calls purple, other runtime calls that blocked the
+host brown, collective calls red, step boundaries as lines) above the rank's GPU streams (NCCL kernels red,
+compute blue, copies grey): the gap before the NCCL kernel, the blocked host call, the late rank's collective
+starting after the others', the communication with nothing beside it. A finding without an excerpt is drawn over
+its rank's first profiled step; traces that cannot be read here give a figure that says so
+(:func:`kit.plot.message`), never an error.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .. import plot
+from .model import Diagnosis, Finding
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+SYNC_COLOR, DATA_COLOR, COMM_COLOR, NCCL_COLOR, COMPUTE_COLOR, COPY_COLOR, CALL_COLOR = (
+    "#9467bd", "#ff7f0e", "#d62728", "#d62728", "#1f77b4", "#999999", "#8c564b")
+LONG_CALL_US = 50.0
+"""a runtime call (a copy, a launch) longer than this is drawn on the host lane: the host was blocked in it"""
+MAX_BARS = 4000
+"""bars drawn per lane at most (the busiest excerpt of a 500 MB trace stays drawable)"""
+
+
+def start(namespace: dict[str, Any]):
+    """``kit.notebook.start("doctor", ...)`` on the notebook's parameters, with ``traces`` also accepted as a
+    string (``papermill -p traces '["a.json.gz", "b.json.gz"]'`` passes one: a JSON list or a single path)."""
+    import json
+
+    from .. import notebook as nb
+
+    ns = dict(namespace)
+    t = ns.get("traces")
+    if isinstance(t, str):
+        ns["traces"] = json.loads(t) if t.strip().startswith("[") else [t]
+    return nb.start("doctor", ns)
+
+
+def resolve(paths: list[str]) -> list[str]:
+    """Trace paths as given, or relative to the repository when they are not found from here (a notebook opened
+    in ``notebooks/`` runs there; ``kit run`` runs at the repository root)."""
+    import glob
+
+    from ..results import REPO_ROOT
+
+    return [p if Path(p).is_absolute() or glob.glob(str(p)) else str(REPO_ROOT / p) for p in paths]
+
+
+def diagnose(traces: list[str], sweep: str | None = None, workers: int | None = None) -> Diagnosis:
+    """:func:`kit.doctor.diagnose` on the notebook's parameters (``sweep=""``: none, ``workers=0``: one per
+    core), with one line saying what was read."""
+    from .engine import diagnose as run
+
+    d = run(resolve(list(traces)), sweep=resolve([sweep])[0] if sweep else None, workers=workers or None)
+    step = f"{d.step_us / 1e3:.2f} ms" if d.step_us else "unknown"
+    print(f"{len(d.traces)} rank trace(s), ranks {d.ranks}; step {step} "
+          f"({d.steps or 'no'} profiled steps{'' if d.steps else ': the whole trace counts as one'}); "
+          f"{len(d.problems)} problem(s) at or above 'low', {len(d.findings)} finding(s) in all"
+          + (f"; {len(d.failed)} trace(s) unreadable" if d.failed else ""))
+    return d
+
+
+def findings_table(d: Diagnosis) -> "pd.DataFrame":
+    """One row per finding, most costly first: rule, severity, cost per step (us and share of the step), ranks,
+    the one-sentence summary."""
+    import pandas as pd
+
+    rows = [{"rule": f.rule, "severity": f.severity, "cost_us_per_step": round(f.cost_us_per_step, 1),
+             "share_of_step": (f"{100 * f.cost_us_per_step / d.step_us:.1f}%" if d.step_us else ""),
+             "ranks": ",".join(map(str, f.ranks)), "summary": f.summary} for f in d.findings]
+    return pd.DataFrame(rows, columns=["rule", "severity", "cost_us_per_step", "share_of_step", "ranks", "summary"])
+
+
+def status_table(d: Diagnosis) -> "pd.DataFrame":
+    """What the diagnosis covered: every rule checked or skipped (with why), the traces that failed, and the
+    notes on what the traces lack (how to capture them better)."""
+    import pandas as pd
+
+    rows = [{"what": "checked", "item": r, "why": ""} for r in d.checked]
+    rows += [{"what": "skipped", "item": s.rule, "why": s.why} for s in d.skipped]
+    rows += [{"what": "failed", "item": f.get("trace", ""), "why": f.get("error", "")} for f in d.failed]
+    rows += [{"what": "note", "item": "", "why": n} for n in d.notes]
+    return pd.DataFrame(rows, columns=["what", "item", "why"])
+
+
+def finding_text(f: Finding) -> str:
+    """The finding as markdown: summary, cause, fix, caveats and the notebook that reproduces it."""
+    nb = f"[`notebooks/{f.notebook}.ipynb`](../notebooks/{f.notebook}.ipynb)" if f.notebook else "none"
+    ranks = ", ".join(map(str, f.ranks)) or "-"
+    return (f"### `{f.rule}` ({f.severity}, {f.cost_us_per_step:.0f} us per step, ranks {ranks})\n\n"
+            f"{f.summary}\n\n**Cause.** {f.cause}\n\n**Fix.** {f.fix}\n\n"
+            + (f"**Caveats.** {f.caveats}\n\n" if f.caveats else "") + f"**Reproduced in** {nb}")
+
+
+def _paths(d: Diagnosis) -> dict[int, str]:
+    return {int(r): p for r, p in zip(d.ranks, d.traces)}
+
+
+def excerpt_figure(d: Diagnosis, f: Finding):
+    """The timeline excerpt of one finding (see the module docstring); a message figure when there is none."""
+    ex = dict(f.evidence or {}).get("excerpt")
+    title = f"{f.rule}: {f.summary}"
+    paths = _paths(d)
+    if not ex or "t0_us" not in ex:
+        rank = dict(f.evidence or {}).get("rank", f.ranks[0] if f.ranks else None)
+        ex = _first_step(paths.get(int(rank))) if rank is not None and int(rank) in paths else None
+        if ex is None:
+            return plot.message(f"no timeline excerpt for {f.rule}: see its evidence numbers", title[:160])
+        ex, title = {"rank": int(rank), **ex}, f"{title} [the rule names no moment: rank {rank}'s first step]"
+    ranks = [int(r) for r in ex.get("ranks") or [ex["rank"]] if int(r) in paths]
+    if not ranks:
+        return plot.message(f"the excerpt's ranks {ex.get('ranks')} are not among the traces given", title[:160])
+    try:
+        return _draw(paths, ranks, int(ex["rank"]), float(ex["t0_us"]), float(ex["t1_us"]), title)
+    except Exception as e:  # a trace moved or unreadable here: say so where the figure would be
+        return plot.message(f"cannot draw the excerpt: {type(e).__name__}: {e}", title[:160])
+
+
+def _first_step(path: str | None) -> dict[str, float] | None:
+    """The window of a trace's first profiled step (or of its first :data:`MAX_BARS` GPU activities): where a
+    finding that names no moment is drawn."""
+    from .. import traces
+    from .engine import steps_frame
+
+    if path is None:
+        return None
+    t = traces.load_trace(path)
+    st = steps_frame(t.cpu)
+    if len(st):
+        end = float(st["ts"].iloc[1]) if len(st) > 1 else float(st["end"].iloc[0])
+        return {"t0_us": float(st["ts"].iloc[0]), "t1_us": end}
+    g = t.gpu.sort_values("ts").iloc[:MAX_BARS]
+    return {"t0_us": float(g["ts"].min()), "t1_us": float(g["end"].max())} if len(g) else None
+
+
+def _draw(paths: dict[int, str], ranks: list[int], clock_rank: int, t0: float, t1: float, title: str):
+    import textwrap
+
+    import matplotlib.pyplot as plt
+
+    from .. import traces
+
+    loaded = {r: traces.load_trace(paths[r]) for r in sorted(set(ranks) | {clock_rank})}
+    offs = traces.clock_offsets(list(loaded.values())) if len(loaded) > 1 else {clock_rank: 0.0}
+    shift = offs.get(clock_rank, 0.0)
+    a, b = t0 + shift, t1 + shift  # the window on the common clock
+    lanes: list[tuple[str, list, str]] = []  # (label, [(start, dur, color)], kind)
+    for r in ranks:
+        t, off = loaded[r], offs.get(r, 0.0)
+        cpu = t.cpu.assign(ts=t.cpu["ts"] + off, end=t.cpu["end"] + off)
+        cpu = cpu[(cpu["end"] > a) & (cpu["ts"] < b)]
+        lanes.append((f"rank {r} host", _host_bars(cpu), "host"))
+        gpu = t.gpu.assign(ts=t.gpu["ts"] + off, end=t.gpu["end"] + off)
+        gpu = gpu[(gpu["end"] > a) & (gpu["ts"] < b)]
+        for (dev, stream), g in gpu.groupby(["device", "stream"], sort=True):
+            bars = [(s, e - s, NCCL_COLOR if n else (COMPUTE_COLOR if c == "kernel" else COPY_COLOR))
+                    for s, e, n, c in zip(g["ts"], g["end"], g["nccl"], g["cat"])]
+            lanes.append((f"rank {r} GPU{dev} s{stream}", bars[:MAX_BARS], "gpu"))
+    fig, ax = plt.subplots(figsize=(11, 1.0 + 0.42 * len(lanes)))
+    for y, (label, bars, kind) in enumerate(reversed(lanes)):
+        if bars:
+            ax.broken_barh([((s - a) / 1e3, max(w, 0.05) / 1e3) for s, w, _ in bars], (y - 0.3, 0.6),
+                           facecolors=[c for _, _, c in bars], edgecolors="none", linewidth=0)
+    for r in ranks:  # step boundaries
+        t, off = loaded[r], offs.get(r, 0.0)
+        st = t.cpu[(t.cpu["cat"] == "user_annotation") & t.cpu["name"].astype(str).str.startswith("ProfilerStep#")]
+        for x in st["ts"] + off:
+            if a <= x <= b:
+                ax.axvline((x - a) / 1e3, color="k", lw=0.6, ls=":")
+    ax.set_yticks(range(len(lanes)))
+    ax.set_yticklabels([lab for lab, _, _ in reversed(lanes)], fontsize=8)
+    ax.set_xlim(0, (b - a) / 1e3)
+    ax.set_xlabel("ms (ranks on one clock: the end of a shared collective is the same moment)")
+    ax.set_title("\n".join(textwrap.wrap(title, 130)[:3]), fontsize=8)
+    from matplotlib.patches import Patch
+
+    ax.legend(handles=[Patch(color=c, label=n) for n, c in (("NCCL / collective call", NCCL_COLOR),
+                                                           ("compute kernel", COMPUTE_COLOR),
+                                                           ("memcpy/memset", COPY_COLOR),
+                                                           ("DataLoader wait", DATA_COLOR),
+                                                           ("synchronising call", SYNC_COLOR),
+                                                           (f"other call > {LONG_CALL_US:g} us", CALL_COLOR))],
+              fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    return fig
+
+
+def _host_bars(cpu: "pd.DataFrame") -> list[tuple[float, float, str]]:
+    """The host events an excerpt shows: DataLoader waits, synchronising calls, other long runtime calls (a
+    pageable copy, a launch into a full queue), collective calls."""
+    from .rules.comm import DATALOADER, SYNC_CALLS
+
+    names = cpu["name"].astype(str)
+    runtime = cpu["cat"].isin(["cuda_runtime", "cuda_driver"])
+    kinds = [(cpu["cat"].eq("user_annotation") & names.str.startswith(DATALOADER), DATA_COLOR),
+             (runtime & names.isin(SYNC_CALLS), SYNC_COLOR),
+             (runtime & ~names.isin(SYNC_CALLS) & (cpu["dur"] > LONG_CALL_US), CALL_COLOR),
+             (cpu["cat"].eq("user_annotation") & names.str.match(r"^(nccl|gloo):"), COMM_COLOR)]
+    out = []
+    for mask, color in kinds:
+        sel = cpu[mask]
+        out += [(s, e - s, color) for s, e in zip(sel["ts"], sel["end"])][:MAX_BARS]
+    return out
+
+
+def show(d: Diagnosis, save: bool = True) -> None:
+    """In a notebook: for each finding its text (markdown) and its excerpt figure (saved to figures/ with
+    :func:`kit.plot.save` when ``save``)."""
+    import matplotlib.pyplot as plt
+    from IPython.display import Markdown, display
+
+    if not d.findings:
+        display(Markdown("**No findings**: every rule that could run found nothing (see the table below)."))
+    for i, f in enumerate(d.findings):
+        display(Markdown(finding_text(f)))
+        fig = excerpt_figure(d, f)
+        if save:
+            plot.save(fig, f"doctor-{i + 1}-{f.rule}")
+        display(fig)
+        plt.close(fig)
+
+
+def explore(d: Diagnosis, interactive: bool = True) -> None:
+    """Pick a finding and read its evidence as JSON (ipywidgets). Batch runs (``kit run``) skip it."""
+    if not interactive:
+        print("interactive = False: widgets skipped (batch run)")
+        return
+    if not d.findings:
+        print("no findings to explore")
+        return
+    import json
+
+    import ipywidgets as W
+    from IPython.display import display
+
+    pick = W.Dropdown(options=[(f"{f.rule} ({f.severity})", i) for i, f in enumerate(d.findings)],
+                      description="finding")
+    out = W.Output()
+
+    def on_pick(_: Any = None) -> None:
+        out.clear_output()
+        with out:
+            print(json.dumps(d.findings[pick.value].evidence, indent=1, default=str))
+
+    pick.observe(on_pick, "value")
+    on_pick()
+    display(W.VBox([pick, out]))

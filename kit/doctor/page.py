@@ -1,0 +1,43 @@
+"""The doctor's report page: ``kit run doctor -p traces=[...]`` renders ``notebooks/doctor.ipynb`` as HTML.
+
+An analysis page in the experiment contract (:class:`kit.contract.Investigation` with ``run=None``): it launches
+nothing and needs no GPU; its Config names the traces to diagnose. Its parameters derive from
+:class:`kit.config.LaunchConfig` only so that a config file's ``defaults`` section (world size, backend, ...)
+applies to every page alike; the doctor ignores them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..config import LaunchConfig
+from ..contract import Investigation
+
+DEFAULT_TRACES = ["recorded/doctor/h200x2-20261123/late-rank/trace_rank*.json.gz"]
+"""the example job's recorded 2xH200 traces (examples/train_ddp.py): the page a plain ``kit run`` renders"""
+
+
+@dataclass
+class DoctorConfig(LaunchConfig):
+    traces: list[str] = field(default_factory=lambda: list(DEFAULT_TRACES))
+    """rank traces of one job: files, directories or globs (relative to the repository or absolute)"""
+    sweep: str = ""
+    """a collectives sweep of the same machine (a kit collectives run directory or nccl-tests output); ""=none"""
+    workers: int = 1
+    """local processes for the per-rank phase (0 = one per core)"""
+
+    def check(self) -> list[str]:
+        return [] if self.traces else ["traces: give at least one trace file, directory or glob"]
+
+
+INVESTIGATION = Investigation(
+    name="doctor",
+    Config=DoctorConfig,
+    run=None,
+    columns=("kind",),
+    tables={},
+    figures={},
+    findings=lambda runs: [],
+    needs=lambda cfg, machine: [],
+    question="which known causes does this job's trace show? (kit doctor on a job's per-rank traces)",
+)

@@ -1,0 +1,232 @@
+"""Many rank traces at once: which files, and per-rank work in parallel with bounded memory.
+
+A real job has 8 to 1,000 ranks and 50-500 MB of trace per rank: no process can hold them all. Every
+multi-rank analysis of the kit is therefore split in two:
+
+1. **per rank** -- a module-level function ``fn(path) -> summary`` parses one rank's trace and returns a
+   *small* result (the rank's collectives frame, its gap statistics, the end time of its first collectives):
+   never the event list. :func:`map_ranks` runs it over every rank;
+2. **across ranks** -- matching collective instances, late ranks, clock offsets -- works on those summaries
+   in the calling process (:mod:`kit.traces.comm`, :mod:`kit.traces.merge`).
+
+**Where the per-rank work runs.**
+
+* ``workers=1``: in this process, one rank after another (no pool; what tests and debuggers want).
+* ``workers=N`` (``None``: the machine's cores, or this process when the traces total under
+  :data:`SMALL_INPUT` on disk): a :class:`concurrent.futures.ProcessPoolExecutor` of N
+  processes -- the standard library, no extra dependency, and real parallelism for the parse (pure Python
+  work under the GIL would not run in threads). ``spawn``/``forkserver`` start method: a fresh interpreter
+  per worker, no copy of the parent's memory (the parent may already hold results). Never more workers than
+  ranks.
+* ``client=``: a :class:`dask.distributed.Client` (or a scheduler address, ``"tcp://host:8786"``): the same
+  ``fn`` through ``client.map``, results gathered on the client. This is the way beyond one machine -- a Dask
+  cluster spans nodes, and on SLURM ``dask-jobqueue`` starts one -- with the files on a file system every
+  worker sees. Dask is optional (``pip install kit[cluster]``); a clear error says so when it is missing.
+
+**Memory is bounded** because each worker holds one rank at a time: the pool gets one task per rank and a
+worker takes the next only when it has returned the previous result, so the peak is ``workers`` x (one
+rank's parse) in the workers + the summaries in the caller. A worker process is replaced after
+``MAX_TASKS_PER_CHILD`` ranks, so a fragmented heap does not grow over hundreds of ranks.
+
+**A bad rank does not sink the job.** ``fn`` raising in one rank (a truncated file: :class:`TraceError`;
+anything else: ``ExcType: message``) makes a :class:`RankFailure` in :attr:`RankResults.failed`, never a
+traceback; the other ranks' results are in :attr:`RankResults.ok` and :attr:`RankResults.partial` says the
+result is incomplete (``kit trace ...`` exits 3).
+"""
+
+from __future__ import annotations
+
+import glob
+import multiprocessing
+import os
+import re
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Generic, Iterable, TypeVar
+
+from .names import parse_name
+from .parse import TraceError
+
+T = TypeVar("T")
+
+TRACE_SUFFIX = re.compile(r"(\.pt\.trace)?\.json(\.gz)?\Z")
+MAX_TASKS_PER_CHILD = 32
+"""ranks a pool worker parses before it is replaced by a fresh process"""
+SMALL_INPUT = 64 * 2**20
+"""with ``workers=None``, traces totalling less than this on disk are parsed in this process: starting
+worker processes (~0.5 s: each imports pandas) would cost more than it saves"""
+
+
+# ------------------------------------------------------------------------------------------------ inputs
+def _is_rank_trace(p: Path) -> bool:
+    """A file in a directory that is a rank trace: ``.json``/``.json.gz``/``.pt.trace.json[.gz]``, not a merged
+    output, not a Flight Recorder dump, not a hidden file (a merge in progress), not inside a ``.kitcache``."""
+    n = p.name
+    return (p.is_file() and bool(TRACE_SUFFIX.search(n)) and not n.startswith(("merged", "fr_", "."))
+            and ".kitcache" not in p.parts)
+
+
+def _rank_key(p: Path) -> tuple:
+    parsed = parse_name(p.name)
+    rank = parsed[1] if parsed else None
+    return (rank is None, rank if rank is not None else 0, p.name, str(p))
+
+
+def expand(inputs: Iterable[str | Path] | str | Path) -> list[Path]:
+    """The rank trace files named by ``inputs``: files (kept as given, even under another name), directories
+    (their rank traces, not recursively: ``*.json``, ``*.json.gz``, ``*.pt.trace.json[.gz]``, without
+    ``merged*`` outputs, ``fr_*`` dumps, hidden files and ``.kitcache`` files) and glob patterns
+    (``runs/job/*rank*.json.gz``).
+    Sorted by rank (:func:`kit.traces.names.parse_name`; files without a rank in their name come last, by
+    name), each file once. A directory or pattern that matches nothing is a :class:`TraceError` naming it; a
+    file that does not exist is passed on (its rank fails when read, naming it)."""
+    if isinstance(inputs, (str, Path)):
+        inputs = [inputs]
+    out: dict[Path, None] = {}
+    for item in inputs:
+        p = Path(item)
+        if p.is_dir():
+            found = [f for f in p.iterdir() if _is_rank_trace(f)]
+            if not found:
+                raise TraceError(f"{p}: no rank trace (*.json, *.json.gz) in this directory")
+        elif not p.exists() and glob.has_magic(str(item)):
+            found = [Path(f) for f in glob.glob(str(item)) if _is_rank_trace(Path(f))]
+            if not found:
+                raise TraceError(f"{item}: no trace file matches this pattern")
+        else:
+            found = [p]
+        for f in sorted(found, key=_rank_key):
+            out.setdefault(f, None)
+    if not out:
+        raise TraceError("no trace file given")
+    return sorted(out, key=_rank_key) if len(out) > 1 else list(out)
+
+
+# ------------------------------------------------------------------------------------------------ results
+@dataclass(frozen=True)
+class RankFailure:
+    """One rank whose work failed: the file and a one-line reason (never a traceback)."""
+
+    path: Path
+    error: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"trace": str(self.path), "error": self.error}
+
+
+@dataclass
+class RankResults(Generic[T]):
+    """What :func:`map_ranks` returns: the ranks that worked, in input order, and those that failed."""
+
+    ok: list[tuple[Path, T]] = field(default_factory=list)
+    failed: list[RankFailure] = field(default_factory=list)
+
+    @property
+    def partial(self) -> bool:
+        """Some ranks failed, some worked: the analysis covers only part of the job."""
+        return bool(self.failed) and bool(self.ok)
+
+    def values(self) -> list[T]:
+        return [v for _, v in self.ok]
+
+    def paths(self) -> list[Path]:
+        return [p for p, _ in self.ok]
+
+    def raise_if_all_failed(self) -> None:
+        """A TraceError with one line per file when no rank worked (nothing to analyse)."""
+        if self.failed and not self.ok:
+            raise TraceError("\n".join(f.error if str(f.path) in f.error else f"{f.path}: {f.error}"
+                                       for f in self.failed))
+
+
+def _message(e: BaseException) -> str:
+    return str(e) if isinstance(e, TraceError) else f"{type(e).__name__}: {e}"
+
+
+def _guarded(fn: Callable[[Path], T], path: Path) -> tuple[bool, Any]:
+    """Run ``fn(path)``, turning an exception into its one-line message (runs in the worker)."""
+    try:
+        return True, fn(path)
+    except Exception as e:  # noqa: BLE001 - any failure of one rank is reported, never raised
+        return False, _message(e)
+
+
+def _pool_context(fn: Callable):
+    """forkserver where there is one (Linux): the server imports ``fn``'s module once and forks each worker
+    from it, so a worker starts in milliseconds with pandas already imported; else spawn."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    module = getattr(getattr(fn, "func", fn), "__module__", None)
+    ctx.set_forkserver_preload([m for m in ("kit.traces.frames", module) if m and m != "__main__"])
+    return ctx
+
+
+def _size(paths: list[Path]) -> int:
+    total = 0
+    for p in paths:
+        try:
+            total += p.stat().st_size
+        except OSError:
+            pass
+    return total
+
+
+def get_client(client: Any):
+    """A :class:`dask.distributed.Client` from a Client or a scheduler address."""
+    if not isinstance(client, str):
+        return client
+    try:
+        from dask.distributed import Client
+    except ImportError:
+        raise ImportError("--scheduler / client= needs dask.distributed: pip install 'kit[cluster]' "
+                          "(or pip install 'dask[distributed]')") from None
+    try:
+        return Client(client, timeout="20s")
+    except (OSError, TimeoutError) as e:
+        raise TraceError(f"cannot reach the Dask scheduler at {client} ({type(e).__name__}: {e})") from None
+
+
+def _collect(futures: list) -> list[tuple[bool, Any]]:
+    """Each future's ``(ok, value)``; a worker that died (killed for memory: ``BrokenProcessPool``, Dask's
+    ``KilledWorker``) fails its rank(s) with that message instead of raising."""
+    out = []
+    for f in futures:
+        try:
+            out.append(f.result())
+        except Exception as e:  # noqa: BLE001
+            out.append((False, f"{type(e).__name__}: {e} (the worker process died: out of memory?)"))
+    return out
+
+
+def map_ranks(paths: Iterable[str | Path], fn: Callable[[Path], T], *, workers: int | None = None,
+              client: Any = None) -> RankResults[T]:
+    """``fn(path)`` for every path -- in this process (``workers=1``), in a local process pool (``workers=N``,
+    default ``os.cpu_count()``) or on a Dask cluster (``client``: a Client or a scheduler address). See the
+    module docstring. ``fn``: a module-level (picklable) function returning a small picklable result."""
+    paths = [Path(p) for p in paths]
+    if client is not None:
+        own = isinstance(client, str)
+        c = get_client(client)
+        try:
+            done = _collect(c.map(_guarded, [fn] * len(paths), paths, pure=False))
+        finally:
+            if own:
+                c.close()
+    else:
+        n = min(workers or os.cpu_count() or 1, len(paths))
+        if workers is None and _size(paths) < SMALL_INPUT:
+            n = 1
+        if n <= 1:
+            done = [_guarded(fn, p) for p in paths]
+        else:
+            with ProcessPoolExecutor(n, mp_context=_pool_context(fn), max_tasks_per_child=MAX_TASKS_PER_CHILD) as ex:
+                done = _collect([ex.submit(_guarded, fn, p) for p in paths])
+    res: RankResults[T] = RankResults()
+    for p, (good, value) in zip(paths, done):
+        if good:
+            res.ok.append((p, value))
+        else:
+            res.failed.append(RankFailure(p, value))
+    return res

@@ -1,0 +1,62 @@
+"""Derive ``tests/data/doctor/`` (small traces for the CPU tests of ``kit doctor``) from the runs in this folder.
+
+    python recorded/doctor/h200x2-20261123/make_test_data.py
+
+Each case keeps its **last** ``KEEP[case]`` recorded steps: every event (host and GPU, all streams) from the
+start of the first kept ``ProfilerStep#N`` on -- the trace the profiler would have written had its window begun
+there (the GPU work still queued from earlier steps, which a GPU running behind its host executes inside the
+window, stays, as it does at the start of any profiled window). Metadata events and the header are unchanged;
+``"kitTrimmed": {"source", "kept_steps"}`` is added to the header.
+
+The collectives sweep is copied as the run directory ``kit doctor --sweep`` reads (meta.json, rows.csv.gz).
+The sidecars (``capture_rank<r>.json``) are copied beside the traces.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[2]
+OUT = ROOT / "tests" / "data" / "doctor"
+KEEP = {"contention": 2,  # a contended and an uncontended step: the all-reduce alone and beside the matmuls
+        "cuda-graph-per-param": 3, "cuda-graph-per-param-mixing0": 3}  # graph replays: small already
+"""recorded steps kept per case (default 1)"""
+SWEEP = "collectives/20261123-053754-vm-8edfff"
+
+
+def trim(src: Path, dst: Path, keep: int) -> dict:
+    with gzip.open(src, "rt") as f:
+        data = json.load(f)
+    ev = data["traceEvents"]
+    steps = sorted((e for e in ev if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith(
+        "ProfilerStep#")), key=lambda e: e["ts"])
+    kept = steps[-keep:]
+    t0 = kept[0]["ts"]
+    data["traceEvents"] = [e for e in ev if e.get("ph") == "M" or e.get("cat") == "Trace" or e.get("ts", t0) >= t0]
+    data["kitTrimmed"] = {"source": str(src.relative_to(ROOT)), "kept_steps": [e["name"] for e in kept]}
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(dst, "wt", compresslevel=9) as f:
+        json.dump(data, f, separators=(",", ":"))
+    return {"events": len(ev), "kept": len(data["traceEvents"]), "steps": [e["name"] for e in kept]}
+
+
+def main() -> None:
+    for case in sorted(p for p in HERE.iterdir() if p.is_dir() and (p / "trace_rank0.json.gz").exists()):
+        for r in (0, 1):
+            src = case / f"trace_rank{r}.json.gz"
+            res = trim(src, OUT / case.name / src.name, KEEP.get(case.name, 1))
+            shutil.copy2(case / f"capture_rank{r}.json", OUT / case.name / f"capture_rank{r}.json")
+            print(f"{case.name}/{src.name}: {res['kept']} of {res['events']} events, {res['steps']}, "
+                  f"{(OUT / case.name / src.name).stat().st_size // 1024} KB")
+    sweep = OUT / "sweep_h200x2"
+    sweep.mkdir(parents=True, exist_ok=True)
+    for f in ("meta.json", "rows.csv.gz"):
+        shutil.copy2(HERE / SWEEP / f, sweep / f)
+
+
+if __name__ == "__main__":
+    main()

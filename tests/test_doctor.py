@@ -1,0 +1,459 @@
+"""kit doctor: the engine (one job, per-rank extract, cross-rank judge), the host rules
+(kit/doctor/rules/host.py) on real GPU traces, the text and JSON reports and the command line, bad input. CPU only.
+
+Traces: tests/data/graph_N10_*_rank0 (2xH200, one rank of graph_gaps' 10-layer replay, NCCL's default vs
+NCCL_GRAPH_MIXING_SUPPORT=0) and copies of recorded runs under tests/data/doctor/recorded-*/ (named in each
+fixture). The numbers asserted were measured on them; the tolerance is beside each. Without ProfilerStep
+annotations (the recorded investigations have none) a trace is one "step": costs are per traced span.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from kit.doctor import diagnose
+from kit.doctor.model import REPORTED
+
+DATA = Path(__file__).resolve().parent / "data"
+DOC = DATA / "doctor"
+HOST_RULES = ("graph_mixing_gap", "pageable_h2d", "h2d_on_compute_stream", "launch_bound", "host_sync")
+CPU_RULES = ("graph_mixing_gap", "pageable_h2d", "launch_bound", "host_sync")
+"""the host rules that read CUDA runtime calls (h2d_on_compute_stream reads only the GPU frame)"""
+
+
+def traces(folder: str, pattern: str = "*.json.gz") -> list[str]:
+    got = sorted(str(p) for p in (DOC / folder).glob(pattern))
+    assert got, f"no {pattern} in {folder}"
+    return got
+
+
+def run(paths, **kw):
+    return diagnose(paths, workers=1, only=HOST_RULES, **kw)
+
+
+def finding(d, rule):
+    got = [f for f in d.findings if f.rule == rule]
+    assert len(got) <= 1
+    return got[0] if got else None
+
+
+def silent(d, rule) -> bool:
+    """Checked, and nothing at or above 'low'."""
+    f = finding(d, rule)
+    return rule in d.checked and (f is None or f.severity not in REPORTED)
+
+
+def kit_main(argv: list[str]) -> int:
+    """``kit ...`` through kit.cli once ``doctor`` is hooked in there, else through kit.doctor.cli's parser."""
+    from kit import cli
+
+    p = cli.build_parser()
+    sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
+    if "doctor" in sub.choices:
+        return cli.main(argv)
+    from kit.doctor.cli import add_parser
+
+    p = argparse.ArgumentParser(prog="kit")
+    add_parser(p.add_subparsers(dest="cmd", required=True))
+    args = p.parse_args(argv)
+    return args.fn(args)
+
+
+# ------------------------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def graph_default():
+    """graph_gaps 2026-11-23 (2xH200, NCCL 2.28.9), 10 x (Linear + all_reduce) replayed from a CUDA graph three
+    times, NCCL's default (graph mixing on): positive for graph_mixing_gap."""
+    return run(traces("recorded-graph_gaps-default"))
+
+
+@pytest.fixture(scope="module")
+def graph_mix0():
+    """the same with NCCL_GRAPH_MIXING_SUPPORT=0 (run 20261123-023141): negative."""
+    return run(traces("recorded-graph_gaps-mix0"))
+
+
+@pytest.fixture(scope="module")
+def pageable():
+    """dataloader_sync 2026-11-23 (2xH200): batches copied from pageable memory on the default stream (+ one
+    all_reduce per parameter): positive for pageable_h2d and h2d_on_compute_stream."""
+    return run(traces("recorded-dataloader_sync", "*h2d=pageable*"))
+
+
+@pytest.fixture(scope="module")
+def prefetch():
+    """the same run's prefetch mode: pinned batches copied on a side stream during the previous step: negative
+    for pageable_h2d, h2d_on_compute_stream (and launch_bound, host_sync)."""
+    return run(traces("recorded-dataloader_sync", "*h2d=prefetch*"))
+
+
+@pytest.fixture(scope="module")
+def small_ddp():
+    """collective_tracing 2026-11-22 (2xH200): a small model under DDP, 12 us kernels launched every 25 us:
+    positive for launch_bound."""
+    return run(traces("recorded-collective_tracing-jitter"))
+
+
+# ------------------------------------------------------------------------------------------- graph_mixing_gap
+def test_graph_mixing_gap_fires_on_graph_replay_with_mixing_on(graph_default):
+    f = finding(graph_default, "graph_mixing_gap")
+    assert f is not None and f.ranks == (0, 1) and f.notebook == "graph_gaps"
+    ev = f.evidence
+    assert ev["rank"] == 0 and ev["graph_nccl_kernels_per_step"] == 30  # 3 replays x 10 all-reduces
+    assert ev["gap_before_graph_nccl_median_us"] == pytest.approx(6.93, abs=0.05)
+    assert ev["gap_before_other_median_us"] == pytest.approx(2.69, abs=0.05)
+    assert ev["baseline"] == "the other kernels of the same graphs"
+    assert f.cost_us_per_step == pytest.approx(126.5, rel=0.02)
+    assert ev["per_rank"]["1"]["gap_before_graph_nccl_median_us"] == pytest.approx(6.26, abs=0.05)
+    assert f.severity == "low"  # 127 us of a 9.1 ms traced span: 1.4%
+    assert "NCCL_GRAPH_MIXING_SUPPORT=0" in f.fix
+    assert "stream ordering is not sufficient" in f.caveats and "env.html#nccl-graph-mixing-support" in f.caveats
+
+
+def test_graph_mixing_gap_one_rank_of_the_older_run():
+    d = run([DATA / "graph_N10_default_rank0.json.gz"])
+    f = finding(d, "graph_mixing_gap")
+    assert f.ranks == (0,) and f.evidence["gap_before_graph_nccl_median_us"] == pytest.approx(6.14, abs=0.05)
+    assert f.cost_us_per_step == pytest.approx(101.0, rel=0.02)
+
+
+def test_graph_mixing_gap_silent_with_mixing_off_and_in_eager_mode(graph_mix0):
+    assert finding(graph_mix0, "graph_mixing_gap") is None and "graph_mixing_gap" in graph_mix0.checked
+    one = run([DATA / "graph_N10_mix0_rank0.json.gz"])
+    assert finding(one, "graph_mixing_gap") is None  # 2.18 us before NCCL vs 3.15 before the GEMMs
+    eager = run([DATA / "eager_N10_default_rank0.json.gz"])  # no graph launch: nothing replayed
+    assert finding(eager, "graph_mixing_gap") is None and "graph_mixing_gap" in eager.checked
+
+
+# ------------------------------------------------------------------------------------------- copies
+def test_pageable_h2d_fires_with_the_host_time_blocked(pageable):
+    f = finding(pageable, "pageable_h2d")
+    assert f.ranks == (0, 1) and f.evidence["rank"] == 0 and f.notebook == "dataloader_sync"
+    assert f.evidence["copies_per_step"] == 4 and f.evidence["host_calls"] == {"cudaMemcpyAsync": 4}
+    assert f.cost_us_per_step == pytest.approx(6973.5, rel=0.01)  # the cudaMemcpyAsync calls' duration
+    assert f.evidence["gpu_copy_us_per_step"] == pytest.approx(6533.0, rel=0.01)
+    assert f.evidence["per_rank"]["1"]["host_blocked_us_per_step"] == pytest.approx(6398.1, rel=0.01)
+    assert f.severity == "medium"  # 9.1% of the 76 ms traced span
+
+
+def test_h2d_on_compute_stream_fires_on_the_default_stream_copies(pageable):
+    f = finding(pageable, "h2d_on_compute_stream")
+    assert f.ranks == (0, 1) and f.evidence["compute_stream"] == 7 and f.evidence["copies_per_step"] == 4
+    assert f.cost_us_per_step == pytest.approx(6533.0, rel=0.01)  # no compute kernel beside any of them
+    assert f.severity == "medium"
+
+
+def test_copy_rules_silent_on_prefetch_from_pinned_memory(prefetch):
+    assert finding(prefetch, "pageable_h2d") is None  # 'Memcpy HtoD (Pinned -> Device)' only
+    assert finding(prefetch, "h2d_on_compute_stream") is None  # on stream 45, not the compute stream 7
+    assert {"pageable_h2d", "h2d_on_compute_stream"} <= set(prefetch.checked)
+
+
+# ------------------------------------------------------------------------------------------- launch_bound
+def test_launch_bound_fires_on_a_small_model(small_ddp):
+    f = finding(small_ddp, "launch_bound")
+    assert f is not None and f.ranks == (0, 1) and f.notebook == "graph_gaps"
+    ev = f.evidence
+    assert ev["rank"] == 1 and ev["kernels_per_step"] == 259
+    assert ev["kernel_median_us"] == pytest.approx(12.0, abs=0.2)
+    assert ev["launch_interval_median_us"] == pytest.approx(26.3, abs=0.5)
+    assert ev["starved_share"] == pytest.approx(110 / 259, abs=0.005)
+    assert f.cost_us_per_step == pytest.approx(5060.3, rel=0.02)
+    assert ev["per_rank"]["0"]["cost_us_per_step"] == pytest.approx(4615.1, rel=0.02)
+    assert f.severity == "high"
+
+
+def test_launch_bound_silent_where_the_host_runs_ahead(prefetch):
+    """graph_gaps' eager loop of 160 layers (178 us GEMMs launched every 25 us: the queue builds up) and
+    dataloader_sync (29 us kernels, one launch every 20 us: 2 of 449 kernels starved)."""
+    eager = run(traces("recorded-graph_gaps-eager160"))
+    assert finding(eager, "launch_bound") is None and "launch_bound" in eager.checked
+    assert finding(prefetch, "launch_bound") is None
+    assert finding(run([DATA / "eager_N10_default_rank0.json.gz"]), "launch_bound") is None
+
+
+# ------------------------------------------------------------------------------------------- host_sync
+def test_host_sync_counts_the_lead_a_sync_destroys(pageable, prefetch):
+    """dataloader_sync: torch's cudaStreamSynchronize after each pageable copy (the copy is done: almost nothing
+    to wait for) and the loop's cudaDeviceSynchronize: a few us each, never at 'low'."""
+    f = finding(pageable, "host_sync")
+    assert f.evidence["calls"] == {"cudaDeviceSynchronize": {"count": 1, "host_us": 25.6},
+                                   "cudaStreamSynchronize": {"count": 4, "host_us": 28.3}}
+    assert f.cost_us_per_step == pytest.approx(7.2, abs=0.5) and f.severity == "info"
+    # prefetch rank 0: a 769 us cudaDeviceSynchronize, then 35 ms waiting for the DataLoader: the sync cost nothing
+    assert finding(prefetch, "host_sync") is None and silent(prefetch, "host_sync")
+
+
+# ------------------------------------------------------------------------------------------- the example job
+def job(case: str):
+    """examples/train_ddp.py on 2xH200 (2026-11-23, torch 2.11, NCCL 2.28.9), one planted problem per case
+    (tests/data/doctor/<case>/: kit.capture's trace of each rank). Wall-clock step without the profiler
+    (summary_rank<r>.json in recorded/doctor/h200x2-20261123/<case>): clean 54.2 ms, pageable 54.2,
+    h2d-on-compute-stream 54.1, item 55.1-55.3, tiny-kernels 93.3-94.9, cuda-graph 55.5-55.7 (mixing off 55.6-56.8)."""
+    return run(traces(case, "trace_rank*.json.gz"))
+
+
+@pytest.fixture(scope="module")
+def clean():
+    return job("clean")
+
+
+def test_example_clean_job_has_no_host_finding(clean):
+    assert set(HOST_RULES) <= set(clean.checked) and not clean.skipped
+    assert [f.rule for f in clean.findings] == []  # not even 'info'
+    assert clean.steps == 1 and clean.step_us == pytest.approx(57680, rel=0.01)
+
+
+def test_example_item_is_a_host_sync(clean):
+    """loss.item() every step: a cudaStreamSynchronize waits for the step's GPU work (24-31 ms), then the GPU
+    idles 140-170 us until the next kernel and runs the next step's first kernels as the host launches them
+    (the catch-up): 570-712 us per step, against ~1 ms measured without the profiler."""
+    d = job("item")
+    f = finding(d, "host_sync")
+    assert f.severity == "low" and f.ranks == (0, 1) and f.evidence["rank"] == 1
+    assert f.evidence["calls"] == {"cudaStreamSynchronize": {"count": 1, "host_us": 31095.4}}
+    assert f.cost_us_per_step == pytest.approx(711.6, rel=0.02)
+    assert f.evidence["per_rank"]["0"]["cost_us_per_step"] == pytest.approx(569.5, rel=0.02)
+    assert [x.rule for x in d.findings] == ["host_sync"]
+    assert f.evidence["excerpt"]["rank"] == 1 and f.evidence["excerpt"]["t1_us"] > f.evidence["excerpt"]["t0_us"]
+    assert finding(clean, "host_sync") is None
+
+
+def test_example_tiny_kernels_is_launch_bound(clean):
+    d = job("tiny-kernels")
+    f = finding(d, "launch_bound")
+    assert f.severity == "high" and f.ranks == (0, 1) and f.evidence["rank"] == 0
+    assert f.evidence["kernels_per_step"] == 6517
+    assert f.evidence["kernel_median_us"] == pytest.approx(0.93, abs=0.05)
+    assert f.evidence["launch_interval_median_us"] == pytest.approx(10.46, abs=0.3)
+    assert f.evidence["starved_share"] == pytest.approx(0.731, abs=0.01)
+    assert f.cost_us_per_step == pytest.approx(53020, rel=0.02)
+    assert [x.rule for x in d.findings] == ["launch_bound"]
+    assert finding(clean, "launch_bound") is None
+
+
+def test_example_cuda_graph_mixing_gap_is_small_here():
+    """The whole step in one CUDA graph, per-parameter all-reduces (77 NCCL kernels per replay): with mixing on
+    the gap before them is 1.6 us against 0.4 us before the graph's other kernels, ~100 us per 60 ms step (the
+    wall clock does not see it: 55.5 vs 55.6 ms): named, at 'info'; silent with NCCL_GRAPH_MIXING_SUPPORT=0.
+    The step time is the GPU's (one replay every ~60 ms), not the host's (a 1.3-2.3 ms cudaGraphLaunch)."""
+    on, off = job("cuda-graph-per-param"), job("cuda-graph-per-param-mixing0")
+    f = finding(on, "graph_mixing_gap")
+    assert f.ranks == (0, 1) and f.severity == "info" and f.evidence["graph_nccl_kernels_per_step"] == 77
+    assert f.evidence["gap_before_graph_nccl_median_us"] == pytest.approx(1.6, abs=0.05)
+    assert f.evidence["gap_before_other_median_us"] == pytest.approx(0.42, abs=0.05)
+    assert f.cost_us_per_step == pytest.approx(99.3, rel=0.02)
+    assert on.steps == 3 and on.step_us == pytest.approx(60613, rel=0.02)
+    assert finding(off, "graph_mixing_gap") is None and off.step_us == pytest.approx(57393, rel=0.02)
+
+
+def test_example_copies_are_named_at_their_small_cost(clean):
+    """The batch is 2 x 32 x 1024 int64 (256 KB each): from pageable memory the host blocks 176-180 us per step
+    (0.3%), on the compute stream the compute waits 15 us (0.03%) -- both named, at 'info', and the wall clock
+    does not see either (54.2 and 54.1 ms against 54.2)."""
+    pageable, compute = job("pageable"), job("h2d-on-compute-stream")
+    f = finding(pageable, "pageable_h2d")
+    assert f.severity == "info" and f.ranks == (0, 1) and f.evidence["copies_per_step"] == 2
+    assert f.cost_us_per_step == pytest.approx(179.9, rel=0.02)
+    assert finding(pageable, "h2d_on_compute_stream") is None  # still prefetched on a side stream
+    g = finding(compute, "h2d_on_compute_stream")
+    assert g.severity == "info" and g.evidence["compute_stream"] == 7 and g.evidence["copies_per_step"] == 2
+    assert g.cost_us_per_step == pytest.approx(15.1, rel=0.05) and g.evidence["pageable_copies_per_step"] == 0
+    assert finding(compute, "pageable_h2d") is None
+    assert finding(clean, "pageable_h2d") is None and finding(clean, "h2d_on_compute_stream") is None
+
+
+# ------------------------------------------------------------------------------------------- skipped rules
+def _gpu_only(src: Path, dst: Path) -> Path:
+    """The GPU activity of a real trace, its CPU events dropped (a trace captured with ProfilerActivity.CUDA
+    only)."""
+    with gzip.open(src, "rt") as f:
+        data = json.load(f)
+    data["traceEvents"] = [e for e in data["traceEvents"] if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    with gzip.open(dst, "wt") as f:
+        json.dump(data, f)
+    return dst
+
+
+def test_rules_that_need_host_events_are_skipped_with_the_reason(tmp_path):
+    src = DOC / "recorded-dataloader_sync" / "trace_h2d=pageable_sync=per_param_rank0.json.gz"
+    d = run([_gpu_only(src, tmp_path / "gpu_only_rank0.json.gz")])
+    why = {s.rule: s.why for s in d.skipped}
+    assert set(CPU_RULES) <= set(why) and all("no CUDA runtime events" in why[r] for r in CPU_RULES)
+    assert "h2d_on_compute_stream" in d.checked  # reads only the GPU frame
+    assert finding(d, "h2d_on_compute_stream").cost_us_per_step == pytest.approx(6533.0, rel=0.01)
+    assert any("no CUDA runtime events" in n for n in d.notes)
+
+
+def test_a_rule_judged_on_some_ranks_only_says_so(tmp_path):
+    """Rank 1's trace without CPU events, rank 0's whole: the host rules judge rank 0 and a note names rank 1."""
+    dl = DOC / "recorded-dataloader_sync"
+    d = run([dl / "trace_h2d=pageable_sync=per_param_rank0.json.gz",
+             _gpu_only(dl / "trace_h2d=pageable_sync=per_param_rank1.json.gz", tmp_path / "g_rank1.json.gz")])
+    assert finding(d, "pageable_h2d").ranks == (0,) and finding(d, "h2d_on_compute_stream").ranks == (0, 1)
+    assert "pageable_h2d" in d.checked and not d.skipped
+    assert any(n.startswith("pageable_h2d judged on 1 of 2 ranks, not on rank(s) 1: no CUDA runtime events")
+               for n in d.notes)
+
+
+def test_a_trace_with_one_kernel_is_judged_without_error(tmp_path):
+    """The first activity on a GPU has no gap before it (kit.traces.gaps): with one kernel the gap frame is empty."""
+    with gzip.open(DATA / "tp_rank0.json.gz", "rt") as f:
+        data = json.load(f)
+    first = next(e for e in data["traceEvents"] if e.get("cat") == "kernel" and "nccl" not in e["name"])
+    data["traceEvents"] = [e for e in data["traceEvents"] if e.get("cat") not in ("kernel", "gpu_memcpy",
+                                                                                   "gpu_memset") or e is first]
+    with gzip.open(tmp_path / "one_rank0.json.gz", "wt") as f:
+        json.dump(data, f)
+    d = run([tmp_path / "one_rank0.json.gz"])
+    assert d.checked == list(HOST_RULES) and not d.skipped and not d.findings
+
+
+def test_empty_and_one_rank_traces_list_what_they_skip(tmp_path):
+    with gzip.open(DATA / "colls_rank0.json.gz", "rt") as f:
+        data = json.load(f)
+    data["traceEvents"] = []
+    with gzip.open(tmp_path / "empty_rank0.json.gz", "wt") as f:
+        json.dump(data, f)
+    d = diagnose([tmp_path / "empty_rank0.json.gz"], workers=1)
+    assert d.findings == [] and not set(HOST_RULES) & set(d.checked)
+    why = {s.rule: s.why for s in d.skipped}
+    assert set(HOST_RULES) <= set(why) and "2+ ranks" in why["late_rank"]
+    assert all("no GPU activity" in why[r] for r in HOST_RULES)
+    assert any("no GPU activity" in n for n in d.notes)
+    one = diagnose([DATA / "graph_N10_default_rank0.json.gz"], workers=1)
+    assert {s.rule: s.why for s in one.skipped}["late_rank"] == "needs traces of 2+ ranks of one job; got 1"
+
+
+# ------------------------------------------------------------------------------------------- command line
+def test_json_output_has_the_issue_schema(capsys):
+    rc = kit_main(["doctor", *traces("recorded-dataloader_sync", "*h2d=pageable*"), "--json", "--workers", "1",
+                   "--rules", ",".join(HOST_RULES)])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 4  # findings at or above 'low'
+    assert {"findings", "checked", "skipped"} <= set(out)
+    assert out["checked"] == list(HOST_RULES) and out["skipped"] == [] and out["failed"] == []
+    assert out["ranks"] == [0, 1] and out["steps"] == 0 and out["step_us"] > 0
+    for f in out["findings"]:
+        assert {"rule", "severity", "cost_us_per_step", "ranks", "evidence", "cause", "fix", "notebook"} <= set(f)
+        assert isinstance(f["ranks"], list) and isinstance(f["evidence"], dict)
+        assert f["severity"] in ("high", "medium", "low", "info")
+    costs = [f["cost_us_per_step"] for f in out["findings"]]
+    assert costs == sorted(costs, reverse=True)
+    assert [f["rule"] for f in out["findings"]][:2] == ["pageable_h2d", "h2d_on_compute_stream"]
+
+
+def test_text_report_ranks_findings_and_lists_skips(capsys, tmp_path):
+    src = DOC / "recorded-dataloader_sync" / "trace_h2d=pageable_sync=per_param_rank0.json.gz"
+    rc = kit_main(["doctor", str(_gpu_only(src, tmp_path / "g_rank0.json.gz")), "--workers", "1"])
+    out = capsys.readouterr().out
+    assert rc == 4
+    assert "1. [MEDIUM] h2d_on_compute_stream: 6533 us per step" in out
+    for part in ("cause ", "fix ", "caveats ", "notebook  notebooks/dataloader_sync.ipynb", "checked (", "skipped (",
+                 "pageable_h2d: no CUDA runtime events", "capture notes"):
+        assert part in out
+
+
+def test_clean_diagnosis_exits_0(capsys):
+    rc = kit_main(["doctor", *traces("recorded-graph_gaps-mix0"), "--workers", "1", "--rules", "graph_mixing_gap"])
+    assert rc == 0 and "no finding at or above 'low'" in capsys.readouterr().out
+
+
+@pytest.fixture
+def bad_files(tmp_path):
+    trunc = tmp_path / "trunc_rank1.json.gz"
+    trunc.write_bytes((DATA / "colls_rank1.json.gz").read_bytes()[:2000])
+    foreign = tmp_path / "other_rank1.json"
+    foreign.write_text(json.dumps({"name": "not a trace", "values": [1, 2, 3]}))
+    return {"missing": tmp_path / "missing_rank1.json.gz", "truncated": trunc, "foreign": foreign}
+
+
+@pytest.mark.parametrize("kind", ["missing", "truncated", "foreign"])
+def test_bad_file_alone_exits_2_with_one_line(kind, bad_files, capsys):
+    rc = kit_main(["doctor", str(bad_files[kind]), "--workers", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "Traceback" not in err[0] and bad_files[kind].name in err[0]
+    assert {"missing": "no such file", "truncated": "is the file complete",
+            "foreign": "not a PyTorch profiler trace"}[kind] in err[0]
+
+
+def test_bad_file_among_good_ones_is_partial(bad_files, capsys):
+    good = traces("recorded-graph_gaps-mix0")[:1]
+    rc = kit_main(["doctor", *good, str(bad_files["truncated"]), "--workers", "1", "--json"])
+    cap = capsys.readouterr()
+    out = json.loads(cap.out)
+    assert rc == 3 and out["ranks"] == [0] and out["checked"]
+    assert [x["trace"] for x in out["failed"]] == [str(bad_files["truncated"])]
+    assert "is the file complete" in out["failed"][0]["error"] and "Traceback" not in cap.err
+
+
+def test_traces_of_different_jobs_or_one_rank_twice_exit_2(capsys):
+    """pageable and prefetch ran 74 s apart on the same machine: two jobs. Their rank-0 traces together are also
+    one rank twice."""
+    dl = DOC / "recorded-dataloader_sync"
+    rc = kit_main(["doctor", str(dl / "trace_h2d=pageable_sync=per_param_rank0.json.gz"),
+                   str(dl / "trace_h2d=prefetch_sync=ddp_rank1.json.gz"), "--workers", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "not with the others" in err[0] and "another job" in err[0]
+    rc = kit_main(["doctor", str(dl / "trace_h2d=pageable_sync=per_param_rank0.json.gz"),
+                   str(dl / "trace_h2d=prefetch_sync=ddp_rank0.json.gz"), "--workers", "1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "rank 0 again" in err and "Traceback" not in err
+
+
+def test_world_sizes_that_differ_exit_2(tmp_path, capsys):
+    with gzip.open(DATA / "colls_rank1.json.gz", "rt") as f:
+        data = json.load(f)
+    data["distributedInfo"]["world_size"] = 4
+    with gzip.open(tmp_path / "ws4_rank1.json.gz", "wt") as f:
+        json.dump(data, f)
+    rc = kit_main(["doctor", str(DATA / "colls_rank0.json.gz"), str(tmp_path / "ws4_rank1.json.gz"), "--workers", "1"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "world size 4" in err and "different jobs" in err
+
+
+def test_unknown_rule_and_empty_directory_exit_2(tmp_path, capsys):
+    assert kit_main(["doctor", str(DATA / "colls_rank0.json.gz"), "--rules", "nope"]) == 2
+    assert "unknown rule(s) nope" in capsys.readouterr().err
+    assert kit_main(["doctor", str(tmp_path)]) == 2
+    assert "no rank trace" in capsys.readouterr().err
+    assert kit_main(["doctor", str(DATA / "colls_rank0.json.gz"), "--sweep", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert "nope: no such file" in err and "Traceback" not in err
+
+
+def test_flight_recorder_dumps(tmp_path, capsys):
+    """Two ranks' dumps from a real run, cut to their last 5 entries; rank 1's last collective removed: the
+    statement names it (what a hang waits for)."""
+    src = DATA.parent.parent / "recorded/collective_tracing/20261123-023252-vm-44640d"
+    paths = []
+    for r in (0, 1):
+        dump = json.loads((src / f"fr_run_rank{r}.json").read_text())
+        dump["entries"] = dump["entries"][-5:] if r == 0 else dump["entries"][-5:-1]
+        (tmp_path / f"fr_rank{r}.json").write_text(json.dumps(dump))
+        paths.append(str(tmp_path / f"fr_rank{r}.json"))
+    rc = kit_main(["doctor", *traces("recorded-graph_gaps-mix0"), "--workers", "1", "--rules", "host_sync",
+                   "--fr", *paths, "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and len(out["flight_recorder"]) == 1
+    assert "reached by rank(s) [0], never issued by rank(s) [1]" in out["flight_recorder"][0]
+    (tmp_path / "fr_rank2.json").write_bytes(b"\x80\x04not json")
+    assert kit_main(["doctor", *traces("recorded-graph_gaps-mix0"), "--fr", str(tmp_path / "fr_rank2.json")]) == 2
+    assert "pickled" in capsys.readouterr().err
+
+
+def test_html_renders_the_doctor_notebook(tmp_path, capsys):
+    """--html: notebooks/doctor.ipynb executed by papermill for these traces (absolute paths) and exported."""
+    rc = kit_main(["doctor", *traces("recorded-graph_gaps-mix0"), "--workers", "1", "--rules", "graph_mixing_gap",
+                   "--html", str(tmp_path / "report")])
+    assert rc == 0, capsys.readouterr().err
+    html = (tmp_path / "report" / "doctor.html").read_text()
+    nb = json.loads((tmp_path / "report" / "doctor.ipynb").read_text())
+    injected = "".join("".join(c["source"]) for c in nb["cells"]
+                       if "injected-parameters" in c.get("metadata", {}).get("tags", []))
+    assert str(DOC / "recorded-graph_gaps-mix0") in injected and "<html" in html.lower()

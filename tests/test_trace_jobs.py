@@ -1,0 +1,216 @@
+"""Many rank traces (issue 18 items 4-6): which files a directory or glob names, per-rank work in this process,
+in a local process pool and on a real ``distributed.LocalCluster`` (not a mock) with identical results, one
+bad file among many (named, the others analysed, exit 3), and 16 generated ranks whose collectives match
+across all of them."""
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.bench_trace_tools import SKEW_US, make_job
+from conftest import ROOT
+from kit import traces
+from kit.traces.jobs import RankFailure, expand, map_ranks
+
+DATA = Path(__file__).parent / "data"
+TP = [DATA / "tp_rank0.json.gz", DATA / "tp_rank1.json.gz"]
+NCCL = [DATA / "colls_rank0.json.gz", DATA / "colls_rank1.json.gz"]
+
+
+def _kit(*args):
+    return subprocess.run([sys.executable, "-m", "kit", *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+def _json(*args):
+    p = _kit(*args, "--json")
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as c:
+        with distributed.Client(c) as client:
+            yield c, client
+
+
+@pytest.fixture(scope="module")
+def job16(tmp_path_factory):
+    """16 ranks from tp_rank0/1: rank r's clock skewed by r x SKEW_US, two repetitions of the source events."""
+    return make_job(tmp_path_factory.mktemp("job16"), 16, reps=2, suffix=".json.gz")
+
+
+def _truncated(tmp_path, name="trace_job=x_rank2.json"):
+    raw = gzip.decompress(TP[0].read_bytes())
+    p = tmp_path / name
+    p.write_bytes(raw[: len(raw) // 3])
+    return p
+
+
+# ------------------------------------------------------------------------------------------------ expand
+def test_expand_directory_glob_and_files(tmp_path):
+    for p in [*TP, *NCCL]:
+        (tmp_path / p.name).write_bytes(p.read_bytes())
+    for junk in ("merged_part=x.json.gz", "fr_rank0.json", ".stamps.json", "notes.txt"):
+        (tmp_path / junk).write_text("{}")
+    (tmp_path / ".kitcache").mkdir()
+    (tmp_path / ".kitcache" / "tp_rank0.json.gz.none.gpu.parquet").write_text("x")
+    found = expand([tmp_path])
+    assert [p.name for p in found] == ["colls_rank0.json.gz", "tp_rank0.json.gz", "colls_rank1.json.gz",
+                                       "tp_rank1.json.gz"]  # by rank, then by name
+    assert [p.name for p in expand(str(tmp_path / "tp_*.json.gz"))] == ["tp_rank0.json.gz", "tp_rank1.json.gz"]
+    assert expand([TP[1], TP[0], TP[1]]) == TP  # sorted by rank, each once
+    assert expand(tmp_path / "nope.json") == [tmp_path / "nope.json"]  # a missing file fails when read, named
+    with pytest.raises(traces.TraceError, match="no trace file matches"):
+        expand([str(tmp_path / "*.pt.trace.json")])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(traces.TraceError, match="no rank trace"):
+        expand([tmp_path / "empty"])
+
+
+# ------------------------------------------------------------------------------------------------ map_ranks
+def _kernels(path):
+    return int((traces.load_trace(path, cpu="none").gpu["cat"] == "kernel").sum())
+
+
+def _boom(path):
+    raise RuntimeError(f"no luck with {Path(path).name}")
+
+
+def test_map_ranks_in_process_pool_and_dask(tmp_path, cluster):
+    bad = _truncated(tmp_path)
+    paths = [TP[0], bad, TP[1]]
+    local = map_ranks(paths, _kernels, workers=1)
+    assert [p for p, _ in local.ok] == [TP[0], TP[1]] and local.values() == [62, 62] and local.partial
+    assert local.failed[0].path == bad and "truncated" in local.failed[0].error
+    assert "Traceback" not in local.failed[0].error
+    for other in (map_ranks(paths, _kernels, workers=2), map_ranks(paths, _kernels, client=cluster[1])):
+        assert other == local
+    boom = map_ranks(TP, _boom, workers=2)
+    assert boom.failed == [RankFailure(TP[0], "RuntimeError: no luck with tp_rank0.json.gz"),
+                           RankFailure(TP[1], "RuntimeError: no luck with tp_rank1.json.gz")]
+    assert not boom.partial
+    with pytest.raises(traces.TraceError) as e:
+        boom.raise_if_all_failed()
+    assert len(str(e.value).splitlines()) == 2
+
+
+# ------------------------------------------------------------------------------------------------ identical everywhere
+@pytest.mark.parametrize("pair", [TP, NCCL], ids=["tp", "colls"])
+def test_collectives_and_gaps_identical_locally_and_on_dask(pair, cluster):
+    addr = cluster[0].scheduler_address
+    for verb in ("collectives", "gaps"):
+        one = _json("trace", verb, *pair, "--workers", "1")
+        assert one == _json("trace", verb, *pair, "--workers", "2") == _json("trace", verb, *pair, "--scheduler", addr)
+    # the Python API with a Client gives the same frame as in this process
+    a = traces.collectives(pair)
+    b = traces.collectives(pair, client=cluster[1])
+    assert a.equals(b) and a.attrs["failed"] == b.attrs["failed"] == []
+
+
+def test_two_rank_outputs_unchanged():
+    """For 1-2 traces the outputs are the ones of the one-process code: same JSON as the API on loaded Traces."""
+    loaded = [traces.load_trace(p, cpu="comm") for p in TP]
+    df = traces.collectives(loaded)
+    assert _json("trace", "collectives", *TP) == json.loads(json.dumps(traces.to_json(df, traces.summary(df)),
+                                                                       default=str))
+    single = _json("trace", "gaps", TP[0])
+    assert "per_rank" not in single and single["trace"] == str(TP[0]) and "per_gpu" in single
+
+
+def test_gaps_many_ranks_per_rank_and_combined():
+    res = traces.trace_gaps(TP)
+    assert [r["rank"] for r in res["per_rank"]] == [0, 1] and res["failed"] == []
+    for r, p in zip(res["per_rank"], TP):  # each rank's block is the one-file result
+        assert {k: v for k, v in r.items() if k != "rank"} == traces.trace_gaps(p)
+    c = res["combined"]
+    assert c["ranks"] == 2 and c["kernels"] == sum(r["kernels"] for r in res["per_rank"])
+    import numpy as np
+
+    pooled = np.concatenate([g[~g.stall & (g.before == "nccl")].gap_us.to_numpy()
+                             for g in (traces.gaps(traces.load_trace(p).gpu) for p in TP)])
+    s = c["summary"]["before_nccl_us"]
+    assert s["count"] == len(pooled)
+    assert abs(s["median"] - np.median(pooled)) < 1e-3 and abs(s["p90"] - np.percentile(pooled, 90)) < 1e-3
+    assert abs(s["max"] - pooled.max()) < 1e-3
+    text = _kit("trace", "gaps", *TP).stdout
+    assert "2 ranks, 124 kernels" in text and "all ranks, all GPUs" in text
+
+
+# ------------------------------------------------------------------------------------------------ one bad file
+def test_one_bad_file_among_many(tmp_path):
+    bad = _truncated(tmp_path)
+    for verb in ("collectives", "gaps"):
+        p = _kit("trace", verb, *TP, bad, "--json", "--workers", "2")
+        assert p.returncode == 3, p.stderr
+        out = json.loads(p.stdout)
+        assert [f["trace"] for f in out["failed"]] == [str(bad)] and "truncated" in out["failed"][0]["error"]
+        assert "partial result" in p.stderr and "Traceback" not in p.stderr
+        text = _kit("trace", verb, *TP, bad)
+        assert text.returncode == 3 and "could not read 1 rank trace(s)" in text.stdout and str(bad) in text.stdout
+    rows = json.loads(_kit("trace", "collectives", *TP, bad, "--json").stdout)["collectives"]
+    assert {r["rank"] for r in rows} == {0, 1}
+    merged = tmp_path / "m.json"
+    p = _kit("trace", "merge", *TP, bad, "-o", merged)
+    assert p.returncode == 3 and str(bad) in p.stdout
+    assert json.loads(merged.read_text())["kit"]["ranks"] == [0, 1]
+    assert "exit status" in _kit("trace", "collectives", "--help").stdout and "3 partial" in _kit(
+        "trace", "gaps", "--help").stdout
+
+
+def test_every_file_bad_is_exit_2_one_line_each(tmp_path):
+    bad = [_truncated(tmp_path, "a_rank0.json"), tmp_path / "missing_rank1.json.gz"]
+    for verb in (["collectives"], ["gaps"], ["merge", "-o", tmp_path / "o.json"]):
+        p = _kit("trace", *verb[:1], *bad, *verb[1:])
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and len(lines) == 2 and "Traceback" not in p.stderr, (verb, p.stderr)
+        assert any(str(bad[0]) in x and "truncated" in x for x in lines)
+        assert any(str(bad[1]) in x and "no such file" in x for x in lines)
+    p = _kit("trace", "gaps", tmp_path / "nothing*.json")
+    assert p.returncode == 2 and "no trace file matches" in p.stderr
+
+
+# ------------------------------------------------------------------------------------------------ inputs
+def test_directory_and_glob_inputs(tmp_path):
+    for p in TP:
+        (tmp_path / p.name).write_bytes(p.read_bytes())
+    files = _json("trace", "collectives", *TP)
+    assert _json("trace", "collectives", tmp_path) == _json("trace", "collectives", tmp_path / "tp_rank*.json.gz")
+    rows = _json("trace", "collectives", tmp_path)["collectives"]
+    assert [{k: v for k, v in r.items() if k != "trace"} for r in rows] == [
+        {k: v for k, v in r.items() if k != "trace"} for r in files["collectives"]]
+    g = _json("trace", "gaps", tmp_path)
+    assert [r["rank"] for r in g["per_rank"]] == [0, 1]
+
+
+# ------------------------------------------------------------------------------------------------ many ranks
+def test_sixteen_ranks_match_and_align(job16, tmp_path, cluster):
+    assert len(job16) == 16 and expand([job16[0].parent]) == job16
+    df = traces.collectives(job16[0].parent, workers=2)
+    assert sorted(df["rank"].unique()) == list(range(16)) and df.attrs["failed"] == []
+    per_rank = df.groupby("rank").size()
+    assert per_rank.nunique() == 1 and per_rank.iloc[0] == 2 * 25  # every NCCL kernel of both repetitions
+    assert (df["ranks_seen"] == 16).all()  # every instance matched on all 16 ranks
+    assert (df["wait_us"] >= 0).all() and (df.groupby(["match_key", "instance"])["wait_us"].min() == 0).all()
+    assert df.equals(traces.collectives(job16, client=cluster[1]))
+    off = traces.clock_offsets(job16, workers=2)
+    tp = off[1] + SKEW_US  # the real offset between the two source traces (tp_rank1's clock vs tp_rank0's)
+    assert all(abs(off[r] - (-r * SKEW_US + (tp if r % 2 else 0.0))) < 1e-3 for r in range(16)), off
+    info = traces.merge(job16, tmp_path / "m.json.gz", workers=2)
+    merged = json.loads(gzip.decompress((tmp_path / "m.json.gz").read_bytes()))
+    assert info["ranks"] == list(range(16)) and merged["kit"]["ranks"] == list(range(16))
+    names = {e["args"]["name"].split(" |")[0] for e in merged["traceEvents"] if e.get("name") == "process_name"}
+    assert names == {f"rank {r}" for r in range(16)}
+
+
+def test_without_dask_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "distributed", None)
+    monkeypatch.setitem(sys.modules, "dask.distributed", None)
+    with pytest.raises(ImportError, match=r"pip install 'kit\[cluster\]'"):
+        map_ranks(TP, _kernels, client="tcp://127.0.0.1:8786")
