@@ -25,7 +25,7 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +119,9 @@ def run_notebook(name: str, params: dict, report_dir: Path, no_input: bool, log=
     t0 = time.time()
     status, error = "ok", None
     try:
+        if contract.get(name).run is None:  # an analysis page: only its own parameters, no launch settings
+            drop = {f.name for f in fields(LaunchConfig)} | {"analyse"}
+            params = {k: v for k, v in params.items() if k not in drop}
         pm.execute_notebook(str(src), str(out_nb), parameters=params, kernel_name="python3", cwd=str(REPO),
                             progress_bar=sys.stderr.isatty(), log_output=False)
     except pm.PapermillExecutionError as e:

@@ -106,3 +106,29 @@ def test_dataloader_sync_one_gpu(cfg):
 
     fs = D.INVESTIGATION.findings(results.RunSet([run.dir]))
     assert fs and any("needs 2+ ranks" in f.text for f in fs)
+
+
+def test_capture_and_doctor_name_the_planted_sync_on_gpus(tmp_path):
+    """examples/train_ddp.py under torchrun on 2 GPUs with ``--item``: kit.capture writes one trace per rank and
+    kit doctor names host_sync; the same job without the flag gets no host_sync finding."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    def job(name, *flags):
+        out = tmp_path / name
+        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        str(ROOT / "examples/train_ddp.py"), "--out", str(out), "--layers", "2", "--batch", "16",
+                        "--timed-steps", "2", *flags], check=True, timeout=240, cwd=ROOT)
+        r = subprocess.run([sys.executable, "-m", "kit", "doctor", str(out), "--json", "--workers", "2"],
+                           capture_output=True, text=True, timeout=240, cwd=ROOT)
+        assert r.returncode in (0, 4), r.stderr
+        return json.loads(r.stdout)
+
+    planted, clean = job("item", "--item"), job("clean")
+    assert sorted(planted["ranks"]) == [0, 1] and planted["steps"] >= 2
+    sync = [f for f in planted["findings"] if f["rule"] == "host_sync"]
+    assert sync and sync[0]["evidence"]
+    assert not [f for f in clean["findings"] if f["rule"] == "host_sync" and f["severity"] != "info"]
