@@ -49,11 +49,15 @@ def test_second_open_comes_from_the_cache_and_equals_the_parse(trace, monkeypatc
 
 def test_each_cpu_mode_has_its_own_entry(trace, monkeypatch):
     calls = _reads(monkeypatch)
-    n = traces.load_trace(trace, cpu="none")
-    d = traces.load_trace(trace, cpu="default")
-    assert len(calls) == 2 and n.cpu.empty and len(d.cpu) > 0
-    traces.load_trace(trace, cpu="none")
-    assert len(calls) == 2
+    first = {m: traces.load_trace(trace, cpu=m) for m in ("none", "comm", "default", "all")}
+    assert len(calls) == 4 and first["none"].cpu.empty and len(first["default"].cpu) > 0
+    # list-valued args (process-group ranks, input dims) come back as lists
+    assert first["all"].cpu["input_dims"].map(lambda v: isinstance(v, list)).any()
+    for m, t in first.items():
+        again = traces.load_trace(trace, cpu=m)
+        pd.testing.assert_frame_equal(t.cpu, again.cpu)
+        pd.testing.assert_frame_equal(t.gpu, again.gpu)
+    assert len(calls) == 4  # every mode from its own entry
 
 
 def test_a_rewritten_trace_is_parsed_again(trace, monkeypatch):
@@ -132,14 +136,17 @@ def test_only_the_declared_args_keys_are_decoded():
     assert set(attr) == set(keys) and len(a.__struct_fields__) == len(keys)
 
 
-def test_chunked_decoding_gives_the_same_frames(monkeypatch):
-    whole = traces.load_trace(TP0, cache=False)
+def test_chunked_and_preselected_decoding_give_the_same_frames(monkeypatch):
+    whole = {m: traces.load_trace(TP0, cpu=m, cache=False) for m in ("none", "comm", "default")}
     monkeypatch.setattr(parse, "CHUNK", 7)  # many chunks, one ragged
-    monkeypatch.setattr(parse.decode, "__defaults__", (7,))
-    pieces = traces.load_trace(TP0, cache=False)
-    pd.testing.assert_frame_equal(whole.gpu, pieces.gpu)
-    pd.testing.assert_frame_equal(whole.cpu, pieces.cpu)
-    assert whole.info == pieces.info
+    for m, w in whole.items():
+        pieces = traces.load_trace(TP0, cpu=m, cache=False)
+        pd.testing.assert_frame_equal(w.gpu, pieces.gpu)
+        pd.testing.assert_frame_equal(w.cpu, pieces.cpu)
+        assert w.info == pieces.info
+    # "none" decodes only the GPU events (a first pass on cat/ph), yet counts every event of the file
+    assert whole["none"].info.events == whole["default"].info.events > len(whole["default"].gpu) + len(whole["default"].cpu)
+    pd.testing.assert_frame_equal(whole["none"].gpu, whole["default"].gpu)
 
 
 def test_no_hand_written_scanner_left():

@@ -258,15 +258,23 @@ def test_no_gpu_kernels_and_no_collective_metadata(tmp_path):
     assert "no collective ran in the profiled window" in traces.explain_empty(traces.collectives([k]))
 
 
-def test_merge_parses_each_file_once(monkeypatch, tmp_path):
+def test_merge_decodes_each_file_once_more_than_its_offsets_need(monkeypatch, tmp_path):
+    """merge streams each rank's events out once; the clock offsets come from the per-rank collective frames,
+    which the trace cache keeps -- so a second merge of the same traces decodes each file once."""
     from kit.traces import parse
 
     calls = []
-    real = parse.read_bytes
-    monkeypatch.setattr(parse, "read_bytes", lambda p: calls.append(str(p)) or real(p))
-    tp = [DATA / "tp_rank0.json.gz", DATA / "tp_rank1.json.gz"]
+    real = parse.raw_events
+    monkeypatch.setattr(parse, "raw_events", lambda p: calls.append(str(p)) or real(p))
+    tp = []
+    for f in (DATA / "tp_rank0.json.gz", DATA / "tp_rank1.json.gz"):
+        tp.append(tmp_path / f.name)
+        tp[-1].write_bytes(f.read_bytes())
     info = traces.merge(tp, tmp_path / "m.json.gz")
-    assert sorted(calls) == sorted(map(str, tp)) and info["ranks"] == [0, 1]
+    assert sorted(calls) == sorted(map(str, tp * 2)) and info["ranks"] == [0, 1]
+    calls.clear()
+    traces.merge(tp, tmp_path / "m2.json.gz")
+    assert sorted(calls) == sorted(map(str, tp))
 
 
 def test_aligned_gpu_puts_ranks_on_one_clock():

@@ -8,6 +8,9 @@ The layer, bottom up:
   a chunk of events at a time (a 100 MB trace: ~1 s, ~240 MB peak for ``kit trace gaps``).
 * :mod:`~kit.traces.cache` -- the parsed frames in Parquet beside the trace (``.kitcache/``), keyed by the file
   and the kit's trace-layer version; a re-opened 100 MB trace's GPU frame comes back in ~0.06 s.
+* :mod:`~kit.traces.jobs` -- many ranks: ``expand(files|dirs|globs)``, ``map_ranks(paths, fn, workers=, client=)``:
+  per-rank work in a local process pool or on a Dask cluster, one rank's events per worker at a time, a bad file
+  named and left out; ``collectives``/``trace_gaps``/``merge``/``clock_offsets`` take ``workers=``/``client=``.
 * :mod:`~kit.traces.frames` -- ``load_trace(path) -> Trace``: each file parsed **once** into typed frames
   ``gpu`` (kernels/memcpy/memset), ``cpu`` (annotations, runtime launches with correlation, c10d ops),
   ``collectives`` (one row per NCCL kernel or gloo op) and ``info`` (rank, world size, backend, NCCL
@@ -34,20 +37,22 @@ Quick use::
 from __future__ import annotations
 
 from .census import NODE_TYPES, graph_census
-from .comm import (COLLECTIVE_COLUMNS, collective_rows, collectives, explain_empty, format_text, summary,
-                   to_json)
+from .comm import (COLLECTIVE_COLUMNS, collective_rows, collectives, explain_empty, format_text, match_instances,
+                   summary, to_json, write_json)
 from .flight_recorder import dump_flight_recorder, fr_entries, fr_mismatches, fr_statements
 from .frames import (ADAPTERS, CPU_COLUMNS, GPU_CATS, GPU_COLUMNS, KINETO, KINETO_LEGACY, Adapter, Trace,
                      TraceInfo, from_dict, gpu_events, is_nccl_kernel, load_trace)
-from .gaps import DEFAULT_STALL_US, format_gaps, gap_summary, gaps, trace_gaps
+from .gaps import DEFAULT_STALL_US, combine_gaps, format_gaps, gap_summary, gaps, trace_gaps
+from .jobs import RankFailure, RankResults, expand, map_ranks
 from .merge import aligned_gpu, clock_offsets, merge
 from .names import TraceFile, find_traces, parse_name, trace_path
 from .overlap import OVERLAP_COLUMNS, overlap
 from .parse import TraceError, load
 
 __all__ = ["ADAPTERS", "Adapter", "COLLECTIVE_COLUMNS", "CPU_COLUMNS", "DEFAULT_STALL_US", "GPU_CATS", "GPU_COLUMNS",
-           "KINETO", "KINETO_LEGACY", "NODE_TYPES", "OVERLAP_COLUMNS", "Trace", "TraceError", "TraceFile",
-           "TraceInfo", "aligned_gpu", "clock_offsets", "collective_rows", "collectives", "dump_flight_recorder",
-           "explain_empty", "find_traces", "format_gaps", "format_text", "fr_entries", "fr_mismatches",
-           "fr_statements", "from_dict", "gap_summary", "gaps", "gpu_events", "graph_census", "is_nccl_kernel",
-           "load", "load_trace", "merge", "overlap", "parse_name", "summary", "to_json", "trace_gaps", "trace_path"]
+           "KINETO", "KINETO_LEGACY", "NODE_TYPES", "OVERLAP_COLUMNS", "RankFailure", "RankResults", "Trace",
+           "TraceError", "TraceFile", "TraceInfo", "aligned_gpu", "clock_offsets", "collective_rows", "collectives",
+           "combine_gaps", "dump_flight_recorder", "expand", "explain_empty", "find_traces", "format_gaps",
+           "format_text", "fr_entries", "fr_mismatches", "fr_statements", "from_dict", "gap_summary", "gaps",
+           "gpu_events", "graph_census", "is_nccl_kernel", "load", "load_trace", "map_ranks", "match_instances",
+           "merge", "overlap", "parse_name", "summary", "to_json", "trace_gaps", "trace_path", "write_json"]

@@ -172,6 +172,8 @@ def _read_frame(src: Path) -> tuple["pd.DataFrame", dict[str, Any]]:
     import pandas as pd
     import pyarrow.parquet as pq
 
+    from .frames import CATEGORY_COLUMNS
+
     table = pq.read_table(src)
     meta = json.loads((table.schema.metadata or {})[b"kit"])
     df = table.to_pandas()
@@ -180,8 +182,12 @@ def _read_frame(src: Path) -> tuple["pd.DataFrame", dict[str, Any]]:
         mask = df[c].notna().to_numpy()
         out = np.full(len(v), None, dtype=object)
         if mask.any():  # mostly empty: only the events that carry it are decoded
-            out[mask] = msgspec.json.decode(b"[" + ",".join(v[mask]).encode() + b"]")
+            for i, x in zip(np.flatnonzero(mask), msgspec.json.decode(b"[" + ",".join(v[mask]).encode() + b"]")):
+                out[i] = x  # one by one: values may be lists, which numpy would broadcast
         df[c] = pd.Series(out, index=df.index, dtype=object)
+    for c in CATEGORY_COLUMNS:  # an empty dictionary column comes back as plain strings
+        if c in df.columns and not isinstance(df[c].dtype, pd.CategoricalDtype):
+            df[c] = pd.Categorical(df[c].tolist())
     return df, meta
 
 

@@ -244,8 +244,13 @@ def load_trace(path: str | Path, *, cpu: CpuMode = "default", raw: bool = False,
             keep = keep_predicate(cpu)
             data["traceEvents"] = [e for e in data["traceEvents"] if keep(e)]
         return from_dict(data, path=p, adapter=adapter, raw=True, n_events=n, cpu=cpu)
-    header, chunks = decode(p)
-    t = _build(header, chunks, path=p, adapter=adapter, cpu=cpu)
+    # a first pass picks the events of the kept categories when few are (GPU only, or GPU + annotations);
+    # with the default CPU events most of a trace is a candidate and one pass is faster
+    cats = None
+    if cpu in ("none", "comm"):
+        cats = {r for a in ADAPTERS for r, c in a.cats.items() if c in GPU_CATS or (cpu == "comm" and c == "user_annotation")}
+    header, n_events, chunks = decode(p, cats)
+    t = _build(header, chunks, path=p, adapter=adapter, cpu=cpu, n_events=n_events)
     if use_cache:
         _cache.write(p, cpu, adapter, t)
     return t
@@ -287,7 +292,7 @@ def from_dict(data: Mapping[str, Any], path: Path | None = None, adapter: Adapte
 
 
 def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: Adapter | None,
-           cpu: CpuMode) -> Trace:
+           cpu: CpuMode, n_events: int | None = None) -> Trace:
     """Frames from decoded events, chunk by chunk (:func:`kit.traces.parse.decode`): in each chunk two list
     comprehensions pick the GPU and the kept CPU events, their names and args are decoded in one call each
     (:func:`kit.traces.parse.names`/``args``), and every column grows by one comprehension -- no per-event
@@ -334,9 +339,9 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
         into["dur"] += [e.dur for e in evs]
         return args(evs, keys)
 
-    n_events = 0
+    seen = 0
     for events in chunks:
-        n_events += len(events)
+        seen += len(events)
         g_ev = [e for e in events if e.cat in gpu_raw and e.ph == "X"]
         a = add(g, g_ev, names(g_ev))
         g["device"] += [e.pid if d is None else d for e, d in zip(g_ev, arg(a, "device"))]
@@ -360,7 +365,7 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
     if by_name and len(cpu_df):  # the name-selected events were appended: back to time order
         cpu_df = cpu_df.sort_values("ts", kind="stable", ignore_index=True)
     return Trace(path=path, gpu=_frame(g, GPU_COLUMNS), cpu=cpu_df,
-                 info=trace_info(header, ad, n_events), adapter=ad.name, header=header)
+                 info=trace_info(header, ad, seen if n_events is None else n_events), adapter=ad.name, header=header)
 
 
 def trace_info(header: Mapping[str, Any], ad: Adapter, events: int) -> TraceInfo:

@@ -14,12 +14,12 @@ import gzip
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable
 
 import msgspec
 
 from .frames import Trace, load_trace
-from .parse import CHUNK, TraceError, read_bytes
+from .parse import TraceError, event_dicts
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -80,23 +80,6 @@ def aligned_gpu(traces: Iterable[Trace | str | Path], offsets: dict[int, float] 
     return pd.concat(frames, ignore_index=True)
 
 
-def _event_chunks(path: Path, chunk: int = CHUNK) -> Iterator[list[dict]]:
-    """One rank's events as dicts, ``chunk`` at a time: the file's bytes are split into one
-    :class:`msgspec.Raw` per event (a view, no decoding), and each chunk of views is decoded in one call --
-    the whole file is never a list of dicts."""
-    buf = read_bytes(path)
-    try:
-        if buf.lstrip()[:1] == b"[":  # the bare-array variant of the Chrome trace format
-            raws = msgspec.json.decode(buf, type=list[msgspec.Raw])
-        else:
-            top = msgspec.json.decode(buf, type=dict[str, msgspec.Raw])
-            raws = msgspec.json.decode(top.get("traceEvents", b"[]"), type=list[msgspec.Raw])
-        for i in range(0, len(raws), chunk):
-            yield msgspec.json.decode(b"[" + b",".join(raws[i:i + chunk]) + b"]", type=list[dict])
-    except (msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise TraceError(f"{path}: not a readable PyTorch profiler trace ({e})") from None
-
-
 def merge(paths: Iterable[str | Path] | str | Path, out: str | Path, *, workers: int | None = 1,
           client: Any = None, cache: bool | None = None) -> dict[str, Any]:
     """One Chrome trace with a process per (rank, original process), clocks aligned (:func:`clock_offsets`).
@@ -122,7 +105,7 @@ def merge(paths: Iterable[str | Path] | str | Path, out: str | Path, *, workers:
             first = True
             for path, r in ranked:
                 off = offsets.get(r, 0.0)
-                for events in _event_chunks(Path(path)):
+                for events in event_dicts(path):
                     kept = []
                     for e in events:
                         key = (r, e.get("pid"))
