@@ -57,6 +57,8 @@ all-reduces are serialised with the compute and it does (median 1.60 us before e
 ``low_busbw`` is planted from outside, by the environment: ``NCCL_P2P_DISABLE=1`` makes NCCL move the
 all-reduces through host shared memory instead of NVLink (compare with a collectives sweep of the same machine).
 Flags that need CUDA say so and are ignored on CPU.
+
+Longer than the kit's ~400-line modules on purpose: it is a user's training script, self-contained so it can be copied, with one flag per planted problem.
 """
 
 from __future__ import annotations

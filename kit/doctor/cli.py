@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -46,6 +47,8 @@ def add_parser(sub) -> None:
                    help="local processes for the per-rank phase (default: one per core; 1 = in this process)")
     d.add_argument("--scheduler", metavar="ADDR", help="a Dask scheduler (tcp://host:8786) for the per-rank phase")
     d.add_argument("--rules", metavar="IDS", help="comma-separated rule ids to run (default: all)")
+    d.add_argument("--no-cache", action="store_true",
+                   help="parse every trace again, neither reading nor writing the trace cache (.kitcache/)")
     d.set_defaults(fn=cmd)
 
 
@@ -77,6 +80,8 @@ def cmd(args) -> int:
     from .engine import JobError, diagnose, load_flight_recorder
     from .sweep import SweepError
 
+    if getattr(args, "no_cache", False):  # the workers (local or Dask, started from here) inherit it
+        os.environ["KIT_TRACE_CACHE"] = "0"
     try:
         only = _rules(args.rules)
         fr = load_flight_recorder(args.fr) if args.fr else None
@@ -84,12 +89,16 @@ def cmd(args) -> int:
                      client=args.scheduler, only=only)
     except (TraceError, JobError, SweepError, RuleIdError, ImportError) as e:
         return _fail(e)
-    if args.json:
-        print(json.dumps(d.to_json(), indent=1, default=str))
-    else:
-        from .report import format_text
+    try:
+        if args.json:
+            print(json.dumps(d.to_json(), indent=1, default=str))
+        else:
+            from .report import format_text
 
-        print(format_text(d))
+            print(format_text(d))
+        sys.stdout.flush()
+    except BrokenPipeError:  # `kit doctor ... | head`: the reader left; not an error worth a traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     if args.html and render_html(d, args, Path(args.html)) != 0:
         return EXIT_NOTEBOOK
     if d.failed:

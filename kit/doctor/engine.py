@@ -161,7 +161,7 @@ def apart_in_time(summaries: Sequence[RankSummary]) -> list[str]:
     traces are grouped into runs of overlapping spans; every trace outside the largest group is named."""
     import datetime
 
-    timed = sorted((s.span, s) for s in summaries if s.span is not None)
+    timed = sorted(((s.span, s) for s in summaries if s.span is not None), key=lambda t: t[0])
     if len(timed) < 2:
         return []
     groups: list[list] = [[timed[0]]]

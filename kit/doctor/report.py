@@ -39,7 +39,8 @@ def evidence_lines(ev: dict[str, Any]) -> list[str]:
     pairs = [f"{k} {_value(v)}" for k, v in ev.items() if k not in skip]
     out = textwrap.wrap("; ".join(pairs), WIDTH, initial_indent="    evidence  ", subsequent_indent=" " * 14)
     per = ev.get("per_rank")
-    if isinstance(per, dict) and len(per) > 1:  # the full per-rank numbers are in --json
+    if isinstance(per, dict) and len(per) > 1 and all(  # the full per-rank numbers are in --json
+            isinstance(n, dict) and n.get("cost_us_per_step") is not None for n in per.values()):
         note = f", {ev['per_rank_note']}" if ev.get("per_rank_note") else ""
         costs = ", ".join(f"{rank}: {_value(nums.get('cost_us_per_step'))}" for rank, nums in per.items())
         out += textwrap.wrap(f"cost per rank (us per step{note}) {costs}", WIDTH, initial_indent="    ",

@@ -3,7 +3,7 @@
 **Where.** ``.kitcache/`` beside the trace (a run directory keeps its own cache; delete it any time), or, when
 that folder cannot be written (a read-only share, a recorded run owned by someone else), under
 ``$XDG_CACHE_HOME/kit/traces`` (``~/.cache/kit/traces``). ``KIT_TRACE_CACHE=0`` turns it off;
-``KIT_TRACE_CACHE=/some/dir`` puts every cache there. ``load_trace(..., cache=False)`` and the CLI's
+``KIT_TRACE_CACHE=/some/dir`` puts every cache there (one subfolder per trace folder). ``load_trace(..., cache=False)`` and the CLI's
 ``--no-cache`` bypass it for one call.
 
 **When it is trusted.** Each entry records a key: the kit's trace-layer version (:data:`VERSION`: bump it when
@@ -76,11 +76,12 @@ def key(path: Path, cpu: str, adapter: "Adapter | None") -> str:
 
 
 def _dirs(path: Path) -> list[Path]:
+    # outside the trace's folder, entries are kept per folder: rank0.json.gz of two jobs must not evict each other
+    where = hashlib.blake2b(str(path.resolve().parent).encode(), digest_size=8).hexdigest()
     env = os.environ.get("KIT_TRACE_CACHE", "")
     if env and env not in ("1", "on", "yes", "true"):
-        return [Path(env).expanduser()]
+        return [Path(env).expanduser() / where]
     home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kit" / "traces"
-    where = hashlib.blake2b(str(path.resolve().parent).encode(), digest_size=8).hexdigest()
     return [path.parent / _DIR, home / where]
 
 

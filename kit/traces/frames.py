@@ -22,6 +22,8 @@ few entries; ``detect(header)`` says when it applies, the first match wins). Two
 (read off PyTorch 2.11 traces, unchanged since 2.1 for these keys) and ``kineto-legacy`` (PyTorch 1.8-1.9:
 capitalised categories ``Kernel``/``Runtime``/``Operator``, ``external id`` in lower case), which is also the
 fallback for a file without a ``schemaVersion`` header.
+
+Just over the kit's ~400-line guide: the adapters, the Trace type and the one-pass frame builder belong together (the builder reads the adapters' declarations).
 """
 
 from __future__ import annotations
@@ -370,9 +372,14 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
 
 def trace_info(header: Mapping[str, Any], ad: Adapter, events: int) -> TraceInfo:
     """The header's distributed info through the adapter's declared keys."""
-    d = header.get(ad.info_key) or {}
+    d = header.get(ad.info_key)
+    d = d if isinstance(d, dict) else {}
     fields = {f: d.get(raw_key) for raw_key, f in ad.info.items()}
-    fields["pg_config"] = tuple(fields.get("pg_config") or ())
+    for f in ("rank", "world_size"):  # a foreign header may say anything: an int or nothing
+        v = fields.get(f)
+        fields[f] = int(v) if isinstance(v, (int, float)) or (isinstance(v, str) and v.isdigit()) else None
+    pg = fields.get("pg_config")
+    fields["pg_config"] = tuple(pg) if isinstance(pg, (list, tuple)) else ()
     return TraceInfo(**fields, events=events)
 
 

@@ -108,12 +108,18 @@ def read_bytes(p: Path) -> bytes:
     if p.is_dir():
         raise TraceError(f"{p}: is a directory, not a trace file")
     try:
+        if p.stat().st_size == 0:
+            raise TraceError(f"{p}: empty file (was the profiler stopped before it wrote the trace?)")
         if p.suffix == ".gz" or _is_gzip(p):
             with gzip.open(p, "rb") as f:
-                return f.read()
-        return p.read_bytes()
+                data = f.read()
+        else:
+            data = p.read_bytes()
     except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as e:
         raise TraceError(f"{p}: cannot read ({type(e).__name__}: {e}); is the file complete?") from None
+    if not data.strip():
+        raise TraceError(f"{p}: empty file (was the profiler stopped before it wrote the trace?)")
+    return data
 
 
 def _first_char(buf: bytes) -> str:

@@ -25,6 +25,8 @@ each finding's caveats say so.
 
 What each extract returns is a small frozen dataclass of numbers (never events); each judge compares ranks and
 reports the worst rank's cost per step, naming every rank where the rule fired.
+
+Longer than the kit's ~400-line modules because the five host rules share one per-rank host timeline (launch calls paired with the GPU work they issued, sync costs); that timeline is the candidate to split out next.
 """
 
 from __future__ import annotations

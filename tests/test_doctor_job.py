@@ -1,0 +1,66 @@
+"""kit doctor on whole recorded jobs (every rule at once), on odd input the review found, and on a real Dask
+LocalCluster (issue 11 verification, issue 18 item 5)."""
+
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kit.doctor import diagnose
+
+ROOT = Path(__file__).resolve().parent.parent
+CASES = ROOT / "recorded" / "doctor" / "h200x2-20261123"
+SWEEP = ROOT / "tests" / "data" / "doctor" / "sweep_h200x2"
+
+
+def _problems(d):
+    return {f.rule: f for f in d.findings if f.severity in ("high", "medium", "low")}
+
+
+def test_whole_jobs_every_rule():
+    """The full recorded 2xH200 example runs, all rules together: clean gives nothing at or above 'low'; each
+    planted problem is named; a rank late at the first all-reduce of each step only is not a late rank."""
+    clean = diagnose([CASES / "clean"], sweep=SWEEP, workers=1)
+    assert not clean.problems and set(clean.checked) >= {"late_rank", "exposed_comm", "low_busbw", "host_sync"}
+    late = _problems(diagnose([CASES / "late-rank"], sweep=SWEEP, workers=1))
+    assert list(late) == ["late_rank"] and late["late_rank"].ranks == (1,) and late["late_rank"].severity == "high"
+    per_param = _problems(diagnose([CASES / "per-param-allreduce"], sweep=SWEEP, workers=1))
+    assert "per_param_allreduce" in per_param and "late_rank" not in per_param
+    tiny = _problems(diagnose([CASES / "tiny-kernels"], workers=1))
+    assert list(tiny) == ["launch_bound"]
+    p2p = _problems(diagnose([CASES / "p2p-disabled"], sweep=SWEEP, workers=1))
+    assert p2p["low_busbw"].severity == "high"
+
+
+def test_same_rank_twice_and_bad_headers_are_one_line_each(tmp_path):
+    src = CASES / "clean" / "trace_rank0.json.gz"
+    shutil.copy(src, tmp_path / "a_rank0.json.gz")
+    shutil.copy(src, tmp_path / "b_rank1.json.gz")  # same content under another name: rank 0 twice
+    r = subprocess.run([sys.executable, "-m", "kit", "doctor", str(tmp_path / "a_rank0.json.gz"),
+                        str(tmp_path / "b_rank1.json.gz")], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "rank 0 again" in r.stderr
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    doc = json.loads(gzip.decompress((ROOT / "tests/data/tp_rank0.json.gz").read_bytes()))
+    doc["distributedInfo"] = {"rank": "a", "world_size": [2]}
+    (bad / "trace_rank0.json").write_text(json.dumps(doc))
+    (bad / "empty_rank1.json.gz").write_bytes(b"")
+    (bad / "meta.json").write_text("{}")  # a kit run directory's metadata is not a rank trace
+    r = subprocess.run([sys.executable, "-m", "kit", "doctor", str(bad)], capture_output=True, text=True, cwd=ROOT,
+                       timeout=120)
+    assert r.returncode == 3 and "Traceback" not in r.stderr + r.stdout
+    assert "empty file" in r.stdout + r.stderr and "meta.json" not in r.stdout + r.stderr
+
+
+@pytest.mark.slow
+def test_dask_local_cluster_gives_the_same_diagnosis():
+    distributed = pytest.importorskip("distributed")
+    local = diagnose([CASES / "item"], workers=1).to_json()
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as c, \
+            distributed.Client(c) as client:
+        remote = diagnose([CASES / "item"], client=client).to_json()
+    assert remote == local
