@@ -12,13 +12,14 @@ than through gzip, and a reader of ``.json.gz`` pays the same decode plus a deco
 ``--workdir`` (default ``/tmp/kit-bench-traces``) and reused by the next run when the size and the source
 traces are the same (64 x 100 MB takes a few minutes to write).
 
-**Measured** (each command in a fresh process; ``--no-cache``, so every trace is parsed, except the
-re-open row): ``kit trace gaps`` on 1 rank, ``kit.traces.load_trace`` re-opened from the trace cache, ``kit
-trace gaps`` and ``kit trace collectives`` on 2 ranks, ``kit trace collectives`` on 64 ranks with the default
-workers (the machine's cores), with ``--workers 1`` and with ``--scheduler`` on a 2-worker
-``distributed.LocalCluster`` (its JSON output asserted identical to ``--workers 1``), and ``kit doctor`` on 64
-ranks when the doctor exists. Peak RSS: every process of the run (the command, its worker processes, the Dask
-workers) is sampled every 20 ms with psutil; the table gives the largest single process.
+**Measured** (each command in a fresh process; ``--no-cache`` / ``KIT_TRACE_CACHE=0``, so every trace is
+parsed, except the re-open row): ``kit trace gaps`` on 1 rank, ``kit.traces.load_trace`` re-opened from the
+trace cache, ``kit trace gaps`` and ``kit trace collectives`` on 2 ranks, ``kit trace collectives`` on 64
+ranks with the default workers (the machine's cores), with ``--workers 1`` and with ``--scheduler`` on a
+2-worker ``distributed.LocalCluster`` (its JSON output asserted identical, byte for byte, to the local runs),
+and ``kit doctor`` on 64 ranks when the doctor exists. Peak RSS: every process of the run (the command, its
+worker processes, the Dask workers) is sampled every 20 ms with psutil; the table gives the largest single
+process.
 
 **HTA** (``--hta-python PATH``: an interpreter where ``import hta`` works; HTA 0.5.0 crashes on these traces
 with pandas 3, so ``python3 -m venv /tmp/hta-venv && /tmp/hta-venv/bin/pip install holistictraceanalysis
@@ -38,6 +39,7 @@ fails.
 from __future__ import annotations
 
 import argparse
+import filecmp
 import gzip
 import hashlib
 import json
@@ -160,17 +162,19 @@ class Row:
     out: str = ""
 
 
-def run(what: str, cmd: list[str], ranks: int, mb: float, stdout: Path | None = None, env=None) -> Row:
+def run(what: str, cmd: list[str], ranks: int, mb: float, stdout: Path | None = None, ok=(0,), env=None) -> Row:
     """Run ``cmd`` in a fresh process; wall time, the largest peak RSS of its process tree (and of any other
-    descendant of the benchmark alive meanwhile, e.g. Dask workers)."""
+    descendant of the benchmark alive meanwhile, e.g. Dask workers). ``ok``: the exit statuses that mean it
+    worked (``Row.rc`` is 0 for those)."""
     t = time.perf_counter()
     with TreeRSS() as rss, open(stdout or os.devnull, "w") as out:
         p = subprocess.run(cmd, cwd=ROOT, stdout=out, stderr=subprocess.PIPE, text=True,
                            env={**os.environ, **(env or {})})
     dt = time.perf_counter() - t
-    if p.returncode not in (0, 3):
+    rc = 0 if p.returncode in ok else p.returncode
+    if rc:
         print(f"  {what}: exit {p.returncode}: {p.stderr.strip()[-600:]}", file=sys.stderr)
-    row = Row(what, ranks, mb, dt, rss.max_mb, len(rss.peak), p.returncode, p.stderr.strip()[-300:])
+    row = Row(what, ranks, mb, dt, rss.max_mb, len(rss.peak), rc, p.stderr.strip()[-300:])
     print(f"  {what:<48} {ranks:>3} x {mb:>4.0f} MB  {dt:7.2f} s  peak {row.peak_mb:7.0f} MB "
           f"({row.processes} processes)  rc {p.returncode}", flush=True)
     return row
@@ -223,7 +227,12 @@ def main() -> int:
     ap.add_argument("--hta-python", default=None, help="a Python where holistictraceanalysis is installed")
     ap.add_argument("--skip-job", action="store_true", help="only the 1- and 2-rank rows")
     a = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="kit-bench-out-") as out:  # the commands' outputs (0.5 GB each)
+        return measure(a, Path(out))
 
+
+def measure(a: argparse.Namespace, out: Path) -> int:
+    """Generate (or reuse) the traces, run every command, print the table and the targets."""
     work = Path(a.workdir)
     n = a.ranks
     print(f"generating {2 if a.skip_job else n} rank traces of {a.mb:g} MB in {work / 'job'} (kept for the next "
@@ -232,7 +241,6 @@ def main() -> int:
     files = make_job(work / "job", n, mb=a.mb, first=2 if a.skip_job else None)
     mb = files[0].stat().st_size / 2**20
     print(f"  ready in {time.perf_counter() - t:.0f} s: {len(files)} x {mb:.0f} MB", flush=True)
-    out = Path(tempfile.mkdtemp(prefix="kit-bench-out-"))
     one, two = linked_dir(work / "one", files[:1]), linked_dir(work / "two", files[:2])
     nc = ["--no-cache"]
     rows: dict[str, Row] = {}
@@ -252,7 +260,7 @@ def main() -> int:
     same = None
     if not a.skip_job:
         job = str(work / "job")
-        rows["collN"] = run(f"kit trace collectives (--workers {os.cpu_count()})",
+        rows["collN"] = run(f"kit trace collectives (default: {os.cpu_count()} workers)",
                             KIT + ["trace", "collectives", job, "--json"] + nc, n, mb, out / "coll_default.json")
         rows["collN1"] = run("kit trace collectives --workers 1",
                              KIT + ["trace", "collectives", job, "--json", "--workers", "1"] + nc, n, mb,
@@ -263,14 +271,14 @@ def main() -> int:
             rows["collNd"] = run("kit trace collectives --scheduler (2 Dask workers)",
                                  KIT + ["trace", "collectives", job, "--json", "--scheduler",
                                         cluster.scheduler_address] + nc, n, mb, out / "coll_dask.json")
-        w1, dk, dflt = (json.loads((out / f).read_text()) for f in ("coll_w1.json", "coll_dask.json",
-                                                                    "coll_default.json"))
-        same = w1 == dk == dflt
+        w1, dk, dflt = (out / f for f in ("coll_w1.json", "coll_dask.json", "coll_default.json"))
+        same = filecmp.cmp(w1, dk, shallow=False) and filecmp.cmp(w1, dflt, shallow=False)  # byte for byte
         print(f"  JSON output identical (--workers 1, --workers {os.cpu_count()}, Dask): {same}; "
-              f"{len(w1['collectives'])} collective rows", flush=True)
+              f"{w1.stat().st_size / 2**20:.0f} MB each", flush=True)
         flags = doctor_flags()
         if flags is not None:
-            rows["doctorN"] = run("kit doctor", KIT + ["doctor", job] + flags, n, mb, out / "doctor.json")
+            rows["doctorN"] = run("kit doctor", KIT + ["doctor", job] + flags, n, mb, out / "doctor.json",
+                                  ok=(0, 4), env={"KIT_TRACE_CACHE": "0"})  # 4: diagnosed, with findings
         else:
             print("  kit doctor: not available here (`kit doctor --help` failed): skipped")
 
