@@ -45,6 +45,8 @@ def test_one_process_loop(tmp_path):
 
 
 def test_cycles_tags_and_a_loop_too_short(tmp_path, monkeypatch):
+    for k in capture.relevant_env():  # e.g. OMP_NUM_THREADS=1 left by a Dask test in this process
+        monkeypatch.delenv(k)
     monkeypatch.setenv("NCCL_GRAPH_MIXING_SUPPORT", "0")
     monkeypatch.setenv("SOME_SECRET", "x")
     with capture.profile(tmp_path, wait=0, warmup=1, active=1, repeat=2, tags={"part": "fwd"}) as prof:

@@ -457,3 +457,45 @@ def test_html_renders_the_doctor_notebook(tmp_path, capsys):
     injected = "".join("".join(c["source"]) for c in nb["cells"]
                        if "injected-parameters" in c.get("metadata", {}).get("tags", []))
     assert str(DOC / "recorded-graph_gaps-mix0") in injected and "<html" in html.lower()
+    assert 'rules = "graph_mixing_gap"' in injected and "flight_recorder = []" in injected  # --rules reaches it
+
+
+def test_page_config_rejects_an_unknown_rule():
+    from kit.doctor.page import DoctorConfig
+
+    assert DoctorConfig(rules="host_sync, late_rank").check() == []
+    assert "unknown rule(s) no_such_rule" in DoctorConfig(rules="host_sync,no_such_rule").check()[0]
+
+
+# ------------------------------------------------------------------------------------------------ capture notes
+def test_capture_facts_from_the_kitcapture_header_explain_findings():
+    """The example job's p2p-disabled case ran with NCCL_P2P_DISABLE=1: its kitCapture header says so, and the
+    doctor's notes name it beside the low_busbw finding; the clean case has no note at all."""
+    from kit.doctor.engine import rank_summary
+
+    assert rank_summary(traces("clean")[0]).notes == ()
+    notes = rank_summary(traces("p2p-disabled")[0]).notes
+    assert any(n.startswith("NCCL_P2P_DISABLE=1 in the job's environment") for n in notes), notes
+
+
+def test_capture_facts_notes_for_options_window_error_and_env():
+    from kit.doctor.engine import capture_facts_notes
+
+    assert capture_facts_notes(None) == [] and capture_facts_notes({"format": 1}) == []
+    notes = capture_facts_notes({"with_stack": True, "profile_memory": False, "error": "RuntimeError: boom",
+                                 "schedule": {"skip_first": 0, "wait": 0, "warmup": 0, "active": 3},
+                                 "env": {"CUDA_LAUNCH_BLOCKING": "1", "NCCL_P2P_DISABLE": "0"}})
+    assert len(notes) == 4, notes
+    assert notes[0].startswith("captured with with_stack=True:") and "first step" in notes[1]
+    assert notes[2].endswith("RuntimeError: boom") and notes[3].startswith("CUDA_LAUNCH_BLOCKING=1")
+
+
+def test_traces_without_shapes_or_with_replayed_collectives_say_so():
+    """graph_gaps' eager trace was recorded without record_shapes; its graph trace replays the NCCL kernels from a
+    CUDA graph (no collective metadata on them): the notes say each, and not 'torch < 2.3'."""
+    from kit.doctor.engine import rank_summary
+
+    eager = rank_summary(DATA / "eager_N10_default_rank0.json.gz").notes
+    assert any(n.startswith("no input shapes on the CPU ops") for n in eager), eager
+    graph = rank_summary(DATA / "graph_N10_default_rank0.json.gz").notes
+    assert any("replayed from CUDA graphs" in n for n in graph) and not any("torch < 2.3" in n for n in graph)

@@ -281,6 +281,28 @@ def test_example_late_rank_names_the_sleeping_rank(example):
     assert f.cost_us_per_step == pytest.approx(164233, rel=0.15)
 
 
+def test_example_late_rank_tells_a_slower_gpu_from_more_work(example):
+    """p2p-disabled: rank 0 arrives last at most buckets, its GPU still computing -- and its GPU ran the same
+    kernels ~3% slower than rank 1's (0.8% apart in the clean run): the finding says a slower GPU, not more work.
+    late-rank: the sleeping rank 1's kernels are not slower, its lateness is host idle time."""
+    f = finding(example("p2p-disabled"), "late_rank")
+    assert f is not None and f.ranks == (0,) and f.severity == "low"
+    assert f.evidence["reason"] == "gpu_slow" and f.evidence["same_kernels_slower_pct"] == pytest.approx(3.1, abs=1)
+    assert "same kernels 3." in f.summary and "nvidia-smi -q -d PERFORMANCE,CLOCK" in f.fix
+    g = finding(example("late-rank"), "late_rank")
+    assert g.evidence["same_kernels_slower_pct"] < 0 and g.evidence["reason"] == "host_idle"
+    from kit.doctor.rules.comm import gpu_speed
+
+    k = {r: b.kernels for r, b in [(0, _before("clean", 0)), (1, _before("clean", 1))]}
+    assert abs(gpu_speed(0, k)) < 0.02 and abs(gpu_speed(1, k)) < 0.02
+
+
+def _before(case: str, rank: int):
+    from kit.doctor.engine import rank_summary
+
+    return rank_summary(traces(case, f"trace_rank{rank}.json.gz")[0]).per_rule["late_rank"]
+
+
 def test_example_low_busbw_with_p2p_disabled(example):
     d = example("p2p-disabled")  # NCCL_P2P_DISABLE=1: all-reduces through host memory, not NVLink
     f = finding(d, "low_busbw")

@@ -118,7 +118,9 @@ def render_html(d, args, out_dir: Path) -> int:
         return 1
     overrides = [("traces", [str(Path(t).resolve()) for t in d.traces]),
                  ("sweep", str(Path(args.sweep).resolve()) if args.sweep else ""),
-                 ("workers", int(args.workers or 0))]
+                 ("workers", int(args.workers or 0)),
+                 ("flight_recorder", [str(Path(f).resolve()) for f in args.fr]),
+                 ("rules", args.rules or "")]
     try:
         params = runner.resolve_params(["doctor"], None, overrides)["doctor"]
     except ConfigError as e:

@@ -68,9 +68,65 @@ def capture_notes(trace, steps) -> list[str]:
                      "taken from the file names")
     nccl = trace.gpu[trace.gpu["nccl"]] if not trace.gpu.empty else trace.gpu
     if len(nccl) and nccl["in_nelems"].isna().all():
-        notes.append("NCCL kernels carry no collective metadata (torch < 2.3?): bytes and busbw are unknown")
+        rt = trace.cpu[trace.cpu["cat"] == "cuda_runtime"] if not trace.cpu.empty else trace.cpu
+        replayed = len(rt) and rt["name"].astype(str).eq("cudaGraphLaunch").any() and not (
+            trace.cpu["cat"].eq("cpu_op") & trace.cpu["name"].astype(str).str.startswith("c10d::")).any()
+        notes.append("NCCL kernels carry no collective metadata: "
+                     + ("they are replayed from CUDA graphs, whose kernels the profiler records without the "
+                        "launching op's metadata" if replayed else "torch < 2.3, or the collectives ran outside "
+                        "the recorded ops") + "; bytes and busbw are unknown")
     if trace.cpu.empty or not (trace.cpu["cat"] == "cuda_runtime").any():
         notes.append("no CUDA runtime events: host-side rules (launches, syncs, copies) cannot run")
+    ops = trace.cpu[trace.cpu["cat"] == "cpu_op"] if not trace.cpu.empty else trace.cpu
+    if len(ops) and "input_dims" in ops and ops["input_dims"].isna().all():
+        notes.append("no input shapes on the CPU ops: profile with record_shapes=True (kit.capture does); "
+                     "the sizes of collectives without NCCL metadata and of copies are unknown")
+    return notes + capture_facts_notes(capture_info(trace))
+
+
+ENV_EFFECTS = {
+    "CUDA_LAUNCH_BLOCKING": ("1", "every kernel launch waits for the kernel: launch_bound and host_sync findings "
+                                  "are this setting's doing; unset it for a performance trace"),
+    "NCCL_P2P_DISABLE": ("1", "NCCL may not use direct GPU-to-GPU (NVLink/PCIe P2P) transfers: collectives go "
+                              "through host memory (see low_busbw)"),
+    "NCCL_SHM_DISABLE": ("1", "NCCL may not use shared host memory between local ranks"),
+    "NCCL_IB_DISABLE": ("1", "NCCL may not use InfiniBand/RoCE: inter-node traffic goes through sockets"),
+    "NCCL_GRAPH_MIXING_SUPPORT": ("0", "NCCL's support for mixing graph and eager launches is off "
+                                       "(see graph_mixing_gap: its caveats apply)"),
+    "TORCH_NCCL_BLOCKING_WAIT": ("1", "wait() blocks the host until the collective ends: host_sync findings "
+                                      "around collectives are this setting's doing"),
+}
+"""settings in a ``kitCapture`` environment that change what the rules see: value that has the effect, effect"""
+
+
+def capture_info(trace) -> dict[str, Any] | None:
+    """:func:`kit.capture.capture_info` (the trace header's ``kitCapture``, else the sidecar beside the file)."""
+    from ..capture import capture_info as read
+
+    return read(trace)
+
+
+def capture_facts_notes(facts: dict[str, Any] | None) -> list[str]:
+    """Notes from how :mod:`kit.capture` recorded the trace: options that distort host-side costs, a window that
+    includes the job's first steps, a capture that ended with an error, environment settings that explain
+    findings (:data:`ENV_EFFECTS`). Nothing for a trace captured otherwise (the checks above cover it)."""
+    if not isinstance(facts, dict):
+        return []
+    notes = []
+    heavy = [k for k in ("with_stack", "profile_memory") if facts.get(k) is True]
+    if heavy:
+        notes.append(f"captured with {' and '.join(f'{k}=True' for k in heavy)}: the profiler's per-op cost grows, "
+                     f"so host-side costs (launch_bound, host_sync) are inflated; capture without for timing")
+    sched = facts.get("schedule")
+    if isinstance(sched, dict) and not any(int(sched.get(k) or 0) for k in ("skip_first", "wait", "warmup")):
+        notes.append("the recorded window starts at the job's first step (skip_first=wait=warmup=0): NCCL set-up, "
+                     "autotuning and DDP's bucket rebuild count as step time")
+    if facts.get("error"):
+        notes.append(f"the capture ended with an error: {facts['error']}")
+    env = facts.get("env") if isinstance(facts.get("env"), dict) else {}
+    for var, (value, effect) in ENV_EFFECTS.items():
+        if str(env.get(var, "")).strip() == value:
+            notes.append(f"{var}={value} in the job's environment: {effect}")
     return notes
 
 

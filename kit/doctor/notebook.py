@@ -56,12 +56,16 @@ def resolve(paths: list[str]) -> list[str]:
     return [p if Path(p).is_absolute() or glob.glob(str(p)) else str(REPO_ROOT / p) for p in paths]
 
 
-def diagnose(traces: list[str], sweep: str | None = None, workers: int | None = None) -> Diagnosis:
+def diagnose(traces: list[str], sweep: str | None = None, workers: int | None = None,
+             flight_recorder: list[str] | None = None, rules: str = "") -> Diagnosis:
     """:func:`kit.doctor.diagnose` on the notebook's parameters (``sweep=""``: none, ``workers=0``: one per
-    core), with one line saying what was read."""
-    from .engine import diagnose as run
+    core, ``flight_recorder=[]``: none, ``rules=""``: all), with one line saying what was read."""
+    from .engine import diagnose as run, load_flight_recorder
 
-    d = run(resolve(list(traces)), sweep=resolve([sweep])[0] if sweep else None, workers=workers or None)
+    fr = load_flight_recorder(resolve(list(flight_recorder))) if flight_recorder else None
+    only = [r.strip() for r in rules.split(",") if r.strip()] or None
+    d = run(resolve(list(traces)), sweep=resolve([sweep])[0] if sweep else None, workers=workers or None,
+            flight_recorder=fr, only=only)
     step = f"{d.step_us / 1e3:.2f} ms" if d.step_us else "unknown"
     print(f"{len(d.traces)} rank trace(s), ranks {d.ranks}; step {step} "
           f"({d.steps or 'no'} profiled steps{'' if d.steps else ': the whole trace counts as one'}); "

@@ -25,9 +25,20 @@ class DoctorConfig(LaunchConfig):
     """a collectives sweep of the same machine (a kit collectives run directory or nccl-tests output); ""=none"""
     workers: int = 1
     """local processes for the per-rank phase (0 = one per core)"""
+    flight_recorder: list[str] = field(default_factory=list)
+    """Flight Recorder dumps of the same job (JSON, one per rank); [] = none"""
+    rules: str = ""
+    """comma-separated rule ids to run; "" = all"""
 
     def check(self) -> list[str]:
-        return [] if self.traces else ["traces: give at least one trace file, directory or glob"]
+        from . import rules  # noqa: F401  (registers them)
+        from .model import RULES
+
+        bad = [] if self.traces else ["traces: give at least one trace file, directory or glob"]
+        unknown = [r for r in self.rules.split(",") if r.strip() and r.strip() not in RULES]
+        if unknown:
+            bad.append(f"rules: unknown rule(s) {', '.join(unknown)}; the rules are {', '.join(RULES)}")
+        return bad
 
 
 INVESTIGATION = Investigation(

@@ -499,6 +499,52 @@ class Before:
     tl: Timeline
     cum: "pd.DataFrame"
     """same index as ``tl.rows``: ``<activity>@launch`` and ``<activity>@end`` (us since the trace began)"""
+    kernels: "pd.DataFrame | None" = None
+    """the rank's heaviest compute kernels (:data:`KERNEL_TOP` by total time): per name ``median_us`` and
+    ``total_us`` (:func:`kernel_speeds`) -- to tell a slower GPU from more work"""
+
+
+KERNEL_TOP = 20
+"""late_rank compares the late rank's GPU with the others' on its 20 heaviest compute kernels (by total time):
+enough to cover most of a step's compute, few enough to travel with the summary"""
+SLOW_GPU = 0.02
+"""the same kernels >= 2% slower (time-weighted geometric mean of median ratios) = the late rank's GPU is slower
+at the same work. Between the two H200s of the example job's runs (recorded/doctor/h200x2-20261123) the ratio
+was within +-0.9% in 5 of 10 runs (clean, tiny-kernels, contention, both graph cases), and rank 0 was 2.6-8.3%
+slower in the others (item, pageable, p2p-disabled, h2d-on-compute-stream, per-param-allreduce): a difference
+of that machine from run to run, which the doctor then names (see that folder's README)"""
+
+
+def kernel_speeds(view: RankView) -> "pd.DataFrame":
+    """Median and total duration per compute-kernel name (NCCL kernels and copies left out), the heaviest
+    :data:`KERNEL_TOP`."""
+    g = view.trace.gpu
+    k = g[(g["cat"] == "kernel") & ~g["nccl"].astype(bool)] if not g.empty else g
+    if k.empty:
+        return None
+    agg = k.groupby(k["name"].astype(str), observed=True)["dur"].agg(median_us="median", total_us="sum")
+    return agg.nlargest(KERNEL_TOP, "total_us")
+
+
+def gpu_speed(late: int, kernels: dict[int, "pd.DataFrame | None"]) -> float | None:
+    """How much slower the late rank ran the same compute kernels than the other ranks: the geometric mean,
+    weighted by the late rank's time in each kernel, of (its median) / (the other ranks' median of medians),
+    minus 1. None when fewer than 3 kernel names are shared."""
+    import numpy as np
+
+    mine = kernels.get(late)
+    others = [k["median_us"] for r, k in kernels.items() if r != late and k is not None]
+    if mine is None or not others:
+        return None
+    import pandas as pd
+
+    ref = pd.concat(others, axis=1).median(axis=1)
+    both = mine.join(ref.rename("ref"), how="inner")
+    both = both[(both["ref"] > 0) & (both["median_us"] > 0)]
+    if len(both) < 3:
+        return None
+    w = both["total_us"] / both["total_us"].sum()
+    return float(np.exp((w * np.log(both["median_us"] / both["ref"])).sum()) - 1)
 
 
 def activity(view: RankView, tl: Timeline) -> "pd.DataFrame":
@@ -543,7 +589,7 @@ def activity(view: RankView, tl: Timeline) -> "pd.DataFrame":
 
 def extract_late(view: RankView) -> Before:
     tl = timeline(view)
-    return Before(tl, activity(view, tl))
+    return Before(tl, activity(view, tl), kernel_speeds(view))
 
 
 REASONS = ("data_wait", "host_sync", "host_idle", "host_busy", "gpu_busy")
@@ -678,8 +724,17 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
           "explained_instances": explained, "reason_us_per_step": {c: _r(v / n) for c, v in excess.items()},
           "excerpt": _excerpt(late, float(worst["start_us"]) - 2 * float(worst["late_by_us"]), float(worst["end_us"]),
                               ranks=sorted(tl_of))}
+    slower = gpu_speed(late, {r: b.kernels for r, b in summaries})
+    ev["same_kernels_slower_pct"] = _r(100 * slower) if slower is not None else None
     why = (f"; {REASON_TEXT[reason]} ({100 * excess[reason] / max(sum(excess.values()), 1e-9):.0f}% of its lateness)"
            if reason else "")
+    if reason == "gpu_busy" and slower is not None:
+        reason = "gpu_slow" if slower >= SLOW_GPU else reason
+        why += (f": its GPU ran the same kernels {100 * slower:.1f}% slower than the other ranks' (its "
+                f"{KERNEL_TOP} heaviest, median durations) -- the same work taking longer on that GPU (its "
+                f"clocks, power or thermal limits, or other work on it), not more work" if slower >= SLOW_GPU
+                else f": its GPU ran the same kernels at the others' speed ({100 * slower:+.1f}%) -- more work")
+    ev["reason"] = reason
     summary = (f"rank {late} arrived last, by more than {ev['late_floor_us']:.0f} us, at {len(late_at)} of "
                f"{len(inst)} collectives (median {ev['late_by_us_median']:.0f} us, max {ev['late_by_us_max']:.0f} "
                f"us){why}; the other ranks waited {cost:.0f} us per step for it with nothing else to do")
@@ -876,6 +931,9 @@ FIX_BY_REASON = {
                   "take the per-kernel launch cost off the host."),
     "gpu_busy": ("That rank does more GPU work per step: balance the work (sequence lengths, experts, "
                  "pipeline stages) or check that GPU for throttling (nvidia-smi -q -d PERFORMANCE)."),
+    "gpu_slow": ("That rank's GPU runs the same kernels more slowly: check its clocks and throttle reasons "
+                 "(nvidia-smi -q -d PERFORMANCE,CLOCK,TEMPERATURE,POWER) while the job runs; a GPU held at lower "
+                 "clocks by power or temperature limits slows every rank of a synchronous job to its pace."),
 }
 """late_rank's fix, by what the late rank was doing (:data:`REASONS`)"""
 
