@@ -62,6 +62,24 @@ def hang_in_teardown(cfg, ctx):
     yield {"done": 1}
 
 
+def hang_after_teardown(cfg, ctx):
+    """Finishes its work, then hangs where the rank's own bound cannot help (the garbage collection before
+    destroy_process_group runs a finalizer that never returns)."""
+    import gc
+
+    write_pid(ctx)
+
+    class Stuck:
+        def __del__(self):
+            time.sleep(600)
+
+    a, b = Stuck(), Stuck()
+    a.other, b.other = b, a  # a cycle: freed only by gc.collect() at teardown
+    del a, b
+    gc.disable()  # keep it for the teardown's gc.collect()
+    yield {"done": 1}
+
+
 def exit_hard_on_rank0(cfg, ctx):
     write_pid(ctx)
     yield {"i": 0}

@@ -173,6 +173,50 @@ def test_recorded_runs_show_the_finding():
     assert not G.kept_trace_gaps(dirs, model="allreduce", layers=160).empty
 
 
+def _mechanism_runs():
+    dirs = [d for d in results.recorded("graph_gaps") if d.name.startswith("20261123-07")]
+    assert len(dirs) == 2
+    return results.RunSet(dirs)
+
+
+def test_recorded_mechanism_rows_take_the_gap_apart():
+    """The 2xH200 runs with the mechanism experiments (notebook numbers): the gap grows along the replay with
+    mixing on and is flat with it off; it needs long GEMMs and many NCCL nodes; replays do not change it; each
+    NCCL kernel waits for the previous call's EVENT_RECORD; the batch-16 launch outlier is one slow kernel."""
+    rs = _mechanism_runs()
+    pt = G.position_table(rs.df).set_index(["label", "layers", "mode"])
+    on, off = pt.loc[("default env", 640, "graph")], pt.loc[("NCCL_GRAPH_MIXING_SUPPORT=0", 640, "graph")]
+    assert on["q1_us"] == pytest.approx(54.4, abs=1) and on["q4_us"] == pytest.approx(335.5, abs=2)
+    assert on["slope_us_per_layer"] == pytest.approx(0.57, abs=0.03) and on["kernels"] == 3834
+    assert abs(off["slope_us_per_layer"]) < 0.01 and off[["q1_us", "q4_us"]].between(2, 2.6).all()
+    wt = G.work_table(rs.df).set_index(["label", "variant"])["gap_nccl_graph_us"]
+    assert wt[("default env", "base")] == pytest.approx(53.5, abs=1)
+    assert wt[("default env", "every=16")] < wt[("default env", "every=4")] < wt[("default env", "base")]
+    assert max(wt[("default env", v)] for v in ("tf32", "dtype=bfloat16", "hidden=1024")) < 2
+    assert (wt.loc["NCCL_GRAPH_MIXING_SUPPORT=0"] < 2.6).all()
+    rt = G.replay_table(rs.df)
+    g = rt[rt["label"] == "default env"].set_index("how")["gap_nccl_median_us"]
+    assert list(g.index) == ["first", "second", "synced", "queued"] and g.between(50, 58).all()
+    et = G.edges_table(rs.df)
+    assert et.loc["EVENT_RECORD -> KERNEL:nccl", "default env"] == 3 and et.loc["EVENT_WAIT -> KERNEL:nccl",
+                                                                                  "default env"] == 1
+    assert et.loc["KERNEL:nccl -> KERNEL:nccl", "NCCL_GRAPH_MIXING_SUPPORT=0"] == 3
+    lp = G.launch_profile_table(rs.df).set_index(["batch", "mode"])
+    assert lp.loc[(16, "graph"), "heaviest_median_us"] == pytest.approx(29.0, abs=1)
+    assert lp.loc[(16, "graph"), "kernels_per_forward"] == 64 and lp.loc[(64, "graph"), "kernels_per_forward"] == 128
+    f = {x.key: x for x in G.findings(rs)}
+    assert "0.57 us more per layer" in f["gap_by_position[default env]"].text
+    assert f["launch_outlier[batch=16]"].value == pytest.approx(1.06, abs=0.01)
+
+
+def test_graph_edges_from_a_dot_dump():
+    dot = (ROOT / "recorded/graph_gaps/20261123-075215-vm-1b7e8a/graph_N4_rank0.dot").read_text()
+    e = traces.graph_edges(dot)
+    assert len(e) == traces.graph_census(dot)["edges"] == 19
+    assert {"src": 4, "dst": 7, "src_type": "EVENT_RECORD", "dst_type": "KERNEL:nccl"} in e
+    assert traces.graph_edges("not a dot file") == [] and traces.graph_edges("") == []
+
+
 def test_kit_run_graph_gaps_cpu_smoke(tmp_path):
     p = subprocess.run([sys.executable, "-m", "kit", "run", "graph_gaps", "--config", "configs/cpu-smoke.yaml",
                         "--results-root", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -34,7 +34,7 @@ from typing import Any, Callable, NoReturn
 from .. import results
 from . import hang, meta as run_meta
 from .messages import Done, Error, Log, Message, Ready, Row, Step, SysInfo
-from .rank import ExperimentFn, log_path, rank_main, tail
+from .rank import DESTROY_STUCK, ExperimentFn, log_path, rank_main, tail
 
 _KILL_GRACE_S = 2.0  # SIGTERM -> SIGKILL; a rank blocked inside NCCL may ignore nothing but SIGKILL
 _POLL_S = 0.05  # loop tick: bounds how late a fault is noticed, costs nothing measurable
@@ -255,11 +255,14 @@ class Supervisor:
         for s in self.states.values():
             s.proc.join(max(0.0, deadline - time.monotonic()))
         stuck = [r for r, s in self.states.items() if s.proc.is_alive()]
+        gave_up = [r for r in self.states if r not in stuck and _gave_up_destroy(log_path(self.run_dir, r))]
+        notes = [f"rank(s) {gave_up} exited without completing destroy_process_group (it did not return in time; "
+                 f"their logs say how long): results are complete"] if gave_up else []
         if not stuck:
-            return []
+            return notes
         self._kill_all()
-        return [f"rank(s) {stuck} did not exit within teardown_s={self.cfg.teardown_s:g} s after finishing "
-                f"(stuck in destroy_process_group or interpreter exit); killed. Results are complete."]
+        return notes + [f"rank(s) {stuck} did not exit within teardown_s={self.cfg.teardown_s:g} s after finishing "
+                        f"(stuck in destroy_process_group or interpreter exit); killed. Results are complete."]
 
     def _kill_all(self, grace: float = _KILL_GRACE_S) -> None:
         procs = [s.proc for s in self.states.values() if s.proc.is_alive()]
@@ -278,3 +281,14 @@ class Supervisor:
                 except Exception:
                     pass
                 p.join(1.0)
+
+
+def _gave_up_destroy(path) -> bool:
+    """True when the rank's log says it exited without finishing destroy_process_group (rank.DESTROY_STUCK)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 8192))
+            return DESTROY_STUCK.encode() in f.read()
+    except OSError:
+        return False

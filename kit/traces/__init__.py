@@ -36,7 +36,7 @@ Quick use::
 
 from __future__ import annotations
 
-from .census import NODE_TYPES, graph_census
+from .census import NODE_TYPES, graph_census, graph_edges
 from .comm import (COLLECTIVE_COLUMNS, collective_rows, collectives, explain_empty, format_text, match_instances,
                    summary, to_json, write_json)
 from .flight_recorder import dump_flight_recorder, fr_entries, fr_mismatches, fr_statements
@@ -54,5 +54,5 @@ __all__ = ["ADAPTERS", "Adapter", "COLLECTIVE_COLUMNS", "CPU_COLUMNS", "DEFAULT_
            "TraceError", "TraceFile", "TraceInfo", "aligned_gpu", "clock_offsets", "collective_rows", "collectives",
            "combine_gaps", "dump_flight_recorder", "expand", "explain_empty", "find_traces", "format_gaps",
            "format_text", "fr_entries", "fr_mismatches", "fr_statements", "from_dict", "gap_summary", "gaps",
-           "gpu_events", "graph_census", "is_nccl_kernel", "load", "load_trace", "map_ranks", "match_instances",
+           "gpu_events", "graph_census", "graph_edges", "is_nccl_kernel", "load", "load_trace", "map_ranks", "match_instances",
            "merge", "overlap", "parse_name", "summary", "to_json", "trace_gaps", "trace_path", "write_json"]

@@ -32,8 +32,12 @@ launch benchmark, the census of a graph without NCCL); the gap before NCCL kerne
 ``allreduce`` model runs no all_reduce and NCCL launches no kernel -- and the analyses say so instead of showing
 numbers. Hence ``needs = Needs(ranks=1)``.
 
+* ``kind=position|work|work_time|replay|replay_gap|edge|launch_profile`` -- why the gap grows with N
+  (:mod:`.mechanism`, ``mechanism=True``, CUDA only).
+
 Package layout: :mod:`.experiment` (Config, model, the rank function), :mod:`.analysis` (tables, kept-trace
-gaps), :mod:`.figures`, :mod:`.findings`.
+gaps), :mod:`.figures`, :mod:`.findings`, :mod:`.mechanism` (the mechanism experiments, their tables and
+figures).
 """
 
 from __future__ import annotations
@@ -44,18 +48,25 @@ from .analysis import (NO_NCCL, census_table, forward_table, gaps_table, kept_tr
 from .experiment import Config, build_forward, capture, run, timed_rows
 from .figures import FIGURES
 from .findings import findings
+from .mechanism import (edges_table, gap_by_position, gap_vs_work, launch_profile_table, position_table,
+                        replay_table, work_table)
 
 INVESTIGATION = Investigation(
     name="graph_gaps",
     Config=Config,
     run=run,
     columns=("kind", "mode"),
-    tables={"forward": table_forward, "gaps": table_gaps, "census": table_census, "launch": table_launch},
-    figures=FIGURES,
+    tables={"forward": table_forward, "gaps": table_gaps, "census": table_census, "launch": table_launch,
+            "position": lambda runs: position_table(runs.df), "work": lambda runs: work_table(runs.df),
+            "replays": lambda runs: replay_table(runs.df), "edges": lambda runs: edges_table(runs.df),
+            "launch_profile": lambda runs: launch_profile_table(runs.df)},
+    figures={**FIGURES, "gap-by-position": gap_by_position, "gap-vs-work": gap_vs_work},
     findings=findings,
     needs=Needs(ranks=1),
     question="why a CUDA graph idles before each NCCL kernel (NCCL_GRAPH_MIXING_SUPPORT), and what graphs buy",
 )
 
 __all__ = ["Config", "FIGURES", "INVESTIGATION", "NO_NCCL", "build_forward", "capture", "census_table", "findings",
-           "forward_table", "gaps_table", "kept_trace_gaps", "launch_table", "one_layer_window", "run", "timed_rows"]
+           "forward_table", "gaps_table", "kept_trace_gaps", "launch_table", "one_layer_window", "run", "timed_rows",
+           "edges_table", "gap_by_position", "gap_vs_work", "launch_profile_table", "position_table", "replay_table",
+           "work_table"]

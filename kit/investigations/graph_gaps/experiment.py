@@ -10,6 +10,7 @@ from typing import Literal
 
 from ... import stats, timing, traces
 from ...config import LaunchConfig
+from . import mechanism
 
 
 @dataclass
@@ -34,6 +35,16 @@ class Config(LaunchConfig):
     launch_batches: list[int] = field(default_factory=lambda: [1, 4, 16, 64, 256, 1024])
     launch_layers: int = 64
     launch_hidden: int = 256
+    mechanism: bool = True
+    """the mechanism experiments (:mod:`.mechanism`): gap by position, gap vs work, replays, graph edges"""
+    work_layers: int = 160
+    """N for the work and replay experiments"""
+    work_hidden: list[int] = field(default_factory=lambda: [1024, 4096])
+    work_tf32: bool = True
+    work_dtypes: list[Literal["float32", "float16", "bfloat16"]] = field(default_factory=lambda: ["bfloat16"])
+    work_every: list[int] = field(default_factory=lambda: [4, 16])
+    """a collective only after every k-th layer"""
+    replays: int = 20
 
     def check(self) -> list[str]:
         errs = []
@@ -43,11 +54,15 @@ class Config(LaunchConfig):
             errs.append("batch, hidden, iters, repeats, profile_forwards must be >= 1")
         if any(b < 1 for b in self.launch_batches) or self.launch_layers < 1 or self.launch_hidden < 1:
             errs.append("launch_batches, launch_layers, launch_hidden must be positive")
+        if self.work_layers < 1 or self.replays < 1 or min(self.work_hidden + self.work_every + [1]) < 1:
+            errs.append("work_layers, work_hidden, work_every, replays must be positive")
         return errs
 
 
-def build_forward(n_layers: int, cfg: Config, ctx, comm: bool, hidden: int | None = None, batch: int | None = None):
-    """The model's forward as a zero-argument function (input and weights are fixed tensors)."""
+def build_forward(n_layers: int, cfg: Config, ctx, comm: bool, hidden: int | None = None, batch: int | None = None,
+                  every: int = 1):
+    """The model's forward as a zero-argument function (input and weights are fixed tensors); ``every``: an
+    all_reduce after every k-th layer only (the mechanism experiments)."""
     import torch
     import torch.distributed as dist
 
@@ -62,9 +77,9 @@ def build_forward(n_layers: int, cfg: Config, ctx, comm: bool, hidden: int | Non
 
     def forward():
         y = x
-        for w in weights:
+        for i, w in enumerate(weights):
             y = torch.nn.functional.linear(y, w)
-            if do_comm:
+            if do_comm and (i + 1) % every == 0:
                 dist.all_reduce(y)
         return y
 
@@ -78,7 +93,7 @@ def _profile(fn, ctx, forwards: int, keep: Path | None, threshold_us: float) -> 
     k = ev[ev["cat"] == "kernel"]
     g = traces.gaps(ev, threshold_us)  # empty frame with its columns when there is no kernel
     ok = g[~g["stall"].astype(bool)]
-    out = {"kernel_sum_us": float(k["dur"].sum()) / forwards,
+    out = {"_gaps": g, "kernel_sum_us": float(k["dur"].sum()) / forwards,
            "nccl_kernel_sum_us": float(k[k["nccl"].astype(bool)]["dur"].sum()) / forwards,
            "kernels_per_forward": len(k) / forwards, "stalls": int(g["stall"].astype(bool).sum())}
     for kind in ("nccl", "other"):  # no NCCL kernel with one rank: gap_nccl_n = 0, statistics NaN
@@ -129,8 +144,12 @@ def run(cfg: Config, ctx):
                     if ctx.is_cuda:
                         keep = (traces.trace_path(ctx, model=model, layers=n, mode=mode)
                                 if n in cfg.keep_traces else None)
-                        yield {"kind": "profile", "mode": mode, **keys, "output_rms": _rms(fwd()),
-                               **_profile(fn, ctx, cfg.profile_forwards, keep, cfg.gap_threshold_us)}
+                        prof = _profile(fn, ctx, cfg.profile_forwards, keep, cfg.gap_threshold_us)
+                        gaps = prof.pop("_gaps")
+                        yield {"kind": "profile", "mode": mode, **keys, "output_rms": _rms(fwd()), **prof}
+                        if cfg.mechanism and comm:
+                            yield from mechanism.position_rows(gaps, n, model=model, mode=mode, layers=n,
+                                                               world_size=ctx.world_size)
                 if not ctx.is_cuda:
                     yield {"kind": "check", "mode": "eager", "model": model, "layers": n, "output_rms": _rms(fwd())}
                 del modes, fwd
@@ -138,6 +157,10 @@ def run(cfg: Config, ctx):
                     del g
                     torch.cuda.empty_cache()
     if ctx.is_cuda:
+        if cfg.mechanism:
+            with torch.inference_mode():
+                yield from mechanism.work(cfg, ctx, build_forward, capture, timed_rows)
+                yield from mechanism.replays(cfg, ctx, build_forward, capture)
         yield from _launch_overhead(cfg, ctx)
 
 
@@ -157,10 +180,13 @@ def _census(cfg: Config, ctx):
     fwd = build_forward(cfg.census_layers, cfg, ctx, comm=True)
     dot = ctx.run_dir / f"graph_N{cfg.census_layers}_rank{ctx.rank}.dot"
     g = capture(fwd, ctx, debug_dot=dot)
-    counts = traces.graph_census(dot.read_text()) if dot.exists() else {"dump_missing": 1}
+    text = dot.read_text() if dot.exists() else ""
+    counts = traces.graph_census(text) if dot.exists() else {"dump_missing": 1}
     for node, count in sorted(counts.items()):
         yield {"kind": "census", "mode": "graph", "layers": cfg.census_layers, "node_type": node, "count": count,
                "world_size": ctx.world_size}
+    if cfg.mechanism:
+        yield from mechanism.edge_rows(text, layers=cfg.census_layers, world_size=ctx.world_size)
     del g
 
 
@@ -174,6 +200,9 @@ def _launch_overhead(cfg: Config, ctx):
         for mode, fn in (("eager", fwd), ("graph", g.replay)):
             s = timing.measure(fn, ctx, iters=cfg.iters, repeats=cfg.repeats, warmup=cfg.warmup, aligned=False)
             yield from timed_rows(s, mode, kind="launch", bench="chain", batch=b, layers=cfg.launch_layers, hidden=h)
+        if cfg.mechanism:
+            yield from mechanism.launch_profile(fwd, g, ctx, cfg.profile_forwards, cfg.gap_threshold_us,
+                                                bench="chain", batch=b, layers=cfg.launch_layers, hidden=h)
         del g
     for b in cfg.launch_batches:
         ctx.step(f"launch train_step batch={b}")

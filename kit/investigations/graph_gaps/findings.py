@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ...contract import Finding
 from .analysis import NO_NCCL, census_table, forward_table, gaps_table, launch_table, rows
+from .mechanism import edges_table, launch_profile_table, position_table, replay_table, work_table
 
 
 def _fmt(x: float) -> str:
@@ -89,12 +90,66 @@ def _launch_findings(df) -> list[Finding]:
     return out
 
 
+def _mechanism_findings(df, labels: list[str]) -> list[Finding]:
+    """Gap along the replay (first vs last quarter, slope) at the largest N; the work variants' gaps in graph
+    mode against their GEMM time; first/queued replays; what each NCCL kernel waits for in the census graph;
+    the launch benchmark's slowest batch and its heaviest kernel."""
+    out = []
+    pt = position_table(df)
+    g = pt[pt["mode"] == "graph"]
+    for label, d in _ordered(g.groupby("label"), labels):
+        top = d[d["layers"] == d["layers"].max()].iloc[0]
+        out.append(Finding(f"gap_by_position[{label}]",
+                           f"position | {label}: at N={int(top['layers'])} the gap before NCCL kernels is "
+                           f"{_fmt(top['q1_us'])} us in the first quarter of the replay and {_fmt(top['q4_us'])} us "
+                           f"in the last ({top['slope_us_per_layer']:.2f} us more per layer)",
+                           float(top["slope_us_per_layer"]), "us/layer"))
+    wt = work_table(df)
+    if not wt.empty and "gap_nccl_graph_us" in wt.columns:
+        for label, d in _ordered(wt.groupby("label"), labels):
+            d = d.sort_values("compute_kernel_median_us")
+            parts = ", ".join(f"{r.variant} {_fmt(r.gap_nccl_graph_us)} us (GEMM {_fmt(r.compute_kernel_median_us)} "
+                              f"us, {int(r.nccl_nodes)} NCCL nodes)" for r in d.itertuples())
+            out.append(Finding(f"gap_vs_work[{label}]", f"work | {label}: median gap before NCCL kernels in graph "
+                                                        f"replay per variant: {parts}",
+                               float(d["gap_nccl_graph_us"].max()), "us"))
+    rt = replay_table(df)
+    if not rt.empty and "gap_nccl_median_us" in rt.columns:
+        for label, d in _ordered(rt.groupby("label"), labels):
+            v = dict(zip(d["how"], d["gap_nccl_median_us"]))
+            out.append(Finding(f"replay_gaps[{label}]", f"replays | {label}: gap before NCCL kernels "
+                               + ", ".join(f"{h} {_fmt(x)} us" for h, x in v.items()), float(max(v.values())), "us"))
+    et = edges_table(df)
+    for label in et.columns:
+        n = int(et[label].get("EVENT_RECORD -> KERNEL:nccl", 0))
+        direct = int(et[label].get("KERNEL:nccl -> KERNEL:nccl", 0))
+        out.append(Finding(f"edges[{label}]", f"edges | {label}: {n} NCCL kernels wait for an EVENT_RECORD node "
+                                              f"of the previous NCCL call, {direct} directly for the previous NCCL "
+                                              f"kernel", float(n)))
+    lp = launch_profile_table(df)
+    lt = launch_table(df)
+    chain = lt[lt["bench"] == "chain"] if not lt.empty else lt
+    if not chain.empty and not lp.empty:
+        worst = chain.loc[chain["speedup"].idxmin()]
+        k = lp[(lp["batch"] == int(worst["batch"])) & (lp["mode"] == "graph")]
+        if len(k):
+            k = k.iloc[0]
+            out.append(Finding(f"launch_outlier[batch={int(worst['batch'])}]",
+                               f"launch | chain: smallest speedup {worst['speedup']:.2f}x at batch "
+                               f"{int(worst['batch'])}: {k['kernels_per_forward']:.0f} kernels per forward summing "
+                               f"to {k['compute_sum_us']:.0f} us; heaviest {k['heaviest_kernel']} "
+                               f"({k['heaviest_median_us']:.1f} us each, {k['heaviest_per_forward']:.0f} per forward)",
+                               float(worst["speedup"]), "x"))
+    return out
+
+
 def findings(runs) -> list[Finding]:
     df = rows(runs.df)
     if df.empty:
         return []
     labels = list(dict.fromkeys(df["label"].dropna()))
     out = _gap_findings(df, labels) + _ratio_findings(df, labels) + _census_findings(df, labels) + _launch_findings(df)
+    out += _mechanism_findings(df, labels)
     if not (df["kind"] == "profile").any():
         out.append(Finding("no_profile", "no profiler rows: these runs had no CUDA, so no gaps, census or launch "
                                          "benchmark (see the recorded GPU runs)"))
