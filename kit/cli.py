@@ -11,6 +11,8 @@
                                                                               (own exit status: kit doctor --help)
     kit runs [NAME ...] [--root DIR] [--json]                                 runs on disk: status (died: its supervisor
                                                                               is gone), rows, label, hardware
+    kit nccl-profiler build --nccl-src DIR|GITDIR@TAG [--out DIR]             build NCCL's example profiler plugin
+    kit nccl-profiler convert DUMP... -o OUT                                  its dumps as a Chrome trace (own clock)
     kit record RUN_DIR ...                                                    copy runs into recorded/ to commit
     kit wheelhouse DIR [--python-version 3.12] [--platform ...] [--exclude NAME ...]
                                                                               wheels for an offline node (never torch)
@@ -145,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     from . import runs_cli
 
     runs_cli.add_parser(sub)
+    from .nccl_profiler import cli as nccl_profiler_cli
+
+    nccl_profiler_cli.add_parser(sub)
     return p
 
 

@@ -114,6 +114,22 @@ def software() -> dict[str, Any]:
     return sw
 
 
+def nccl_profiler_info(plugin: str | None) -> dict[str, Any] | None:
+    """Which NCCL profiler plugin this process runs with: its library, the interface version it exports
+    (``ncclProfiler_v<N>``, what NCCL loads), the NCCL version it was built from (its build record, see
+    :mod:`kit.nccl_profiler.plugin`) and the event mask it starts with. None without one (or ``none``)."""
+    if not plugin or plugin.lower() == "none":
+        return None
+    try:
+        from .nccl_profiler.plugin import describe
+
+        info: dict[str, Any] = describe(plugin).to_json()
+    except Exception as e:  # a missing or foreign library: say so, never raise
+        info = {"path": plugin, "error": f"{type(e).__name__}: {e}"}
+    info["event_mask_at_start"] = os.environ.get("NCCL_PROFILE_EVENT_MASK")
+    return info
+
+
 def collect() -> dict[str, Any]:
     """Everything about this machine that a performance number depends on. Never raises."""
     out: dict[str, Any] = {
@@ -138,6 +154,7 @@ def collect() -> dict[str, Any]:
         out["nvml_error"] = f"{type(e).__name__}: {e}"
     plugin = os.environ.get("NCCL_PROFILER_PLUGIN")
     out["nccl_profiler_plugin"] = plugin or None
+    out["nccl_profiler"] = nccl_profiler_info(plugin)
     out["env"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
     return out
 
@@ -180,7 +197,9 @@ def format_text(info: dict[str, Any]) -> str:
     else:
         lines.append(f"GPUs          none ({info['nvml_error']})")
     if info.get("nccl_profiler_plugin"):
-        lines.append(f"NCCL profiler plugin  {info['nccl_profiler_plugin']}")
+        pi = info.get("nccl_profiler") or {}
+        what = f" (interface v{pi['interface']}, built from NCCL {pi.get('nccl_version')})" if pi.get("interface") else ""
+        lines.append(f"NCCL profiler plugin  {info['nccl_profiler_plugin']}{what}")
     for k, v in info["env"].items():
         lines.append(f"env           {k}={v}")
     return "\n".join(lines)

@@ -138,4 +138,7 @@ def cmd_merge(args) -> int:
         return rc
     offs = ", ".join(f"rank {r}: {o:+.1f} us" for r, o in info["offsets_us"].items())
     print(f"{args.output}: {len(info['ranks'])} ranks, clock offsets {offs}")
+    for n in info.get("nccl", []):  # NCCL profiler-plugin dumps found beside the traces
+        print(f"  NCCL profiler, rank {n['rank']}: {n['matched']} of {n['plugin_collectives']} collectives under "
+              f"the kernels; alignment error {n['gpu_error_us']} us (GPU clock), {n['host_error_us']} us (host)")
     return _failed("merge", info.get("failed", []))

@@ -70,11 +70,11 @@ NOT_TRACES = frozenset({"meta.json", "report.json", "config.json"})
 
 def _is_rank_trace(p: Path) -> bool:
     """A file in a directory that is a rank trace: ``.json``/``.json.gz``/``.pt.trace.json[.gz]``, not a merged
-    output, not a Flight Recorder dump, not a :mod:`kit.capture` sidecar (``capture_*``, ``summary_*``), not a
+    output, not a Flight Recorder dump, not an NCCL profiler-plugin dump or its ``nccl_profiler.json``, not a :mod:`kit.capture` sidecar (``capture_*``, ``summary_*``), not a
     hidden file (a merge in progress), not inside a ``.kitcache``."""
     n = p.name
     return (p.is_file() and bool(TRACE_SUFFIX.search(n)) and ".kitcache" not in p.parts
-            and not n.startswith(("merged", "fr_", "capture_", "summary_", "."))
+            and not n.startswith(("merged", "fr_", "capture_", "summary_", "nccl_profiler", "."))
             and n not in NOT_TRACES)
 
 

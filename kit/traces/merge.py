@@ -6,6 +6,13 @@ taken as simultaneous on all ranks -- a collective completes on every rank at ne
 arrived last -- so the offset of rank r is ``end_on_rank0 - end_on_rank_r`` of the first collective instance
 every rank has (matched as in :func:`kit.traces.comm.collectives`). Without a common collective (one rank,
 gloo traces without annotations) the offsets are 0: the traces stay on their own clocks.
+
+NCCL's own events: when dumps of NCCL's profiler plugin lie beside the traces (or are given among them:
+``nccl_profiler*_<commHash>_<rank>.json[.gz]``), each rank's dump is aligned with that rank's trace
+(:mod:`kit.nccl_profiler.align`: its GPU clock on the NCCL kernels, its host clock on their launch calls) and
+written under that rank's kernels -- a thread per channel in the rank's GPU process, NCCL's host events in
+its host process -- then shifted by the rank's offset like every other event of the rank. ``info["nccl"]``
+gives per dump the offsets, the matched collectives and the alignment error.
 """
 
 from __future__ import annotations
@@ -80,8 +87,48 @@ def aligned_gpu(traces: Iterable[Trace | str | Path], offsets: dict[int, float] 
     return pd.concat(frames, ignore_index=True)
 
 
+def _split_dumps(items: list[Path], nccl: Any) -> tuple[list[Path], list[Path]]:
+    """``(traces, dump files)``: dumps given among the traces are taken out; with ``nccl="auto"`` the dumps
+    beside the traces are added, with a list those files, with None/False none."""
+    from ..nccl_profiler.dump import MANIFEST, find_dumps, is_dump
+
+    given = [p for p in items if is_dump(p)]
+    rest = [p for p in items if not is_dump(p) and p.name != MANIFEST]
+    if nccl in (None, False):
+        return rest, []
+    if nccl == "auto":
+        found = given + [d for parent in dict.fromkeys(p.parent for p in rest) for d in find_dumps(parent)]
+    else:
+        found = given + find_dumps(nccl)
+    return rest, list(dict.fromkeys(found))
+
+
+def _nccl_events(path: Path, rank: int, dumps: list, pid_of,
+                 cache: bool | None = None) -> tuple[list[dict], list[dict]]:
+    """The NCCL events of ``rank`` (its dumps aligned with its trace at ``path``) and one info dict per dump."""
+    from ..nccl_profiler import align, chrome
+    from ..nccl_profiler.dump import collectives
+
+    mine = [d for d in dumps if d.rank == rank]
+    if not mine:
+        return [], []
+    kernels = align.kineto_nccl_kernels(load_trace(path, cache=cache))  # kernels + their launch calls
+    evs, info = [], []
+    for d in mine:
+        a, m = align.align(collectives(d), kernels, rank)
+        info.append({"dump": str(d.path), "comm": str(d.comm), **a.to_json()})
+        if not len(m):
+            continue
+        host = kernels["pid"].dropna()
+        pg = pid_of(rank, int(m["kernel_pid"].iloc[0]))
+        ph = pid_of(rank, int(host.iloc[0])) if len(host) else pg
+        evs += chrome.events(d, m, a.host_offset_us, a.gpu_offset_us, pg, ph)
+        evs += chrome.thread_names(pg, ph, d.events["channel"].dropna().unique())
+    return evs, info
+
+
 def merge(paths: Iterable[str | Path] | str | Path, out: str | Path, *, workers: int | None = 1,
-          client: Any = None, cache: bool | None = None) -> dict[str, Any]:
+          client: Any = None, cache: bool | None = None, nccl: Any = "auto") -> dict[str, Any]:
     """One Chrome trace with a process per (rank, original process), clocks aligned (:func:`clock_offsets`).
     Returns ``{"ranks", "offsets_us", "sources"}`` (+ ``"failed"``: ``[{"trace", "error"}]`` when some rank
     could not be read and was left out; TraceError, one line per file, when none could).
@@ -91,10 +138,21 @@ def merge(paths: Iterable[str | Path] | str | Path, out: str | Path, *, workers:
     ``kit trace collectives`` already parsed the file); (2) the merged file written rank by rank in this
     process, each rank's events decoded a chunk at a time, shifted, renumbered and encoded straight to the
     output (gzipped when ``out`` ends in ``.gz``; written to a temporary file beside it, renamed when
-    complete). ``paths``: rank traces, or a directory/glob of them."""
+    complete). ``paths``: rank traces, or a directory/glob of them. ``nccl``: NCCL profiler-plugin dumps to put
+    under the kernels -- ``"auto"`` (those beside the traces or given among them), a list of files or
+    directories, or None; an unreadable dump is a TraceError naming it."""
+    from ..nccl_profiler.dump import DumpError, read_dump
     from .jobs import expand
 
     items = expand(paths) if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
+    items, dump_files = _split_dumps(items, nccl)
+    if not items:
+        raise TraceError("no Kineto trace among the files given (only NCCL profiler dumps)")
+    try:
+        dumps = [read_dump(f) for f in dump_files]
+    except DumpError as e:
+        raise TraceError(str(e)) from None
+    nccl_info: list[dict] = []
     ranked, offsets, failed = _rank_offsets(items, workers=workers, client=client, cache=cache)
     out = Path(out)
     tmp = out.with_name(f".{out.name}.part")
@@ -103,6 +161,17 @@ def merge(paths: Iterable[str | Path] | str | Path, out: str | Path, *, workers:
         with (gzip.open(tmp, "wb", compresslevel=6) if out.suffix == ".gz" else open(tmp, "wb")) as f:
             f.write(b'{"traceEvents": [')
             first = True
+
+            def pid_of(r, raw_pid):  # the merged pid of a rank's process; a new one gets its name
+                key = (r, raw_pid)
+                if key not in pid_map:
+                    pid_map[key] = len(pid_map) + 1
+                    new_meta.append({"ph": "M", "name": "process_name", "pid": pid_map[key],
+                                     "args": {"name": f"rank {r} | {raw_pid} (NCCL profiler)"}})
+                return pid_map[key]
+
+            new_meta: list[dict] = []
+
             for path, r in ranked:
                 off = offsets.get(r, 0.0)
                 for events in event_dicts(path):
@@ -125,8 +194,20 @@ def merge(paths: Iterable[str | Path] | str | Path, out: str | Path, *, workers:
                         f.write((b"" if first else b",") + msgspec.json.encode(kept)[1:-1])
                         first = False
                     del events, kept
+                if dumps:
+                    evs, inf = _nccl_events(path, r, dumps, pid_of, cache)
+                    evs, new_meta[:] = new_meta + evs, []
+                    for e in evs:
+                        if "ts" in e:
+                            e["ts"] += off
+                    nccl_info += inf
+                    if evs:
+                        f.write((b"" if first else b",") + msgspec.json.encode(evs)[1:-1])
+                        first = False
             info: dict[str, Any] = {"ranks": [r for _, r in ranked], "offsets_us": offsets,
                                     "sources": [str(p) for p, _ in ranked]}
+            if dumps:
+                info["nccl"] = nccl_info
             if failed:
                 info["failed"] = [x.to_json() for x in failed]
             f.write(b'], "displayTimeUnit": "ms", "kit": ' + json.dumps(info).encode() + b"}")

@@ -19,6 +19,14 @@ never completes, so its process is stopped by the launcher's bounded teardown (`
 run's warning about it is expected and its results are complete. Once the ranks are done, the launcher merges
 each part's traces into one Perfetto trace with a process per rank, clocks aligned (``merged_<part>.json.gz``).
 
+With ``nccl_profiler`` (NCCL's profiler plugin, :mod:`kit.nccl_profiler`): the plugin is loaded at launch with
+its events off; each part is timed with it idle (``kind=nccl_cost``, ``plugin=idle``) and on (``plugin=on``),
+then traced with it on, and a small all_reduce sweep is timed both ways. The dumps
+(``nccl_profiler_<commHash>_<rank>.json.gz``, written when the communicator is destroyed at the end of the
+rank) and ``nccl_profiler.json`` (plugin, interface version, event mask) land in the run directory; the
+merged traces then carry NCCL's events under each NCCL kernel. A launch with ``NCCL_PROFILER_PLUGIN: none``
+(``env_sets``) gives the same rows with ``plugin=off``: the baseline of the cost.
+
 The analyses (``tables``/``figures``/``findings``) match every collective across ranks from the kept traces
 (kit.traces.collectives: the summary times each instance on the rank that arrived last), put the traced busbw
 next to the recorded bandwidth sweep (kit.investigations.collectives) at the same sizes, draw one step of all
@@ -36,7 +44,9 @@ from typing import Literal
 from ... import timing, traces
 from ...config import LaunchConfig
 from ...contract import Investigation, Needs
+from ...nccl_profiler import PluginError, find, runtime
 from .analysis import FIGURES, PARTS, TABLES, findings
+from .nccl_events import NCCL_FIGURES, NCCL_TABLES, nccl_findings
 
 FR_ENV = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}  # new and old name
 
@@ -60,15 +70,54 @@ class Config(LaunchConfig):
     profile_steps: int = 3
     fr_demo: bool = True
     """end the run with the Flight Recorder demo (rank 0 issues one all_reduce rank 1 never joins)"""
+    nccl_profiler: str = ""
+    """NCCL's profiler plugin on the traced steps: '' off; 'auto' the one ``kit nccl-profiler build`` made
+    ($KIT_NCCL_PROFILER_DIR, else .nccl-profiler); or the path of its plugin.json, folder or library. Loaded
+    at launch with its events off and turned on for the traced steps and the 'on' cost timings."""
+    nccl_event_mask: int = 4095
+    """the plugin's events while on (NCCL_PROFILE_EVENT_MASK bits; 4095 = all of interface v5)"""
+    nccl_cost_sizes: list[int] = field(default_factory=lambda: [4096, 65536, 1048576, 16777216, 67108864])
+    """all_reduce sizes (bytes) of the cost sweep, timed with the plugin off / idle / on"""
+    nccl_cost_iters: int = 10
+
+    def __post_init__(self) -> None:
+        # the plugin must be in the environment the ranks start with (NCCL loads it when the communicator is
+        # created); one that cannot be found here is reported by needs(), not here
+        if self.nccl_profiler and "NCCL_PROFILER_PLUGIN" not in self.env:
+            try:
+                plugin = find(None if self.nccl_profiler == "auto" else self.nccl_profiler)
+            except PluginError:
+                return
+            self.env = {**runtime.launch_env(plugin), **self.env}
 
     def check(self) -> list[str]:
         errs = []
+        if self.nccl_profiler and self.fr_demo:
+            errs.append("nccl_profiler needs fr_demo: false (the demo leaves rank 0's communicator hung, so NCCL "
+                        "never destroys it and the plugin writes no dump)")
+        if not 0 <= self.nccl_event_mask <= 4095:
+            errs.append("nccl_event_mask must be in 0..4095 (NCCL_PROFILE_EVENT_MASK bits)")
+        if min(self.nccl_cost_sizes or [4]) < 4 or self.nccl_cost_iters < 1:
+            errs.append("nccl_cost_sizes must be >= 4 bytes and nccl_cost_iters >= 1")
         if min(self.ddp_layers, self.hidden, self.batch, self.tp_layers, self.tp_tokens, self.tp_hidden,
                self.timed_steps, self.profile_steps) < 1:
             errs.append("layer counts, sizes and step counts must be >= 1")
         if self.bucket_cap_mb <= 0:
             errs.append("bucket_cap_mb must be > 0")
         return errs
+
+
+def needs(cfg: Config, machine) -> list[str]:
+    """2 ranks; with ``nccl_profiler`` also NCCL on GPUs and a built plugin."""
+    missing = Needs(ranks=2)(cfg, machine)
+    if cfg.nccl_profiler and not missing:
+        missing = Needs(ranks=2, cuda=True)(cfg, machine)
+        if not missing and "NCCL_PROFILER_PLUGIN" not in cfg.env:
+            try:
+                find(None if cfg.nccl_profiler == "auto" else cfg.nccl_profiler)
+            except PluginError as e:
+                missing.append(f"nccl_profiler: {e}")
+    return missing
 
 
 # ------------------------------------------------------------------------------------------------ the run
@@ -127,6 +176,52 @@ def _tp_forward(cfg: Config, ctx):
     return forward
 
 
+def _plugin(cfg: Config, ctx) -> str | None:
+    """The plugin library this rank runs with (None: off, or not NCCL)."""
+    return runtime.loaded_path() if (cfg.nccl_profiler and ctx.is_cuda) else None
+
+
+def _plugin_on(cfg: Config, ctx) -> None:
+    """Turn NCCL's events on; rank 0 writes ``nccl_profiler.json`` (which plugin, interface, mask) once."""
+    from ...nccl_profiler import dump as ncd
+    from ...nccl_profiler.plugin import describe
+
+    manifest = ctx.run_dir / ncd.MANIFEST
+    if ctx.rank == 0 and not manifest.exists():
+        import torch
+
+        manifest.write_text(json.dumps({"plugin": describe(_plugin(cfg, ctx)).to_json(),
+                                        "event_mask": cfg.nccl_event_mask, "dump_prefix": runtime.DUMP_STEM,
+                                        "nccl_version": ".".join(map(str, torch.cuda.nccl.version()))}, indent=1))
+    runtime.start(ctx.run_dir / runtime.DUMP_STEM, cfg.nccl_event_mask)
+
+
+def _cost(fn, cfg: Config, ctx, iters: int, repeats: int, warmup: int, **keys):
+    """``fn`` timed with the plugin as launched (``off`` / ``idle``) and, when loaded, on: kind=nccl_cost rows.
+    Leaves the plugin on."""
+    state = "idle" if _plugin(cfg, ctx) else "off"
+    s = timing.measure(fn, ctx, iters=iters, repeats=repeats, warmup=warmup)
+    yield from s.rows(kind="nccl_cost", plugin=state, **keys)
+    if state == "idle":
+        _plugin_on(cfg, ctx)
+        s = timing.measure(fn, ctx, iters=iters, repeats=repeats, warmup=warmup)
+        yield from s.rows(kind="nccl_cost", plugin="on", **keys)
+
+
+def _cost_sweep(cfg: Config, ctx):
+    """The plugin's cost on single all_reduces (float32, ``nccl_cost_sizes``), off/idle vs on."""
+    import torch
+    import torch.distributed as dist
+
+    for size in cfg.nccl_cost_sizes:
+        ctx.step(f"nccl profiler cost: all_reduce {size} B")
+        t = torch.ones(max(size // 4, 1), device=ctx.device)
+        yield from _cost(lambda: dist.all_reduce(t), cfg, ctx, cfg.nccl_cost_iters, 5, 3, what="all_reduce",
+                         bytes=size)
+        if _plugin(cfg, ctx):
+            runtime.stop()
+
+
 def run(cfg: Config, ctx):
     import torch
 
@@ -138,8 +233,13 @@ def run(cfg: Config, ctx):
         with torch.enable_grad() if part == "ddp" else torch.no_grad():
             s = timing.measure(fn, ctx, iters=1, repeats=cfg.timed_steps, warmup=cfg.warmup_steps)
             yield from s.rows(kind="step", part=part)
+            if cfg.nccl_profiler:
+                ctx.step(f"{part}: timing with NCCL's profiler plugin idle and on")
+                yield from _cost(fn, cfg, ctx, 1, cfg.timed_steps, cfg.warmup_steps, what="step", part=part)
             ctx.step(f"{part}: profiling {cfg.profile_steps} steps")
             path = timing.trace_steps(fn, ctx, cfg.profile_steps, traces.trace_path(ctx, part=part))
+            if _plugin(cfg, ctx):
+                runtime.stop()
         t = traces.load_trace(path, cpu="comm")  # parsed once: overlap and collectives from the same frames
         if ctx.is_cuda:
             for r in traces.overlap(t.gpu[t.gpu["device"] == ctx.local_rank]).to_dict("records"):
@@ -147,6 +247,8 @@ def run(cfg: Config, ctx):
         for r in t.collectives.to_dict("records"):
             yield {"kind": "collective", "part": part, **{k: r[k] for k in traces.comm.ROW_KEYS if k != "rank"},
                    "start_us": r["start_us"]}
+    if cfg.nccl_profiler:
+        yield from _cost_sweep(cfg, ctx)
     yield from _fr_rows(ctx, "run")
     if cfg.fr_demo and ctx.world_size > 1:
         yield from mismatch(cfg, ctx)
@@ -181,15 +283,27 @@ def mismatch(cfg: Config, ctx):
 
 
 def after(cfg: Config, run) -> None:
-    """Launcher side, once the ranks are done: one merged trace per part for Perfetto, ``merged_<part>.json.gz``
-    (kit.traces.merge: a process per rank, clocks aligned)."""
+    """Launcher side, once the ranks are done: the NCCL profiler's dumps gzipped, then one merged trace per part
+    for Perfetto, ``merged_<part>.json.gz`` (kit.traces.merge: a process per rank, clocks aligned; NCCL's events
+    under the kernels when the dumps are there)."""
+    import gzip
+    import shutil
+
+    for f in run.dir.glob("nccl_profiler*_*_*.json"):
+        with open(f, "rb") as src, gzip.open(f.with_name(f.name + ".gz"), "wb", compresslevel=9) as dst:
+            shutil.copyfileobj(src, dst)
+        f.unlink()
     for part in PARTS:
         paths = [f.path for f in traces.find_traces(run.dir, part=part)]
         if len(paths) > 1:
             try:
-                traces.merge(paths, run.dir / f"merged_{part}.json.gz")
+                info = traces.merge(paths, run.dir / f"merged_{part}.json.gz")
             except traces.TraceError as e:
                 print(f"collective_tracing: no merged {part} trace: {e}")
+                continue
+            for n in info.get("nccl", []):
+                print(f"collective_tracing: {part} rank {n['rank']}: {n['matched']} NCCL profiler collectives under "
+                      f"the kernels, alignment error GPU {n['gpu_error_us']} us, host {n['host_error_us']} us")
 
 
 INVESTIGATION = Investigation(
@@ -197,10 +311,10 @@ INVESTIGATION = Investigation(
     Config=Config,
     run=run,
     columns=("kind",),
-    tables=TABLES,
-    figures=FIGURES,
-    findings=findings,
-    needs=Needs(ranks=2),
+    tables={**TABLES, **NCCL_TABLES},
+    figures={**FIGURES, **NCCL_FIGURES},
+    findings=lambda runs: findings(runs) + nccl_findings(runs),
+    needs=needs,
     after=after,
     question="what each collective of a DDP step and a TP forward moved, how fast, how much compute hid it; "
              "which rank a hang waits for",

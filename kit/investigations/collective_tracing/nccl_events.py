@@ -1,0 +1,323 @@
+"""What NCCL's own events (its profiler plugin, :mod:`kit.nccl_profiler`) add to the traced collectives.
+
+Read from the run directories: each rank's plugin dump (``nccl_profiler_<commHash>_<rank>.json.gz``) aligned
+with that rank's Kineto trace of each part (``trace_part=<part>_rank<r>.json.gz``): a dump holds both parts and
+the cost timings, and the alignment keeps the collectives of the part's traced steps (those that match a
+kernel of its trace). Runs without dumps (any run made without ``nccl_profiler``) fall back to the recorded
+runs with them, ``recorded/h200x2-nccl-profiler/``, the way the FR table falls back to its demo run.
+
+Per collective, the phases on one clock (the Kineto trace's; µs):
+
+* ``api_to_launch_us``  -- NCCL's Group API call until its kernel launch returned (host: NCCL enqueue + launch)
+* ``launch_to_gpu_us``  -- the launch returned until the first channel ran on the GPU (queue + start latency)
+* ``channels_us``       -- first channel start until the last channel stop NCCL recorded (the transfer, and
+  any wait for a peer: a channel cannot finish before the peer's data arrived)
+* ``tail_us``           -- that stop until the kernel's end in Kineto (the kernel's exit)
+
+and ``task_host_us``, NCCL's task event (COLL) on the host: for a collective without proxy events (intranode,
+as here) it spans the CPU's launch of the collective, not its completion (``ext-profiler/example/README.md``).
+``launch_to_gpu_us`` includes the time the kernel waits in its stream behind earlier work (the TP forward's
+matmuls): the host runs ahead of the GPU.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from ... import plot, results, traces
+from ...contract import Finding
+from ...nccl_profiler import align as al
+from ...nccl_profiler import dump as ncd
+
+RECORDED_DIR = "h200x2-nccl-profiler"
+DTYPE_BYTES = {"ncclInt8": 1, "ncclUint8": 1, "ncclFloat8e4m3": 1, "ncclFloat8e5m2": 1, "ncclFloat16": 2,
+               "ncclBfloat16": 2, "ncclInt32": 4, "ncclUint32": 4, "ncclFloat32": 4, "ncclInt64": 8,
+               "ncclUint64": 8, "ncclFloat64": 8}
+PHASES = ("api_to_launch_us", "launch_to_gpu_us", "channels_us", "tail_us")
+PARTS = ("ddp", "tp")
+
+
+def with_dumps(runs) -> "results.RunSet":
+    """``runs`` when one of them holds plugin dumps (with the plugin-off launch of the same comparison beside
+    it); else, for runs on NCCL (GPUs) made without the plugin, the recorded runs of
+    ``recorded/h200x2-nccl-profiler/``; for CPU (gloo) runs, none: gloo has no NCCL."""
+    if any(ncd.find_dumps(d) for d in runs.dirs):
+        return runs
+    if not runs.cuda:
+        return results.RunSet([], "no NCCL runs")
+    base = Path(results.RECORDED_ROOT) / RECORDED_DIR
+    rec = sorted(p.parent for p in base.glob("**/meta.json"))
+    return results.RunSet(rec, f"recorded: {results.describe(rec[0])}" if rec else "recorded (none)")
+
+
+def _dump_dirs(runs) -> list[Path]:
+    return [d for d in with_dumps(runs).dirs if ncd.find_dumps(d)]
+
+
+def _stamp(d: Path) -> float:
+    return max((f.stat().st_mtime for f in d.glob("*.json.gz")), default=0.0)
+
+
+@lru_cache(maxsize=16)
+def _aligned(run_dir: str, stamp: float):
+    """``(collectives, alignment)`` of one run: every matched collective of every part and rank, and one
+    alignment record per (part, rank)."""
+    import pandas as pd
+
+    d = Path(run_dir)
+    label = results.run_label(results.read_meta(d)) or d.name
+    dumps = [ncd.read_dump(f) for f in ncd.find_dumps(d)]
+    frames, recs = [], []
+    for part in PARTS:
+        for f in traces.find_traces(d, part=part):
+            t = traces.load_trace(f.path)
+            rank = t.info.rank if t.info.rank is not None else -1
+            kernels = al.kineto_nccl_kernels(t)
+            for dump in (x for x in dumps if x.rank == rank):
+                a, m = al.align(ncd.collectives(dump), kernels, rank)
+                recs.append({"label": label, "part": part, **a.to_json()})
+                if len(m):
+                    frames.append(m.assign(label=label, part=part, run=d.name))
+    cols = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    return cols, pd.DataFrame(recs)
+
+
+def _all(runs):
+    import pandas as pd
+
+    got = [_aligned(str(d), _stamp(d)) for d in _dump_dirs(runs)]
+    cols = pd.concat([g[0] for g in got if len(g[0])], ignore_index=True) if any(len(g[0]) for g in got) else pd.DataFrame()
+    recs = pd.concat([g[1] for g in got if len(g[1])], ignore_index=True) if any(len(g[1]) for g in got) else pd.DataFrame()
+    return cols, recs
+
+
+def collectives_table(runs):
+    """One row per traced collective and rank with NCCL's choices and the phases (module docstring)."""
+    import pandas as pd
+
+    c, _ = _all(runs)
+    if c.empty:
+        return pd.DataFrame(columns=["part", "rank", "name", "seq", "bytes", "algorithm", "protocol", "n_channels",
+                                     "kernel", "kernel_us", *PHASES])
+    out = pd.DataFrame({
+        "label": c["label"], "run": c["run"], "part": c["part"], "rank": c["rank"], "name": c["name"], "seq": c["seq"],
+        "bytes": c["count"].astype("float64") * c["datatype"].map(DTYPE_BYTES).astype("float64"),
+        "datatype": c["datatype"], "algorithm": c["algorithm"], "protocol": c["protocol"],
+        "n_channels": c["n_channels"], "channels_seen": c["channels_seen"],
+        "kernel": c["kernel"].str.replace(r"\(.*", "", regex=True), "kernel_us": c["kernel_end"] - c["kernel_ts"],
+        "api_to_launch_us": c["launch_end"] - c["group_ts"], "launch_to_gpu_us": c["gpu_start"] - c["launch_end"],
+        "channels_us": c["gpu_stop"] - c["gpu_start"], "tail_us": c["kernel_end"] - c["gpu_stop"],
+        "task_host_us": c["coll_end"] - c["coll_ts"], "channel_skew_us": c["channel_skew_us"].astype("float64"),
+        "gpu_start": c["gpu_start"]})
+    if out["label"].nunique() <= 1:
+        out = out.drop(columns="label")
+    return out.reset_index(drop=True)
+
+
+def summary_table(runs):
+    """Per part, collective, size and NCCL's choice: how many, and the median of each phase."""
+    import pandas as pd
+
+    t = collectives_table(runs)
+    if t.empty:
+        return pd.DataFrame()
+    keys = [k for k in ("label", "part", "name", "bytes", "algorithm", "protocol", "n_channels", "kernel") if k in t.columns]
+    g = t.groupby(keys, dropna=False)
+    s = g[["kernel_us", *PHASES, "task_host_us"]].median()
+    s.insert(0, "n", g.size())
+    return s.reset_index()
+
+
+def alignment_table(runs):
+    """Per run, part and rank: collectives matched between dump and trace, the two clock offsets and the
+    alignment error (largest residual, µs) -- :mod:`kit.nccl_profiler.align`."""
+    return _all(runs)[1]
+
+
+def late_peer_table(runs, top: int = 5):
+    """The collectives whose ranks' channels started furthest apart. The ranks' GPU clocks are put on one clock
+    with the Kineto traces' offsets (:func:`kit.traces.clock_offsets`); per instance (part, collective, SeqNum,
+    the same on every rank of the communicator): ``late_us`` -- how much later the last rank's channels
+    started; ``early_channels_us`` vs ``late_channels_us`` -- the channel time of the first and the last rank to
+    arrive: the early rank's extra channel time is where the wait shows."""
+    import pandas as pd
+
+    t = collectives_table(runs)
+    if t.empty or t["rank"].nunique() < 2:
+        return pd.DataFrame()
+    rows = []
+    for d in _dump_dirs(runs):
+        for part in PARTS:
+            paths = [f.path for f in traces.find_traces(d, part=part)]
+            if len(paths) < 2:
+                continue
+            offs = traces.clock_offsets(paths)
+            q = t[(t["part"] == part) & (t["run"] == d.name)]
+            q = q.assign(start=q["gpu_start"] + q["rank"].map(offs).astype("float64"))
+            for (name, seq), g in q.groupby(["name", "seq"]):
+                if g["rank"].nunique() < 2:
+                    continue
+                early, late = g.loc[g["start"].idxmin()], g.loc[g["start"].idxmax()]
+                rows.append({"run": d.name, "part": part, "name": name, "seq": int(seq), "bytes": early["bytes"],
+                             "late_rank": int(late["rank"]), "late_us": late["start"] - early["start"],
+                             "early_channels_us": early["channels_us"], "late_channels_us": late["channels_us"],
+                             "early_launch_to_gpu_us": early["launch_to_gpu_us"],
+                             "early_kernel_us": early["kernel_us"]})
+    if not rows:
+        return pd.DataFrame()
+    return pd.DataFrame(rows).sort_values("late_us", ascending=False).head(top).reset_index(drop=True)
+
+
+def cost_table(runs):
+    """The plugin's cost: per step part or all_reduce size, the median time per call (slowest rank per sample)
+    with the plugin off (not loaded: the ``NCCL_PROFILER_PLUGIN=none`` launch), idle (loaded, events off) and
+    on (every event of the mask), ``on_vs_idle`` (same process, back to back: the events' cost) and
+    ``on_vs_off`` (two launches: also what differs between launches), and ``on_iqr_us`` (the spread of the
+    'on' samples) to read them against."""
+    import pandas as pd
+
+    df = runs.df
+    if df.empty or "kind" not in df.columns or not (df["kind"] == "nccl_cost").any():
+        df = with_dumps(runs).df
+    if df.empty or "kind" not in df.columns:
+        return pd.DataFrame()
+    q = df[df["kind"] == "nccl_cost"].copy()
+    if q.empty:
+        return pd.DataFrame()
+    q["what"] = q["what"].where(q["what"] != "step", "step " + q["part"].astype(str))
+    q["bytes"] = pd.to_numeric(q.get("bytes"), errors="coerce")
+    # the slowest rank per sample, then the median over samples
+    per = q.groupby(["what", "bytes", "plugin", "sample"], dropna=False)["time_us"].max().reset_index()
+    med = per.groupby(["what", "bytes", "plugin"], dropna=False)["time_us"].median().unstack("plugin")
+    for c in ("off", "idle", "on"):
+        if c not in med.columns:
+            med[c] = float("nan")
+    med = med[["off", "idle", "on"]].rename(columns=lambda c: f"{c}_us")
+    on = per[per["plugin"] == "on"].groupby(["what", "bytes"], dropna=False)["time_us"]
+    med["on_iqr_us"] = on.quantile(0.75) - on.quantile(0.25)
+    med["on_minus_idle_us"] = med["on_us"] - med["idle_us"]
+    med["on_vs_idle"] = med["on_us"] / med["idle_us"]
+    med["on_vs_off"] = med["on_us"] / med["off_us"]
+    return med.reset_index().sort_values(["what", "bytes"]).reset_index(drop=True)
+
+
+# ------------------------------------------------------------------------------------------------ figures
+def phases_figure(runs):
+    """Median of each phase per traced collective kind: one group of bars per (part, collective, size,
+    protocol/channels), log scale (the phases span 1 µs to ms); a phase <= 0 (a kernel can start before its
+    launch call returns) is drawn at 0.1 µs."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    s = summary_table(runs)
+    if s.empty:
+        return plot.message("no NCCL profiler dumps in these runs", runs.title)
+    s = s.sort_values(["part", "name", "bytes"]).reset_index(drop=True)
+    fig, ax = plt.subplots(figsize=(9, 0.8 * len(s) + 1.5))
+    y = np.arange(len(s))
+    h = 0.8 / len(PHASES)
+    for i, ph in enumerate(PHASES):
+        ax.barh(y + i * h, s[ph].clip(lower=0.1).fillna(0.1), height=h, label=ph.replace("_us", ""))
+    ax.set_yticks(y + 0.4 - h / 2)
+    ax.set_yticklabels([f"{r.part} {r.name} {_size(r.bytes)}\n{r.algorithm}/{r.protocol}, {r.n_channels} ch"
+                        for r in s.itertuples()], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel("µs (median over instances and ranks)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_title("Where a collective's time goes, from NCCL's own events\n" + runs.title, fontsize=8)
+    return fig
+
+
+def cost_figure(runs):
+    """Time per all_reduce vs size with the plugin off / idle / on, and per step."""
+    import matplotlib.pyplot as plt
+
+    c = cost_table(runs)
+    if c.empty:
+        return plot.message("no plugin cost rows (run with nccl_profiler set)", runs.title)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    s = c[c["what"] == "all_reduce"]
+    for col, mark in (("off_us", "o-"), ("idle_us", "s--"), ("on_us", "^-")):
+        ax.plot(s["bytes"], s[col], mark, label=col.replace("_us", ""))
+    ax.set_yscale("log")
+    plot.log2_bytes_axis(ax)
+    ax.set_xlabel("all_reduce size")
+    ax.set_ylabel("µs per call (median, slowest rank)")
+    steps = c[c["what"].str.startswith("step")]
+    txt = "; ".join(f"{r.what}: {r.off_us / 1e3:.2f} / {r.idle_us / 1e3:.2f} / {r.on_us / 1e3:.2f} ms"
+                    for r in steps.itertuples())
+    ax.set_title(f"NCCL profiler plugin cost (off / idle / on)\n{txt}", fontsize=8)
+    ax.legend()
+    return fig
+
+
+# ------------------------------------------------------------------------------------------------ findings
+def nccl_findings(runs) -> list[Finding]:
+    out: list[Finding] = []
+    a = alignment_table(runs)
+    if a.empty:
+        return out
+    if (a["matched"] > 0).any():
+        m = a[a["matched"] > 0]
+        out.append(Finding("nccl_alignment", f"NCCL profiler dumps aligned with the Kineto traces: {int(m['matched'].sum())} "
+                                             f"collectives matched over {len(m)} (part, rank) traces; largest residual "
+                                             f"{m['gpu_error_us'].max():.2f} µs on the GPU clock, "
+                                             f"{m['host_error_us'].max():.2f} µs on the host clock",
+                           float(max(m["gpu_error_us"].max(), m["host_error_us"].max())), "µs"))
+    t = collectives_table(runs)
+    if len(t):
+        ch = t.groupby(["name", "bytes", "protocol"])["n_channels"].agg(lambda x: sorted(set(int(v) for v in x)))
+        text = "; ".join(f"{n} {_size(b)} {p}: {'/'.join(map(str, v))}" for (n, b, p), v in ch.items())
+        out.append(Finding("nccl_channels", f"channels NCCL used per traced collective: {text}"))
+        out += _protocol_vs_name(t)
+        med = t[list(PHASES)].median()
+        out.append(Finding("nccl_phases", "median phases over all traced collectives: " + ", ".join(
+            f"{p.replace('_us', '')} {med[p]:.1f} µs" for p in PHASES), float(med["channels_us"]), "µs"))
+    out += _late_peer(late_peer_table(runs, top=1))
+    c = cost_table(runs)
+    for r in (c.itertuples() if len(c) else ()):
+        if r.on_vs_idle == r.on_vs_idle:
+            what = r.what if r.what != "all_reduce" else f"all_reduce {_size(r.bytes)}"
+            out.append(Finding(f"nccl_cost_{what.replace(' ', '_')}",
+                               f"plugin cost, {what}: {r.on_minus_idle_us:+.1f} µs per call with every event on vs "
+                               f"loaded and idle ({r.idle_us:.1f} -> {r.on_us:.1f} µs, {r.on_vs_idle:.2f}x; 'on' "
+                               f"samples spread {r.on_iqr_us:.1f} µs IQR); not loaded: {r.off_us:.1f} µs",
+                               float(r.on_vs_idle), "x"))
+    return out
+
+
+def _protocol_vs_name(t) -> list[Finding]:
+    """Kernels whose name's protocol suffix is not the protocol NCCL ran (NCCL names the kernel it launches,
+    one per collective and type -- ``best_kernel`` in its ``src/device/generate.py`` -- and runs the chosen
+    algorithm/protocol inside it)."""
+    named = t[t["kernel"].str.contains("_LL$|_LL128$|_SIMPLE$", regex=True)]
+    diff = named[named["kernel"].str.rsplit("_", n=1).str[-1] != named["protocol"]]
+    if not len(diff):
+        return []
+    r = diff.iloc[0]
+    text = (f"{len(diff)} of {len(named)} traced kernels ran another protocol than their name says: e.g. "
+            f"{r['kernel']} ran {r['algorithm']}/{r['protocol']} on {int(r['n_channels'])} channels "
+            f"({_size(r['bytes'])}) -- the name is the kernel NCCL launched; only NCCL's events say what ran")
+    return [Finding("nccl_protocol_vs_name", text, float(len(diff)), "")]
+
+
+def _late_peer(lp) -> list[Finding]:
+    if not len(lp):
+        return []
+    r = lp.iloc[0]
+    text = (f"{r['part']} {r['name']} #{r['seq']}: rank {r['late_rank']}'s channels started {r['late_us']:.0f} µs "
+            f"after its peer's; the early rank's wait shows inside its channels ({r['early_channels_us']:.0f} µs vs "
+            f"{r['late_channels_us']:.0f} µs on the late rank), not before them (launch to first channel "
+            f"{r['early_launch_to_gpu_us']:.1f} µs)")
+    return [Finding("nccl_late_peer", text, float(r["late_us"]), "µs")]
+
+
+def _size(b: float) -> str:
+    return f"{b / 2**20:.3g} MiB" if b >= 2**20 else f"{b / 2**10:.3g} KiB" if b >= 2**10 else f"{b:.0f} B"
+
+
+NCCL_TABLES = {"nccl_collectives": collectives_table, "nccl_summary": summary_table,
+               "nccl_alignment": alignment_table, "nccl_late_peer": late_peer_table, "nccl_cost": cost_table}
+NCCL_FIGURES = {"nccl-phases": phases_figure, "nccl-cost": cost_figure}
