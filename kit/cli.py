@@ -2,8 +2,9 @@
 
     kit run [NAME ...|all] [--config FILE] [-p key=value ...] [--no-input] [--strict]
                                                                               notebooks -> HTML report
-    kit exp NAME [--config FILE] [-p key=value ...]                           one experiment, no notebook
-                                                                              (spawn here, or in place under torchrun/srun)
+    kit exp NAME [--config FILE] [-p key=value ...] [--nodes K]               one experiment, no notebook
+                                                                              (spawn here, or in place under torchrun/srun;
+                                                                              --nodes K: this host as K emulated nodes)
     kit sysinfo [--json]                                                      hardware and software of this node
     kit trace gaps|collectives|merge TRACE ...                                analyse any PyTorch profiler trace
     kit doctor TRACE... [--json] [--html DIR] [--sweep RUN_DIR] [--fr DUMP...]
@@ -43,9 +44,19 @@ def cmd_sysinfo(args) -> int:
     return 0
 
 
+def _emulate_nodes(args) -> None:
+    """``--nodes K``: every launch of this command runs on K emulated nodes of this host (kit.launch.emulated
+    reads ``KIT_NODES``; notebook kernels inherit it). A config's own ``env: {KIT_NODES: ...}`` wins."""
+    if getattr(args, "nodes", None) is not None:
+        if args.nodes < 1:
+            raise ConfigError(f"--nodes must be >= 1, not {args.nodes}")
+        os.environ["KIT_NODES"] = str(args.nodes)
+
+
 def cmd_run(args) -> int:
     from . import runner
 
+    _emulate_nodes(args)
     _, entries = runner.run(args.names, args.config, _overrides(args.param), no_input=args.no_input,
                             results_root=args.results_root)
     failed = [e for e in entries if e["status"] == "failed"]
@@ -65,6 +76,7 @@ def cmd_exp(args) -> int:
     from .config import load_yaml
     from .launch import LaunchError, launched_externally
 
+    _emulate_nodes(args)
     data = load_yaml(args.config) if args.config else {}
     mapping = {**(data.get("defaults") or {}), **(data.get(args.name) or {}), **dict(_overrides(args.param))}
     cfg = contract.make_config(args.name, mapping)
@@ -103,6 +115,11 @@ def cmd_wheelhouse(args) -> int:
     return wheelhouse.build(args.dir, args.python_version, args.platform, args.exclude, args.extras)
 
 
+NODES_HELP = ("run on K emulated nodes of this host: K torchrun agents, each with its share of the GPUs and its own "
+              "NCCL_HOSTID, NCCL's network transport (sockets over loopback) between them (kit/launch/emulated.py; "
+              "sizes for it: configs/emulated-nodes.yaml)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kit", description="Distributed-GPU performance investigations in PyTorch.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -115,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--results-root", help="where runs and reports are written (default: the config's, else results/)")
     r.add_argument("--strict", action="store_true",
                    help="an investigation this machine cannot run is an error (exit 3), e.g. in CI of GPU nodes")
+    r.add_argument("--nodes", type=int, metavar="K", help=NODES_HELP)
     r.set_defaults(fn=cmd_run)
 
     e = sub.add_parser("exp", help="run one experiment without a notebook (works under torchrun / srun)")
@@ -122,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--config", "-c")
     e.add_argument("-p", "--param", action="append", metavar="KEY=VALUE")
     e.add_argument("-v", "--verbose", action="store_true", help="print every rank's steps")
+    e.add_argument("--nodes", type=int, metavar="K", help=NODES_HELP)
     e.set_defaults(fn=cmd_exp)
 
     s = sub.add_parser("sysinfo", help="GPUs, topology, driver, torch/CUDA/NCCL, NCCL_*/TORCH_*/CUDA_* env")

@@ -11,6 +11,10 @@ Two modes, the same experiment code:
   (a notebook, the CLI) is the **supervisor** (:class:`~kit.launch.supervisor.Supervisor`): it never touches
   CUDA, receives typed messages (:mod:`kit.launch.messages`) through a queue, writes rows to the run
   directory and enforces the fault rules below.
+* **emulated nodes** (``KIT_NODES=K`` in ``cfg.env`` or the environment; :mod:`kit.launch.emulated`): this
+  host plays K nodes -- K torchrun agents started by the kit, each with its own ``NCCL_HOSTID`` and GPUs, NCCL's
+  network transport between them; the ranks run in place (below) and the meta records the transport NCCL
+  chose per peer.
 * **in place** (already launched by torchrun, or srun under SLURM: ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` or
   ``SLURM_PROCID``/``SLURM_NTASKS``; :mod:`kit.launch.inplace`): no spawn; this process is one rank. Rank 0
   writes the run directory, streaming its own rows and gathering the other ranks' rows at the end.
@@ -33,7 +37,7 @@ Faults (spawn mode), each covered by a test in ``tests/test_launch.py``:
 * rows produced before any fault are in ``rows.csv`` and on ``LaunchError.run``; ``meta.json`` says
   ``status: failed`` and ``error.txt`` holds the error.
 
-Modules: ``node`` (GPUs, backend, free port, launched externally?), ``rank`` (:class:`Ctx`, the spawned
+Modules: ``node`` (GPUs, backend, free port, launched externally?, node id), ``emulated``, ``rank`` (:class:`Ctx`, the spawned
 rank's main, process-group set-up), ``messages``, ``supervisor``, ``hang``, ``meta``, ``inplace``.
 
 **Why the kit spawns and kills its ranks itself** rather than on ``torch.distributed.elastic``'s process
@@ -95,6 +99,11 @@ def launch(fn: ExperimentFn, cfg: LaunchConfig, experiment: str | None = None, *
     experiment = experiment or getattr(fn, "__module__", "experiment").rsplit(".", 1)[-1]
     if launched_externally():
         return launch_in_place(fn, cfg, experiment, on_row)
+    from . import emulated  # not at import time: ``python -m kit.launch.emulated`` is the agents' worker
+
+    nodes = emulated.nodes_requested(cfg)
+    if nodes > 1:
+        return emulated.launch_emulated(fn, cfg, experiment, nodes, on_row=on_row, verbose=verbose)
     world, backend = resolve(cfg)
     # free_port is looked up here, at call time, so that a test can replace kit.launch.free_port
     return Supervisor(fn, cfg, experiment, world, backend, on_row=on_row, verbose=verbose).launch(

@@ -6,6 +6,10 @@ shared filesystem), writes ``meta.json`` -- recording *itself* as the run's supe
 rows to ``rows.csv``; the other ranks' rows are gathered to rank 0 at the end. Each rank runs its own
 watchdog thread: silent for ``timeout_s``, it dumps its stacks to stderr and exits (code 3), and the job's
 launcher tears the job down.
+
+The meta records the placement (:func:`kit.launch.meta.placement`: nodes, ranks per node, as
+:func:`kit.launch.node.node_id` tells them apart). A launcher that made the run directory already (emulated
+nodes, :mod:`kit.launch.emulated`) names it in ``KIT_RUN_DIR``; rank 0 then writes there.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from pathlib import Path
 from .. import results
 from . import meta as run_meta
 from .messages import Message, Step
-from .node import resolve
+from .node import node_id, resolve
 from .rank import Ctx, ExperimentFn, destroy_pg, init_pg, set_rank_env
 
 
@@ -81,9 +85,13 @@ def launch_in_place(fn: ExperimentFn, cfg, experiment: str, on_row=None) -> resu
     init_pg(backend, rank, world, local_rank, "env://", cfg.timeout_s)
     holder = [None]
     meta = run_meta.start_meta(experiment, cfg, world, backend, "in-place")
+    where = [None] * world
+    dist.all_gather_object(where, {"rank": rank, "node": node_id(), "local_rank": local_rank})
+    meta["placement"] = run_meta.placement(where)
     if rank == 0:
-        run_dir = results.new_run_dir(cfg.results_root, experiment)
-        (run_dir / "logs").mkdir()
+        given = os.environ.get("KIT_RUN_DIR")
+        run_dir = Path(given) if given else results.new_run_dir(cfg.results_root, experiment)
+        (run_dir / "logs").mkdir(exist_ok=True)
         holder[0] = str(run_dir)
         from .. import sysinfo
 

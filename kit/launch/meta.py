@@ -39,6 +39,17 @@ def start_meta(experiment: str, cfg, world: int, backend: str, mode: str) -> dic
     }
 
 
+def placement(ranks: list[dict]) -> dict:
+    """Where the ranks ran, from one ``{"rank", "node", "local_rank"}`` per rank: the nodes (in order of their
+    lowest rank), the ranks of each, and ranks per node (None when nodes differ in size)."""
+    by_node: dict[str, list[int]] = {}
+    for r in sorted(ranks, key=lambda r: r["rank"]):
+        by_node.setdefault(str(r["node"]), []).append(int(r["rank"]))
+    sizes = {len(v) for v in by_node.values()}
+    return {"nodes": len(by_node), "ranks_per_node": sizes.pop() if len(sizes) == 1 else None,
+            "ranks": by_node}
+
+
 def write(run_dir: Path, meta: dict) -> None:
     results.write_json(Path(run_dir) / "meta.json", meta)
 

@@ -17,6 +17,12 @@ def launched_externally() -> bool:
     return "SLURM_PROCID" in e and "SLURM_NTASKS" in e and int(e.get("SLURM_NTASKS", "1")) > 1
 
 
+def node_id() -> str:
+    """The node this process is on, as NCCL tells hosts apart: ``NCCL_HOSTID`` when set (emulated nodes set
+    one per agent, :mod:`kit.launch.emulated`), else the host name."""
+    return os.environ.get("NCCL_HOSTID") or socket.gethostname()
+
+
 def cuda_device_count() -> int:
     try:
         import torch

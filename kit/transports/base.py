@@ -15,7 +15,9 @@ A transport's *capabilities* are what an experiment may ask about it -- never it
 * ``cuda`` -- needs a CUDA job (buffers on GPUs).
 * ``blocking_send`` -- has a host-blocking :meth:`Transport.send` / :meth:`Transport.recv` besides
   ``isend``/``irecv`` (``torch.distributed``'s ``send``/``recv``).
-* ``cross_node`` -- works between ranks on different hosts.
+* ``cross_node`` -- works between ranks on different hosts. :func:`kit.transports.make` refuses a transport
+  without it, with one message naming the reason, when the ranks are on more than one node -- emulated nodes
+  (``NCCL_HOSTID`` per agent, :mod:`kit.launch.emulated`) included.
 
 ``Work.wait()`` has CUDA semantics on GPUs: it orders the caller's *current stream* after the transfer and does
 not block the host (like ``ProcessGroupNCCL``'s ``work.wait()``); on CPU it blocks until done.

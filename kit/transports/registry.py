@@ -66,7 +66,7 @@ def make(name: str, ctx, timeout_s: float = 300.0, **options) -> Transport:
     unknown = [k for k in options if not any(_accepts(c, k) for c in _REGISTRY.values())]
     if unknown:
         raise TypeError(f"no transport takes option(s) {unknown}")
-    _agree(ctx, _reason(lambda: cls.unavailable(ctx)))
+    _agree(ctx, across_nodes(cls, ctx) or _reason(lambda: cls.unavailable(ctx)))
     made: list[Transport] = []
     why = _reason(lambda: made.append(cls(ctx, timeout_s, **{k: v for k, v in options.items() if _accepts(cls, k)})))
     try:
@@ -76,6 +76,30 @@ def make(name: str, ctx, timeout_s: float = 300.0, **options) -> Transport:
             t.close()
         raise
     return made[0]
+
+
+def across_nodes(cls: type[Transport], ctx) -> str | None:
+    """Collective: why ``cls`` cannot join these ranks because they are on more than one node (None: it can).
+    Asks the capability ``cross_node``, never the name. Nodes are told apart as NCCL does
+    (:func:`kit.launch.node.node_id`: ``NCCL_HOSTID``, else the host name), so emulated nodes count as nodes."""
+    if cls.caps.cross_node or ctx.world_size < 2:
+        return None
+    import torch.distributed as dist
+
+    from ..launch.node import node_id
+
+    nodes: list = [None] * ctx.world_size
+    dist.all_gather_object(nodes, node_id())
+    distinct = list(dict.fromkeys(nodes))
+    if len(distinct) < 2:
+        return None
+    where = "; ".join(f"{n}: ranks {[r for r, m in enumerate(nodes) if m == n]}" for n in distinct)
+    reach = "the peer GPU in its own process" if cls.caps.in_process else "the peer process on the same host"
+    if cls.caps.copy_engine:
+        reach += " (its copy engines write memory of a GPU this process can address)"
+    return (f"{cls.name} cannot cross nodes: it needs {reach}, and these ranks are on "
+            f"{len(distinct)} nodes ({where}); across nodes only transports with cross_node "
+            f"({', '.join(n for n, c in _REGISTRY.items() if c.caps.cross_node)}) reach the peer")
 
 
 def _reason(fn: Callable[[], str | None | object]) -> str | None:

@@ -35,8 +35,9 @@ Package layout: :mod:`.sweep` (Config, the rank function), :mod:`.nccl_tests` (t
 from __future__ import annotations
 
 from ...contract import Investigation, Needs
-from .analysis import (at_1mib_table, busbw_figure, busbw_table, findings, notes_table, rows, summarize,
-                       times_table)
+from ...launch import emulated
+from .analysis import (at_1mib_table, busbw_figure, busbw_table, findings, notes_table, regime_findings,
+                       regimes_figure, regimes_table, rows, summarize, times_table)
 from .nccl_tests import after, find_nccl_tests, parse_nccl_tests, run_nccl_tests
 from .sweep import NO_KERNEL, Config, kernel_durations, per_rank_count, run
 
@@ -45,8 +46,9 @@ INVESTIGATION = Investigation(
     Config=Config,
     run=run,
     columns=("kind", "collective", "bytes", "method"),
-    tables={"busbw": busbw_table, "times": times_table, "at_1mib": at_1mib_table, "notes": notes_table},
-    figures={"busbw": busbw_figure},
+    tables={"busbw": busbw_table, "times": times_table, "at_1mib": at_1mib_table, "notes": notes_table,
+            "regimes": regimes_table, "nccl_transports": emulated.transports_table},
+    figures={"busbw": busbw_figure, "busbw-regimes": regimes_figure},
     findings=findings,
     needs=Needs(ranks=2),
     after=after,
@@ -55,4 +57,5 @@ INVESTIGATION = Investigation(
 
 __all__ = ["Config", "INVESTIGATION", "NO_KERNEL", "after", "at_1mib_table", "busbw_figure", "busbw_table",
            "find_nccl_tests", "findings", "kernel_durations", "notes_table", "parse_nccl_tests", "per_rank_count",
-           "rows", "run", "run_nccl_tests", "summarize", "times_table"]
+           "regime_findings", "regimes_figure", "regimes_table", "rows", "run", "run_nccl_tests", "summarize",
+           "times_table"]

@@ -131,6 +131,10 @@ def busbw_figure(runs):
     return plot.size_curves(s, y="busbw_gbps", hue=hue, col="collective", title=runs.title, col_order=order)
 
 
+def _gbps(v: float) -> str:
+    return f"{v:.0f}" if v >= 100 else f"{v:.3g}"
+
+
 def _size_findings(a, tag: str, sfx: str) -> list[Finding]:
     """busbw of all_reduce at 64 MiB and 1 GiB (else the largest size), graph and eager against nccl-tests."""
     big = [b for b in (64 * MiB, 1 << 30) if b in set(a["bytes"])] or [int(a["bytes"].max())]
@@ -143,7 +147,7 @@ def _size_findings(a, tag: str, sfx: str) -> list[Finding]:
                 continue
             vs = f" ({100 * (at[m] / ref - 1):+.1f}% vs nccl-tests {ref:.0f})" if ref and m != "nccl-tests" else ""
             out.append(Finding(f"all_reduce_busbw_{_human(b).replace(' ', '')}_{m}{sfx}",
-                               f"{tag}all_reduce busbw at {_human(b)}, {what}: {at[m]:.0f} GB/s{vs}",
+                               f"{tag}all_reduce busbw at {_human(b)}, {what}: {_gbps(at[m])} GB/s{vs}",
                                float(at[m]), "GB/s"))
     return out
 
@@ -194,4 +198,65 @@ def findings(runs) -> list[Finding]:
         out += _size_findings(a, tag, sfx) + _small_findings(a, tag, sfx)
     for r in notes_table(runs).itertuples():
         out.append(Finding("no_kernel" if r.note == NO_KERNEL else "note", f"{r.collective}: {r.note}"))
+    return out + (regime_findings(runs) if getattr(runs, "dirs", None) else [])
+
+
+# ------------------------------------------------------------------------------------------------ two regimes
+def _all_reduce_busbw(runs):
+    """all_reduce busbw (GB/s) per size, one column per method."""
+    import pandas as pd
+
+    s = summarize(runs.df)
+    s = s[(s["collective"] == "all_reduce") & s["busbw_gbps"].notna()] if not s.empty else s
+    if s.empty:
+        return pd.DataFrame()
+    t = s.pivot_table(index="bytes", columns="method", values="busbw_gbps").reset_index()
+    t.columns.name = None
+    return t
+
+
+def regimes_table(runs):
+    """all_reduce busbw (GB/s) against size per regime (one node over NVLink, emulated nodes over NCCL's
+    network transport: :func:`kit.launch.emulated.beside`), one column per method."""
+    from ...launch import emulated
+
+    return emulated.per_regime(_all_reduce_busbw, runs)
+
+
+def regimes_figure(runs):
+    """all_reduce busbw against size, one line per method and regime, log y (the regimes differ ~80x)."""
+    t = regimes_table(runs)
+    if t.empty:
+        return plot.message("no all_reduce samples in these runs", runs.title)
+    long = t.melt(id_vars=["regime", "bytes"], var_name="method", value_name="busbw_gbps").dropna()
+    long = long.assign(series=long["method"] + " | " + long["regime"], collective="all_reduce")
+    return plot.size_curves(long, y="busbw_gbps", hue="series", col="collective", logy=True,
+                            title="one node (NVLink) vs emulated nodes (NCCL NET/Socket over loopback)")
+
+
+def regime_findings(runs) -> list[Finding]:
+    """all_reduce busbw at 64 MiB and 1 GiB across emulated nodes against one node, per method measured in
+    both (graph replay, NCCL kernel, eager)."""
+    t = regimes_table(runs)
+    if t.empty or t["regime"].nunique() < 2:
+        return []
+    emu = [r for r in t["regime"].unique() if "emulated" in r]
+    one = [r for r in t["regime"].unique() if r.startswith("1 node")]
+    out = []
+    for e in emu[:1]:
+        for o in one[:1]:
+            for b in (64 * MiB, 1 << 30):
+                a, n = t[(t["regime"] == e) & (t["bytes"] == b)], t[(t["regime"] == o) & (t["bytes"] == b)]
+                if a.empty or n.empty:
+                    continue
+                parts = [f"{m} {a[m].iloc[0]:.2f} vs {n[m].iloc[0]:.0f} GB/s"
+                         for m in ("graph", "kernel", "eager") if m in a and m in n and a[m].iloc[0] == a[m].iloc[0]]
+                if not parts:
+                    continue
+                ref = "graph" if "graph" in a else parts[0].split()[0]
+                ratio = n[ref].iloc[0] / a[ref].iloc[0]
+                out.append(Finding(f"regime_busbw_{_human(b).replace(' ', '')}",
+                                   f"all_reduce busbw at {_human(b)}, {e} vs {o}: " + "; ".join(parts) +
+                                   f" ({ratio:.0f}x less across the emulated nodes, {ref})",
+                                   float(a[ref].iloc[0]), "GB/s"))
     return out

@@ -63,8 +63,10 @@ def parse_nccl_tests(text: str, collective: str) -> list[dict]:
     return rows
 
 
-def run_nccl_tests(binaries: dict[str, str], cfg: Config, ngpus: int, timeout_s: float = 600) -> tuple[list[dict], list[str]]:
-    """Run each binary over the configured sizes on ``ngpus`` GPUs of this node (one process, -g ngpus)."""
+def run_nccl_tests(binaries: dict[str, str], cfg: Config, ngpus: int, timeout_s: float = 600,
+                   launcher: list[str] | None = None, world: int | None = None) -> tuple[list[dict], list[str]]:
+    """Run each binary over the configured sizes on ``ngpus`` GPUs per process: one process (``-g ngpus``), or
+    under ``launcher`` (``mpirun ...``: :func:`mpi_launcher`) with ``world`` ranks in all."""
     rows, logs = [], []
     env = {**os.environ, **cfg.env}
     # as many timed calls as one of our points (iters x repeats); a longer warm-up than ours because each
@@ -77,24 +79,74 @@ def run_nccl_tests(binaries: dict[str, str], cfg: Config, ngpus: int, timeout_s:
         base = [exe, "-b", str(cfg.min_bytes), "-e", str(cfg.max_bytes), "-f", "2", "-g", str(ngpus),
                 "-w", str(w), "-d", _NCCL_TESTS_DTYPE[cfg.dtype], "-c", "0"]
         for method, extra in (("nccl-tests", ["-n", str(n)]), ("nccl-tests-graph", ["-n", str(cfg.iters), "-G", str(cfg.repeats)])):
-            cmd = base + extra
-            try:
-                p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                logs.append(f"$ {' '.join(cmd)}\n(timed out after {timeout_s:g} s)")
-                continue
-            logs.append(f"$ {' '.join(cmd)}\n{p.stdout}{p.stderr}")
-            for r in parse_nccl_tests(p.stdout, coll):
-                r.update(method=method, world_size=ngpus, iters=cfg.iters, dtype=cfg.dtype)
+            cmd = [*(launcher or []), *base, *extra]
+            out, timed_out = _run(cmd, env, timeout_s)
+            logs.append(f"$ {' '.join(cmd)}\n{out}" + (f"\n(timed out after {timeout_s:g} s: the sizes above "
+                                                      f"finished and are kept)" if timed_out else ""))
+            for r in parse_nccl_tests(out, coll):
+                r.update(method=method, world_size=world or ngpus, iters=cfg.iters, dtype=cfg.dtype)
                 rows.append(r)
     return rows, logs
 
 
+EMULATED_NODES = ("nccl-tests not run on emulated nodes: built with MPI=0 it drives every rank from one process, "
+                  "and NCCL computes one host hash per process (NCCL_HOSTID is read once, getHostHash in "
+                  "src/misc/utils.cc), so its ranks are always one host and talk over NVLink; in one process NCCL "
+                  "does not fall back to the network either (net.cc canConnect asks ncclTopoCheckNet, which "
+                  "rejects a NIC farther from the GPUs than a PCIe switch, as lo is). Two hosts need two processes: "
+                  "nccl-tests built with MPI=1 under mpirun, NCCL_HOSTID set per rank")
+
+
+def _run(cmd: list[str], env: dict, timeout_s: float) -> tuple[str, bool]:
+    """Output (stdout and stderr) of ``cmd`` and whether it timed out. It runs in a session of its own: on
+    timeout the whole session is killed (mpirun's ranks included) and what it printed so far is kept -- the
+    rows of the sizes that finished."""
+    import signal
+
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=timeout_s)
+        return out.decode(errors="replace"), False
+    except subprocess.TimeoutExpired as e:
+        partial = e.stdout or b""
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        rest, _ = p.communicate()
+        return (partial + (rest or b"")).decode(errors="replace"), True
+
+
+def is_mpi_build(binary: str) -> bool:
+    """Was this nccl-tests binary built with MPI=1 (linked against libmpi)?"""
+    try:
+        out = subprocess.run(["ldd", binary], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "libmpi" in out
+
+
+def mpi_launcher(meta: dict, env: dict[str, str]) -> list[str]:
+    """``mpirun`` for an MPI build of nccl-tests on the emulated nodes of ``meta``: one process per rank
+    (``-g 1``), rank r getting the ``NCCL_HOSTID`` of its agent (r // ranks per node), as the kit's own ranks
+    had, and the network variables of ``env``. nccl-tests picks each process's GPU by its local rank."""
+    emu = meta["emulated"]
+    host = emu["agents"][0]["NCCL_HOSTID"].rsplit("-kit-node", 1)[0]
+    root = ["--allow-run-as-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
+    exported = [a for k in sorted(env) if k.startswith("NCCL_") for a in ("-x", f"{k}={env[k]}")]
+    hostid = f'NCCL_HOSTID={host}-kit-node$((OMPI_COMM_WORLD_RANK / {emu["ranks_per_node"]})) exec "$@"'
+    return ["mpirun", *root, "-np", str(emu["nodes"] * emu["ranks_per_node"]), "--bind-to", "none", *exported,
+            "sh", "-c", hostid, "sh"]
+
+
 def after(cfg: Config, run) -> None:
-    """Launcher-side step once the ranks are done: nccl-tests at the same sizes, into the same run."""
+    """Launcher-side step once the ranks are done: nccl-tests at the same sizes, into the same run (on
+    emulated nodes a note saying why it cannot run there, :data:`EMULATED_NODES`)."""
     from ... import results
 
     meta = run.meta
+    if meta.get("launcher") == "emulated nodes" and meta.get("backend") == "nccl":
+        return _after_emulated(cfg, run)
     if meta.get("backend") != "nccl" or meta.get("mode") != "spawn":
         return
     binaries = find_nccl_tests(cfg.nccl_tests)
@@ -104,4 +156,24 @@ def after(cfg: Config, run) -> None:
     rows, logs = run_nccl_tests(binaries, cfg, meta["world_size"])
     (run.dir / "nccl-tests.log").write_text("\n\n".join(logs))
     run.add_rows(rows)
+    results.write_json(run.dir / "meta.json", meta)
+
+
+def _after_emulated(cfg: Config, run) -> None:
+    """On emulated nodes: an MPI build of nccl-tests under ``mpirun``, every rank with its agent's
+    ``NCCL_HOSTID`` and the run's network variables (:func:`mpi_launcher`); else a note row saying why not."""
+    from ... import results
+
+    meta = run.meta
+    binaries = find_nccl_tests(cfg.nccl_tests)
+    usable = {c: b for c, b in binaries.items() if is_mpi_build(b)} if shutil.which("mpirun") else {}
+    meta["nccl_tests"] = {"binaries": usable, "launcher": "mpirun" if usable else None}
+    if not usable:
+        run.add_rows([dict(kind="note", collective=c, bytes=None, method="nccl-tests", note=EMULATED_NODES)
+                      for c in cfg.collectives])
+    else:
+        env = {**meta["emulated"]["network_env"], **cfg.env}
+        rows, logs = run_nccl_tests(usable, cfg, 1, launcher=mpi_launcher(meta, env), world=meta["world_size"])
+        (run.dir / "nccl-tests.log").write_text("\n\n".join(logs))
+        run.add_rows(rows)
     results.write_json(run.dir / "meta.json", meta)

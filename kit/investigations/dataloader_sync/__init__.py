@@ -37,6 +37,7 @@ Package layout: :mod:`.config` (Config, modes), :mod:`.data`, :mod:`.model`, :mo
 from __future__ import annotations
 
 from kit.contract import Investigation, Needs
+from kit.launch import emulated
 
 from .analysis import (PARTS, breakdown, fig_bucket_curve, fig_event_vs_kernel, fig_step_breakdown, rows,
                        table_breakdown, table_buckets, table_event_vs_kernel, table_grad_sync, table_overlap,
@@ -44,6 +45,7 @@ from .analysis import (PARTS, breakdown, fig_bucket_curve, fig_event_vs_kernel, 
 from .config import CUDA_ONLY_H2D, DDP_DEFAULT_BUCKET_MB, H2D_MODES, ONE_BUCKET_MB, SYNC_MODES, Config
 from .data import RawImageFolder, make_dataset, make_loader
 from .findings import findings
+from .regimes import fig_regimes, table_regime_breakdown, table_regime_buckets, table_regime_event_vs_kernel
 from .model import build, sync_gradients, vgg11
 from .train import H2DMover, run, train
 
@@ -53,9 +55,11 @@ INVESTIGATION = Investigation(
     run=run,
     columns=("kind", "h2d", "sync"),
     tables={"breakdown": table_breakdown, "buckets": table_buckets, "event_vs_kernel": table_event_vs_kernel,
-            "grad_sync": table_grad_sync, "overlap": table_overlap, "skipped": table_skipped},
+            "grad_sync": table_grad_sync, "overlap": table_overlap, "skipped": table_skipped,
+            "regime_breakdown": table_regime_breakdown, "regime_buckets": table_regime_buckets,
+            "regime_event_vs_kernel": table_regime_event_vs_kernel, "nccl_transports": emulated.transports_table},
     figures={"step-breakdown": fig_step_breakdown, "event-vs-kernel": fig_event_vs_kernel,
-             "bucket-curve": fig_bucket_curve},
+             "bucket-curve": fig_bucket_curve, "regimes": fig_regimes},
     findings=findings,
     needs=Needs(ranks=1),
     question="why a gradient all-reduce looks slow in training: H2D copies, stream sync, per-parameter vs "

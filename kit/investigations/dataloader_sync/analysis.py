@@ -162,13 +162,15 @@ def table_event_vs_kernel(runs, h2d: str = "pageable"):
     return ev
 
 
-def _sweep_rows(nbytes: int) -> list[dict]:
+def _sweep_rows(nbytes: int, emulated_nodes: bool = False) -> list[dict]:
     """The recorded collectives sweep's all_reduce at the size nearest ``nbytes``, summarised the sweep's own
     way (kit.investigations.collectives: eager the slowest rank per sample, kernel the rank that waited least,
-    nccl-tests as printed; medians)."""
+    nccl-tests as printed; medians) -- from the same regime: the emulated-nodes sweep for runs on emulated
+    nodes (kit.launch.emulated), else the one-node sweep."""
     from kit.investigations.collectives.analysis import summarize
+    from kit.launch import emulated
 
-    rec = results.recorded_set("collectives")
+    rec = results.recorded_set("collectives", emulated.RECORDED if emulated_nodes else None)
     s = summarize(results.load(*rec)) if rec else None
     if s is None or s.empty:
         return []
@@ -193,7 +195,10 @@ def table_grad_sync(runs):
     alg = stats.gbps(nbytes, flat["sync_us"].to_numpy())
     g = pd.DataFrame({"h2d": flat["h2d"].to_numpy(), "bytes": nbytes, "sync_ms": flat["sync_us"].to_numpy() / 1e3,
                       "algbw_gbps": alg, "busbw_gbps": alg * bus_factor("all_reduce", n)})
-    return pd.concat([g, pd.DataFrame(_sweep_rows(nbytes) if on_cuda(runs) else [])], ignore_index=True)
+    from kit.launch import emulated
+
+    emu = any(emulated.is_emulated(m) for m in getattr(runs, "metas", []))
+    return pd.concat([g, pd.DataFrame(_sweep_rows(nbytes, emu) if on_cuda(runs) else [])], ignore_index=True)
 
 
 def table_overlap(runs):
