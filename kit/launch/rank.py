@@ -157,6 +157,16 @@ DESTROY_STUCK = "destroy_process_group did not return within"
 """the rank log's line when the rank gave up on destroy_process_group (the supervisor reports it)"""
 
 
+def destroy_wait(teardown_s: float) -> float:
+    """How long a rank waits for destroy_process_group: 5 s, or ``$KIT_DESTROY_WAIT_S`` (to attach a debugger to
+    a hanging teardown), never more than half the supervisor's ``teardown_s``."""
+    try:
+        want = float(os.environ.get("KIT_DESTROY_WAIT_S", "5"))
+    except ValueError:
+        want = 5.0
+    return max(0.0, min(want, teardown_s / 2))
+
+
 def destroy_pg(log=None, wait_s: float = 5.0) -> None:
     """Tear the process group down, in order: free what the experiment left unreferenced (CUDA graphs that
     captured NCCL kernels, profiler objects: ``gc.collect``), wait for this rank's GPU work, then
@@ -255,7 +265,7 @@ def rank_main(fn: ExperimentFn, cfg: Any, rank: int, world: int, backend: str, p
         except Exception:
             pass
         if code == 0:
-            destroy_pg(log, wait_s=min(5.0, cfg.teardown_s / 2))  # the supervisor's teardown_s bounds the rest
+            destroy_pg(log, wait_s=destroy_wait(cfg.teardown_s))  # the supervisor's teardown_s bounds the rest
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)  # skip interpreter-exit destructors, the other place teardown has been seen to hang
