@@ -176,6 +176,23 @@ def test_every_file_bad_is_exit_2_one_line_each(tmp_path):
     assert p.returncode == 2 and "no trace file matches" in p.stderr
 
 
+def test_traces_of_different_jobs_are_bad_input(tmp_path):
+    """One rank twice, or world sizes that differ: collectives and merge refuse (exit 2, one line per file)
+    instead of pairing unrelated kernels."""
+    twice = tmp_path / "again_rank0.json.gz"
+    twice.write_bytes(TP[0].read_bytes())
+    for verb in (["collectives"], ["merge", "-o", tmp_path / "o.json"]):
+        p = _kit("trace", verb[0], TP[0], twice, *verb[1:])
+        assert p.returncode == 2 and "Traceback" not in p.stderr, (verb, p.stderr)
+        assert "rank 0 again" in p.stderr and "again_rank0.json.gz" in p.stderr and "tp_rank0.json.gz" in p.stderr
+    one = tmp_path / "one_rank1.json"
+    data = json.loads(gzip.decompress(TP[1].read_bytes()))
+    data["distributedInfo"]["world_size"] = 4
+    one.write_text(json.dumps(data))
+    p = _kit("trace", "collectives", TP[0], one)
+    assert p.returncode == 2 and "world size 4, others [2]: traces of different jobs" in p.stderr
+
+
 # ------------------------------------------------------------------------------------------------ inputs
 def test_directory_and_glob_inputs(tmp_path):
     for p in TP:

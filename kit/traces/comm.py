@@ -35,6 +35,7 @@ from .. import stats
 from ..collective_ops import bus_factor, canonical, from_kernel
 from .flight_recorder import dump_flight_recorder, fr_entries, fr_mismatches  # noqa: F401  (kit.traces.comm.*)
 from .frames import Trace, load_trace
+from .parse import TraceError
 from .merge import merge  # noqa: F401
 from .overlap import overlap  # noqa: F401
 
@@ -206,7 +207,30 @@ def per_rank_collectives(traces: Iterable[str | Path | Trace] | str | Path, *, w
         rank = i if counts["rank"] is None else counts["rank"]
         out.append(RankCollectives(t, rank, frame.assign(rank=i) if counts["rank"] is None and len(frame) else frame,
                                    counts))
+    one_job(out)
     return out, res.failed
+
+
+def one_job(ranks: list[RankCollectives]) -> None:
+    """TraceError, one line per problem, when the traces are not the ranks of one job: different world sizes
+    (from each trace's ``distributedInfo``), or one rank twice. Matching collectives across such traces would
+    pair unrelated kernels."""
+    def name(r: RankCollectives) -> str:
+        return r.item.name if isinstance(r.item, Trace) else Path(r.item).name
+
+    problems = []
+    ws = {r.counts.get("world_size") for r in ranks} - {None}
+    if len(ws) > 1:
+        problems += [f"{name(r)}: world size {r.counts['world_size']}, others {sorted(ws - {r.counts['world_size']})}: "
+                     f"traces of different jobs" for r in ranks if r.counts.get("world_size") is not None]
+    seen: dict[int, str] = {}
+    for r in ranks:
+        if r.rank in seen:
+            problems.append(f"{name(r)}: rank {r.rank} again (also {seen[r.rank]}): give one trace per rank")
+        else:
+            seen[r.rank] = name(r)
+    if problems:
+        raise TraceError("\n".join(problems))
 
 
 def collectives(traces: Iterable[str | Path | Trace] | str | Path, *, workers: int | None = 1, client: Any = None,
