@@ -63,21 +63,36 @@ def hang_in_teardown(cfg, ctx):
 
 
 def hang_after_teardown(cfg, ctx):
-    """Finishes its work, then hangs where the rank's own bound cannot help (the garbage collection before
-    destroy_process_group runs a finalizer that never returns)."""
+    """Finishes its work, then hangs where the rank's own bound cannot help: the garbage collection of the
+    teardown runs a finalizer that sleeps in C *holding the GIL* (ctypes.PyDLL keeps it), so the rank's main
+    thread never runs again."""
+    import ctypes
     import gc
 
     write_pid(ctx)
 
     class Stuck:
         def __del__(self):
-            time.sleep(600)
+            ctypes.PyDLL(None).sleep(600)
 
     a, b = Stuck(), Stuck()
     a.other, b.other = b, a  # a cycle: freed only by gc.collect() at teardown
     del a, b
     gc.disable()  # keep it for the teardown's gc.collect()
     yield {"done": 1}
+
+
+def raise_on_rank1_while_rank0_ignores_sigterm(cfg, ctx):
+    """Rank 1 raises; rank 0 ignores SIGTERM and sleeps (as a rank stuck in a driver call would): stopping the
+    run must still leave no rank process behind."""
+    import signal
+
+    write_pid(ctx)
+    if ctx.rank == 1:
+        raise RuntimeError("deliberate failure on rank 1")
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    time.sleep(120)
+    yield {"x": 1}
 
 
 def exit_hard_on_rank0(cfg, ctx):

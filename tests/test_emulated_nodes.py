@@ -59,6 +59,33 @@ def test_a_failing_rank_fails_the_run_with_its_log(tmp_path):
     assert meta["status"] == "failed" and meta["emulated"]["nodes"] == 2
 
 
+def test_a_rank_ignoring_sigterm_does_not_outlive_the_run(tmp_path):
+    """torch elastic starts workers in their own session: killing an agent's session does not reach them, so
+    each worker dies with its agent (kit.launch.emulated._worker); found by review, reproduced here."""
+    import os
+    import time
+
+    t = time.monotonic()
+    with pytest.raises(LaunchError, match="deliberate failure on rank 1"):
+        launch(exps.raise_on_rank1_while_rank0_ignores_sigterm, _cfg(tmp_path), "emulated")
+    assert time.monotonic() - t < 60
+    (run_dir,) = [p.parent for p in (tmp_path / "res").glob("emulated/*/meta.json")]
+    pids = [int(p.read_text()) for p in (run_dir / "pids").iterdir()]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.2)
+    assert not any(_alive(p) for p in pids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "State:\tZ" not in f.read()
+    except OSError:
+        return False
+
+
 def test_placement_summary():
     p = run_meta.placement([{"rank": 1, "node": "b"}, {"rank": 0, "node": "a"}, {"rank": 2, "node": "a"}])
     assert p == {"nodes": 2, "ranks_per_node": None, "ranks": {"a": [0, 2], "b": [1]}}

@@ -91,15 +91,15 @@ def test_teardown_hang_is_bounded_and_results_kept(cfg):
     assert time.monotonic() - t0 < 25
     assert [r["done"] for r in run.rows] == [1, 1]
     assert run.meta["status"] == "ok"
-    assert any("exited without completing destroy_process_group" in w for w in run.meta["warnings"])
+    assert any("exited without completing their teardown" in w for w in run.meta["warnings"])
     assert not any("killed" in w for w in run.meta["warnings"])
-    assert "destroy_process_group did not return within 1 s" in (run.dir / "logs" / "rank0.log").read_text()
+    assert "teardown did not finish within 1 s" in (run.dir / "logs" / "rank0.log").read_text()
     assert wait_dead(pids_of(run.dir), 10) == []
 
 
 def test_teardown_bound_by_the_supervisor_when_the_rank_cannot_leave(cfg):
-    """A rank stuck after its own bound (here: in interpreter-level code the rank cannot time out) is killed
-    by the supervisor after teardown_s, results kept."""
+    """A rank whose main thread cannot run on after its own bound (a finalizer in the teardown holds the GIL
+    in a C call) is killed by the supervisor after teardown_s, results kept."""
     cfg = dataclasses.replace(cfg, teardown_s=2)
     run = launch(exps.hang_after_teardown, cfg, "teardown2")
     assert [r["done"] for r in run.rows] == [1, 1] and run.meta["status"] == "ok"

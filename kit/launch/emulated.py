@@ -35,8 +35,10 @@ How (``KIT_NODES=K`` in the config's ``env`` or the launching process's environm
 
 Faults: a rank's own watchdog (``timeout_s``) ends a hang (see :mod:`kit.launch.inplace`); once one agent
 has failed the others get ``_PEER_GRACE_S`` to end before they are stopped; the error names the agent and
-shows the tail of the failing rank's log. Not covered: nccl-tests (one process holds every rank there and
-NCCL computes one host hash per process, so it cannot play two hosts -- see the collectives notebook).
+shows the tail of the failing rank's log; each worker dies with its agent. nccl-tests built with ``MPI=0``
+cannot play two hosts (one process holds every rank and NCCL computes one host hash per process); the
+collectives investigation runs an ``MPI=1`` build under ``mpirun`` with one ``NCCL_HOSTID`` per rank instead
+(:mod:`kit.investigations.collectives.nccl_tests`).
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ from .. import results
 from ..config import ConfigError
 from . import meta as run_meta
 from .node import cuda_device_count, free_port, resolve
-from .rank import log_path, tail
+from .rank import die_with_parent, log_path, tail
 
 NODES_VAR = "KIT_NODES"
 """how many nodes to emulate on this host (in ``cfg.env`` or the launching process's environment)"""
@@ -155,14 +157,13 @@ def launch_emulated(fn, cfg, experiment: str, nodes: int, on_row: Callable[[dict
     payload = run_dir / "launch.pkl"
     payload.write_bytes(pickle.dumps((fn, cfg, experiment)))
     port = free_port()
-    agents = []
-    for i in range(p.nodes):
-        out = open(run_dir / "logs" / f"agent{i}.log", "wb")
-        agents.append(subprocess.Popen(agent_cmd(p, port, payload), env=agent_env(cfg, p, i, run_dir),
-                                       stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                       preexec_fn=_die_with_launcher))
-        out.close()
+    agents: list[subprocess.Popen] = []
     try:
+        for i in range(p.nodes):
+            with open(run_dir / "logs" / f"agent{i}.log", "wb") as out:
+                agents.append(subprocess.Popen(agent_cmd(p, port, payload), env=agent_env(cfg, p, i, run_dir),
+                                               stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                               preexec_fn=_die_with_launcher))
         codes = _wait(agents, verbose)
     except BaseException:
         _stop(agents)
@@ -212,7 +213,7 @@ def _stop(agents: list[subprocess.Popen]) -> None:
             pass
     for a in agents:
         try:
-            os.killpg(a.pid, signal.SIGKILL)  # the agent's session: stragglers among its workers
+            os.killpg(a.pid, signal.SIGKILL)  # the agent's session; its workers die with it (_worker)
         except (ProcessLookupError, PermissionError):
             pass
         a.wait()
@@ -304,7 +305,10 @@ def nccl_communicators(run_dir: Path) -> list[dict]:
 
 # ------------------------------------------------------------------------------------------ a worker
 def _worker(payload: str) -> None:
-    """What torchrun starts in each agent: output to ``logs/rank<N>.log``, then the experiment in place."""
+    """What torchrun starts in each agent: output to ``logs/rank<N>.log``, then the experiment in place. The
+    worker dies with its agent (torch elastic starts workers in their own session, so killing the agent's
+    session would not reach them): a rank that ignores SIGTERM cannot outlive a stopped run."""
+    die_with_parent(os.getppid())
     run_dir = Path(os.environ[RUN_DIR_VAR])
     log = open(log_path(run_dir, int(os.environ["RANK"])), "a", buffering=1)
     os.dup2(log.fileno(), 1)

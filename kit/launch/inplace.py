@@ -105,6 +105,7 @@ def launch_in_place(fn: ExperimentFn, cfg, experiment: str, on_row=None) -> resu
     watchdog.start()
     ctx = Ctx(rank, world, local_rank, backend, run_dir, watchdog)
     run = results.Run(run_dir, meta, writer.rows if writer else mine)
+    failed = False
     try:
         for row in fn(cfg, ctx) or ():
             row = {"rank": rank, **row}
@@ -123,9 +124,10 @@ def launch_in_place(fn: ExperimentFn, cfg, experiment: str, on_row=None) -> resu
             run_meta.finish(run_dir, meta, "ok")
         return run
     except BaseException as e:
+        failed = True
         if writer:
             run_meta.finish(run_dir, meta, "failed", f"rank 0: {type(e).__name__}: {e}\n{traceback.format_exc()}")
         raise
     finally:
         watchdog.stop()
-        destroy_pg()
+        destroy_pg(sys.stderr, failed=failed)  # bounded: a failed rank's GPU may wait for a dead peer forever

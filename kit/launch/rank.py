@@ -11,10 +11,11 @@ A spawned rank (``rank_main``):
    lose it -- and registers faulthandler on SIGUSR1 to ``logs/rank<N>.stacks`` for the hang diagnosis;
 3. sets the env overrides, creates the process group, runs the experiment and sends every row as a
    :mod:`~kit.launch.messages` message;
-4. flushes the queue (``join_thread``: every message is in the pipe before anything is torn down), destroys
-   the process group (may hang, seen with a live profiler and a captured CUDA graph: the supervisor bounds
-   it) and leaves with ``os._exit``, skipping interpreter-exit destructors, the other place teardown has
-   been seen to hang.
+4. flushes the queue (``join_thread``: every message is in the pipe before anything is torn down), tears the
+   process group down (:func:`destroy_pg`: live CUDA graphs released first; the rank itself gives up after
+   a few seconds -- graph_gaps' ranks hang there on NCCL 2.28.9 -- and the supervisor's ``teardown_s``
+   bounds whatever the rank cannot) and leaves with ``os._exit``, skipping interpreter-exit destructors, the
+   other place teardown has been seen to hang.
 """
 
 from __future__ import annotations
@@ -144,7 +145,8 @@ def release_graphs() -> list[str]:
 
     import torch
 
-    graphs = [o for o in gc.get_objects() if isinstance(o, torch.cuda.CUDAGraph)]
+    graphs = [o for o in gc.get_objects() if issubclass(type(o), torch.cuda.CUDAGraph)]  # no isinstance: a
+    # proxy among gc's objects (torch.distributed.reduce_op) warns when asked for its class
     holders = []
     for g in graphs:
         refs = [type(r).__name__ for r in gc.get_referrers(g) if r is not graphs]
@@ -153,7 +155,7 @@ def release_graphs() -> list[str]:
     return holders
 
 
-DESTROY_STUCK = "destroy_process_group did not return within"
+DESTROY_STUCK = "teardown did not finish within"
 """the rank log's line when the rank gave up on destroy_process_group (the supervisor reports it)"""
 
 
@@ -167,17 +169,21 @@ def destroy_wait(teardown_s: float) -> float:
     return max(0.0, min(want, teardown_s / 2))
 
 
-def destroy_pg(log=None, wait_s: float = 5.0) -> None:
+def destroy_pg(log=None, wait_s: float = 5.0, failed: bool = False) -> None:
     """Tear the process group down, in order: free what the experiment left unreferenced (CUDA graphs that
-    captured NCCL kernels, profiler objects: ``gc.collect``), wait for this rank's GPU work, then
-    ``destroy_process_group``, waited for ``wait_s`` at most. Each phase's duration goes to the rank's log
-    (``kit: teardown ...``).
+    captured NCCL kernels, profiler objects: ``gc.collect``, :func:`release_graphs`), wait for this rank's GPU
+    work, then ``destroy_process_group`` -- all of it in a thread waited for ``wait_s`` at most, so a GPU
+    that never finishes (a rank that ``failed`` while its NCCL kernel waits for a dead peer) or a
+    communicator that never lets go cannot hold the rank. Each phase goes to ``log`` (``kit: teardown ...``).
+    After a failure the garbage collection and the synchronisation are skipped: only the communicator is
+    destroyed.
 
     Why the bound: on 2xH200 (NCCL 2.28.9, torch 2.11) every graph_gaps launch left both ranks inside
     ``destroy_process_group`` until the supervisor killed them, although no CUDA graph was alive any more
     (:func:`release_graphs` found none) -- the cause is open (issue 12; see the graph_gaps notebook). Results
     are complete by then: the rank exits after ``wait_s`` on its own and says so, instead of costing the run
-    ``teardown_s`` and a kill."""
+    ``teardown_s`` and a kill. (A communicator not destroyed writes no NCCL profiler-plugin dump: the
+    collective_tracing analyses name a missing or unreadable dump and go on.)"""
     import gc
 
     def say(msg: str) -> None:
@@ -187,27 +193,39 @@ def destroy_pg(log=None, wait_s: float = 5.0) -> None:
     try:
         import torch
         import torch.distributed as dist
+    except Exception as e:  # pragma: no cover - torch is a dependency
+        return say(f"{type(e).__name__}: {e}")
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    device = torch.cuda.current_device() if cuda else None
+    done: list[str] = []
 
-        t = time.monotonic()
-        gc.collect()
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            torch.cuda.synchronize()
-            live = release_graphs()
-            if live:
-                say(f"{len(live)} CUDA graph(s) still referenced after the experiment (by {', '.join(live)}): "
-                    f"reset before the communicator is destroyed")
-        say(f"gc + synchronize {time.monotonic() - t:.2f} s")
-        if dist.is_initialized():
-            t = time.monotonic()
-            th = threading.Thread(target=dist.destroy_process_group, daemon=True, name="kit-destroy-pg")
-            th.start()
-            th.join(wait_s)
-            if th.is_alive():
-                say(f"{DESTROY_STUCK} {wait_s:g} s: exiting without it (the process's exit releases the GPU)")
-            else:
+    def teardown() -> None:
+        try:
+            if cuda:
+                torch.cuda.set_device(device)  # a new thread starts on device 0
+            if not failed:
+                t = time.monotonic()
+                gc.collect()
+                if cuda:
+                    torch.cuda.synchronize(device)
+                    live = release_graphs()
+                    if live:
+                        say(f"{len(live)} CUDA graph(s) still referenced after the experiment (by "
+                            f"{', '.join(live)}): reset before the communicator is destroyed")
+                say(f"gc + synchronize {time.monotonic() - t:.2f} s")
+            if dist.is_initialized():
+                t = time.monotonic()
+                dist.destroy_process_group()
                 say(f"destroy_process_group {time.monotonic() - t:.2f} s")
-    except Exception as e:
-        say(f"{type(e).__name__}: {e}")
+        except Exception as e:
+            say(f"{type(e).__name__}: {e}")
+        done.append("done")
+
+    th = threading.Thread(target=teardown, daemon=True, name="kit-teardown")
+    th.start()
+    th.join(wait_s)
+    if not done:
+        say(f"{DESTROY_STUCK} {wait_s:g} s: exiting without it (the process's exit releases the GPU)")
 
 
 def die_with_parent(parent_pid: int) -> None:

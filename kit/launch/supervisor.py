@@ -256,8 +256,8 @@ class Supervisor:
             s.proc.join(max(0.0, deadline - time.monotonic()))
         stuck = [r for r, s in self.states.items() if s.proc.is_alive()]
         gave_up = [r for r in self.states if r not in stuck and _gave_up_destroy(log_path(self.run_dir, r))]
-        notes = [f"rank(s) {gave_up} exited without completing destroy_process_group (it did not return in time; "
-                 f"their logs say how long): results are complete"] if gave_up else []
+        notes = [f"rank(s) {gave_up} exited without completing their teardown (destroy_process_group did not "
+                 f"finish in time; their logs say how long): results are complete"] if gave_up else []
         if not stuck:
             return notes
         self._kill_all()
@@ -284,7 +284,7 @@ class Supervisor:
 
 
 def _gave_up_destroy(path) -> bool:
-    """True when the rank's log says it exited without finishing destroy_process_group (rank.DESTROY_STUCK)."""
+    """True when the rank's log says it exited without finishing its teardown (rank.DESTROY_STUCK)."""
     try:
         with open(path, "rb") as f:
             f.seek(0, 2)
