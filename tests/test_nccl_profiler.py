@@ -6,6 +6,7 @@ interface version, not a dump), the CLI, sysinfo, and the collective_tracing opt
 
 import gzip
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -219,6 +220,41 @@ def test_recorded_run_tables_and_findings():
     keys = {f.key for f in inv.findings(runs)}
     assert {"nccl_alignment", "nccl_channels", "nccl_protocol_vs_name", "nccl_phases", "nccl_late_peer",
             "nccl_cost_all_reduce_1_MiB", "nccl_cost_step_ddp"} <= keys
+
+
+def test_one_unreadable_dump_leaves_the_others_shown(tmp_path):
+    """A rank whose teardown gave up writes no dump, or half of one: the tables show the other rank and the
+    findings name the file (found by review: one truncated dump made every table raise)."""
+    import shutil
+
+    from kit import results
+
+    src = next(d for d in _recorded().dirs if dump.find_dumps(d))
+    d = tmp_path / src.name
+    shutil.copytree(src, d)
+    bad = sorted(dump.find_dumps(d))[-1]
+    bad.write_bytes(gzip.compress(_raw(bad)[:5000]) if bad.suffix == ".gz" else _raw(bad)[:5000])
+    runs = results.RunSet([d], "one dump truncated")
+    inv = contract.get("collective_tracing")
+    a = inv.table("nccl_alignment", runs)
+    assert a["error"].notna().sum() == 1 and (a["matched"] > 0).any()
+    assert len(inv.table("nccl_summary", runs)) > 0
+    f = [x for x in inv.findings(runs) if x.key == "nccl_dump_unreadable"]
+    assert len(f) == 1 and bad.name in f[0].text
+
+
+def test_bad_dump_files_are_one_line_not_a_traceback(tmp_path):
+    """A corrupt gzip, a negative communicator hash, an output path that cannot be written (found by review)."""
+    gz = tmp_path / f"nccl_profiler_{COMM}_0.json.gz"
+    gz.write_bytes(b"\x1f\x8b" + b"not gzip at all" * 10)
+    with pytest.raises(dump.DumpError, match="cannot read it"):
+        dump.read_dump(gz)
+    neg = tmp_path / "neg" / f"nccl_profiler_{COMM}_0.json"
+    neg.parent.mkdir()
+    neg.write_bytes(re.sub(rb'"CommHash": *"?[0-9]+"?', b'"CommHash": -5', _raw(DUMPS[0]), count=3))
+    assert len(dump.read_dump(neg).events) > 0
+    p = _kit("nccl-profiler", "convert", str(DUMPS[0]), "-o", str(tmp_path / "no" / "such" / "dir" / "o.json"))
+    assert p.returncode == 2 and "cannot write" in p.stderr and "Traceback" not in p.stderr
 
 
 def test_analyses_without_dumps_are_empty_not_errors(tmp_path, monkeypatch):

@@ -29,7 +29,8 @@ import numpy as np
 TOL_US = 5.0
 """pairs whose offset is within this of the winning offset are matches"""
 ERROR_BOUND_US = 1.0
-"""the residual the tests hold both alignments to (measured on 2x H200: <= 0.25 µs GPU, <= 0.52 µs host)"""
+"""the residual the tests hold both alignments to (measured on 2x H200: the probe run in tests/data GPU <= 0.25 µs,
+host <= 0.52 µs; the recorded collective_tracing run GPU <= 0.79 µs, host <= 0.25 µs)"""
 
 
 @dataclass
@@ -45,6 +46,10 @@ class Alignment:
     """add to the plugin's host ``ts`` to get the Kineto trace's time"""
     host_error_us: float
     host_matched: int
+    gpu_base_ns: int = 0
+    gpu_rel_offset_us: float = float("nan")
+    """the exact form of the GPU offset: Kineto time = ``(gpu_ns - gpu_base_ns) / 1000 + gpu_rel_offset_us``
+    (``gpu_offset_us`` is the same sum folded into one float: 0.25 µs steps at ~1.8e15 µs)"""
 
     def to_json(self) -> dict:
         return {k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in asdict(self).items()}
@@ -76,13 +81,15 @@ def kineto_nccl_kernels(trace) -> "object":
 
 
 def match(colls, kernels, tol_us: float = TOL_US):
-    """``(offset_us, pairs)``: the GPU-clock offset and the matched ``(collective row, kernel row)`` index
+    """``(offset_us, base_ns, pairs)``: the GPU-clock offset -- Kineto time = ``(gpu_ns - base_ns) / 1000 +
+    offset_us``, kept relative to ``base_ns`` (the first channel start) because an absolute offset of ~1.8e15
+    µs would hold only 0.25 µs steps in a float64 -- and the matched ``(collective row, kernel row)`` index
     pairs (each collective at most once; several collectives may share a kernel: a group of them)."""
     if not len(colls) or not len(kernels):
-        return float("nan"), []
+        return float("nan"), 0, []
     c = colls[colls["gpu_start_ns"].notna()]
     if not len(c):
-        return float("nan"), []
+        return float("nan"), 0, []
     cstart = c["gpu_start_ns"].astype("uint64").to_numpy()
     base = int(cstart.min())
     cs = (cstart - base).astype(np.float64) / 1e3  # µs since the first channel start, exact enough
@@ -91,7 +98,7 @@ def match(colls, kernels, tol_us: float = TOL_US):
     d = ks[None, :] - cs[:, None]  # kernel start - channel start, for every pair
     cand = d[same]
     if not cand.size:
-        return float("nan"), []
+        return float("nan"), base, []
     # the offset most same-operation pairs agree on: the densest tol-wide window of candidate offsets
     srt = np.sort(cand)
     hi = np.searchsorted(srt, srt + tol_us, side="right")
@@ -104,7 +111,7 @@ def match(colls, kernels, tol_us: float = TOL_US):
             j = ok[np.argmin(np.abs(d[i][ok] - centre))]
             pairs.append((c.index[i], kernels.index[j], d[i, j]))
     off = float(np.median([p[2] for p in pairs]))
-    return off - base / 1e3, [(i, j) for i, j, _ in pairs]
+    return off, base, [(i, j) for i, j, _ in pairs]
 
 
 def align(colls, kernels, rank: int = -1, tol_us: float = TOL_US) -> tuple[Alignment, "object"]:
@@ -115,7 +122,7 @@ def align(colls, kernels, rank: int = -1, tol_us: float = TOL_US) -> tuple[Align
     ``coll_end`` (host)."""
     import pandas as pd
 
-    off, pairs = match(colls, kernels, tol_us)
+    off, base, pairs = match(colls, kernels, tol_us)
     if not pairs:
         a = Alignment(rank, 0, len(colls), len(kernels), float("nan"), float("nan"), float("nan"), float("nan"), 0)
         return a, colls.iloc[0:0]
@@ -128,15 +135,15 @@ def align(colls, kernels, rank: int = -1, tol_us: float = TOL_US) -> tuple[Align
     m["kernel_pid"] = k["device"].values
     m["kernel_stream"] = k["stream"].values
     m["kineto_launch_end"] = k["launch_end"].values
-    base = int(m["gpu_start_ns"].astype("uint64").min())
-    # ns -> µs relative to the smallest stamp first: float64 keeps sub-ns precision that way
-    m["gpu_start"] = rel_us(m["gpu_start_ns"], base) + (base / 1e3 + off)
-    m["gpu_stop"] = rel_us(m["gpu_stop_ns"], base) + (base / 1e3 + off)
+    # ns -> µs relative to match's base, then the relative offset: never a 1e15-µs float in between
+    m["gpu_start"] = rel_us(m["gpu_start_ns"], base) + off
+    m["gpu_stop"] = rel_us(m["gpu_stop_ns"], base) + off
     gpu_res = (m["gpu_start"] - m["kernel_ts"]).abs()
     h = (m["kineto_launch_end"] - m["launch_end"].astype("float64")).dropna()
     h_off = float(h.median()) if len(h) else float("nan")
     h_err = float((h - h_off).abs().max()) if len(h) else float("nan")
     for col in ("group_ts", "launch_end", "coll_ts", "coll_end"):
         m[col] = m[col].astype("float64") + h_off
-    a = Alignment(rank, len(m), len(colls), len(kernels), off, float(gpu_res.max()), h_off, h_err, len(h))
+    a = Alignment(rank, len(m), len(colls), len(kernels), off - base / 1e3, float(gpu_res.max()), h_off, h_err,
+                  len(h), base, off)
     return a, m

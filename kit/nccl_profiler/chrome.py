@@ -58,10 +58,13 @@ def thread_names(pid_gpu, pid_host, channels) -> list[dict]:
     return meta
 
 
-def events(dump, matched, host_offset_us: float, gpu_offset_us: float, pid_gpu, pid_host) -> list[dict]:
+def events(dump, matched, host_offset_us: float, gpu_offset_us: float, pid_gpu, pid_host,
+           gpu_base_ns: int | None = None) -> list[dict]:
     """Chrome events of the ``matched`` collectives (:func:`kit.nccl_profiler.align.align`'s frame, or every
     collective of :func:`collectives` with offsets of your choosing) and their groups: host events shifted by
-    ``host_offset_us``, channel events at ``gpu_ns / 1000 + gpu_offset_us``."""
+    ``host_offset_us``, channel events at ``gpu_ns / 1000 + gpu_offset_us`` -- or, exactly, at ``(gpu_ns -
+    gpu_base_ns) / 1000 + gpu_offset_us`` when ``gpu_base_ns`` is given (an Alignment's ``gpu_base_ns`` and
+    ``gpu_rel_offset_us``)."""
     from .align import rel_us
 
     ev = dump.events
@@ -85,9 +88,13 @@ def events(dump, matched, host_offset_us: float, gpu_offset_us: float, pid_gpu, 
                               row["end"] + host_offset_us, {}))
     ch = ev[ev["coll"].isin(colls) & (ev["cat"] == "GPU")]
     if len(ch):
-        base = int(ch["start_gpu_ns"].dropna().astype("uint64").min())
-        start = rel_us(ch["start_gpu_ns"], base) + base / 1e3 + gpu_offset_us
-        stop = rel_us(ch["stop_gpu_ns"], base) + base / 1e3 + gpu_offset_us
+        if gpu_base_ns is None:
+            base = int(ch["start_gpu_ns"].dropna().astype("uint64").min())
+            shift = base / 1e3 + gpu_offset_us
+        else:
+            base, shift = int(gpu_base_ns), gpu_offset_us
+        start = rel_us(ch["start_gpu_ns"], base) + shift
+        stop = rel_us(ch["stop_gpu_ns"], base) + shift
         last = dict(zip(matched["coll_idx"].astype(int), matched["gpu_stop"]))
         names = dict(zip(ev["idx"].astype(int), ev["name"]))
         for row, s, e in zip(ch.to_dict("records"), start, stop):

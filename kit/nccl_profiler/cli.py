@@ -34,7 +34,11 @@ def cmd_convert(args) -> int:
     except DumpError as e:
         print(f"kit nccl-profiler convert: {e}", file=sys.stderr)
         return 2
-    n = write_chrome(dumps, args.output)
+    try:
+        n = write_chrome(dumps, args.output)
+    except OSError as e:
+        print(f"kit nccl-profiler convert: cannot write {args.output} ({e.strerror or e})", file=sys.stderr)
+        return 2
     print(f"{n} events from {len(dumps)} dump(s) -> {args.output}")
     return 0
 

@@ -32,6 +32,7 @@ import gzip
 import json
 import os
 import re
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -90,8 +91,8 @@ def _text(path: Path) -> bytes:
     try:
         raw = path.read_bytes()
         return gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
-    except (OSError, EOFError) as e:
-        raise DumpError(f"{path}: cannot read it ({e})") from None
+    except (OSError, EOFError, zlib.error) as e:
+        raise DumpError(f"{path}: cannot read it ({type(e).__name__}: {e}); is the file complete?") from None
 
 
 def fix_json(raw: bytes) -> bytes:
@@ -186,11 +187,15 @@ def _frame(rows: list[dict]):
     def num(v):
         return v if isinstance(v, int) and not isinstance(v, bool) else None
 
+    def unsigned(v):  # a foreign or corrupted value outside uint64 is missing, not a crash
+        v = num(v)
+        return v if v is not None and 0 < v < 2**64 else None
+
     cols = {}
     for c in COLUMNS:
         vals = [r.get(c) for r in rows]
         if c in _UINT:  # the plugin prints 0 where a channel's stop was not recorded: missing
-            cols[c] = pd.array([num(v) or None for v in vals], dtype="UInt64")
+            cols[c] = pd.array([unsigned(v) for v in vals], dtype="UInt64")
         elif c in _INT:
             cols[c] = pd.array([num(v) for v in vals], dtype="Int64")
         elif c in ("ts", "end"):

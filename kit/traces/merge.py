@@ -122,7 +122,7 @@ def _nccl_events(path: Path, rank: int, dumps: list, pid_of,
         host = kernels["pid"].dropna()
         pg = pid_of(rank, int(m["kernel_pid"].iloc[0]))
         ph = pid_of(rank, int(host.iloc[0])) if len(host) else pg
-        evs += chrome.events(d, m, a.host_offset_us, a.gpu_offset_us, pg, ph)
+        evs += chrome.events(d, m, a.host_offset_us, a.gpu_rel_offset_us, pg, ph, gpu_base_ns=a.gpu_base_ns)
         evs += chrome.thread_names(pg, ph, d.events["channel"].dropna().unique())
     return evs, info
 

@@ -515,9 +515,9 @@ slower in the others (item, pageable, p2p-disabled, h2d-on-compute-stream, per-p
 of that machine from run to run, which the doctor then names (see that folder's README)"""
 
 
-def kernel_speeds(view: RankView) -> "pd.DataFrame":
+def kernel_speeds(view: RankView) -> "pd.DataFrame | None":
     """Median and total duration per compute-kernel name (NCCL kernels and copies left out), the heaviest
-    :data:`KERNEL_TOP`."""
+    :data:`KERNEL_TOP`; None when the trace has no compute kernel."""
     g = view.trace.gpu
     k = g[(g["cat"] == "kernel") & ~g["nccl"].astype(bool)] if not g.empty else g
     if k.empty:

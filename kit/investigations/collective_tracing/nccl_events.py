@@ -67,8 +67,13 @@ def _aligned(run_dir: str, stamp: float):
 
     d = Path(run_dir)
     label = results.run_label(results.read_meta(d)) or d.name
-    dumps = [ncd.read_dump(f) for f in ncd.find_dumps(d)]
-    frames, recs = [], []
+    dumps, recs = [], []
+    for f in ncd.find_dumps(d):  # one unreadable dump (a rank that gave up on its teardown writes none or half
+        try:                     # of one) is a note row; the other ranks are still shown
+            dumps.append(ncd.read_dump(f))
+        except ncd.DumpError as e:
+            recs.append({"label": label, "part": "", "rank": None, "error": str(e)})
+    frames = []
     for part in PARTS:
         for f in traces.find_traces(d, part=part):
             t = traces.load_trace(f.path)
@@ -266,6 +271,9 @@ def nccl_findings(runs) -> list[Finding]:
                                              f"{m['gpu_error_us'].max():.2f} µs on the GPU clock, "
                                              f"{m['host_error_us'].max():.2f} µs on the host clock",
                            float(max(m["gpu_error_us"].max(), m["host_error_us"].max())), "µs"))
+    if "error" in a.columns:
+        for e in a["error"].dropna():
+            out.append(Finding("nccl_dump_unreadable", f"NCCL profiler dump left out: {e}"))
     t = collectives_table(runs)
     if len(t):
         ch = t.groupby(["name", "bytes", "protocol"])["n_channels"].agg(lambda x: sorted(set(int(v) for v in x)))
