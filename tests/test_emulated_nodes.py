@@ -40,6 +40,7 @@ def test_two_gloo_agents_one_run_dir(tmp_path):
     assert meta["nccl"]["transports"] == []  # gloo: NCCL logged nothing
     df = results.load(run_dir)
     assert sorted(df["rank"]) == [0, 1] and set(df["sum"]) == {3.0} and set(df["env_seen"]) == {"seen"}
+    assert sorted(r["rank"] for r in run.rows) == [0, 1] and {r["sum"] for r in run.rows} == {3.0}  # typed
     assert {p.name for p in (run_dir / "logs").iterdir()} >= {"agent0.log", "agent1.log", "rank0.log", "rank1.log"}
 
 

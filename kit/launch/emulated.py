@@ -235,13 +235,16 @@ def _failure(run_dir: Path, codes: list[int]) -> str:
 
 
 def _read_rows(run_dir: Path) -> list[dict]:
-    import csv
+    """The rows rank 0 wrote, typed back (numbers as numbers, empty cells dropped) -- as the spawn and in-place
+    launchers hand them to ``on_row`` and ``Run.rows``: rank 0's process is gone, only ``rows.csv`` is left."""
+    import pandas as pd
 
     path = run_dir / "rows.csv"
-    if not path.exists():
+    if not path.exists() or path.stat().st_size == 0:
         return []
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+    df = pd.read_csv(path)
+    return [{k: (v.item() if hasattr(v, "item") else v) for k, v in r.items() if not pd.isna(v)}
+            for r in df.to_dict("records")]
 
 
 def _finish_meta(run_dir: Path, p: Plan, cfg, status: str | None, error: str | None) -> dict:
