@@ -162,6 +162,12 @@ class Row:
     out: str = ""
 
 
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+"""every command's environment: bytecode is written (the warm-up compiles kit once, as an install does; HTA and
+pandas come installed with theirs) -- with PYTHONDONTWRITEBYTECODE=1, as on some sandboxes, every kit command
+would compile its modules again and the table would time the compiler"""
+
+
 def run(what: str, cmd: list[str], ranks: int, mb: float, stdout: Path | None = None, ok=(0,), env=None) -> Row:
     """Run ``cmd`` in a fresh process; wall time, the largest peak RSS of its process tree (and of any other
     descendant of the benchmark alive meanwhile, e.g. Dask workers). ``ok``: the exit statuses that mean it
@@ -169,7 +175,7 @@ def run(what: str, cmd: list[str], ranks: int, mb: float, stdout: Path | None = 
     t = time.perf_counter()
     with TreeRSS() as rss, open(stdout or os.devnull, "w") as out:
         p = subprocess.run(cmd, cwd=ROOT, stdout=out, stderr=subprocess.PIPE, text=True,
-                           env={**os.environ, **(env or {})})
+                           env={**ENV, **(env or {})})
     dt = time.perf_counter() - t
     rc = 0 if p.returncode in ok else p.returncode
     if rc:
@@ -248,7 +254,7 @@ def measure(a: argparse.Namespace, out: Path) -> int:
 
     # untimed: byte-compile kit after an edit and bring the files into the page cache, as every later command
     # (HTA's too) finds them -- the table times the tools, not the first import or the disk
-    subprocess.run(KIT + ["trace", "gaps", "--help"], cwd=ROOT, capture_output=True)
+    subprocess.run(KIT + ["trace", "gaps", "--help"], cwd=ROOT, capture_output=True, env=ENV)
     for f in files[:2]:
         with open(f, "rb") as fh:
             while fh.read(1 << 24):
