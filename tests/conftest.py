@@ -37,6 +37,21 @@ def wait_dead(pids, timeout=10.0) -> list[int]:
     return [p for p in pids if alive(p)]
 
 
+def finding(d, rule):
+    """The doctor's one finding of ``rule`` in a Diagnosis (None when it found nothing)."""
+    got = [f for f in d.findings if f.rule == rule]
+    assert len(got) <= 1
+    return got[0] if got else None
+
+
+def silent(d, rule) -> bool:
+    """The doctor checked ``rule`` and found nothing at or above 'low'."""
+    from kit.doctor.model import REPORTED
+
+    f = finding(d, rule)
+    return rule in d.checked and (f is None or f.severity not in REPORTED)
+
+
 @pytest.fixture
 def cfg(tmp_path):
     from kit.config import LaunchConfig

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import finding, silent
 from kit.doctor import diagnose
-from kit.doctor.model import REPORTED
 
 DATA = Path(__file__).resolve().parent / "data"
 DOC = DATA / "doctor"
@@ -34,18 +34,6 @@ def traces(folder: str, pattern: str = "*.json.gz") -> list[str]:
 
 def run(paths, **kw):
     return diagnose(paths, workers=1, only=HOST_RULES, **kw)
-
-
-def finding(d, rule):
-    got = [f for f in d.findings if f.rule == rule]
-    assert len(got) <= 1
-    return got[0] if got else None
-
-
-def silent(d, rule) -> bool:
-    """Checked, and nothing at or above 'low'."""
-    f = finding(d, rule)
-    return rule in d.checked and (f is None or f.severity not in REPORTED)
 
 
 def kit_main(argv: list[str]) -> int:

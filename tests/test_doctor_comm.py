@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import finding, silent
 from kit.doctor import diagnose
 from kit.doctor.model import REPORTED
 from kit.doctor.sweep import SweepError, attainable, load_sweep
@@ -32,18 +33,6 @@ def traces(folder: str, pattern: str = "*.json.gz") -> list[str]:
 
 def run(paths, sweep=None):
     return diagnose(paths, sweep=sweep, workers=1, only=COMM_RULES)
-
-
-def finding(d, rule):
-    got = [f for f in d.findings if f.rule == rule]
-    assert len(got) <= 1
-    return got[0] if got else None
-
-
-def silent(d, rule) -> bool:
-    """Checked, and nothing at or above 'low'."""
-    f = finding(d, rule)
-    return rule in d.checked and (f is None or f.severity not in REPORTED)
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
 
 import exps  # noqa: E402
+from conftest import pids_of, wait_dead  # noqa: E402
 from kit import results  # noqa: E402
 from kit.config import ConfigError, LaunchConfig  # noqa: E402
 from kit.launch import LaunchError, emulated, launch  # noqa: E402
@@ -63,7 +64,6 @@ def test_a_failing_rank_fails_the_run_with_its_log(tmp_path):
 def test_a_rank_ignoring_sigterm_does_not_outlive_the_run(tmp_path):
     """torch elastic starts workers in their own session: killing an agent's session does not reach them, so
     each worker dies with its agent (kit.launch.emulated._worker); found by review, reproduced here."""
-    import os
     import time
 
     t = time.monotonic()
@@ -71,20 +71,8 @@ def test_a_rank_ignoring_sigterm_does_not_outlive_the_run(tmp_path):
         launch(exps.raise_on_rank1_while_rank0_ignores_sigterm, _cfg(tmp_path), "emulated")
     assert time.monotonic() - t < 60
     (run_dir,) = [p.parent for p in (tmp_path / "res").glob("emulated/*/meta.json")]
-    pids = [int(p.read_text()) for p in (run_dir / "pids").iterdir()]
-    assert len(pids) == 2
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
-        time.sleep(0.2)
-    assert not any(_alive(p) for p in pids)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return "State:\tZ" not in f.read()
-    except OSError:
-        return False
+    pids = pids_of(run_dir)
+    assert len(pids) == 2 and wait_dead(pids, 10) == []
 
 
 def test_placement_summary():

@@ -81,6 +81,8 @@ def capture_notes(trace, steps) -> list[str]:
     if len(ops) and "input_dims" in ops and ops["input_dims"].isna().all():
         notes.append("no input shapes on the CPU ops: profile with record_shapes=True (kit.capture does); "
                      "the sizes of collectives without NCCL metadata and of copies are unknown")
+    from ..capture import capture_info  # the trace header's kitCapture, else the sidecar beside the file
+
     return notes + capture_facts_notes(capture_info(trace))
 
 
@@ -97,13 +99,6 @@ ENV_EFFECTS = {
                                       "around collectives are this setting's doing"),
 }
 """settings in a ``kitCapture`` environment that change what the rules see: value that has the effect, effect"""
-
-
-def capture_info(trace) -> dict[str, Any] | None:
-    """:func:`kit.capture.capture_info` (the trace header's ``kitCapture``, else the sidecar beside the file)."""
-    from ..capture import capture_info as read
-
-    return read(trace)
 
 
 def capture_facts_notes(facts: dict[str, Any] | None) -> list[str]:
@@ -189,20 +184,13 @@ def rank_summary(path: str | Path) -> RankSummary:
 
 def check_one_job(summaries: Sequence[RankSummary]) -> list[RankSummary]:
     """Ranks filled in (file order where the traces say nothing), and an error when the traces are not one job."""
-    problems = []
-    ws = {s.world_size for s in summaries if s.world_size is not None}
-    if len(ws) > 1:
-        problems += [f"{Path(s.path).name}: world size {s.world_size}, others {sorted(ws - {s.world_size})}: "
-                     f"traces of different jobs" for s in summaries if s.world_size is not None]
-    seen: dict[int, str] = {}
-    for s in summaries:
-        if s.rank is not None and s.rank in seen:
-            problems.append(f"{Path(s.path).name}: rank {s.rank} again (also {seen[s.rank]}): one trace per rank")
-        elif s.rank is not None:
-            seen[s.rank] = Path(s.path).name
+    from ..traces.jobs import not_one_job
+
+    problems = not_one_job((Path(s.path).name, s.rank, s.world_size) for s in summaries)
     problems += apart_in_time(summaries)
     if problems:
         raise JobError("\n".join(problems))
+    seen = {s.rank for s in summaries if s.rank is not None}
     free = iter(r for r in range(len(summaries) + len(seen)) if r not in seen)
     return [s if s.rank is not None else replace(s, rank=next(free)) for s in summaries]
 

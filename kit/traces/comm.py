@@ -212,23 +212,12 @@ def per_rank_collectives(traces: Iterable[str | Path | Trace] | str | Path, *, w
 
 
 def one_job(ranks: list[RankCollectives]) -> None:
-    """TraceError, one line per problem, when the traces are not the ranks of one job: different world sizes
-    (from each trace's ``distributedInfo``), or one rank twice. Matching collectives across such traces would
-    pair unrelated kernels."""
-    def name(r: RankCollectives) -> str:
-        return r.item.name if isinstance(r.item, Trace) else Path(r.item).name
+    """TraceError, one line per problem, when the traces are not the ranks of one job
+    (:func:`kit.traces.jobs.not_one_job`): matching collectives across them would pair unrelated kernels."""
+    from .jobs import not_one_job
 
-    problems = []
-    ws = {r.counts.get("world_size") for r in ranks} - {None}
-    if len(ws) > 1:
-        problems += [f"{name(r)}: world size {r.counts['world_size']}, others {sorted(ws - {r.counts['world_size']})}: "
-                     f"traces of different jobs" for r in ranks if r.counts.get("world_size") is not None]
-    seen: dict[int, str] = {}
-    for r in ranks:
-        if r.rank in seen:
-            problems.append(f"{name(r)}: rank {r.rank} again (also {seen[r.rank]}): give one trace per rank")
-        else:
-            seen[r.rank] = name(r)
+    problems = not_one_job((r.item.name if isinstance(r.item, Trace) else Path(r.item).name, r.rank,
+                            r.counts.get("world_size")) for r in ranks)
     if problems:
         raise TraceError("\n".join(problems))
 

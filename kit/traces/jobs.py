@@ -211,6 +211,25 @@ def _collect(futures: list) -> list[tuple[bool, Any]]:
     return out
 
 
+def not_one_job(ranks: Iterable[tuple[str, int | None, int | None]]) -> list[str]:
+    """One line per reason the traces ``(name, rank, world size)`` are not the ranks of one job: world sizes
+    that differ (from each trace's ``distributedInfo``), one rank twice. [] when they can be one job. The one
+    check behind ``kit trace collectives|merge`` and ``kit doctor`` (which adds a check of when each was traced)."""
+    ranks = list(ranks)
+    problems = []
+    ws = {w for _, _, w in ranks if w is not None}
+    if len(ws) > 1:
+        problems += [f"{name}: world size {w}, others {sorted(ws - {w})}: traces of different jobs"
+                     for name, _, w in ranks if w is not None]
+    seen: dict[int, str] = {}
+    for name, r, _ in ranks:
+        if r is not None and r in seen:
+            problems.append(f"{name}: rank {r} again (also {seen[r]}): give one trace per rank")
+        elif r is not None:
+            seen[r] = name
+    return problems
+
+
 def map_ranks(paths: Iterable[str | Path], fn: Callable[[Path], T], *, workers: int | None = None,
               client: Any = None) -> RankResults[T]:
     """``fn(path)`` for every path -- in this process (``workers=1``), in a local process pool (``workers=N``,

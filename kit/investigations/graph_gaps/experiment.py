@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from ... import stats, timing, traces
+from ... import timing, traces
 from ...config import LaunchConfig
 from . import mechanism
 
@@ -86,22 +86,16 @@ def build_forward(n_layers: int, cfg: Config, ctx, comm: bool, hidden: int | Non
     return forward
 
 
-def _profile(fn, ctx, forwards: int, keep: Path | None, threshold_us: float) -> dict:
-    """Kernel-time sum per forward and gap statistics (kit.traces.gaps, kit.stats) from a profiler trace of
-    ``forwards`` calls."""
-    ev = timing.profile_gpu(fn, ctx, forwards, export=str(keep) if keep else None)
+def _profile(fn, ctx, forwards: int, keep: Path | None, threshold_us: float):
+    """``(row fields, gaps)``: kernel-time sums per forward and the gap statistics (:func:`.mechanism.gap_stats`)
+    from a profiler trace of ``forwards`` calls, and its kit.traces.gaps frame."""
+    ev, g = mechanism.profile_gaps(fn, ctx, forwards, threshold_us, export=str(keep) if keep else None)
     k = ev[ev["cat"] == "kernel"]
-    g = traces.gaps(ev, threshold_us)  # empty frame with its columns when there is no kernel
-    ok = g[~g["stall"].astype(bool)]
-    out = {"_gaps": g, "kernel_sum_us": float(k["dur"].sum()) / forwards,
+    out = {"kernel_sum_us": float(k["dur"].sum()) / forwards,
            "nccl_kernel_sum_us": float(k[k["nccl"].astype(bool)]["dur"].sum()) / forwards,
-           "kernels_per_forward": len(k) / forwards, "stalls": int(g["stall"].astype(bool).sum())}
-    for kind in ("nccl", "other"):  # no NCCL kernel with one rank: gap_nccl_n = 0, statistics NaN
-        v = ok[ok["before"] == kind]["gap_us"].to_numpy(dtype=float)
-        st = stats.stats(v)
-        out.update({f"gap_{kind}_n": st["n"], f"gap_{kind}_median_us": st["median"], f"gap_{kind}_p90_us": st["p90"],
-                    f"gap_{kind}_sum_us": float(v.sum()) / forwards})
-    return out
+           "kernels_per_forward": len(k) / forwards, "stalls": int(g["stall"].astype(bool).sum()) if len(g) else 0,
+           **mechanism.gap_stats(g, forwards)}
+    return out, g
 
 
 def capture(fn, ctx, debug_dot: Path | None = None):
@@ -144,8 +138,7 @@ def run(cfg: Config, ctx):
                     if ctx.is_cuda:
                         keep = (traces.trace_path(ctx, model=model, layers=n, mode=mode)
                                 if n in cfg.keep_traces else None)
-                        prof = _profile(fn, ctx, cfg.profile_forwards, keep, cfg.gap_threshold_us)
-                        gaps = prof.pop("_gaps")
+                        prof, gaps = _profile(fn, ctx, cfg.profile_forwards, keep, cfg.gap_threshold_us)
                         yield {"kind": "profile", "mode": mode, **keys, "output_rms": _rms(fwd()), **prof}
                         if cfg.mechanism and comm:
                             yield from mechanism.position_rows(gaps, n, model=model, mode=mode, layers=n,

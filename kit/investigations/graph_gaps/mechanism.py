@@ -33,21 +33,26 @@ if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
 
-def _gap_stats(g, prefix: str = "gap") -> dict:
-    """Median/p90 of the gaps before NCCL and before other kernels (stalls left out) of a kit.traces.gaps frame."""
+def gap_stats(g, calls: int) -> dict:
+    """Count, median, p90 and sum per call of the gaps before NCCL and before other kernels (stalls left out)
+    of a kit.traces.gaps frame -- the gap columns of every profile row (no NCCL kernel with one rank:
+    ``gap_nccl_n`` 0, statistics NaN)."""
+    import numpy as np
+
     ok = g[~g["stall"].astype(bool)] if len(g) else g
     out = {}
     for kind in ("nccl", "other"):
-        v = ok[ok["before"] == kind]["gap_us"].to_numpy(dtype=float) if len(ok) else []
+        v = ok[ok["before"] == kind]["gap_us"].to_numpy(dtype=float) if len(ok) else np.array([])
         st = stats.stats(v)
-        out.update({f"{prefix}_{kind}_n": st["n"], f"{prefix}_{kind}_median_us": st["median"],
-                    f"{prefix}_{kind}_p90_us": st["p90"]})
+        out.update({f"gap_{kind}_n": st["n"], f"gap_{kind}_median_us": st["median"], f"gap_{kind}_p90_us": st["p90"],
+                    f"gap_{kind}_sum_us": float(v.sum()) / calls})
     return out
 
 
-def profile_gaps(fn, ctx, calls: int, threshold_us: float):
-    """The GPU events of ``calls`` calls of ``fn`` and their gaps (kit.timing.profile_gpu, kit.traces.gaps)."""
-    ev = timing.profile_gpu(fn, ctx, calls)
+def profile_gaps(fn, ctx, calls: int, threshold_us: float, export: str | None = None):
+    """The GPU events of ``calls`` calls of ``fn`` and their gaps (kit.timing.profile_gpu, kit.traces.gaps);
+    ``export``: also keep the trace there."""
+    ev = timing.profile_gpu(fn, ctx, calls, export=export)
     return ev, traces.gaps(ev, threshold_us)
 
 
@@ -101,7 +106,7 @@ def work(cfg, ctx, build_forward, capture, timed_rows):
             yield from timed_rows(s, mode, kind="work_time", **keys)  # every sample kept
             ev, gaps = profile_gaps(fn, ctx, cfg.profile_forwards, cfg.gap_threshold_us)
             yield {"kind": "work", "mode": mode, **keys, **_kernel_stats(ev, cfg.profile_forwards),
-                   **_gap_stats(gaps)}
+                   **gap_stats(gaps, cfg.profile_forwards)}
         del g, fwd
         torch.cuda.empty_cache()
     torch.backends.cuda.matmul.allow_tf32 = cfg.tf32
@@ -142,7 +147,7 @@ def replays(cfg, ctx, build_forward, capture):
     for how, fn, calls in (("first", fresh.replay, 1), ("second", fresh.replay, 1),
                            ("synced", synced, cfg.profile_forwards), ("queued", g.replay, cfg.profile_forwards)):
         ev, gaps = profile_gaps(fn, ctx, calls, cfg.gap_threshold_us)
-        yield {"kind": "replay_gap", "mode": "graph", "how": how, "calls": calls, **keys, **_gap_stats(gaps)}
+        yield {"kind": "replay_gap", "mode": "graph", "how": how, "calls": calls, **keys, **gap_stats(gaps, calls)}
     del g, fresh, fwd
     torch.cuda.empty_cache()
 
@@ -164,7 +169,7 @@ def launch_profile(fwd, g, ctx, calls: int, threshold_us: float, **keys):
                "busy_share": (float(k["dur"].sum()) / calls / span) if span else None,
                "heaviest_kernel": heavy[:120], "heaviest_median_us": float(top.loc[heavy, "median"]) if heavy else None,
                "heaviest_per_forward": float(top.loc[heavy, "count"]) / calls if heavy else None,
-               **_gap_stats(gaps)}
+               **gap_stats(gaps, calls)}
 
 
 # ------------------------------------------------------------------------------------------------ analyses
