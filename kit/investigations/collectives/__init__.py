@@ -35,7 +35,7 @@ Package layout: :mod:`.sweep` (Config, the rank function), :mod:`.nccl_tests` (t
 from __future__ import annotations
 
 from ...contract import Investigation, Needs
-from ...launch import emulated
+from ... import regimes as kit_regimes
 from .analysis import (at_1mib_table, busbw_figure, busbw_table, findings, notes_table, regime_findings,
                        regimes_figure, regimes_table, rows, summarize, times_table)
 from .nccl_tests import after, find_nccl_tests, parse_nccl_tests, run_nccl_tests
@@ -47,7 +47,7 @@ INVESTIGATION = Investigation(
     run=run,
     columns=("kind", "collective", "bytes", "method"),
     tables={"busbw": busbw_table, "times": times_table, "at_1mib": at_1mib_table, "notes": notes_table,
-            "regimes": regimes_table, "nccl_transports": emulated.transports_table},
+            "regimes": regimes_table, "nccl_transports": kit_regimes.transports_table},
     figures={"busbw": busbw_figure, "busbw-regimes": regimes_figure},
     findings=findings,
     needs=Needs(ranks=2),

@@ -217,10 +217,10 @@ def _all_reduce_busbw(runs):
 
 def regimes_table(runs):
     """all_reduce busbw (GB/s) against size per regime (one node over NVLink, emulated nodes over NCCL's
-    network transport: :func:`kit.launch.emulated.beside`), one column per method."""
-    from ...launch import emulated
+    network transport: :func:`kit.regimes.beside`), one column per method."""
+    from ... import regimes as kit_regimes
 
-    return emulated.per_regime(_all_reduce_busbw, runs)
+    return kit_regimes.per_regime(_all_reduce_busbw, runs)
 
 
 def regimes_figure(runs):

@@ -37,7 +37,7 @@ Package layout: :mod:`.config` (Config, modes), :mod:`.data`, :mod:`.model`, :mo
 from __future__ import annotations
 
 from kit.contract import Investigation, Needs
-from kit.launch import emulated
+from kit import regimes as kit_regimes
 
 from .analysis import (PARTS, breakdown, fig_bucket_curve, fig_event_vs_kernel, fig_step_breakdown, rows,
                        table_breakdown, table_buckets, table_event_vs_kernel, table_grad_sync, table_overlap,
@@ -57,7 +57,7 @@ INVESTIGATION = Investigation(
     tables={"breakdown": table_breakdown, "buckets": table_buckets, "event_vs_kernel": table_event_vs_kernel,
             "grad_sync": table_grad_sync, "overlap": table_overlap, "skipped": table_skipped,
             "regime_breakdown": table_regime_breakdown, "regime_buckets": table_regime_buckets,
-            "regime_event_vs_kernel": table_regime_event_vs_kernel, "nccl_transports": emulated.transports_table},
+            "regime_event_vs_kernel": table_regime_event_vs_kernel, "nccl_transports": kit_regimes.transports_table},
     figures={"step-breakdown": fig_step_breakdown, "event-vs-kernel": fig_event_vs_kernel,
              "bucket-curve": fig_bucket_curve, "regimes": fig_regimes},
     findings=findings,

@@ -168,9 +168,9 @@ def _sweep_rows(nbytes: int, emulated_nodes: bool = False) -> list[dict]:
     nccl-tests as printed; medians) -- from the same regime: the emulated-nodes sweep for runs on emulated
     nodes (kit.launch.emulated), else the one-node sweep."""
     from kit.investigations.collectives.analysis import summarize
-    from kit.launch import emulated
+    from kit import regimes as kit_regimes
 
-    rec = results.recorded_set("collectives", emulated.RECORDED if emulated_nodes else None)
+    rec = results.recorded_set("collectives", kit_regimes.RECORDED if emulated_nodes else None)
     s = summarize(results.load(*rec)) if rec else None
     if s is None or s.empty:
         return []
@@ -195,9 +195,9 @@ def table_grad_sync(runs):
     alg = stats.gbps(nbytes, flat["sync_us"].to_numpy())
     g = pd.DataFrame({"h2d": flat["h2d"].to_numpy(), "bytes": nbytes, "sync_ms": flat["sync_us"].to_numpy() / 1e3,
                       "algbw_gbps": alg, "busbw_gbps": alg * bus_factor("all_reduce", n)})
-    from kit.launch import emulated
+    from kit import regimes as kit_regimes
 
-    emu = any(emulated.is_emulated(m) for m in getattr(runs, "metas", []))
+    emu = any(kit_regimes.is_emulated(m) for m in getattr(runs, "metas", []))
     return pd.concat([g, pd.DataFrame(_sweep_rows(nbytes, emu) if on_cuda(runs) else [])], ignore_index=True)
 
 

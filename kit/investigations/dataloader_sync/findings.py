@@ -131,14 +131,14 @@ def _grad_sync(runs, n: int) -> list[Finding]:
 
 def findings(runs) -> list[Finding]:
     """The investigation's measured statements for ``runs`` (a RunSet); [] without step rows. Runs of two
-    regimes (one node beside emulated nodes, :func:`kit.launch.emulated.beside`): the statements per regime,
+    regimes (one node beside emulated nodes, :func:`kit.regimes.beside`): the statements per regime,
     then their comparison (:func:`.regimes.regime_findings`)."""
-    from kit.launch import emulated
+    from kit import regimes as kit_regimes
 
     from .regimes import regime_findings
 
-    if getattr(runs, "dirs", None) and len(emulated.split(runs)) > 1:
-        return emulated.per_regime_findings(_findings, runs) + regime_findings(runs)
+    if getattr(runs, "dirs", None) and len(kit_regimes.split(runs)) > 1:
+        return kit_regimes.per_regime_findings(_findings, runs) + regime_findings(runs)
     return _findings(runs)
 
 

@@ -2,13 +2,13 @@
 tables per regime, one figure that puts them side by side, and the comparison the findings state.
 
 Each analysis is the investigation's own (:mod:`.analysis`) applied to each regime's runs
-(:func:`kit.launch.emulated.per_regime`): nothing is computed differently for the network-bound regime.
+(:func:`kit.regimes.per_regime`): nothing is computed differently for the network-bound regime.
 """
 
 from __future__ import annotations
 
 from kit.contract import Finding
-from kit.launch import emulated
+from kit import regimes
 
 from .analysis import _axes, table_breakdown, table_buckets, table_event_vs_kernel
 
@@ -18,19 +18,19 @@ BREAKDOWN = ["h2d", "sync", "step_ms", "sync_ms", "backward_ms", "h2d_host_ms", 
 def table_regime_breakdown(runs):
     """Per regime and (h2d, sync) at the default bucket size: the step on the device, its sync and backward
     parts, the host time blocked in the H2D call and the host time per step (ms)."""
-    t = emulated.per_regime(table_breakdown, runs)
+    t = regimes.per_regime(table_breakdown, runs)
     return t[["regime"] + [c for c in BREAKDOWN if c in t.columns]] if len(t) else t
 
 
 def table_regime_buckets(runs):
     """Per regime: DDP step time against bucket_cap_mb, and one bucket (ms)."""
-    return emulated.per_regime(table_buckets, runs)
+    return regimes.per_regime(table_buckets, runs)
 
 
 def table_regime_event_vs_kernel(runs):
     """Per regime and parameter of the per_param loop: the all-reduce timed with events on the default stream
     against its NCCL kernel (us), and their ratio."""
-    t = emulated.per_regime(table_event_vs_kernel, runs)
+    t = regimes.per_regime(table_event_vs_kernel, runs)
     return t.assign(event_over_kernel=t["event_us"] / t["kernel_us"]) if len(t) else t
 
 

@@ -28,7 +28,7 @@ from typing import Literal
 from ... import transports
 from ...config import LaunchConfig
 from ...contract import Investigation, Needs
-from ...launch import emulated
+from ... import regimes as kit_regimes
 from . import analysis, bandwidth, comm_comm, comm_compute, figures, harness, pipeline, regimes, semantics
 from .bandwidth import BARE
 from .harness import Sync
@@ -158,8 +158,8 @@ def run(cfg: Config, ctx):
 def findings(runs) -> list:
     """:func:`.analysis.findings`; for runs of two regimes (one node beside emulated nodes) per regime, then
     their comparison (:func:`.regimes.regime_findings`)."""
-    if getattr(runs, "dirs", None) and len(emulated.split(runs)) > 1:
-        return emulated.per_regime_findings(analysis.findings, runs) + regimes.regime_findings(runs)
+    if getattr(runs, "dirs", None) and len(kit_regimes.split(runs)) > 1:
+        return kit_regimes.per_regime_findings(analysis.findings, runs) + regimes.regime_findings(runs)
     return analysis.findings(runs)
 
 
@@ -167,7 +167,7 @@ INVESTIGATION = Investigation(
     name="p2p_transports", Config=Config, run=run, columns=("kind", "transport"),
     tables={**analysis.TABLES, "regime_256mib": regimes.table_regime_256mib,
             "regime_overlap": regimes.table_regime_overlap, "regime_pipeline": regimes.table_regime_pipeline,
-            "nccl_transports": emulated.transports_table},
+            "nccl_transports": kit_regimes.transports_table},
     figures={**figures.FIGURES, "bandwidth-regimes": regimes.fig_bandwidth_regimes}, findings=findings,
     needs=Needs(ranks=2),
     question="peer copy, CUDA IPC or NCCL send/recv: which P2P transport serves pipeline parallelism best, and "

@@ -3,7 +3,7 @@ tables per regime, a bandwidth figure with both, and the comparison the findings
 ``copy`` and ``ipc`` are refused (rows ``kind=skipped``: :func:`kit.transports.registry.across_nodes`), so
 what remains are the transports with ``cross_node``.
 
-Each table is the investigation's own (:mod:`.analysis`) per regime (:func:`kit.launch.emulated.per_regime`).
+Each table is the investigation's own (:mod:`.analysis`) per regime (:func:`kit.regimes.per_regime`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pandas as pd
 
 from ... import plot
 from ...contract import Finding
-from ...launch import emulated
+from ... import regimes
 from . import analysis as A
 
 
@@ -28,23 +28,23 @@ def _at_256mib(data) -> pd.DataFrame:
 
 def table_regime_256mib(runs) -> pd.DataFrame:
     """Per regime and transport: GB/s at 256 MiB one way, and the total with one message each way at once."""
-    return emulated.per_regime(_at_256mib, runs)
+    return regimes.per_regime(_at_256mib, runs)
 
 
 def table_regime_overlap(runs) -> pd.DataFrame:
     """Per regime and transport: matmuls and transfers alone, overlapped, and what each costs the other."""
-    return emulated.per_regime(A.comm_compute, runs)
+    return regimes.per_regime(A.comm_compute, runs)
 
 
 def table_regime_pipeline(runs) -> pd.DataFrame:
     """Per regime and transport: the 1F1B pipeline's time per iteration (gloo runs its stages on the CPU:
     it is the CPU transport)."""
-    return emulated.per_regime(A.pipeline, runs)
+    return regimes.per_regime(A.pipeline, runs)
 
 
 def fig_bandwidth_regimes(runs):
     """GB/s one way against message size, one line per transport and regime (log y: the regimes differ ~70x)."""
-    b = emulated.per_regime(A.bandwidth, runs)
+    b = regimes.per_regime(A.bandwidth, runs)
     b = b[(b["kind"] == "bandwidth") & (b["direction"] == "one")] if len(b) else b
     if b.empty:
         return plot.message("no bandwidth rows in these runs", getattr(runs, "title", ""))
