@@ -228,3 +228,51 @@ def test_without_an_mpi_build_the_run_says_why(tmp_path, monkeypatch):
     run = results.Run(run_dir, meta, [])
     nccl_tests.after(contract.make_config("collectives", {"collectives": ["all_reduce"]}), run)
     assert [r["note"] for r in run.rows] == [nccl_tests.EMULATED_NODES]
+
+
+def test_nccl_tests_run_on_torchs_nccl_and_say_which_they_loaded(tmp_path, monkeypatch):
+    """nccl-tests links libnccl.so.2 by name: the step puts torch's NCCL first on LD_LIBRARY_PATH and records the
+    library nccl-tests reports in its header; another library than the sweep's is a warning (on the 2xH200 image
+    a binary left to the loader picked the system's NCCL 2.28.3 beside torch's 2.28.9)."""
+    from kit import contract
+    from kit.investigations.collectives import nccl_tests
+
+    assert nccl_tests.nccl_versions("# nccl-tests version 2.19.6 nccl-headers=22809 nccl-library=22803") == {
+        "nccl_headers": "2.28.9", "nccl_library": "2.28.3"}
+    assert nccl_tests.nccl_versions("no header") == {} and nccl_tests.nccl_code_version(21903) == "2.19.3"
+    monkeypatch.setattr(nccl_tests, "torch_nccl_libdir", lambda: "/torch/nvidia/nccl/lib")
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/usr/lib/x")
+    assert nccl_tests.reference_env({"A": "1"})["LD_LIBRARY_PATH"] == "/torch/nvidia/nccl/lib:/usr/lib/x"
+    exe = tmp_path / "all_reduce_perf"
+    exe.write_text('#!/bin/sh\necho "# nccl-tests version 2.19.6 nccl-headers=22809 nccl-library=$FAKE_LIB '
+                   'ld=$LD_LIBRARY_PATH"\n' + _FAKE_PERF.split("\n", 2)[2])
+    exe.chmod(0o755)
+    for lib, same in (("22809", True), ("22803", False)):
+        run_dir = tmp_path / f"run{lib}"
+        run_dir.mkdir()
+        meta = {"backend": "nccl", "mode": "spawn", "world_size": 1, "sysinfo": {"nccl": "2.28.9"}, "warnings": None}
+        cfg = contract.make_config("collectives", {"collectives": ["all_reduce"], "nccl_tests": str(exe),
+                                                    "min_bytes": 1 << 20, "max_bytes": 1 << 20,
+                                                    "env": {"FAKE_LIB": lib, "OMPI_COMM_WORLD_RANK": "0"}})
+        nccl_tests.after(cfg, results.Run(run_dir, meta, []))
+        m = results.read_meta(run_dir)
+        assert "ld=/torch/nvidia/nccl/lib:" in (run_dir / "nccl-tests.log").read_text()
+        assert m["nccl_tests"]["same_nccl_as_sweep"] is same and m["nccl_tests"]["nccl_headers"] == "2.28.9"
+        assert bool(m.get("warnings")) is not same
+
+
+def test_recorded_emulated_collectives_have_their_reference():
+    """The 2xH200 emulated run with nccl-tests (MPI build under mpirun, torch's NCCL): busbw at 64 MiB and 1 GiB,
+    the library it loaded, NET/Socket in its own INFO lines."""
+    import pandas as pd
+
+    d = RECORDED / "collectives" / "20261123-102933-vm-8196f6"
+    meta = results.read_meta(d)
+    assert meta["nccl_tests"]["launcher"] == "mpirun" and meta["nccl_tests"]["nccl_library"] == "2.28.9"
+    assert meta["nccl_tests"]["same_nccl_as_sweep"] is True and not meta.get("warnings")
+    df = pd.read_csv(d / "rows.csv.gz")
+    nt = df[(df["kind"] == "nccl-tests") & (df["placement"] == "out-of-place")].set_index(["method", "bytes"])
+    assert nt.loc[("nccl-tests", 64 << 20), "busbw_gbps"] == pytest.approx(4.40, abs=0.01)
+    assert nt.loc[("nccl-tests", 1 << 30), "busbw_gbps"] == pytest.approx(4.55, abs=0.01)
+    log = (d / "nccl-tests.log").read_text()
+    assert log.count("via NET/Socket/0") == 16 and "via P2P" not in log and "via SHM" not in log

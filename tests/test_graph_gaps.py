@@ -235,3 +235,40 @@ def _close_figures():
     import matplotlib.pyplot as plt
 
     plt.close("all")
+
+
+def test_census_capture_leaves_debug_mode_off(monkeypatch, tmp_path):
+    """CUDAGraph.enable_debug_mode() is process-wide in PyTorch: under it every later capture leaks its captured
+    graph, and a leaked graph that captured NCCL keeps destroy_process_group waiting forever (graph_gaps' teardown
+    hang on 2xH200, recorded/graph_gaps-teardown-probe-h200x2/). The census dump uses keep_graph=True instead;
+    only a torch without keep_graph falls back to debug mode."""
+    import torch
+
+    from kit import timing
+    from kit.investigations.graph_gaps import experiment
+
+    calls = []
+
+    class Graph:
+        def __init__(self, keep_graph=False):
+            calls.append(("new", keep_graph))
+
+        def enable_debug_mode(self):
+            calls.append(("debug",))
+
+    class OldGraph(Graph):
+        def __init__(self, **kw):
+            if kw:
+                raise TypeError("unexpected keyword argument 'keep_graph'")
+            calls.append(("new", None))
+
+    monkeypatch.setattr(timing, "capture_graph", lambda fn, ctx, **kw: kw.get("graph"))
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    assert isinstance(experiment.capture(lambda: None, None, debug_dot=tmp_path / "g.dot"), Graph)
+    assert calls == [("new", True)]
+    calls.clear()
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", OldGraph)
+    experiment.capture(lambda: None, None, debug_dot=tmp_path / "g.dot")
+    assert calls == [("new", None), ("debug",)]
+    calls.clear()
+    assert experiment.capture(lambda: None, None) is None and calls == []  # no dump: a plain capture

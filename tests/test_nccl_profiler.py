@@ -278,3 +278,36 @@ def test_option_needs_nccl_and_a_plugin():
     cfg = contract.make_config("collective_tracing", {"nccl_profiler": "auto", "fr_demo": False, "backend": "gloo"})
     m = contract.Machine(gpus=0, nccl=False, world_size=2)
     assert any("CUDA" in r for r in contract.get("collective_tracing").needs(cfg, m))
+
+
+# ------------------------------------------------------------------ the network proxy, recorded emulated-nodes run
+def test_recorded_emulated_run_proxy_steps():
+    """2xH200 as 2 emulated nodes (NCCL NET/Socket): the dumps hold ProxyOp/ProxyStep events under the
+    channels; per collective the steps and their states; the one-node tables do not take that run in."""
+    from kit import results
+    from kit.investigations.collective_tracing import nccl_events as ne
+
+    inv = contract.get("collective_tracing")
+    one_node = _recorded()
+    assert one_node.dirs and not any("emulated" in str(d) for d in one_node.dirs)
+    runs = ne.proxy_runs(one_node)  # NVLink runs have no proxy steps: the recorded emulated run instead
+    assert [d.parent.parent.name for d in runs.dirs] == ["emulated"]
+    t = inv.table("nccl_proxy", runs)
+    assert len(t) == 462 and sorted(t["rank"].unique()) == [0, 1]
+    assert t["proxy_ops"].sum() == 1740 and (t["send_steps"] + t["recv_steps"]).sum() == 9016
+    s = inv.table("nccl_proxy_summary", runs).set_index(["part", "name", "bytes"])
+    bucket = s.loc[("ddp", "AllReduce", 33570816.0)]
+    assert (bucket["protocol"], bucket["n_channels"], bucket["send_steps"]) == ("SIMPLE", 2, 40)
+    assert bucket["step_bytes"] == pytest.approx(839270.4) and bucket["SendPeerWait_us"] < 1
+    assert bucket["SendWait_us"] < bucket["SendGpuWait_us"] and bucket["kernel_us"] == pytest.approx(11032.8, abs=1)
+    assert {("tp", "AllGather"), ("tp", "ReduceScatter")} <= {k[:2] for k in s.index}
+    assert ne.proxy_runs(runs).dirs == runs.dirs  # a run with steps is analysed as it is
+    f = {x.key: x for x in ne.proxy_findings(one_node)}
+    assert "40 send + 40 receive steps of 820 KiB" in f["nccl_proxy_steps"].text
+    assert f["nccl_proxy_events"].value == 9016
+    fig = ne.proxy_figure(one_node)
+    assert len(fig.axes[0].patches) == 6 * len(s)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    assert ne.proxy_table(results.RunSet([one_node.dirs[-1]])).shape[0] > 0  # falls back, never empty

@@ -13,8 +13,8 @@ A spawned rank (``rank_main``):
    :mod:`~kit.launch.messages` message;
 4. flushes the queue (``join_thread``: every message is in the pipe before anything is torn down), tears the
    process group down (:func:`destroy_pg`: live CUDA graphs released first; the rank itself gives up after
-   a few seconds -- graph_gaps' ranks hang there on NCCL 2.28.9 -- and the supervisor's ``teardown_s``
-   bounds whatever the rank cannot) and leaves with ``os._exit``, skipping interpreter-exit destructors, the
+   a few seconds -- a CUDA graph that captured NCCL kernels and was never destroyed holds NCCL's teardown
+   forever -- and the supervisor's ``teardown_s`` bounds whatever the rank cannot) and leaves with ``os._exit``, skipping interpreter-exit destructors, the
    other place teardown has been seen to hang.
 """
 
@@ -178,11 +178,13 @@ def destroy_pg(log=None, wait_s: float = 5.0, failed: bool = False) -> None:
     After a failure the garbage collection and the synchronisation are skipped: only the communicator is
     destroyed.
 
-    Why the bound: on 2xH200 (NCCL 2.28.9, torch 2.11) every graph_gaps launch left both ranks inside
-    ``destroy_process_group`` until the supervisor killed them, although no CUDA graph was alive any more
-    (:func:`release_graphs` found none) -- the cause is open (issue 12; see the graph_gaps notebook). Results
-    are complete by then: the rank exits after ``wait_s`` on its own and says so, instead of costing the run
-    ``teardown_s`` and a kill. (A communicator not destroyed writes no NCCL profiler-plugin dump: the
+    Why the bound: a CUDA graph that captured NCCL kernels and still exists keeps ``ncclCommFinalize`` polling
+    forever (``commDestroySync`` in NCCL's ``src/init.cc``: "keep polling until all graphs referencing us
+    die"), and not every such graph is a Python object :func:`release_graphs` can reach: on 2xH200 (NCCL
+    2.28.9, torch 2.11) graph_gaps' ranks hung there because ``CUDAGraph.enable_debug_mode()`` -- a process-wide
+    flag -- made PyTorch leak the captured graph of every later capture (found with a native stack, fixed in
+    graph_gaps: ``recorded/graph_gaps-teardown-probe-h200x2/``). Results are complete by then: the rank exits
+    after ``wait_s`` on its own and says so, instead of costing the run ``teardown_s`` and a kill. (A communicator not destroyed writes no NCCL profiler-plugin dump: the
     collective_tracing analyses name a missing or unreadable dump and go on.)"""
     import gc
 

@@ -18,6 +18,20 @@ and ``task_host_us``, NCCL's task event (COLL) on the host: for a collective wit
 as here) it spans the CPU's launch of the collective, not its completion (``ext-profiler/example/README.md``).
 ``launch_to_gpu_us`` includes the time the kernel waits in its stream behind earlier work (the TP forward's
 matmuls): the host runs ahead of the GPU.
+
+**The network proxy** (:func:`proxy_table`): where a collective crosses a network transport -- across nodes,
+or across the emulated nodes of one host (:mod:`kit.launch.emulated`) -- NCCL's proxy thread moves the data,
+and the plugin records, under each channel of the collective, one ProxyOp per peer and direction
+(``ScheduleSend``/``ProgressSend``, ``ScheduleRecv``/``ProgressRecv``: channel, peer, steps, chunk size,
+bytes) and one ProxyStep per network transfer (``step``) in its states (NCCL ``ext-profiler/README.md``,
+v2.28.9-1): send ``SendGpuWait`` (waiting for the GPU to produce the step's data), ``SendPeerWait`` (waiting
+for the receiver's clear-to-send credit), ``SendWait`` (the network send in flight); receive ``RecvWait`` (the
+data on its way from the network), ``RecvFlushWait`` (flushing it to the GPU), ``RecvGpuWait`` (the GPU
+consuming it). A channel keeps up to ``NCCL_STEPS`` = 8 steps in flight (``src/include/device.h``), so the
+states of consecutive steps overlap: a step's ``RecvWait`` includes the steps queued before it, and the per-step
+times do not add up to the kernel's. The example plugin keeps the last 1024 steps per collective
+(``MAX_STEPS``, its ``event.h``).
+Runs without such events fall back to the recorded emulated-nodes run, ``recorded/h200x2-nccl-profiler/emulated/``.
 """
 
 from __future__ import annotations
@@ -47,7 +61,7 @@ def with_dumps(runs) -> "results.RunSet":
     if not runs.cuda:
         return results.RunSet([], "no NCCL runs")
     base = Path(results.RECORDED_ROOT) / RECORDED_DIR
-    rec = sorted(p.parent for p in base.glob("**/meta.json"))
+    rec = sorted(p.parent for p in base.glob("collective_tracing/*/meta.json"))  # one node; emulated/: proxy_runs
     return results.RunSet(rec, f"recorded: {results.describe(rec[0])}" if rec else "recorded (none)")
 
 
@@ -207,6 +221,144 @@ def cost_table(runs):
     return med.reset_index().sort_values(["what", "bytes"]).reset_index(drop=True)
 
 
+# ------------------------------------------------------------------------------------------------ network proxy
+EMULATED_DIR = "emulated"
+"""under RECORDED_DIR: the collective_tracing run on 2 emulated nodes (NCCL NET/Socket) with every event on"""
+SEND_STATES = ("SendGpuWait", "SendPeerWait", "SendWait")
+RECV_STATES = ("RecvWait", "RecvFlushWait", "RecvGpuWait")
+
+
+def proxy_runs(runs) -> "results.RunSet":
+    """``runs`` when a dump of theirs holds proxy steps; else the recorded emulated-nodes run with them."""
+    if any(_has_steps(f) for d in runs.dirs for f in ncd.find_dumps(d)):
+        return runs
+    base = Path(results.RECORDED_ROOT) / RECORDED_DIR / EMULATED_DIR
+    rec = sorted(p.parent for p in base.glob("collective_tracing/*/meta.json"))
+    return results.RunSet(rec, f"recorded: {results.describe(rec[0])}" if rec else "recorded (none)")
+
+
+def _has_steps(path) -> bool:
+    try:
+        return bool((ncd.read_dump(path).events["cat"] == "NET").any())
+    except ncd.DumpError:
+        return False
+
+
+def proxy_table(runs):
+    """One row per collective and rank that went through the network proxy: NCCL's choice, the proxy's
+    operations and steps (``step_bytes``: bytes per step, median over the operations), ``proxy_us`` (first ScheduleSend/Recv to the last ProgressSend/Recv end), the
+    median µs per step in each state (module docstring), and the part (ddp/tp, by the collective's type and
+    SeqNum among the traced ones; ``other``: the warm-up, timed and cost-sweep calls) with ``kernel_us`` from
+    the Kineto trace where it was traced; ``send_gbps``: a step's bytes over its median ``SendWait`` (the rate
+    of one send in flight). ``proxy_us`` starts when the host posts the operation, so it also holds the wait
+    for the kernel to start (in ``SendGpuWait``)."""
+    import pandas as pd
+
+    rows = []
+    for d in (d for d in proxy_runs(runs).dirs if ncd.find_dumps(d)):
+        label = results.run_label(results.read_meta(d)) or d.name
+        traced, _ = _aligned(str(d), _stamp(d))
+        part = ({(int(r.rank), r.name, int(r.seq)): (r.part, r.kernel_end - r.kernel_ts) for r in traced.itertuples()}
+                if len(traced) else {})  # NCCL numbers each collective type on its own (SeqNum)
+        for f in ncd.find_dumps(d):
+            try:
+                dump = ncd.read_dump(f)
+            except ncd.DumpError:
+                continue  # named by nccl_findings (alignment_table)
+            e = dump.events.assign(dur=lambda x: (x["end"] - x["ts"]).astype("float64"))
+            sub = e[e["cat"].isin(["PROXY", "NET"]) & (e["depth"] >= 4)]
+            for cidx, g in sub.groupby("coll"):
+                c = e.loc[e["idx"] == cidx].iloc[0]
+                ops = g[g["cat"] == "PROXY"]
+                steps = g[g["cat"] == "NET"]
+                seq = int(c["seq"])
+                where, kernel_us = part.get((dump.rank, c["name"], seq), ("other", float("nan")))
+                row = {"label": label, "part": where, "rank": dump.rank, "name": c["name"], "seq": seq,
+                       "bytes": float(c["count"]) * DTYPE_BYTES.get(c["datatype"], float("nan")),
+                       "algorithm": c["algorithm"], "protocol": c["protocol"], "n_channels": c["n_channels"],
+                       "proxy_ops": int(ops["name"].str.startswith("Progress").sum()),
+                       "send_steps": int((steps["name"] == "SendWait").sum()),
+                       "recv_steps": int((steps["name"] == "RecvWait").sum()),
+                       "step_bytes": float((ops["trans_size"].astype("float64") / ops["steps"].astype("float64")).median()),
+                       "kernel_us": kernel_us,
+                       "proxy_us": float(ops["end"].max() - ops["ts"].min())}
+                med = steps.groupby("name")["dur"].median()
+                row.update({f"{st}_us": float(med.get(st, float("nan"))) for st in SEND_STATES + RECV_STATES})
+                row["send_gbps"] = row["step_bytes"] / row["SendWait_us"] / 1e3  # one step's bytes over its send
+                rows.append(row)
+    t = pd.DataFrame(rows)
+    if len(t) and t["label"].nunique() <= 1:
+        t = t.drop(columns="label")
+    return t
+
+
+def proxy_summary_table(runs):
+    """Per part, collective, size and NCCL's choice: how many, and the medians of :func:`proxy_table`."""
+    t = proxy_table(runs)
+    if t.empty:
+        return t
+    keys = [k for k in ("label", "part", "name", "bytes", "algorithm", "protocol", "n_channels") if k in t.columns]
+    vals = ["proxy_ops", "send_steps", "recv_steps", "step_bytes", "kernel_us", "proxy_us",
+            *[f"{st}_us" for st in SEND_STATES + RECV_STATES], "send_gbps"]
+    g = t.groupby(keys, dropna=False)
+    s = g[vals].median()
+    s.insert(0, "n", g.size())
+    return s.reset_index()
+
+
+def proxy_figure(runs):
+    """Median µs per network step in each state, per (part, collective, size): send states on the left of
+    each group, receive states on the right; log scale."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    s = proxy_summary_table(runs)
+    if s.empty:
+        return plot.message("no proxy steps in these runs (they need a network transport: emulated or real nodes)",
+                            runs.title)
+    s = s.sort_values(["part", "name", "bytes"]).reset_index(drop=True)
+    states = SEND_STATES + RECV_STATES
+    fig, ax = plt.subplots(figsize=(9, 0.9 * len(s) + 1.5))
+    y = np.arange(len(s))
+    h = 0.8 / len(states)
+    for i, st in enumerate(states):
+        ax.barh(y + i * h, s[f"{st}_us"].clip(lower=0.1).fillna(0.1), height=h, label=st,
+                hatch="//" if st.startswith("Recv") else None)
+    ax.set_yticks(y + 0.4 - h / 2)
+    ax.set_yticklabels([f"{r.part} {r.name} {_size(r.bytes)}\n{r.protocol}, {r.n_channels} ch, "
+                        f"{r.send_steps:.0f} send steps" for r in s.itertuples()], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel("µs per step (median over steps, instances and ranks)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_title("The network proxy's steps (NCCL profiler ProxyStep events)\n" + proxy_runs(runs).title, fontsize=8)
+    return fig
+
+
+def proxy_findings(runs) -> list[Finding]:
+    """How many proxy operations and steps the dumps hold, and for the largest traced collective where the
+    time of a step goes."""
+    s = proxy_summary_table(runs)
+    if s.empty:
+        return []
+    t = proxy_table(runs)
+    out = [Finding("nccl_proxy_events", f"network proxy: {int(t['proxy_ops'].sum())} proxy operations and "
+                                        f"{int(t['send_steps'].sum() + t['recv_steps'].sum())} network steps "
+                                        f"(send + receive) in {len(t)} collective instances x ranks",
+                   float(t["send_steps"].sum() + t["recv_steps"].sum()), "steps")]
+    q = s[s["part"] != "other"] if (s["part"] != "other").any() else s
+    r = q.sort_values("bytes").iloc[-1]
+    send = ", ".join(f"{st} {r[f'{st}_us']:.0f}" for st in SEND_STATES)
+    recv = ", ".join(f"{st} {r[f'{st}_us']:.0f}" for st in RECV_STATES)
+    out.append(Finding("nccl_proxy_steps",
+                       f"{r['part']} {r['name']} {_size(r['bytes'])} ({r['protocol']}, {int(r['n_channels'])} channels): "
+                       f"{r['send_steps']:.0f} send + {r['recv_steps']:.0f} receive steps of {_size(r['step_bytes'])} "
+                       f"per rank, from posting to the last step {r['proxy_us'] / 1e3:.2f} ms (kernel "
+                       f"{r['kernel_us'] / 1e3:.2f} ms); µs per step (median): send {send}; receive {recv}; one send in "
+                       f"flight moves {r['send_gbps']:.1f} GB/s", float(r["proxy_us"]), "µs"))
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ figures
 def phases_figure(runs):
     """Median of each phase per traced collective kind: one group of bars per (part, collective, size,
@@ -327,5 +479,6 @@ def _size(b: float) -> str:
 
 
 NCCL_TABLES = {"nccl_collectives": collectives_table, "nccl_summary": summary_table,
-               "nccl_alignment": alignment_table, "nccl_late_peer": late_peer_table, "nccl_cost": cost_table}
-NCCL_FIGURES = {"nccl-phases": phases_figure, "nccl-cost": cost_figure}
+               "nccl_alignment": alignment_table, "nccl_late_peer": late_peer_table, "nccl_cost": cost_table,
+               "nccl_proxy": proxy_table, "nccl_proxy_summary": proxy_summary_table}
+NCCL_FIGURES = {"nccl-phases": phases_figure, "nccl-cost": cost_figure, "nccl-proxy-steps": proxy_figure}

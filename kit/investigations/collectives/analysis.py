@@ -236,7 +236,8 @@ def regimes_figure(runs):
 
 def regime_findings(runs) -> list[Finding]:
     """all_reduce busbw at 64 MiB and 1 GiB across emulated nodes against one node, per method measured in
-    both (graph replay, NCCL kernel, eager)."""
+    both (graph replay, NCCL kernel, eager, nccl-tests: on emulated nodes its ``MPI=1`` build under ``mpirun``,
+    one process per rank with its agent's ``NCCL_HOSTID``, the same network variables and NCCL)."""
     t = regimes_table(runs)
     if t.empty or t["regime"].nunique() < 2:
         return []
@@ -250,7 +251,8 @@ def regime_findings(runs) -> list[Finding]:
                 if a.empty or n.empty:
                     continue
                 parts = [f"{m} {a[m].iloc[0]:.2f} vs {n[m].iloc[0]:.0f} GB/s"
-                         for m in ("graph", "kernel", "eager") if m in a and m in n and a[m].iloc[0] == a[m].iloc[0]]
+                         for m in ("graph", "kernel", "eager", "nccl-tests")
+                         if m in a and m in n and a[m].iloc[0] == a[m].iloc[0]]
                 if not parts:
                     continue
                 ref = "graph" if "graph" in a else parts[0].split()[0]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import re
 import shutil
@@ -63,12 +64,59 @@ def parse_nccl_tests(text: str, collective: str) -> list[dict]:
     return rows
 
 
+_VERSIONS = re.compile(r"nccl-headers=(\d+)\s+nccl-library=(\d+)")
+
+
+def nccl_code_version(code: int | str) -> str:
+    """NCCL's version code as nccl-tests prints it (``NCCL_VERSION_CODE``: 22809) -> '2.28.9'."""
+    c = int(code)
+    return f"{c // 10000}.{c % 10000 // 100}.{c % 100}"
+
+
+def nccl_versions(text: str) -> dict[str, str]:
+    """The NCCL nccl-tests was compiled against and the one it loaded, from its header line
+    (``# nccl-tests version 2.19.6 nccl-headers=22809 nccl-library=22803``); {} when absent."""
+    m = _VERSIONS.search(text)
+    return {"nccl_headers": nccl_code_version(m.group(1)), "nccl_library": nccl_code_version(m.group(2))} if m else {}
+
+
+def torch_nccl_libdir() -> str | None:
+    """The directory of the NCCL library PyTorch's wheel ships (the ``nvidia-nccl`` package), if any. nccl-tests
+    links ``libnccl.so.2`` by name; without this first on ``LD_LIBRARY_PATH`` the loader may pick a system NCCL
+    of another version (on the 2x H200 image: 2.28.3 in /lib/x86_64-linux-gnu beside torch's 2.28.9)."""
+    try:
+        import nvidia.nccl as pkg
+    except ImportError:
+        return None
+    for root in getattr(pkg, "__path__", []):
+        lib = os.path.join(root, "lib")
+        if glob.glob(os.path.join(lib, "libnccl.so*")):
+            return lib
+    return None
+
+
+def reference_env(cfg_env: dict[str, str]) -> dict[str, str]:
+    """The environment nccl-tests runs in: this process's, the run's ``env``, and torch's NCCL library first on
+    ``LD_LIBRARY_PATH``, so the reference uses the NCCL the sweep used (its log's header line says which it
+    loaded: :func:`nccl_versions`)."""
+    env = {**os.environ, **cfg_env}
+    lib = torch_nccl_libdir()
+    if lib:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join([lib, *[p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]])
+    return env
+
+
 def run_nccl_tests(binaries: dict[str, str], cfg: Config, ngpus: int, timeout_s: float = 600,
                    launcher: list[str] | None = None, world: int | None = None) -> tuple[list[dict], list[str]]:
     """Run each binary over the configured sizes on ``ngpus`` GPUs per process: one process (``-g ngpus``), or
-    under ``launcher`` (``mpirun ...``: :func:`mpi_launcher`) with ``world`` ranks in all."""
+    under ``launcher`` (``mpirun ...``: :func:`mpi_launcher`) with ``world`` ranks in all.
+
+    Time: nccl-tests warms up ``-w`` calls at *every* size and then times ``-n`` calls out of place and ``-n``
+    in place, so 1 KiB-1 GiB with ``-w 20 -n 15`` moves about (20 + 2 x 15) x 2 GiB = 100 GiB per binary: ~0.5 s
+    over NVLink, ~27 s through NCCL's socket transport at ~3.8 GB/s (emulated nodes, measured on 2x H200: 1 KiB-
+    1 GiB took 32 s plain and 35 s with -G, whole ``mpirun`` included). ``timeout_s`` bounds each binary."""
     rows, logs = [], []
-    env = {**os.environ, **cfg.env}
+    env = reference_env(cfg.env)
     # as many timed calls as one of our points (iters x repeats); a longer warm-up than ours because each
     # binary is a fresh process whose GPU clocks and NCCL connections start cold
     n, w = cfg.iters * cfg.repeats, max(cfg.warmup, 20)
@@ -139,6 +187,20 @@ def mpi_launcher(meta: dict, env: dict[str, str]) -> list[str]:
             "sh", "-c", hostid, "sh"]
 
 
+def _record_versions(meta: dict, logs: list[str]) -> None:
+    """``meta["nccl_tests"]``: the NCCL nccl-tests loaded (its header line) and whether it is the sweep's."""
+    v = nccl_versions("\n".join(logs))
+    if v:
+        meta["nccl_tests"].update(v)
+        torch_nccl = (meta.get("sysinfo") or {}).get("nccl")
+        if torch_nccl:
+            meta["nccl_tests"]["same_nccl_as_sweep"] = v["nccl_library"] == torch_nccl
+            if v["nccl_library"] != torch_nccl:
+                meta["warnings"] = [*(meta.get("warnings") or []),
+                    f"nccl-tests loaded NCCL {v['nccl_library']}, the sweep ran on NCCL {torch_nccl}: the reference "
+                    f"is another library (put torch's NCCL first on LD_LIBRARY_PATH)"]
+
+
 def after(cfg: Config, run) -> None:
     """Launcher-side step once the ranks are done: nccl-tests at the same sizes, into the same run (on
     emulated nodes a note saying why it cannot run there, :data:`EMULATED_NODES`)."""
@@ -155,6 +217,7 @@ def after(cfg: Config, run) -> None:
         return
     rows, logs = run_nccl_tests(binaries, cfg, meta["world_size"])
     (run.dir / "nccl-tests.log").write_text("\n\n".join(logs))
+    _record_versions(meta, logs)
     run.add_rows(rows)
     results.write_json(run.dir / "meta.json", meta)
 
@@ -175,5 +238,6 @@ def _after_emulated(cfg: Config, run) -> None:
         env = {**meta["emulated"]["network_env"], **cfg.env}
         rows, logs = run_nccl_tests(usable, cfg, 1, launcher=mpi_launcher(meta, env), world=meta["world_size"])
         (run.dir / "nccl-tests.log").write_text("\n\n".join(logs))
+        _record_versions(meta, logs)
         run.add_rows(rows)
     results.write_json(run.dir / "meta.json", meta)

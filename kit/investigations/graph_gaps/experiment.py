@@ -100,16 +100,26 @@ def _profile(fn, ctx, forwards: int, keep: Path | None, threshold_us: float):
 
 def capture(fn, ctx, debug_dot: Path | None = None):
     """A CUDA graph of one call of ``fn`` (kit.timing.capture_graph), optionally dumped as DOT for the census.
-    Newer PyTorch drops the captured graph after instantiation unless ``keep_graph=True``."""
+
+    Newer PyTorch drops the captured graph after instantiation unless ``keep_graph=True``, and with it
+    ``debug_dump`` works without debug mode -- which must stay off: ``CUDAGraph.enable_debug_mode()`` sets a
+    process-wide flag (``static bool _cuda_graphs_debug`` in ``aten/src/ATen/cuda/CUDAGraph.cpp``) under which
+    every *later* graph's ``capture_end`` instantiates it but skips ``cudaGraphDestroy`` of the captured graph
+    and forgets it (``has_graph_ = false``), so ``reset()`` never frees it either. A leaked graph that captured
+    NCCL kernels keeps NCCL's user object (its persistent plans) alive, and ``ncclCommDestroy`` /
+    ``ncclCommFinalize`` wait for those forever (``commDestroySync``: "keep polling until all graphs
+    referencing us die", ``src/init.cc`` of NCCL v2.28.9-1): that was graph_gaps' teardown hang (issue 12;
+    ``recorded/graph_gaps-teardown-probe-h200x2/``). Only a torch without ``keep_graph`` needs debug mode for
+    the dump; there the graphs captured after the census leak and the rank's bounded teardown ends it."""
     import torch
 
     if debug_dot is None:
         return timing.capture_graph(fn, ctx, iters=1, warmup=3)
     try:
         g = torch.cuda.CUDAGraph(keep_graph=True)
-    except TypeError:  # older torch: the graph is kept in debug mode
+    except TypeError:  # older torch: the graph is kept in debug mode only (see above for what that costs)
         g = torch.cuda.CUDAGraph()
-    g.enable_debug_mode()
+        g.enable_debug_mode()
     return timing.capture_graph(fn, ctx, iters=1, warmup=3, graph=g, debug_dot=debug_dot)
 
 
