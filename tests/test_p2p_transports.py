@@ -22,6 +22,7 @@ from kit.config import ConfigError
 from kit.investigations import p2p_transports as X
 from kit.investigations.p2p_transports import analysis as A
 from kit.investigations.p2p_transports import pipeline as P
+from kit.investigations.p2p_transports import pipeline_analysis as PA
 from kit.launch import launch
 
 SMALL = dict(max_bytes=65536, iters=3, repeats=3, warmup=1, flow_bytes=1 << 20, small_bytes=1024, compute_n=32,
@@ -171,6 +172,85 @@ def test_drive_runs_stages_cooperatively_and_reports_a_deadlock():
         P.drive([waits_forever(), waits_forever()], Box())
 
 
+class _InProcessCpu:
+    """A test double of an in-process transport (as ``copy``, on CPU tensors): the stage threads of
+    ``drive_threads`` (named ``stage<i>``) post and take messages in one process."""
+
+    from kit.transports import Capabilities
+
+    caps = Capabilities(in_process=True)
+    timeout_s = 5.0
+
+    def __init__(self):
+        import threading
+        from collections import deque
+
+        self.box, self.cv, self.posted, self.deque = {}, threading.Condition(), 0, deque
+
+    def isend(self, t, dst):
+        import threading
+
+        src = int(threading.current_thread().name.removeprefix("stage"))
+        with self.cv:
+            self.box.setdefault((src, dst), self.deque()).append(t.clone())
+            self.posted += 1
+            self.cv.notify_all()
+        return transports.Work()
+
+    def poll(self, src, dst):
+        return bool(self.box.get((src, dst)))
+
+    def irecv(self, out, src):
+        import threading
+
+        dst = int(threading.current_thread().name.removeprefix("stage"))
+        with self.cv:
+            out.copy_(self.box[(src, dst)].popleft())
+        return transports.Work()
+
+    def wait_posted(self, seen, timeout):
+        with self.cv:
+            return self.cv.wait_for(lambda: self.posted > seen, timeout)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_thread_per_stage_driver_equals_single_process(n):
+    """The device-bound driver of an in-process transport: one thread per stage, each waiting for its messages
+    on the transport's condition -- the same loss and gradients as one process without a pipeline."""
+    import torch
+
+    T = _InProcessCpu()
+    layers, hidden, batch, m = 2, 16, 4, 5
+    stages = [P.Stage(s, n, layers, hidden, batch, m, torch.device("cpu"), torch.float32) for s in range(n)]
+    progs = [st.iteration(T, s - 1 if s else None, s + 1 if s < n - 1 else None) for s, st in enumerate(stages)]
+    P.drive_threads(progs, T, [st.device for st in stages])
+    loss, grads = P.reference(n, layers, hidden, batch, m)
+    assert float(stages[-1].loss) == pytest.approx(loss, rel=1e-6)
+    for st, ref in zip(stages, grads):
+        for w, g in zip(st.weights, ref):
+            assert torch.allclose(w.grad, g, rtol=1e-5, atol=1e-7)
+    assert T.posted == 2 * (n - 1) * m  # every activation forward and every gradient back
+
+
+def test_thread_per_stage_driver_reports_deadlock_and_errors():
+    T = _InProcessCpu()
+    T.timeout_s = 1.0
+
+    def waits_forever():
+        while True:
+            yield
+
+    with pytest.raises(RuntimeError, match="schedule deadlock"):
+        P.drive_threads([waits_forever(), waits_forever()], T, [None, None])
+
+    def fails():
+        raise ValueError("stage failed")
+        yield
+
+    with pytest.raises(ValueError, match="stage failed"):  # the failing stage's error, the other stage stopped
+        P.drive_threads([fails(), waits_forever()], T, [None, None])
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_pipeline_equals_single_process(tmp_path, world):
     cfg = _cfg(tmp_path, world_size=world, pipeline_micro_batches=5)
@@ -190,7 +270,10 @@ def test_whole_experiment_on_gloo(tmp_path):
     runs = results.RunSet([run.dir], "this run")
     df = runs.df
     skipped = A.skipped(runs)
-    assert list(skipped.transport) == ["copy"] and skipped.reason.str.contains("CUDA").all()
+    assert list(skipped.transport) == ["copy", "gloo"]
+    assert skipped.reason.iloc[0].endswith("needs CUDA") and skipped.experiment.iloc[0] == "all"
+    # gloo has no device-bound pipeline driver (not capturable, not in-process): said, not silently missing
+    assert skipped.experiment.iloc[1] == "pipeline device" and "no device-bound driver" in skipped.reason.iloc[1]
     b = A.bandwidth(runs)
     assert set(b.direction) == {"one", "both"} and len(b) == 2 * len(range(10, 17))  # 1 KiB .. 64 KiB
     assert (b.gbps > 0).all() and (b.time_us_n == 3).all()
@@ -206,7 +289,7 @@ def test_whole_experiment_on_gloo(tmp_path):
     assert se.loc[("send", "send"), "call_us"] > 0.6 * 30e3
     assert se.loc[("isend", "send"), "call_us"] < 0.3 * 30e3
     assert se.loc[("isend", "send"), "wait_us"] > 0.6 * 30e3
-    pp = A.pipeline(runs).iloc[0]
+    pp = PA.pipeline(runs).iloc[0]
     assert pp.steps == 2 and pp.time_ms_median > 0 and pp.loss > 0
     # CPU-only rows: every analysis answers, the findings speak of gloo at the largest size it measured
     _every_analysis_answers(runs)
@@ -347,9 +430,48 @@ def test_findings_of_the_recorded_gpu_run(recorded):
     assert f["comm_comm.copy.small_behind_big.two_streams"].value == approx(289.7)
     # pipeline: ms per iteration, the same loss everywhere
     for t, ms in (("copy", 24.01), ("ipc", 13.27), ("nccl", 13.56)):
-        assert f[f"pipeline.{t}.ms"].value == approx(ms)
+        assert f[f"pipeline.{t}.host.ms"].value == approx(ms)
     assert f["pipeline.loss"].value == approx(0.06509) and "identical" in f["pipeline.loss"].text
+    # small messages before the copy transport issued its own peer copy: 4.1x the bare copy_ loop at 1 KiB
+    assert f["latency.copy"].value == approx(4.11) and "24.7 us" in f["latency.copy"].text
     assert not [k for k in f if k.startswith("skipped")]
+
+
+RECORDED_DRIVERS = ROOT / "recorded" / "p2p_transports" / "20261123-104157-vm-baaf23"
+
+
+def test_pipeline_drivers_model_and_timeline_of_the_recorded_gpu_run():
+    """The 2xH200 run with ipc-direct and both pipeline drivers (README / the notebook's pipeline table): times per
+    transport and driver, the 1F1B model from the measured parts, and the idle time read off the committed traces."""
+    runs = results.RunSet([RECORDED_DRIVERS], "recorded")
+    approx = lambda v: pytest.approx(v, rel=0.01)  # noqa: E731
+    pp = PA.pipeline(runs).set_index(["transport", "driver"])
+    want = {("copy", "host"): 24.52, ("copy", "device"): 20.37, ("ipc", "host"): 13.53, ("nccl", "host"): 13.79,
+            ("nccl", "device"): 13.31, ("ipc-direct", "host"): 13.91}
+    assert set(pp.index) == set(want)
+    for k, ms in want.items():
+        assert pp.loc[k, "time_ms_median"] == approx(ms)
+    assert pp.loc[("copy", "device"), "how"] == "threads" and pp.loc[("nccl", "device"), "how"] == "graph"
+    assert len(set(pp.grad_norms)) == 1 and pp.loss.nunique() == 1
+    mo = PA.model(runs).set_index(["transport", "driver"])
+    for t, ms in (("copy", 13.04), ("ipc", 13.27), ("nccl", 12.47), ("ipc-direct", 13.86)):
+        assert mo.loc[(t, "host"), "predicted_ms"] == approx(ms)
+    assert mo.bubble_fraction.eq(1 / 9).all()
+    parts = PA.parts(runs)
+    assert set(parts.part) == {"F", "B", "transfer"} and (parts.time_us_n == 10).all()
+    idle = PA.idle(runs).set_index(["transport", "driver", "device"])
+    assert idle.loc[("nccl", "device"), "host_idle_us"].max() == 0  # the graph replay: no GPU waits for a launch
+    assert idle.loc[("copy", "host"), "host_idle_us"].min() > 8000  # one Python thread driving both GPUs
+    assert (idle.busy_share <= 1).all() and (idle.busy_us > 0).all()
+    f = {x.key: x for x in INV.findings(runs)}
+    assert f["latency.copy"].value == approx(1.57)
+    assert f["comm_compute.ipc-direct.comm_in_overlap_ms"].value == approx(3.31)
+    assert f["comm_compute.ipc.comm_in_overlap_ms"].value == approx(5.49)
+    assert f["bandwidth.both.ipc-direct"].value == approx(732.9)
+    assert f["pipeline.nccl.device.host_idle_ms"].value == 0
+    assert {"skipped.ipc.pipeline device", "skipped.ipc-direct.pipeline device"} <= set(f)
+    fig = INV.figures["pipeline-timeline"](runs)
+    assert len(fig.axes) == 6  # one panel per transport and driver
 
 
 def test_tables_and_figures_of_the_recorded_gpu_run(recorded):
@@ -363,7 +485,7 @@ def test_tables_and_figures_of_the_recorded_gpu_run(recorded):
     assert one.loc["copy", f"vs {X.BARE}"] == pytest.approx(0.989, abs=0.002)
     assert one.loc["ipc", "vs copy"] == pytest.approx(0.999, abs=0.002)
     assert len(INV.table("at_256mib_both", recorded)) == 3
-    pp = A.pipeline(recorded).set_index("transport")
+    pp = PA.pipeline(recorded).set_index("transport")
     assert set(pp.index) == {"copy", "ipc", "nccl"} and len(set(pp.grad_norms)) == 1
     assert len(A.comm_compute(recorded)) == 3 and len(A.comm_comm(recorded)) == 3 * 2 * 2 * 2
     assert set(A.semantics(recorded).transport) == {"copy", "ipc", "nccl"}
@@ -404,7 +526,7 @@ def test_gpu_transports_keep_data_intact(tmp_path):
     cfg = experiments.make_config("p2p_transports", {"world_size": 2, "backend": "nccl", "timeout_s": 120,
                                                      "results_root": str(tmp_path)})
     df = launch(exps.p2p_integrity, cfg, "p2p_integrity").df()
-    assert set(df.transport) == {"gloo", "nccl", "ipc", "copy"}
+    assert set(df.transport) == {"gloo", "nccl", "ipc", "ipc-direct", "copy"}
     assert df.ok.all(), df[~df.ok]
 
 
@@ -414,7 +536,18 @@ def test_gpu_pipeline_same_numbers_over_every_transport(tmp_path):
                                                      "results_root": str(tmp_path), "transports": ["copy", "ipc", "nccl"],
                                                      "parts": ["pipeline"], "pipeline_hidden": 256,
                                                      "pipeline_batch": 64, "pipeline_steps": 2, "dtype": "float32"})
-    pp = A.pipeline(experiments.execute("p2p_transports", cfg).df()).set_index("transport")
-    assert set(pp.index) == {"copy", "ipc", "nccl"}
+    run = experiments.execute("p2p_transports", cfg)
+    pp = PA.pipeline(run.df())
+    # every transport host-driven; device-bound: copy with a thread per stage, nccl as one CUDA graph per stage
+    assert set(zip(pp.transport, pp.driver, pp.how)) == {("copy", "host", "host"), ("ipc", "host", "host"),
+                                                         ("nccl", "host", "host"), ("copy", "device", "threads"),
+                                                         ("nccl", "device", "graph")}
     assert pp.loss.max() - pp.loss.min() <= 1e-6 * pp.loss.max()
-    assert len(set(pp.grad_norms)) == 1
+    assert len(set(pp.grad_norms)) == 1  # the same gradients over every transport and driver
+    runs = results.RunSet([run.dir])
+    assert set(PA.model(runs).transport) == {"copy", "ipc", "nccl"}
+    idle = PA.idle(runs)
+    assert set(zip(idle.transport, idle.driver)) >= {("copy", "host"), ("copy", "device"), ("nccl", "device")}
+    assert (idle.busy_us > 0).all() and (idle.host_idle_us >= 0).all()
+    # the graph replay launches everything at once: no GPU idles waiting for a launch
+    assert idle[(idle.transport == "nccl") & (idle.driver == "device")].host_idle_us.max() < 50

@@ -12,14 +12,16 @@ Every transport has the shape of ``torch.distributed``'s P2P API (:class:`Transp
 
 The built-in transports, one module each:
 
-=======  ==========================================================  =============  ============  ===========
-name     who moves the bytes                                         copy engine    in process    module
-=======  ==========================================================  =============  ============  ===========
-copy     ``dst.copy_(src)``: a peer ``cudaMemcpyAsync``               yes            yes           copy.py
-ipc      a peer copy into the receiver's CUDA-IPC mailbox             yes            no            ipc.py, mailbox.py
-nccl     NCCL send/recv kernels on SMs                                no             no            dist.py
-gloo     CPU threads over TCP (CPU tensors; CI)                       no             no            dist.py
-=======  ==========================================================  =============  ============  ===========
+==========  ==========================================================  ===========  ==========  =========================
+name        who moves the bytes                                         copy engine  in process  module
+==========  ==========================================================  ===========  ==========  =========================
+copy        a peer ``cuMemcpyDtoDAsync`` between GPUs of one process    yes          yes         copy.py
+ipc         a peer copy into the receiver's CUDA-IPC mailbox            yes          no          ipc.py, mailbox.py
+ipc-direct  the sender's peer copy straight into the receiver's tensor  yes          no          ipc_direct.py, mailbox.py
+            (rendezvous: the receive hands out its destination)
+nccl        NCCL send/recv kernels on SMs                               no           no          dist.py
+gloo        CPU threads over TCP (CPU tensors; CI)                      no           no          dist.py
+==========  ==========================================================  ===========  ==========  =========================
 
 A new transport is one class deriving :class:`Transport` with its :class:`Capabilities` and one
 ``@register("name")`` line (:mod:`kit.transports.registry`); import its module before :func:`make` asks for it.
@@ -35,7 +37,9 @@ from .registry import capabilities, get, make, names, register
 from .copy import CopyTransport  # noqa: E402
 from .ipc import IpcTransport  # noqa: E402
 from .dist import DistTransport, GlooTransport, NcclTransport  # noqa: E402
+from .ipc_direct import IpcDirectTransport  # noqa: E402
 
-__all__ = ["Capabilities", "CopyTransport", "DistTransport", "GlooTransport", "IpcTransport", "NcclTransport",
+__all__ = ["Capabilities", "CopyTransport", "DistTransport", "GlooTransport", "IpcDirectTransport", "IpcTransport",
+           "NcclTransport",
            "Transport", "TransportUnavailable", "Work", "capabilities", "check", "current_streams", "event_work",
            "flat_bytes", "get", "make", "names", "nbytes", "pattern", "register"]

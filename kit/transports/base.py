@@ -18,6 +18,9 @@ A transport's *capabilities* are what an experiment may ask about it -- never it
 * ``cross_node`` -- works between ranks on different hosts. :func:`kit.transports.make` refuses a transport
   without it, with one message naming the reason, when the ranks are on more than one node -- emulated nodes
   (``NCCL_HOSTID`` per agent, :mod:`kit.launch.emulated`) included.
+* ``graph_capture`` -- its transfers can be captured into a CUDA graph together with the compute around them
+  (on replay the host issues nothing per message): NCCL's kernels can. A transport that hands messages over
+  on the host (the IPC mailbox's shared-memory counters) or drives several GPUs from one process cannot.
 
 ``Work.wait()`` has CUDA semantics on GPUs: it orders the caller's *current stream* after the transfer and does
 not block the host (like ``ProcessGroupNCCL``'s ``work.wait()``); on CPU it blocks until done.
@@ -44,6 +47,7 @@ class Capabilities:
     cuda: bool = False
     blocking_send: bool = False
     cross_node: bool = False
+    graph_capture: bool = False
 
 
 # ------------------------------------------------------------------------------------------------- Work

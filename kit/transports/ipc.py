@@ -8,15 +8,11 @@ own stream: a copy engine); the receiver copies the slot into the caller's tenso
 
 from __future__ import annotations
 
-import socket
-import time
 from typing import Callable
 
 from . import mailbox
-from .base import Capabilities, Transport, TransportUnavailable, Work, event_work, flat_bytes, nbytes
+from .base import Capabilities, Transport, Work, event_work, flat_bytes, nbytes
 from .registry import register
-
-_SPIN_SLEEP_AFTER = 2000  # busy polls before yielding the CPU between polls (latency first, then be polite)
 
 
 @register("ipc")
@@ -26,18 +22,8 @@ class IpcTransport(Transport):
     caps = Capabilities(copy_engine=True, in_process=False, needs_peer_access=True, second_channel=True, cuda=True)
 
     def __init__(self, ctx, timeout_s: float = 300.0, slots: int = 4):
-        import torch
-        import torch.distributed as dist
-
         super().__init__(ctx, timeout_s)
-        # collective checks, so every rank reaches the same verdict
-        hosts = [None] * ctx.world_size
-        dist.all_gather_object(hosts, (socket.gethostname(), torch.cuda.device_count()))
-        if len({h for h, _ in hosts}) > 1:
-            raise TransportUnavailable("ipc needs every rank on one node (CUDA IPC does not cross hosts)")
-        if min(n for _, n in hosts) < ctx.world_size:
-            raise TransportUnavailable("ipc needs every GPU of the node visible to each rank "
-                                       "(CUDA_VISIBLE_DEVICES restricts each rank to one)")
+        mailbox.one_node(ctx, self.name)  # collective checks, so every rank reaches the same verdict
         self.slots = slots
         self._out: dict[int, mailbox.Channel] = {}  # dst -> channel (we send)
         self._in: dict[int, mailbox.Channel] = {}  # src -> channel (we receive)
@@ -58,15 +44,7 @@ class IpcTransport(Transport):
         self._pairs, self._capacity = pairs, capacity
 
     def _spin(self, cond: Callable[[], bool], what: str) -> None:
-        n, deadline = 0, None
-        while not cond():
-            n += 1
-            if n > _SPIN_SLEEP_AFTER:
-                time.sleep(0)
-                if deadline is None:
-                    deadline = time.monotonic() + self.timeout_s
-                elif n % 1000 == 0 and time.monotonic() > deadline:
-                    raise TimeoutError(f"ipc rank {self.ctx.rank}: {what} for {self.timeout_s:g} s")
+        mailbox.spin(cond, self.timeout_s, f"ipc rank {self.ctx.rank}: {what}")
 
     @staticmethod
     def _channel(table, peer, role) -> mailbox.Channel:

@@ -12,13 +12,19 @@ interprocess CUDA events (``cudaEventInterprocess``) plus two counters in a shar
 * a sender reuses a slot only after ``consumed`` passed it and its stream waited on that consumed event.
 
 So the host blocks only for flow control (all slots full) or until the peer has *issued* the matching call.
+
+It also holds what ``ipc-direct`` (:mod:`kit.transports.ipc_direct`) shares with ``ipc``: the one-node check
+(:func:`one_node`), the host spin (:func:`spin`), shared pages (:func:`map_shared`) and the driver calls
+(:func:`memcpy_dtod`, :func:`export` / :func:`open_handle` / :func:`close_handle` of CUDA IPC handles).
 """
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import tempfile
+import time
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
@@ -57,21 +63,113 @@ def _shm_dir() -> str:
     return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
 
+def map_shared(path: str, create: bool, size: int = 0):
+    """A shared-memory mapping of the file at ``path``: created (zero-filled, ``size`` bytes rounded up to whole
+    pages) when ``create``, else the existing file mapped whole."""
+    fd = os.open(path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o600)
+    try:
+        if create:
+            os.ftruncate(fd, -(-max(size, 1) // mmap.PAGESIZE) * mmap.PAGESIZE)
+        return mmap.mmap(fd, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
+
+
 def map_counters(path: str, create: bool):
     """The two int64 counters in the shared page at ``path`` (created, zeroed, when ``create``)."""
     import numpy as np
 
-    fd = os.open(path, os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0), 0o600)
-    try:
-        if create:
-            os.ftruncate(fd, mmap.PAGESIZE)
-        mm = mmap.mmap(fd, mmap.PAGESIZE)
-    finally:
-        os.close(fd)
+    mm = map_shared(path, create, mmap.PAGESIZE)
     return np.frombuffer(mm, dtype=np.int64, count=2), mm
 
 
+def shm_path(a: int, b: int) -> str:
+    """A fresh name for the shared page of directed pair ``a -> b``."""
+    return os.path.join(_shm_dir(), f"kit-p2p-{os.getpid()}-{a}-{b}-{uuid.uuid4().hex[:8]}")
+
+
+def unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def one_node(ctx, name: str) -> None:
+    """Collective: raise :class:`~kit.transports.base.TransportUnavailable` on every rank unless every rank is on
+    one host and sees every GPU of it (CUDA IPC does not cross hosts; a peer's memory is addressed by its GPU)."""
+    import socket
+
+    import torch
+    import torch.distributed as dist
+
+    from .base import TransportUnavailable
+
+    hosts = [None] * ctx.world_size
+    dist.all_gather_object(hosts, (socket.gethostname(), torch.cuda.device_count()))
+    if len({h for h, _ in hosts}) > 1:
+        raise TransportUnavailable(f"{name} needs every rank on one node (CUDA IPC does not cross hosts)")
+    if min(n for _, n in hosts) < ctx.world_size:
+        raise TransportUnavailable(f"{name} needs every GPU of the node visible to each rank "
+                                   "(CUDA_VISIBLE_DEVICES restricts each rank to one)")
+
+
+SPIN_SLEEP_AFTER = 2000  # busy polls before yielding the CPU between polls (latency first, then be polite)
+
+
+def spin(cond, timeout_s: float, what: str) -> None:
+    """Poll ``cond()`` until it is true: busy at first (the peer is usually microseconds away), then yielding
+    the CPU between polls; ``TimeoutError(what ...)`` after ``timeout_s`` of yielding."""
+    n, deadline = 0, None
+    while not cond():
+        n += 1
+        if n > SPIN_SLEEP_AFTER:
+            time.sleep(0)
+            if deadline is None:
+                deadline = time.monotonic() + timeout_s
+            elif n % 1000 == 0 and time.monotonic() > deadline:
+                raise TimeoutError(f"{what} for {timeout_s:g} s")
+
+
 _libcuda = None
+
+
+def libcuda():
+    """The CUDA driver library (ctypes), its entry points typed on first use."""
+    global _libcuda
+    if _libcuda is None:
+        lib = ctypes.CDLL("libcuda.so.1")
+        u64, p = ctypes.c_uint64, ctypes.POINTER
+        lib.cuMemcpyDtoDAsync_v2.argtypes = [u64, u64, ctypes.c_size_t, ctypes.c_void_p]
+        lib.cuMemGetAddressRange_v2.argtypes = [p(u64), p(ctypes.c_size_t), u64]
+        lib.cuIpcGetMemHandle.argtypes = [p(IpcMemHandle), u64]
+        lib.cuIpcOpenMemHandle_v2.argtypes = [p(u64), IpcMemHandle, ctypes.c_uint]
+        lib.cuIpcCloseMemHandle.argtypes = [u64]
+        _libcuda = lib
+    return _libcuda
+
+
+class IpcMemHandle(ctypes.Structure):
+    """``CUipcMemHandle``: 64 opaque bytes, passed by value to ``cuIpcOpenMemHandle``."""
+
+    _fields_ = [("reserved", ctypes.c_ubyte * 64)]
+
+
+CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 1
+
+
+def _cu(rc: int, what: str) -> None:
+    if rc != 0:
+        raise RuntimeError(f"{what} failed with CUresult {rc}")
+
+
+def memcpy_dtod(dst: int, src: int, n: int, stream) -> None:
+    """``n`` bytes between device addresses as one ``cuMemcpyDtoDAsync`` on ``stream`` (the stream's device
+    context current for the call)."""
+    import torch
+
+    with torch.cuda.device(stream.device):
+        _cu(libcuda().cuMemcpyDtoDAsync_v2(dst, src, n, stream.cuda_stream), "cuMemcpyDtoDAsync")
 
 
 def peer_memcpy(dst, src, n: int, stream) -> None:
@@ -81,18 +179,44 @@ def peer_memcpy(dst, src, n: int, stream) -> None:
     other, which for memory mapped from *another* process means work in this process's context on the peer
     GPU -- and a GPU time-slices between processes' contexts (~ms slices), so every copy would wait for the
     peer process's kernels (seen on 2xH200: 64 MiB copies taking 2.4 ms instead of 0.17 ms)."""
-    import ctypes
+    memcpy_dtod(dst.data_ptr(), src.data_ptr(), n, stream)
 
-    global _libcuda
-    if _libcuda is None:
-        _libcuda = ctypes.CDLL("libcuda.so.1")
-        _libcuda.cuMemcpyDtoDAsync_v2.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
+
+def export(t) -> tuple[bytes, int]:
+    """``(handle, offset)``: the 64-byte CUDA IPC handle of the allocation that holds tensor ``t``
+    (``cuMemGetAddressRange`` finds its base: a caching-allocator segment, so many tensors share one handle)
+    and ``t``'s byte offset in it. A new allocation gets a new handle, also at a reused address."""
     import torch
 
-    with torch.cuda.device(stream.device):  # the stream's device context is the current one for the call
-        rc = _libcuda.cuMemcpyDtoDAsync_v2(dst.data_ptr(), src.data_ptr(), n, stream.cuda_stream)
+    lib, base, size, h = libcuda(), ctypes.c_uint64(), ctypes.c_size_t(), IpcMemHandle()
+    with torch.cuda.device(t.device):
+        _cu(lib.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), t.data_ptr()),
+            "cuMemGetAddressRange")
+        rc = lib.cuIpcGetMemHandle(ctypes.byref(h), base.value)
     if rc != 0:
-        raise RuntimeError(f"cuMemcpyDtoDAsync failed with CUresult {rc}")
+        raise RuntimeError(f"cuIpcGetMemHandle failed with CUresult {rc}: the receive buffer cannot be shared "
+                           "through CUDA IPC (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True allocates it so)")
+    return bytes(h), t.data_ptr() - base.value
+
+
+def open_handle(handle: bytes, device) -> int:
+    """Map the allocation behind ``handle`` (from :func:`export` in another process) into ``device``'s context
+    of this process, enabling peer access lazily; returns its base address here. Opened in *our* GPU's context
+    (not the owner's device index): see the comment in :func:`open_channels` for why that matters."""
+    import torch
+
+    h, ptr = IpcMemHandle.from_buffer_copy(handle), ctypes.c_uint64()
+    with torch.cuda.device(device):
+        _cu(libcuda().cuIpcOpenMemHandle_v2(ctypes.byref(ptr), h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+            "cuIpcOpenMemHandle")
+    return ptr.value
+
+
+def close_handle(ptr: int, device) -> None:
+    import torch
+
+    with torch.cuda.device(device):
+        _cu(libcuda().cuIpcCloseMemHandle(ptr), "cuIpcCloseMemHandle")
 
 
 def open_channels(ctx, pairs: set[tuple[int, int]], capacity: int, slots: int):
@@ -112,7 +236,7 @@ def open_channels(ctx, pairs: set[tuple[int, int]], capacity: int, slots: int):
             with torch.cuda.device(dev):
                 consumed = [torch.cuda.Event(interprocess=True) for _ in range(slots)]
                 handles = [e.ipc_handle() for e in consumed]
-            path = os.path.join(_shm_dir(), f"kit-p2p-{os.getpid()}-{a}-{b}-{uuid.uuid4().hex[:8]}")
+            path = shm_path(a, b)
             ctr, mm = map_counters(path, create=True)
             ctr[:] = 0
             _, args = reduce_tensor(buf)
@@ -159,8 +283,5 @@ def open_channels(ctx, pairs: set[tuple[int, int]], capacity: int, slots: int):
     dist.barrier()
     for key, v in keep.items():  # both ends have the page mapped: unlink now, nothing can leak
         if key[0] == "recv":
-            try:
-                os.unlink(v[4])
-            except OSError:
-                pass
+            unlink(v[4])
     return out, inn

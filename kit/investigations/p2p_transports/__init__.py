@@ -12,7 +12,9 @@ name. Rows carry ``kind`` (one module per experiment):
 * ``comm_compute`` (:mod:`.comm_compute`) -- matmuls and transfers alone and overlapped; ``trace`` rows name
   the profiled overlapped iteration (``traces/``).
 * ``semantics`` (:mod:`.semantics`) -- what blocks the host while the receiver is late.
-* ``pipeline`` (:mod:`.pipeline`) -- a 1F1B pipeline over the transport: time per iteration, loss, gradients.
+* ``pipeline`` / ``pipeline_part`` (:mod:`.pipeline_run`, the pipeline itself in :mod:`.pipeline`) -- a 1F1B
+  pipeline over the transport, host-driven and device-bound: time per iteration, loss, gradients; each
+  stage's forward/backward and one activation transfer alone, for the model (:mod:`.pipeline_analysis`).
 * ``skipped`` -- a transport (or one experiment of it) that cannot run here, with the reason.
 
 :mod:`.harness` holds what they share (flows, buffers, a verified transfer, the timing ``ctx`` :class:`Sync`
@@ -29,7 +31,8 @@ from ... import transports
 from ...config import LaunchConfig
 from ...contract import Investigation, Needs
 from ... import regimes as kit_regimes
-from . import analysis, bandwidth, comm_comm, comm_compute, figures, harness, pipeline, regimes, semantics
+from . import (analysis, bandwidth, comm_comm, comm_compute, figures, harness, pipeline, pipeline_analysis,
+               pipeline_run, regimes, semantics)
 from .bandwidth import BARE
 from .harness import Sync
 
@@ -37,7 +40,7 @@ Part = Literal["bandwidth", "comm_comm", "comm_compute", "semantics", "pipeline"
 PARTS: tuple[str, ...] = Part.__args__
 EXPERIMENTS = {"bandwidth": bandwidth.experiment, "comm_comm": comm_comm.experiment,
                "comm_compute": comm_compute.experiment, "semantics": semantics.experiment,
-               "pipeline": pipeline.experiment}
+               "pipeline": pipeline_run.experiment}
 
 
 @dataclass
@@ -84,7 +87,8 @@ class Config(LaunchConfig):
     overlap_messages: int = 16
     """transfers 0 -> 1 per sample"""
     profile: bool = True
-    """profile one overlapped comm_compute iteration per CUDA transport (the timeline)"""
+    """profile one overlapped comm_compute iteration and one pipeline iteration per driver, per CUDA transport
+    (the timelines)"""
     # -- semantics
     recv_delay_ms: float = 20.0
     """the receiver posts its receive this late"""
@@ -101,6 +105,10 @@ class Config(LaunchConfig):
     """rows per micro-batch: an activation is batch x hidden"""
     pipeline_steps: int = 5
     """timed iterations (after two untimed ones)"""
+    pipeline_drivers: list[Literal["host", "device"]] = field(default_factory=lambda: ["host", "device"])
+    """``host``: each process issues its stages' work from Python step by step; ``device``: the host out of
+    the way where the transport allows it (a thread per stage in one process, or the iteration as one CUDA
+    graph for a capturable transport) -- see :mod:`.pipeline_run`"""
 
     def check(self) -> list[str]:
         errs = []
@@ -155,20 +163,30 @@ def run(cfg: Config, ctx):
         yield from bandwidth.bare_copy(cfg, ctx, Sync(ctx, True, True, host_group))
 
 
+def _findings(runs) -> list:
+    """What the rows show (:func:`.analysis.findings`, :func:`.pipeline_analysis.findings`), then what the
+    profiled pipeline iterations show (:func:`.pipeline_analysis.idle_findings`)."""
+    pa = pipeline_analysis
+    out = analysis.findings(runs)
+    skipped = [f for f in out if f.key.startswith("skipped.")]
+    return ([f for f in out if not f.key.startswith("skipped.")] + pa.findings(analysis.frame(runs))
+            + pa.idle_findings(runs) + skipped)
+
+
 def findings(runs) -> list:
-    """:func:`.analysis.findings`; for runs of two regimes (one node beside emulated nodes) per regime, then
-    their comparison (:func:`.regimes.regime_findings`)."""
+    """:func:`_findings`; for runs of two regimes (one node beside emulated nodes) per regime, then their
+    comparison (:func:`.regimes.regime_findings`)."""
     if getattr(runs, "dirs", None) and len(kit_regimes.split(runs)) > 1:
-        return kit_regimes.per_regime_findings(analysis.findings, runs) + regimes.regime_findings(runs)
-    return analysis.findings(runs)
+        return kit_regimes.per_regime_findings(_findings, runs) + regimes.regime_findings(runs)
+    return _findings(runs)
 
 
 INVESTIGATION = Investigation(
     name="p2p_transports", Config=Config, run=run, columns=("kind", "transport"),
-    tables={**analysis.TABLES, "regime_256mib": regimes.table_regime_256mib,
+    tables={**analysis.TABLES, **pipeline_analysis.TABLES, "regime_256mib": regimes.table_regime_256mib,
             "regime_overlap": regimes.table_regime_overlap, "regime_pipeline": regimes.table_regime_pipeline,
             "nccl_transports": kit_regimes.transports_table},
-    figures={**figures.FIGURES, "bandwidth-regimes": regimes.fig_bandwidth_regimes}, findings=findings,
+    figures={**figures.FIGURES, **pipeline_analysis.FIGURES, "bandwidth-regimes": regimes.fig_bandwidth_regimes}, findings=findings,
     needs=Needs(ranks=2),
     question="peer copy, CUDA IPC or NCCL send/recv: which P2P transport serves pipeline parallelism best, and "
              "what does each cost the compute beside it?")

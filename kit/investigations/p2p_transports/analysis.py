@@ -104,7 +104,8 @@ def at_256mib(direction: str):
 
 
 def latency(data) -> pd.DataFrame:
-    """One way, at the smallest measured size: time per message per transport."""
+    """One way, at the smallest measured size: time per message per transport, and (when the runs have the
+    bare ``copy_`` loop) its ratio to that loop's."""
     b = bandwidth(data)
     if b.empty:
         return b
@@ -112,7 +113,10 @@ def latency(data) -> pd.DataFrame:
     if b.empty:
         return pd.DataFrame()
     t = b[b["bytes"] == b["bytes"].min()].set_index("transport")
-    return t.loc[_ordered(t.index), ["bytes", "time_us_median", "time_us_p10", "time_us_p90"]]
+    t = t.loc[_ordered(t.index), ["bytes", "time_us_median", "time_us_p10", "time_us_p90"]]
+    if BARE in t.index:
+        t["vs_copy_loop"] = t["time_us_median"] / t.loc[BARE, "time_us_median"]
+    return t
 
 
 def matrix(data, transport: str) -> pd.DataFrame:
@@ -179,20 +183,6 @@ def semantics(data) -> pd.DataFrame:
     s = d.groupby(keys, sort=False)[cols].median().reset_index()
     s["bytes"] = s["bytes"].astype("int64")
     return s
-
-
-def pipeline(data) -> pd.DataFrame:
-    """Per transport: median iteration time (slowest rank per step), p10/p90, the loss and gradient norms."""
-    d = rows_of(frame(data), "pipeline")
-    if d.empty:
-        return pd.DataFrame()
-    rows = []
-    for t, g in _per_transport(d):
-        st = stats.stats(g.groupby("step")["time_us"].max().to_numpy())
-        rows.append(dict(transport=t, time_ms_median=st["median"] / 1e3, time_ms_p10=st["p10"] / 1e3,
-                         time_ms_p90=st["p90"] / 1e3, steps=st["n"], loss=g["loss"].dropna().median(),
-                         grad_norms=", ".join(f"{v:.4g}" for v in g.groupby("stage")["grad_norm"].median())))
-    return pd.DataFrame(rows)
 
 
 def skipped(data) -> pd.DataFrame:
@@ -264,6 +254,12 @@ def findings(data) -> list[Finding]:
                            f"{r.transport}: transfers {r.comm_alone_us / 1e3:.2f} ms alone, "
                            f"{r.comm_in_overlap_us / 1e3:.2f} ms overlapped with compute",
                            float(r.comm_in_overlap_us / 1e3), "ms"))
+    lat = latency(df)
+    for t, r in lat.iterrows() if "vs_copy_loop" in lat.columns else []:
+        if t != BARE:
+            out.append(Finding(f"latency.{t}", f"{t}: {_human(int(r.bytes))} one way {r.time_us_median:.1f} us per "
+                                               f"message, {r.vs_copy_loop:.2f}x the bare copy_ loop's "
+                                               f"{lat.loc[BARE, 'time_us_median']:.1f} us", float(r.vs_copy_loop)))
     out += _semantics_findings(df)
     cc = comm_comm(df)
     for (t, sc, mode), g in cc.groupby(["transport", "scenario", "mode"], sort=False) if len(cc) else []:
@@ -271,7 +267,6 @@ def findings(data) -> list[Finding]:
         f0, f1 = f.get(0, math.nan), f.get(1, math.nan)
         out.append(Finding(f"comm_comm.{t}.{sc}.{mode}", f"{t} {sc} {mode}: flow 0 done at {f0:.1f} us, "
                                                           f"flow 1 at {f1:.1f} us", float(f1), "us"))
-    out += _pipeline_findings(df)
     for r in skipped(df).itertuples():
         what = "" if r.experiment == "all" else f" ({r.experiment})"
         out.append(Finding(f"skipped.{r.transport}" + ("" if r.experiment == "all" else f".{r.experiment}"),
@@ -291,24 +286,6 @@ def _semantics_findings(df) -> list[Finding]:
     return out
 
 
-def _pipeline_findings(df) -> list[Finding]:
-    pp = pipeline(df)
-    out = [Finding(f"pipeline.{r.transport}.ms", f"{r.transport}: 1F1B pipeline {r.time_ms_median:.2f} ms / iteration, "
-                                                 f"loss {r.loss:.5f}", float(r.time_ms_median), "ms")
-           for r in pp.itertuples()]
-    losses = pp["loss"].dropna() if len(pp) else pd.Series(dtype=float)
-    if len(losses):
-        spread = float((losses.max() - losses.min()) / abs(losses.median())) if losses.median() else math.nan
-        if len(pp) > 1:
-            same = "identical" if len(set(pp["grad_norms"])) == 1 else "differ"
-            how = f"relative spread {spread:.1e}, gradient norms {same} across transports"
-        else:
-            how = "one transport, nothing to compare"
-        out.append(Finding("pipeline.loss", f"pipeline loss {losses.median():.5f} over {', '.join(pp['transport'])}: "
-                                            f"{how}", float(losses.median())))
-    return out
-
-
 TABLES = {"skipped": skipped, "topology": topology, "bandwidth": bandwidth, "at_256mib_one": at_256mib("one"),
           "at_256mib_both": at_256mib("both"), "latency": latency, "matrix": matrices, "comm_comm": comm_comm,
-          "comm_compute": comm_compute, "semantics": semantics, "pipeline": pipeline}
+          "comm_compute": comm_compute, "semantics": semantics}

@@ -1,5 +1,5 @@
 """The figures of p2p_transports (names as in ``figures/h200x2/p2p_transports-<name>.png``): ``bandwidth``,
-``latency``, ``comm-comm``, ``overlap``, ``timeline``, ``pipeline``. Each takes a :class:`kit.results.RunSet`
+``latency``, ``comm-comm``, ``overlap``, ``timeline`` (the pipeline's: :mod:`.pipeline_analysis`). Each takes a :class:`kit.results.RunSet`
 and returns a matplotlib Figure -- one that says what is missing when the runs lack its rows."""
 
 from __future__ import annotations
@@ -91,16 +91,5 @@ def timeline(runs):
     return fig
 
 
-def pipeline(runs):
-    """Median ms per 1F1B iteration per transport (p10-p90 bars)."""
-
-    def draw(pp, ax):
-        ax.bar(pp["transport"], pp["time_ms_median"], capsize=4,
-               yerr=[pp["time_ms_median"] - pp["time_ms_p10"], pp["time_ms_p90"] - pp["time_ms_median"]])
-        ax.set_ylabel("ms per iteration")
-
-    return _panel(runs, A.pipeline(runs), "no pipeline rows in these runs", (6, 3.5), draw)
-
-
 FIGURES = {"bandwidth": bandwidth, "latency": latency, "comm-comm": comm_comm, "overlap": overlap,
-           "timeline": timeline, "pipeline": pipeline}
+           "timeline": timeline}

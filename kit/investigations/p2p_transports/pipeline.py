@@ -1,5 +1,5 @@
-"""A small 1F1B pipeline over any :mod:`kit.transports` transport, and the ``pipeline`` experiment that runs it
-(:func:`experiment`).
+"""A small 1F1B pipeline over any :mod:`kit.transports` transport (the ``pipeline`` experiment that times it
+is :mod:`.pipeline_run`).
 
 ``n`` stages (stage ``s`` on rank ``s``, or on GPU ``s`` of one process for the in-process ``copy``
 transport), ``m`` micro-batches. Each stage is ``layers`` matrices ``W`` (hidden x hidden) applied as
@@ -18,10 +18,9 @@ With NCCL this matters: P2P operations between a pair of ranks run in one order 
 neighbours posted their *send* first as separate operations, each would wait for the other's receive
 (for messages above NCCL's buffer size: a deadlock). Posted as one group they proceed together.
 
-The experiment (:func:`experiment`): one stage per rank (or per GPU of the driving process for an in-process
-transport), wall-clock per iteration from a barrier to every GPU idle, the loss and each stage's gradient norm
-(equal across transports: they compute the same thing). Copy-engine transports get a communication stream per
-GPU so a transfer overlaps the stage's next compute; NCCL already runs on an internal stream of its own.
+Drivers: :func:`drive` runs every stage of one process from one thread, taking turns; :func:`drive_threads`
+gives each stage its own thread. The experiment that times them, and the CUDA-graph driver, are in
+:mod:`.pipeline_run`.
 """
 
 from __future__ import annotations
@@ -86,6 +85,16 @@ class Stage:
         self.weights = make_weights(stage, layers, hidden, device, dtype, seed)
         self.inputs = make_inputs(m, batch, hidden, device, dtype, seed) if stage == 0 else None
 
+    def _buffer(self, comm_streams: dict | None):
+        """A receive buffer, allocated on this device's communication stream when there is one: the caching
+        allocator then orders its reuse on that stream, and the copy into it need not wait for the compute
+        this stage has queued (only the consumer, after ``Work.wait()``, uses it on the compute stream)."""
+        import torch
+
+        s = (comm_streams or {}).get(self.device.index) if self.device.type == "cuda" else None
+        with torch.cuda.stream(s) if s is not None else nullcontext():
+            return torch.empty(self.batch, self.hidden, device=self.device, dtype=self.dtype)
+
     def zero_grad(self) -> None:
         for w in self.weights:
             w.grad = None
@@ -105,9 +114,9 @@ class Stage:
         for kind, i in schedule(self.stage, self.n, self.m):
             recv = None
             if kind == "F" and not first:
-                recv = ("recv", torch.empty(self.batch, self.hidden, device=self.device, dtype=self.dtype), prev)
+                recv = ("recv", self._buffer(comm_streams), prev)
             elif kind == "B" and not last:
-                recv = ("recv", torch.empty(self.batch, self.hidden, device=self.device, dtype=self.dtype), nxt)
+                recv = ("recv", self._buffer(comm_streams), nxt)
             if carry and recv and carry[0][2] != recv[2]:
                 sends += yield from _issue(T, carry, comm_streams, self.stage)
                 carry = []
@@ -116,6 +125,8 @@ class Stage:
             carry = []
             if recv:
                 works[-1].wait()
+                if comm_streams and self.device.type == "cuda":  # allocated on the comm stream, used here
+                    recv[1].record_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.device(self.device) if self.device.type == "cuda" else nullcontext():
                 if kind == "F":
                     x = self.inputs[i] if first else recv[1].requires_grad_()
@@ -146,8 +157,8 @@ class Stage:
 def _issue(T, ops, comm_streams: dict | None = None, me: int | None = None) -> Iterator[None]:
     """Post ``ops`` on ``T``; in one process (``T.caps.in_process``) post the sends, then yield until every receive
     has a posted message. With ``comm_streams`` the transfers are issued on those streams (each first waits
-    for the current stream of its device, where the data was produced); ``Work.wait()`` later orders the
-    compute stream after them. Returns the Works (a generator's return value)."""
+    for the current stream of its device where that device sends: the data was produced there);
+    ``Work.wait()`` later orders the compute stream after them. Returns the Works (a generator's return value)."""
     if not ops:
         return []
     if not T.caps.in_process:
@@ -179,8 +190,12 @@ class _on_streams:
 
         from ...transports import current_streams
 
-        for d, s in self.streams.items():
-            s.wait_stream(torch.cuda.current_stream(d))
+        # a comm stream waits for the compute of its device only where that device sends (the data is produced
+        # there); a receive's buffer was allocated on the comm stream (Stage._buffer), so receiving waits for
+        # nothing the stage computes -- the false dependency that made every transfer wait for the peer's work
+        for d in {t.device.index for k, t, _p in self.ops if k == "send" and t.is_cuda}:
+            if d in self.streams:
+                self.streams[d].wait_stream(torch.cuda.current_stream(d))
         for _, t, _p in self.ops:
             if t.is_cuda and t.device.index in self.streams:
                 t.record_stream(self.streams[t.device.index])
@@ -210,6 +225,54 @@ def drive(programs: list[Iterator[None]], T=None) -> None:
                                "(schedule deadlock)")
 
 
+def drive_threads(programs: list[Iterator[None]], T, devices: list) -> None:
+    """Run stage generators to completion, one host thread per stage (the device-bound driver of an in-process
+    transport): a stage's thread issues its kernels while the others issue theirs -- PyTorch releases the GIL
+    while it dispatches an op and the autograd engine has a worker thread per GPU -- instead of one Python
+    thread taking turns over every stage. A stage that yields (its next message is not posted yet) sleeps in
+    ``T.wait_posted`` until some stage posts one. ``devices``: each stage's device (made current in its
+    thread: the current device and stream are per thread). A stage that waits ``T.timeout_s`` without any
+    message being posted is a schedule deadlock; an error in one stage stops the others and is raised."""
+    import threading
+
+    import torch
+
+    failed = threading.Event()
+    errors: list[BaseException] = []
+    timeout = getattr(T, "timeout_s", 300.0)
+
+    def run(g, dev):
+        try:
+            if dev is not None and dev.type == "cuda":
+                torch.cuda.set_device(dev)
+            while not failed.is_set():
+                seen = T.posted
+                try:
+                    next(g)
+                except StopIteration:
+                    return
+                waited = 0.0
+                while not T.wait_posted(seen, 0.5):
+                    waited += 0.5
+                    if failed.is_set():
+                        return
+                    if waited >= timeout:
+                        raise RuntimeError(f"pipeline: a stage waited {timeout:g} s for a message no stage posted "
+                                           "(schedule deadlock)")
+        except BaseException as e:  # noqa: BLE001 -- raised again in the caller
+            errors.append(e)
+            failed.set()
+
+    threads = [threading.Thread(target=run, args=(g, d), name=f"stage{i}", daemon=True)
+               for i, (g, d) in enumerate(zip(programs, devices))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
 def reference(n: int, layers: int, hidden: int, batch: int, m: int, device="cpu", dtype=None, seed: int = 0):
     """(loss, [per-stage list of weight gradients]) of the same model and data, in one process, no pipeline."""
     import torch
@@ -225,57 +288,3 @@ def reference(n: int, layers: int, hidden: int, batch: int, m: int, device="cpu"
         loss.backward()
         total += loss.detach()
     return float(total), [[w.grad for w in stage] for stage in ws]
-
-
-def experiment(cfg, ctx, T, S):
-    """Rows ``kind="pipeline"``: per step and stage this process runs, the iteration time, loss, gradient norm."""
-    import time
-
-    import torch
-
-    from . import harness as H
-
-    n = ctx.world_size
-    if T.caps.in_process and torch.cuda.device_count() < n:
-        yield dict(kind="skipped", transport=T.name, experiment="pipeline", rank=ctx.rank,
-                   reason=f"{n} stages need {n} GPUs in one process")
-        return
-    dt = H.compute_dtype(cfg, ctx, cuda=S.is_cuda)
-    elem = torch.tensor([], dtype=dt).element_size()
-    T.setup([(s, s + 1) for s in range(n - 1)] + [(s + 1, s) for s in range(n - 1)],
-            cfg.pipeline_batch * cfg.pipeline_hidden * elem)
-    if T.caps.in_process:
-        mine = list(range(n)) if ctx.rank == 0 else []
-    else:
-        mine = [ctx.rank]
-    stages = {s: Stage(s, n, cfg.pipeline_layers, cfg.pipeline_hidden, cfg.pipeline_batch,
-                       cfg.pipeline_micro_batches, T.device(s), dt) for s in mine}
-    devs = sorted({st.device.index for st in stages.values()}) if S.is_cuda else []
-    comm = {d: torch.cuda.Stream(d) for d in devs} if T.caps.copy_engine else None
-
-    def iteration():
-        progs = []
-        for s, st in stages.items():
-            st.zero_grad()
-            progs.append(st.iteration(T, s - 1 if s > 0 else None, s + 1 if s < n - 1 else None, comm))
-        drive(progs, T)
-        for d in devs:
-            torch.cuda.synchronize(d)
-
-    for step in range(-2, cfg.pipeline_steps):
-        ctx.step(f"{T.name} pipeline step {step}")
-        S.barrier()
-        t0 = time.perf_counter()
-        iteration()
-        t = (time.perf_counter() - t0) * 1e6
-        if step < 0:
-            continue
-        for s, st in stages.items():
-            gn = math.sqrt(sum(float(w.grad.float().pow(2).sum()) for w in st.weights))
-            yield dict(kind="pipeline", transport=T.name, step=step, stage=s, time_us=t,
-                       loss=float(st.loss) if s == n - 1 else math.nan, grad_norm=gn,
-                       micro_batches=cfg.pipeline_micro_batches, layers=cfg.pipeline_layers,
-                       hidden=cfg.pipeline_hidden, batch=cfg.pipeline_batch, dtype=str(dt).replace("torch.", ""),
-                       world_size=n)
-    stages.clear()
-    H.free(ctx)

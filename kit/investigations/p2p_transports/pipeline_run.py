@@ -1,0 +1,208 @@
+"""Experiment ``pipeline``: the 1F1B pipeline of :mod:`.pipeline` over a transport, driven two ways, and the
+parts a model of its iteration time needs.
+
+Drivers (``cfg.pipeline_drivers``):
+
+* ``host`` -- what a PyTorch program does: each process issues its stages' kernels and transfers from Python,
+  step by step (one thread taking turns over every stage for an in-process transport: :func:`.pipeline.drive`).
+* ``device`` -- the host out of the way, where the transport allows it (asked by capability): an in-process
+  transport gets one thread per stage (:func:`.pipeline.drive_threads`); a transport whose transfers can be
+  captured (``caps.graph_capture``, NCCL) runs each stage's whole iteration as one CUDA graph, captured once
+  after two eager iterations and replayed (:func:`graph_iteration`). Any other transport -- the IPC mailbox
+  hands messages over through shared-memory counters on the host, and one process per stage already drives
+  it -- gets a ``skipped`` row that says so.
+
+Rows:
+
+* ``pipeline`` -- per driver, step and stage: wall-clock per iteration from a barrier to every GPU idle, the
+  loss and the stage's gradient norm (equal across transports and drivers: they compute the same thing);
+* ``pipeline_part`` -- ``part`` ``F`` / ``B``: one micro-batch's forward / backward on a stage alone (CUDA
+  events, ``repeats`` samples), ``transfer``: one activation between neighbouring stages over the transport
+  (:func:`.harness.timed_rows`); the model (:mod:`.pipeline_analysis`) predicts the iteration from them;
+* ``trace`` -- one profiled iteration per driver (``experiment=pipeline``), for the timeline and the
+  host-caused idle time.
+
+Copy-engine transports get a communication stream per GPU so a transfer overlaps the stage's next compute;
+NCCL runs on an internal stream of its own.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from contextlib import nullcontext
+
+from ... import timing, traces
+from . import harness as H
+from .pipeline import Stage, drive, drive_threads, forward, loss_of
+
+DRIVERS = ("host", "device")
+PART_WARMUP = 20  # forward+backward pairs before the timed ones: ~30 ms of GEMMs, so the GPU's clocks have ramped
+# up (after 3 warm-ups on 2xH200 a stage's backward still spread 0.93-1.28 ms, and the model came out 11% high)
+
+
+def device_driver(T) -> str | None:
+    """How ``T`` is driven device-bound (``threads`` / ``graph``), or None."""
+    if T.caps.in_process:
+        return "threads"
+    if T.caps.graph_capture and T.caps.cuda:
+        return "graph"
+    return None
+
+
+def why_no_device_driver(T) -> str:
+    return (f"{T.name} has no device-bound driver: its transfers cannot be captured in a CUDA graph "
+            "(caps.graph_capture: the hand-over runs on the host) and it is not driven from one process "
+            "(caps.in_process: each stage already has its own process and thread); its host-driven run is the only one")
+
+
+class Pipeline:
+    """This process's stages, their devices and communication streams, and one iteration per driver."""
+
+    def __init__(self, cfg, ctx, T, S, dt):
+        import torch
+
+        self.cfg, self.ctx, self.T, self.S = cfg, ctx, T, S
+        self.n = ctx.world_size
+        mine = (list(range(self.n)) if ctx.rank == 0 else []) if T.caps.in_process else [ctx.rank]
+        self.stages = {s: Stage(s, self.n, cfg.pipeline_layers, cfg.pipeline_hidden, cfg.pipeline_batch,
+                                cfg.pipeline_micro_batches, T.device(s), dt) for s in mine}
+        self.devs = sorted({st.device.index for st in self.stages.values()}) if S.is_cuda else []
+        self.comm = {d: torch.cuda.Stream(d) for d in self.devs} if T.caps.copy_engine and self.devs else None
+        self.graph = None
+
+    def programs(self):
+        for s, st in self.stages.items():
+            st.zero_grad()
+            yield st.iteration(self.T, s - 1 if s > 0 else None, s + 1 if s < self.n - 1 else None, self.comm)
+
+    def sync(self) -> None:
+        import torch
+
+        for d in self.devs:
+            torch.cuda.synchronize(d)
+
+    def host(self) -> None:
+        drive(list(self.programs()), self.T)
+        self.sync()
+
+    def threads(self) -> None:
+        drive_threads(list(self.programs()), self.T, [st.device for st in self.stages.values()])
+        self.sync()
+
+    def graph_iteration(self) -> None:
+        """Replay the captured iteration (captured on first use: two eager iterations on a side stream, as
+        PyTorch documents for graphs with autograd, then the capture; NCCL's P2P connections exist by then)."""
+        import torch
+
+        if self.graph is None:
+            dev = self.ctx.device
+            side = torch.cuda.Stream(dev)
+            side.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    drive(list(self.programs()), self.T)
+            torch.cuda.current_stream(dev).wait_stream(side)
+            self.sync()
+            self.S.barrier()
+            g = torch.cuda.CUDAGraph()
+            progs = list(self.programs())  # zero_grad outside: the captured backward writes fresh gradients
+            with torch.cuda.graph(g):
+                drive(progs, self.T)
+            self.sync()
+            self.graph = g
+        self.graph.replay()
+        self.sync()
+
+    def run(self, driver: str):
+        return {"host": self.host, "threads": self.threads, "graph": self.graph_iteration}[driver]
+
+
+def experiment(cfg, ctx, T, S):
+    """Rows ``pipeline``, ``pipeline_part``, ``trace`` and ``skipped`` (see the module docstring)."""
+    import torch
+
+    n = ctx.world_size
+    if T.caps.in_process and torch.cuda.device_count() < n:
+        yield dict(kind="skipped", transport=T.name, experiment="pipeline", rank=ctx.rank,
+                   reason=f"{n} stages need {n} GPUs in one process")
+        return
+    dt = H.compute_dtype(cfg, ctx, cuda=S.is_cuda)
+    elem = torch.tensor([], dtype=dt).element_size()
+    act = cfg.pipeline_batch * cfg.pipeline_hidden * elem
+    T.setup([(s, s + 1) for s in range(n - 1)] + [(s + 1, s) for s in range(n - 1)], act)
+    P = Pipeline(cfg, ctx, T, S, dt)
+    keys = dict(transport=T.name, micro_batches=cfg.pipeline_micro_batches, layers=cfg.pipeline_layers,
+                hidden=cfg.pipeline_hidden, batch=cfg.pipeline_batch, dtype=str(dt).replace("torch.", ""),
+                world_size=n)
+    yield from parts(cfg, ctx, T, S, P, keys, act)
+    for driver in cfg.pipeline_drivers:
+        how = "host" if driver == "host" else device_driver(T)
+        if how is None:
+            yield dict(kind="skipped", transport=T.name, experiment=f"pipeline {driver}", rank=ctx.rank,
+                       reason=why_no_device_driver(T))
+            continue
+        step_fn = P.run(how)
+        for step in range(-2, cfg.pipeline_steps):
+            ctx.step(f"{T.name} pipeline {driver} step {step}")
+            S.barrier()
+            t0 = time.perf_counter()
+            step_fn()
+            t = (time.perf_counter() - t0) * 1e6
+            if step < 0:
+                continue
+            for s, st in P.stages.items():
+                gn = math.sqrt(sum(float(w.grad.float().pow(2).sum()) for w in st.weights))
+                yield dict(keys, kind="pipeline", driver=driver, how=how, step=step, stage=s, time_us=t,
+                           loss=float(st.loss) if s == n - 1 else math.nan, grad_norm=gn)
+        if cfg.profile and S.is_cuda:
+            ctx.step(f"{T.name} pipeline {driver} profile")
+            path = traces.trace_path(ctx, experiment="pipeline", transport=T.name, driver=driver)
+            timing.trace_steps(step_fn, S, 1, path, record_shapes=False)
+            if P.stages:
+                yield dict(kind="trace", experiment="pipeline", transport=T.name, driver=driver,
+                           path=str(path.relative_to(ctx.run_dir)), rank=ctx.rank)
+            else:
+                path.unlink(missing_ok=True)
+        P.graph = None
+    P.stages.clear()
+    H.free(ctx)
+
+
+def parts(cfg, ctx, T, S, P: Pipeline, keys: dict, act: int):
+    """``pipeline_part`` rows: each stage's forward and backward of one micro-batch alone, and one activation
+    sent between neighbours over ``T``."""
+    for s, st in P.stages.items():
+        ctx.step(f"{T.name} pipeline parts stage {s}")
+        for i, us in enumerate(_compute_times(st, s == P.n - 1, max(cfg.warmup, PART_WARMUP), cfg.repeats, S.is_cuda)):
+            yield from (dict(keys, kind="pipeline_part", part=part, stage=s, sample=i, time_us=us[part])
+                        for part in ("F", "B"))
+    for s in range(P.n - 1):
+        ctx.step(f"{T.name} pipeline parts transfer {s}->{s + 1}")
+        yield from H.timed_rows(cfg, ctx, T, S, [(s, s + 1, act)],
+                                dict(keys, part="transfer", src=s, dst=s + 1, bytes=act), kind="pipeline_part")
+    H.free(ctx)
+
+
+def _compute_times(st: Stage, last: bool, warmup: int, repeats: int, cuda: bool) -> list[dict]:
+    """Per sample, {"F": us, "B": us}: one forward and one backward of a micro-batch on stage ``st`` alone."""
+    import torch
+
+    x0 = st.inputs[0] if st.inputs is not None else torch.randn(st.batch, st.hidden, device=st.device, dtype=st.dtype)
+    g = torch.randn(st.batch, st.hidden, device=st.device, dtype=st.dtype)
+    out = []
+    with torch.cuda.device(st.device) if cuda else nullcontext():
+        for i in range(-warmup, repeats):
+            x = x0.detach().requires_grad_(st.stage > 0)
+            timer = timing.PhaseTimer(cuda)
+            with timer.phase("F"):
+                y = forward(st.weights, x)
+                if last:
+                    y = loss_of(y, st.m)
+            with timer.phase("B"):
+                y.backward(None if last else g)
+            us = timer.read()
+            st.zero_grad()
+            if i >= 0:
+                out.append(us)
+    return out
