@@ -272,3 +272,21 @@ def test_census_capture_leaves_debug_mode_off(monkeypatch, tmp_path):
     assert calls == [("new", None), ("debug",)]
     calls.clear()
     assert experiment.capture(lambda: None, None) is None and calls == []  # no dump: a plain capture
+
+
+def test_record_node_probe_without_nccl():
+    """The committed no-NCCL probe (one H200): graphs whose side stream records one shared external event after
+    every tiny kernel idle more and more along the replay; the same graphs without those record nodes do not."""
+    from kit.investigations.graph_gaps import INVESTIGATION, probe_table
+
+    t = probe_table().set_index(["hidden", "layers", "graph"])
+    assert len(t) == 6
+    q = [f"idle_per_layer_q{i}_us" for i in range(1, 5)]
+    for hidden, layers in ((2048, 160), (2048, 640), (4096, 640)):
+        plain, ext = t.loc[(hidden, layers, "plain")], t.loc[(hidden, layers, "ext")]
+        assert plain[q].max() < 2.0  # ~1.2-1.6 us per layer: launch-to-launch inside the graph
+        assert ext[q].iloc[0] > 20 and ext[q].iloc[2] > 4 * ext[q].iloc[0] / 2  # grows along the replay
+        assert ext.idle_ms > 40 * plain.idle_ms
+        assert ext.replay_per_layer_us > plain.replay_per_layer_us
+    assert t.loc[(2048, 160, "ext"), q].tolist() == pytest.approx([23.6, 68.3, 114.5, 158.1], abs=0.1)
+    assert INVESTIGATION.table("record_node_probe", None).equals(probe_table())

@@ -37,7 +37,7 @@ numbers. Hence ``needs = Needs(ranks=1)``.
 
 Package layout: :mod:`.experiment` (Config, model, the rank function), :mod:`.analysis` (tables, kept-trace
 gaps), :mod:`.figures`, :mod:`.findings`, :mod:`.mechanism` (the mechanism experiments, their tables and
-figures).
+figures), :mod:`.record_probe` (the no-NCCL control: event-record nodes alone).
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from .figures import FIGURES
 from .findings import findings
 from .mechanism import (edges_table, gap_by_position, gap_vs_work, launch_profile_table, position_table,
                         replay_table, work_table)
+from .record_probe import probe_table
 
 INVESTIGATION = Investigation(
     name="graph_gaps",
@@ -59,7 +60,7 @@ INVESTIGATION = Investigation(
     tables={"forward": table_forward, "gaps": table_gaps, "census": table_census, "launch": table_launch,
             "position": lambda runs: position_table(runs.df), "work": lambda runs: work_table(runs.df),
             "replays": lambda runs: replay_table(runs.df), "edges": lambda runs: edges_table(runs.df),
-            "launch_profile": lambda runs: launch_profile_table(runs.df)},
+            "launch_profile": lambda runs: launch_profile_table(runs.df), "record_node_probe": probe_table},
     figures={**FIGURES, "gap-by-position": gap_by_position, "gap-vs-work": gap_vs_work},
     findings=findings,
     needs=Needs(ranks=1),
@@ -69,4 +70,4 @@ INVESTIGATION = Investigation(
 __all__ = ["Config", "FIGURES", "INVESTIGATION", "NO_NCCL", "build_forward", "capture", "census_table", "findings",
            "forward_table", "gaps_table", "kept_trace_gaps", "launch_table", "one_layer_window", "run", "timed_rows",
            "edges_table", "gap_by_position", "gap_vs_work", "launch_profile_table", "position_table", "replay_table",
-           "work_table"]
+           "work_table", "probe_table"]

@@ -1,0 +1,62 @@
+"""The no-NCCL control of the mechanism: does the growing gap need NCCL, or only the graph structure NCCL's
+mixing support builds?
+
+A standalone probe (``recorded/graph_gaps-nonccl-h200/gg_nonccl.py``, run once on one H200 -- it needs one GPU and
+no communicator) captures N layers of ``tanh(x @ W)`` (fp32, TF32 off) where, after each GEMM, a side stream
+runs one tiny kernel (the stand-in for the collective) and is joined back. In the ``ext`` graphs the side stream
+also records *one shared* external event after every tiny kernel -- what ``ncclStrongStreamRelease`` adds with
+``GRAPH_MIXING_SUPPORT`` on (``cudaGraphAddEventRecordNode`` of ``serialEvent``, NCCL ``src/misc/strongstream.cc``)
+-- and in the ``plain`` graphs it does not. Nothing else differs. Its profiled replays are committed beside the
+script; :func:`probe_table` reads them with :mod:`kit.traces` and states the GPU's idle time per layer along the
+replay.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from ... import traces
+from ...results import RECORDED_ROOT
+
+PROBE = RECORDED_ROOT / "graph_gaps-nonccl-h200"
+_NAME = re.compile(r"h(?P<hidden>\d+)_n(?P<layers>\d+)_(?P<graph>ext|plain)\.json\.gz$")
+TINY = "CUDAFunctorOnSelf_add"  # the side stream's kernel: one layer ends with it
+
+
+def idle_by_layer(path) -> "pd.Series":
+    """Idle GPU time (us) per layer of one replay: for every activity, its start minus the latest end of any
+    earlier activity (0 when it overlaps), summed per layer (a layer ends with the tiny kernel)."""
+    import numpy as np
+    import pandas as pd
+
+    g = traces.load_trace(path, cpu="none").gpu.sort_values("ts").reset_index(drop=True)
+    tiny = g["name"].astype(str).str.contains(TINY).to_numpy()
+    layer = np.cumsum(np.r_[0, tiny[:-1]])
+    ends = np.maximum.accumulate(g["end"].to_numpy())
+    gap = np.clip(np.r_[0.0, g["ts"].to_numpy()[1:] - ends[:-1]], 0, None)
+    return pd.Series(np.bincount(layer, weights=gap), name="idle_us")
+
+
+def probe_table(_runs=None, probe: str | Path = PROBE, quarters: int = 4) -> "pd.DataFrame":
+    """Per probe graph (hidden, N, ext/plain): replay time per layer (CUDA events, median of 5), the idle time of
+    the profiled replay, and the idle per layer in each quarter of the replay. Empty without the probe."""
+    import numpy as np
+    import pandas as pd
+
+    probe = Path(probe)
+    timed = json.loads((probe / "nonccl.json").read_text()) if (probe / "nonccl.json").exists() else {}
+    rows = []
+    for f in sorted(probe.glob("*.json.gz")):
+        m = _NAME.search(f.name)
+        if not m:
+            continue
+        per = idle_by_layer(f)
+        key = f.name[: -len(".json.gz")]
+        row = dict(hidden=int(m["hidden"]), layers=int(m["layers"]), graph=m["graph"],
+                   replay_per_layer_us=timed.get(key, {}).get("per_layer_us", np.nan), idle_ms=per.sum() / 1e3)
+        for i, q in enumerate(np.array_split(per.to_numpy()[1:], quarters)):
+            row[f"idle_per_layer_q{i + 1}_us"] = float(q.mean())
+        rows.append(row)
+    return pd.DataFrame(rows).sort_values(["hidden", "layers", "graph"]).reset_index(drop=True) if rows else pd.DataFrame()
