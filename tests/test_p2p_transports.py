@@ -459,7 +459,7 @@ def test_pipeline_drivers_model_and_timeline_of_the_recorded_gpu_run():
     assert mo.bubble_fraction.eq(1 / 9).all()
     parts = PA.parts(runs)
     assert set(parts.part) == {"F", "B", "transfer"} and (parts.time_us_n == 10).all()
-    idle = PA.idle(runs).set_index(["transport", "driver", "device"])
+    idle = PA.idle(runs).set_index(["transport", "driver", "device"]).sort_index()
     assert idle.loc[("nccl", "device"), "host_idle_us"].max() == 0  # the graph replay: no GPU waits for a launch
     assert idle.loc[("copy", "host"), "host_idle_us"].min() > 8000  # one Python thread driving both GPUs
     assert (idle.busy_share <= 1).all() and (idle.busy_us > 0).all()

@@ -114,6 +114,33 @@ def _kernel(name, ts, dur, device=0, stream=7, **args):
             "args": {"device": device, "stream": stream, **args}}
 
 
+def test_trace_gaps_reads_arrays_without_pandas_and_agrees_with_the_frames(tmp_path):
+    """`kit trace gaps FILE` works on the trace's columns as arrays (no DataFrame, no pandas import: 0.3-0.4 s
+    of a command); its result is the one the DataFrame path (gaps + gap_summary) gives, on two devices with
+    overlapping streams, ties and a stall, and on a real trace."""
+    evs = [_kernel("gemmA", 0, 10), _kernel("ncclDevKernel_B", 4, 2, stream=8), _kernel("gemmC", 17, 3),
+           _kernel("gemmT", 17, 1, stream=8), _kernel("ncclDevKernel_D", 3020, 1),
+           {**_kernel("memcpy", 20, 30, device=1), "cat": "gpu_memcpy"}, _kernel("gemmE", 55.125, 1, device=1),
+           _kernel("ncclDevKernel_F", 56.5, 1, device=1), {**_kernel("flow", 60, 1, device=1), "ph": "f"}]
+    two = _write(tmp_path, "two.json", evs, distributedInfo={"rank": 3, "world_size": 4})
+    code = ("import json, sys; from kit.traces import trace_gaps; "
+            "r = [trace_gaps(p, 1000.0, cache=False) for p in sys.argv[1:]]; "
+            "print(json.dumps({'res': r, 'pandas': 'pandas' in sys.modules}))")
+    real = DATA / "graph_N10_default_rank0.json.gz"
+    p = subprocess.run([sys.executable, "-c", code, str(two), str(real)], capture_output=True, text=True, cwd=ROOT)
+    out = json.loads(p.stdout)
+    assert out["pandas"] is False, "trace_gaps on one file imported pandas"
+    for path, res in zip((two, real), out["res"]):
+        t = traces.load_trace(path, cpu="none", cache=False)
+        g = traces.gaps(t.gpu, 1000.0)
+        assert {k: res[k] for k in ("summary", "per_gpu")} == traces.gap_summary(g)
+        assert res["kernels"] == int((t.gpu["cat"] == "kernel").sum()) and res["nccl_kernels"] == int(t.gpu.nccl.sum())
+    res = out["res"][0]
+    assert set(res["per_gpu"]) == {"0", "1"} and res["summary"]["stalls"] == 1
+    assert res["per_gpu"]["1"]["before_other_us"] == {"count": 1, "median": 5.125, "p90": 5.125, "max": 5.125}
+    assert res["per_gpu"]["1"]["before_nccl_us"]["max"] == 0.375  # sub-us gaps kept exactly
+
+
 def test_load_trace_frames_on_a_real_nccl_trace():
     t = traces.load_trace(DATA / "colls_rank0.json.gz")
     assert list(t.gpu.columns) == list(traces.GPU_COLUMNS) and list(t.cpu.columns) == list(traces.CPU_COLUMNS)
@@ -275,6 +302,34 @@ def test_merge_decodes_each_file_once_more_than_its_offsets_need(monkeypatch, tm
     calls.clear()
     traces.merge(tp, tmp_path / "m2.json.gz")
     assert sorted(calls) == sorted(map(str, tp))
+
+
+def test_merge_copies_every_event_with_only_pid_and_ts_changed(tmp_path):
+    """merge decodes only pid and ts; every other value (args, names, flows) is the source's, value for value."""
+    tp = [DATA / "tp_rank0.json.gz", DATA / "tp_rank1.json.gz"]
+    info = traces.merge(tp, tmp_path / "m.json", cache=False)
+    merged = json.loads((tmp_path / "m.json").read_text())["traceEvents"]
+    meta = {("M", "process_name"), ("M", "process_sort_index")}
+    out = [e for e in merged if (e.get("ph"), e.get("name")) not in meta]
+    src = []
+    pids = {}
+    for f in tp:
+        t = json.loads(gzip.decompress(f.read_bytes()))
+        r = t["distributedInfo"]["rank"]
+        for e in t["traceEvents"]:
+            if (e.get("ph"), e.get("name")) in meta:
+                continue
+            pids.setdefault((r, e.get("pid")), len(pids))
+            src.append((r, e))
+    assert len(out) == len(src)
+    new_pid = {}
+    for o, (r, e) in zip(out, src):
+        assert {k: v for k, v in o.items() if k not in ("pid", "ts")} == {k: v for k, v in e.items()
+                                                                          if k not in ("pid", "ts")}
+        assert new_pid.setdefault((r, e.get("pid")), o["pid"]) == o["pid"]  # one merged pid per (rank, pid)
+        if "ts" in e:
+            assert o["ts"] == float(e["ts"]) + info["offsets_us"][r]
+    assert len(set(new_pid.values())) == len(pids)
 
 
 def test_aligned_gpu_puts_ranks_on_one_clock():

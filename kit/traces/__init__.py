@@ -5,7 +5,8 @@ Works on any trace ``torch.profiler`` (Kineto) writes, not only the kit's: point
 The layer, bottom up:
 
 * :mod:`~kit.traces.parse` -- the only JSON decoding: msgspec, into structs that hold only the declared fields,
-  a chunk of events at a time (a 100 MB trace: ~1 s, ~240 MB peak for ``kit trace gaps``).
+  a chunk of events at a time (a 100 MB trace: ~0.8 s, ~240 MB peak for ``kit trace gaps``; the frames are
+  numpy columns, :mod:`~kit.traces.columns`, until a DataFrame is asked for).
 * :mod:`~kit.traces.cache` -- the parsed frames in Parquet beside the trace (``.kitcache/``), keyed by the file
   and the kit's trace-layer version; a re-opened 100 MB trace's GPU frame comes back in ~0.06 s.
 * :mod:`~kit.traces.jobs` -- many ranks: ``expand(files|dirs|globs)``, ``map_ranks(paths, fn, workers=, client=)``:

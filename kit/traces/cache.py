@@ -173,7 +173,7 @@ def _read_frame(src: Path) -> tuple["pd.DataFrame", dict[str, Any]]:
     import pandas as pd
     import pyarrow.parquet as pq
 
-    from .frames import CATEGORY_COLUMNS
+    from .columns import CATEGORY_COLUMNS
 
     table = pq.read_table(src)
     meta = json.loads((table.schema.metadata or {})[b"kit"])

@@ -35,9 +35,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Mapping
 
 
-from .parse import args, args_type, names
+from .columns import Columns, to_columns
+from .parse import arg_columns, names
 
 if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
     import pandas as pd
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -157,18 +159,42 @@ class TraceInfo:
 CpuMode = Literal["none", "comm", "default", "all"]
 
 
-@dataclass(repr=False)
 class Trace:
     """One parsed trace file (see the module docstring). ``events`` holds the raw kept events only when
-    loaded with ``raw=True`` (what :func:`kit.traces.merge` writes back out)."""
+    loaded with ``raw=True`` (what :func:`kit.traces.merge` writes back out).
 
-    path: Path | None
-    gpu: "pd.DataFrame"
-    cpu: "pd.DataFrame"
-    info: TraceInfo
-    adapter: str
-    header: dict = field(default_factory=dict)
-    events: list[dict] | None = None
+    ``gpu`` and ``cpu`` may be given as :class:`Columns` (what the frame builder makes): each becomes its
+    DataFrame on first access, so a caller that needs only a few columns as arrays (:meth:`array`: ``kit trace
+    gaps``) never builds the frames -- nor imports pandas (0.3-0.4 s of a command on a 2-core box)."""
+
+    def __init__(self, path: Path | None, gpu: "pd.DataFrame | Columns", cpu: "pd.DataFrame | Columns",
+                 info: TraceInfo, adapter: str, header: dict | None = None, events: list[dict] | None = None):
+        self.path, self.info, self.adapter = path, info, adapter
+        self.header = {} if header is None else header
+        self.events = events
+        self._frames: dict[str, Any] = {"gpu": gpu, "cpu": cpu}
+
+    def _frame(self, which: str) -> "pd.DataFrame":
+        f = self._frames[which]
+        if isinstance(f, Columns):
+            f = self._frames[which] = f.frame()
+        return f
+
+    @property
+    def gpu(self) -> "pd.DataFrame":
+        """One row per GPU activity, columns :data:`GPU_COLUMNS`."""
+        return self._frame("gpu")
+
+    @property
+    def cpu(self) -> "pd.DataFrame":
+        """The kept CPU events, columns :data:`CPU_COLUMNS`."""
+        return self._frame("cpu")
+
+    def array(self, which: str, column: str) -> "np.ndarray":
+        """One column of the ``gpu`` or ``cpu`` frame as a numpy array (a categorical column: an object array
+        of its values), read off the :class:`Columns` while the DataFrame is not built."""
+        f = self._frames[which]
+        return f.array(column) if isinstance(f, Columns) else f[column].to_numpy()
 
     @cached_property
     def collectives(self) -> "pd.DataFrame":
@@ -231,7 +257,7 @@ def load_trace(path: str | Path, *, cpu: CpuMode = "default", raw: bool = False,
     (on, unless ``KIT_TRACE_CACHE=0``).
     """
     from . import cache as _cache
-    from .parse import decode, load
+    from .parse import decode, load, paused_gc
 
     p = Path(path)
     use_cache = not raw and _cache.enabled(cache)
@@ -251,8 +277,9 @@ def load_trace(path: str | Path, *, cpu: CpuMode = "default", raw: bool = False,
     cats = None
     if cpu in ("none", "comm"):
         cats = {r for a in ADAPTERS for r, c in a.cats.items() if c in GPU_CATS or (cpu == "comm" and c == "user_annotation")}
-    header, n_events, chunks = decode(p, cats)
-    t = _build(header, chunks, path=p, adapter=adapter, cpu=cpu, n_events=n_events)
+    with paused_gc():
+        header, n_events, chunks = decode(p, cats)
+        t = _build(header, chunks, path=p, adapter=adapter, cpu=cpu, n_events=n_events)
     if use_cache:
         _cache.write(p, cpu, adapter, t)
     return t
@@ -297,11 +324,10 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
            cpu: CpuMode, n_events: int | None = None) -> Trace:
     """Frames from decoded events, chunk by chunk (:func:`kit.traces.parse.decode`): in each chunk two list
     comprehensions pick the GPU and the kept CPU events, their names and args are decoded in one call each
-    (:func:`kit.traces.parse.names`/``args``), and every column grows by one comprehension -- no per-event
+    (:func:`kit.traces.parse.names`/``arg_columns``), and every column grows by one comprehension -- no per-event
     dict or row tuple, and a chunk's events are dropped before the next is decoded."""
     ad = adapter or adapter_for(header)
-    keys = raw_arg_keys()
-    _, attr = args_type(keys)
+    keys = tuple(sorted({*raw_arg_keys(), *ad.args}))  # a forced adapter may declare keys ADAPTERS do not
     raw_of = lambda *cs: {r for r, c in ad.cats.items() if c in cs}  # noqa: E731
     gpu_raw = raw_of(*GPU_CATS)
     whole = {"none": set(), "all": raw_of(*CPU_CATS), "comm": set(),
@@ -310,46 +336,37 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
     """CPU events kept whole, and those kept only when their name says so (decoded only for these)"""
     keep_cpu = _cpu_filter(cpu)
     by_col = ad._by_col  # type: ignore[attr-defined]
-    cols_of = {c: tuple(attr[r] for r in by_col.get(c, ())) for c in ARG_COLUMNS}
     g_cols = [c for c in GPU_COLUMNS if c in ARG_COLUMNS and c not in ("device", "stream")]
     c_cols = [c for c in CPU_COLUMNS if c in ARG_COLUMNS]
     g: dict[str, list] = {c: [] for c in ("name", "cat", "ts", "dur", "device", "stream", *g_cols)}
     cc: dict[str, list] = {c: [] for c in ("name", "cat", "ts", "dur", "pid", "tid", *c_cols)}
 
-    def arg(a: list, col: str) -> list:
-        ns = cols_of[col]
-        if not ns:
-            return [None] * len(a)
-        if len(ns) == 1:
-            n = ns[0]
-            return [None if x is None else getattr(x, n) for x in a]
-        out = []
-        for x in a:
-            v = None
-            if x is not None:
-                for n in ns:
-                    v = getattr(x, n)
-                    if v is not None:
-                        break
-            out.append(v)
+    def arg(a: dict[str, tuple], col: str, n: int) -> list:
+        """A column from the args columns: its first raw key's values, where None the next key's, ..."""
+        raws = by_col.get(col, ())
+        if not raws:
+            return [None] * n
+        out = list(a[raws[0]])
+        for r in raws[1:]:
+            out = [y if x is None else x for x, y in zip(out, a[r])]
         return out
 
-    def add(into: dict[str, list], evs: list, nm: list) -> list:
+    def add(into: dict[str, list], evs: list, nm: list) -> dict[str, tuple]:
         into["name"] += nm
         into["cat"] += [ad.cats[e.cat] for e in evs]
         into["ts"] += [e.ts for e in evs]
         into["dur"] += [e.dur for e in evs]
-        return args(evs, keys)
+        return arg_columns(evs, keys)
 
     seen = 0
     for events in chunks:
         seen += len(events)
         g_ev = [e for e in events if e.cat in gpu_raw and e.ph == "X"]
         a = add(g, g_ev, names(g_ev))
-        g["device"] += [e.pid if d is None else d for e, d in zip(g_ev, arg(a, "device"))]
-        g["stream"] += [e.tid if s is None else s for e, s in zip(g_ev, arg(a, "stream"))]
+        g["device"] += [e.pid if d is None else d for e, d in zip(g_ev, arg(a, "device", len(g_ev)))]
+        g["stream"] += [e.tid if s is None else s for e, s in zip(g_ev, arg(a, "stream", len(g_ev)))]
         for c in g_cols:
-            g[c] += arg(a, c)
+            g[c] += arg(a, c, len(g_ev))
         c_ev = [e for e in events if e.cat in whole and e.ph == "X"]
         c_names = names(c_ev)
         if by_name:
@@ -361,12 +378,14 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
         cc["pid"] += [e.pid for e in c_ev]
         cc["tid"] += [e.tid for e in c_ev]
         for c in c_cols:
-            cc[c] += arg(a, c)
+            cc[c] += arg(a, c, len(c_ev))
         del events, g_ev, c_ev, a
-    cpu_df = _frame(cc, CPU_COLUMNS)
-    if by_name and len(cpu_df):  # the name-selected events were appended: back to time order
-        cpu_df = cpu_df.sort_values("ts", kind="stable", ignore_index=True)
-    return Trace(path=path, gpu=_frame(g, GPU_COLUMNS), cpu=cpu_df,
+    cpu_cols = to_columns(cc, CPU_COLUMNS)
+    if by_name and cpu_cols.n:  # the name-selected events were appended: back to time order
+        import numpy as np
+
+        cpu_cols = cpu_cols.take(np.argsort(cpu_cols.values["ts"], kind="stable"))
+    return Trace(path=path, gpu=to_columns(g, GPU_COLUMNS), cpu=cpu_cols,
                  info=trace_info(header, ad, seen if n_events is None else n_events), adapter=ad.name, header=header)
 
 
@@ -381,46 +400,6 @@ def trace_info(header: Mapping[str, Any], ad: Adapter, events: int) -> TraceInfo
     pg = fields.get("pg_config")
     fields["pg_config"] = tuple(pg) if isinstance(pg, (list, tuple)) else ()
     return TraceInfo(**fields, events=events)
-
-
-INT_COLUMNS = ("device", "stream", "pid", "tid")
-"""int64 when every value is an integer (Kineto: always, for GPU events), else left as they are"""
-NUM_COLUMNS = ("correlation", "external_id", "in_nelems", "out_nelems", "group_size", "seq")
-"""float64, NaN where the event has none: ids and counts below 2**53 are exact"""
-CATEGORY_COLUMNS = ("name", "cat")
-"""categorical: half a million kernel/op names are a few thousand distinct strings"""
-
-
-def _frame(cols: dict[str, list], columns: tuple[str, ...]) -> "pd.DataFrame":
-    """A frame with narrow dtypes (:data:`INT_COLUMNS`, :data:`NUM_COLUMNS`, :data:`CATEGORY_COLUMNS`); string
-    metadata (collective, dtype, process group) stays object: mostly None, and code compares and fills it
-    like strings."""
-    import numpy as np
-    import pandas as pd
-
-    n = len(cols["name"])
-    out: dict[str, Any] = {}
-    for c in columns:
-        v = cols.get(c)
-        if c == "end":
-            continue
-        if c in ("ts", "dur"):
-            out[c] = np.array([0.0 if x is None else x for x in v], dtype=np.float64)
-        elif c == "nccl":  # decided once per distinct name, not per kernel
-            cats = pd.Categorical(cols["name"])
-            is_nccl = np.array([is_nccl_kernel(x) for x in cats.categories], dtype=bool)
-            out[c] = (is_nccl[cats.codes] if n else np.zeros(0, dtype=bool)) & (np.array(cols["cat"]) == "kernel")
-        elif c in CATEGORY_COLUMNS:
-            out[c] = pd.Categorical([x if isinstance(x, str) else ("" if x is None else str(x)) for x in v])
-        elif c in NUM_COLUMNS:
-            out[c] = pd.to_numeric(pd.Series(v, dtype=object), errors="coerce").astype(np.float64)
-        elif c in INT_COLUMNS and n and all(type(x) is int for x in v):
-            out[c] = np.array(v, dtype=np.int64)
-        else:
-            out[c] = pd.Series(v, dtype=object)
-    df = pd.DataFrame(out, index=pd.RangeIndex(n))
-    df["end"] = df["ts"] + df["dur"]
-    return df[list(columns)]
 
 
 def gpu_events(trace: Mapping[str, Any] | Trace) -> "pd.DataFrame":

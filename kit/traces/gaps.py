@@ -32,10 +32,47 @@ if TYPE_CHECKING:  # pragma: no cover
 DEFAULT_STALL_US = 1000.0  # 1 ms: far above any launch gap, far below an iteration boundary of a real step
 
 
+def _device_codes(device: "np.ndarray") -> tuple["np.ndarray", "np.ndarray"]:
+    """``(code per row, distinct devices sorted)``; code -1 for a row without a device (left out, as pandas'
+    groupby leaves out NaN keys). Integer devices (Kineto's) by numpy; anything else through pandas."""
+    import numpy as np
+
+    if device.dtype.kind in "iu":
+        labels, codes = np.unique(device, return_inverse=True)
+        return codes.reshape(-1), labels
+    import pandas as pd
+
+    codes, labels = pd.factorize(pd.Series(device), sort=True)
+    return codes, np.asarray(labels)
+
+
+def _gap_rows(device: "np.ndarray", ts: "np.ndarray", end: "np.ndarray",
+              kernel: "np.ndarray") -> tuple["np.ndarray", "np.ndarray", "np.ndarray"]:
+    """The arithmetic of :func:`gaps` on arrays: ``(rows, gap_us, device code)`` of the kernels that have a
+    predecessor, ``rows`` indexing the input, in the order device, ts, end (stable: ties keep the input's
+    order). Per device the running maximum of the earlier activities' ends is ``np.maximum.accumulate`` over
+    that device's rows alone."""
+    import numpy as np
+
+    codes, _ = _device_codes(device)
+    ts, end = np.asarray(ts, dtype=float), np.asarray(end, dtype=float)
+    order = np.lexsort((end, ts, codes))
+    order = order[codes[order] >= 0]
+    c, e = codes[order], end[order]
+    prev = np.full(len(order), np.nan)
+    cuts = np.flatnonzero(np.diff(c)) + 1
+    for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(order)]):
+        if b - a > 1:  # the first activity of a device has no predecessor: NaN
+            prev[a + 1:b] = np.maximum.accumulate(e[a:b - 1])
+    gap = np.clip(ts[order] - prev, 0, None)
+    sel = np.asarray(kernel, dtype=bool)[order] & ~np.isnan(gap)
+    return order[sel], gap[sel], c[sel]
+
+
 def gaps(events: "pd.DataFrame", threshold_us: float = DEFAULT_STALL_US) -> "pd.DataFrame":
     """One row per kernel with ``gap_us`` (idle time of its GPU just before it, all streams), ``before``
-    ("nccl" or "other") and ``stall`` (gap above ``threshold_us``). See the module docstring. Empty in (or
-    without the GPU columns), empty out with the columns."""
+    ("nccl" or "other") and ``stall`` (gap above ``threshold_us``), ordered by device, then start. See the
+    module docstring. Empty in (or without the GPU columns), empty out with the columns."""
     import numpy as np
     import pandas as pd
 
@@ -43,16 +80,12 @@ def gaps(events: "pd.DataFrame", threshold_us: float = DEFAULT_STALL_US) -> "pd.
     empty = pd.DataFrame(columns=base + ["gap_us", "before", "stall"])
     if events is None or events.empty or not {"device", "ts", "end", "cat", "nccl"} <= set(events.columns):
         return empty
-    out = []
-    for _, d in events.groupby("device", sort=True):
-        d = d.sort_values(["ts", "end"], kind="stable")
-        prev_end = np.maximum.accumulate(d["end"].to_numpy(dtype=float))
-        prev_end = np.concatenate([[np.nan], prev_end[:-1]])
-        g = d.assign(gap_us=np.clip(d["ts"].to_numpy(dtype=float) - prev_end, 0, None))
-        out.append(g[(g["cat"] == "kernel") & g["gap_us"].notna()])
-    g = pd.concat(out, ignore_index=True)
-    if g.empty:
+    rows, gap, _ = _gap_rows(events["device"].to_numpy(), events["ts"].to_numpy(dtype=float),
+                             events["end"].to_numpy(dtype=float), (events["cat"] == "kernel").to_numpy(dtype=bool))
+    if not len(rows):
         return empty
+    g = events.iloc[rows].reset_index(drop=True)
+    g["gap_us"] = gap
     g["before"] = np.where(g["nccl"].astype(bool), "nccl", "other")
     g["stall"] = g["gap_us"] > threshold_us
     return g
@@ -65,30 +98,43 @@ def _stats(x) -> dict[str, float | None]:
     return {"count": s["n"], "median": s["median"], "p90": s["p90"], "max": float(max(x))}
 
 
+def _summary(device: "np.ndarray", gap: "np.ndarray", nccl: "np.ndarray", stall: "np.ndarray") -> dict[str, Any]:
+    """:func:`gap_summary` on the kernels' arrays."""
+    import numpy as np
+
+    def block(m):
+        ok = m & ~stall
+        return {"before_nccl_us": _stats(gap[ok & nccl].tolist()), "before_other_us": _stats(gap[ok & ~nccl].tolist()),
+                "stalls": int((m & stall).sum())}
+
+    codes, labels = _device_codes(device)
+    return {"summary": block(np.ones(len(gap), dtype=bool)),
+            "per_gpu": {str(dev): block(codes == i) for i, dev in enumerate(labels.tolist())}}
+
+
 def gap_summary(g: "pd.DataFrame") -> dict[str, Any]:
     """``{"summary": {"before_nccl_us": {count, median, p90, max}, "before_other_us": {...}, "stalls": n},
     "per_gpu": {device: {...same...}}}`` -- stalls (gaps above the threshold) excluded from the statistics."""
-    def block(d):
-        ok = d[~d["stall"].astype(bool)]
-        return {"before_nccl_us": _stats(ok[ok["before"] == "nccl"]["gap_us"].tolist()),
-                "before_other_us": _stats(ok[ok["before"] == "other"]["gap_us"].tolist()),
-                "stalls": int(d["stall"].astype(bool).sum())}
-
-    return {"summary": block(g), "per_gpu": {str(dev): block(d) for dev, d in g.groupby("device", sort=True)}}
+    return _summary(g["device"].to_numpy(), g["gap_us"].to_numpy(dtype=float), (g["before"] == "nccl").to_numpy(bool),
+                    g["stall"].to_numpy(dtype=bool))
 
 
-def _one_rank(path: str | Path, threshold_us: float, cache: bool | None) -> tuple[dict[str, Any], "pd.DataFrame",
-                                                                                 int | None]:
-    """One file's result (what ``kit trace gaps FILE`` prints), its gaps frame and its rank."""
+def _one_rank(path: str | Path, threshold_us: float, cache: bool | None) -> tuple[dict[str, Any], tuple, int | None]:
+    """One file's result (what ``kit trace gaps FILE`` prints), its kernels' ``(gap_us, nccl, stall)`` arrays
+    and its rank. Works on the trace's columns as arrays (:meth:`kit.traces.Trace.array`): no DataFrame is
+    built, and a parse without the cache never imports pandas."""
     t = load_trace(path, cpu="none", cache=cache)
-    ev = t.gpu
-    if not (ev["cat"] == "kernel").any():
+    device, ts, end, cat, nccl = (t.array("gpu", c) for c in ("device", "ts", "end", "cat", "nccl"))
+    kernel = cat == "kernel"
+    if not kernel.any():
         raise TraceError(f"{path}: the trace has no GPU kernels (was it recorded with ProfilerActivity.CUDA?)")
-    g = gaps(ev, threshold_us)
-    out = gap_summary(g)
-    out.update(trace=str(path), threshold_us=threshold_us, kernels=int((ev["cat"] == "kernel").sum()),
-               nccl_kernels=int(ev["nccl"].sum()), world_size=t.info.world_size)
-    return out, g, t.info.rank
+    rows, gap, _ = _gap_rows(device, ts, end, kernel)
+    k_nccl = nccl.astype(bool)[rows]
+    stall = gap > threshold_us
+    out = _summary(device[rows], gap, k_nccl, stall)
+    out.update(trace=str(path), threshold_us=threshold_us, kernels=int(kernel.sum()),
+               nccl_kernels=int(nccl.sum()), world_size=t.info.world_size)
+    return out, (gap, k_nccl, stall), t.info.rank
 
 
 def _ns_counts(x) -> tuple["np.ndarray", "np.ndarray"]:
@@ -106,9 +152,8 @@ def rank_gaps(path: str | Path, threshold_us: float = DEFAULT_STALL_US,
     """The per-rank part of :func:`trace_gaps` over many ranks: the rank's result (as for one file, with its
     ``rank``) and its non-stall gaps as ns counts per class (``nccl``/``other``) for the combined summary.
     Module-level so that worker processes and Dask can run it (:func:`kit.traces.jobs.map_ranks`)."""
-    res, g, rank = _one_rank(path, threshold_us, cache)
-    ok = g[~g["stall"].astype(bool)]
-    hist = {b: _ns_counts(ok[ok["before"] == b]["gap_us"]) for b in ("nccl", "other")}
+    res, (gap, nccl, stall), rank = _one_rank(path, threshold_us, cache)
+    hist = {"nccl": _ns_counts(gap[nccl & ~stall]), "other": _ns_counts(gap[~nccl & ~stall])}
     return {"rank": rank, **res}, hist
 
 

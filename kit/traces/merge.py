@@ -26,10 +26,14 @@ from typing import TYPE_CHECKING, Any, Iterable
 import msgspec
 
 from .frames import Trace, load_trace
-from .parse import TraceError, event_dicts
+from .parse import TraceError, event_dicts, values
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
+
+_NULL, _M = msgspec.Raw(b"null"), msgspec.Raw(b'"M"')
+_PROCESS_META = (msgspec.Raw(b'"process_name"'), msgspec.Raw(b'"process_sort_index"'))
+"""the raw JSON of the values merge compares (an event's own process metadata is replaced by the merged one)"""
 
 
 def _offsets(df: "pd.DataFrame", ranks: list[int]) -> dict[int, float]:
@@ -136,9 +140,9 @@ def merge(paths: Iterable[str | Path] | str | Path, out: str | Path, *, workers:
     Two passes, so that no process holds more than one rank's events: (1) the offsets from each rank's
     collective frame (per rank, in parallel with ``workers``/``client``; from the trace cache when
     ``kit trace collectives`` already parsed the file); (2) the merged file written rank by rank in this
-    process, each rank's events decoded a chunk at a time, shifted, renumbered and encoded straight to the
-    output (gzipped when ``out`` ends in ``.gz``; written to a temporary file beside it, renamed when
-    complete). ``paths``: rank traces, or a directory/glob of them. ``nccl``: NCCL profiler-plugin dumps to put
+    process, each rank's events decoded a chunk at a time (only their pid and ts: every other value is copied as
+    its JSON text), shifted, renumbered and encoded straight to the output (gzipped when ``out`` ends in
+    ``.gz``; written to a temporary file beside it, renamed when complete). ``paths``: rank traces, or a directory/glob of them. ``nccl``: NCCL profiler-plugin dumps to put
     under the kernels -- ``"auto"`` (those beside the traces or given among them), a list of files or
     directories, or None; an unreadable dump is a TraceError naming it."""
     from ..nccl_profiler.dump import DumpError, read_dump
@@ -174,21 +178,22 @@ def merge(paths: Iterable[str | Path] | str | Path, out: str | Path, *, workers:
 
             for path, r in ranked:
                 off = offsets.get(r, 0.0)
-                for events in event_dicts(path):
+                for events in event_dicts(path, raw_values=True):  # values raw: only pid and ts are decoded
+                    timed = [e for e in events if "ts" in e]
+                    for e, ts in zip(timed, values([e["ts"] for e in timed])):
+                        e["ts"] = float(ts) + off
                     kept = []
-                    for e in events:
-                        key = (r, e.get("pid"))
+                    for e, raw_pid in zip(events, values([e.get("pid", _NULL) for e in events])):
+                        key = (r, raw_pid)
                         if key not in pid_map:
                             pid = pid_map[key] = len(pid_map) + 1
                             kept.append({"ph": "M", "name": "process_name", "pid": pid,
-                                         "args": {"name": f"rank {r} | {e.get('pid')}"}})
+                                         "args": {"name": f"rank {r} | {raw_pid}"}})
                             kept.append({"ph": "M", "name": "process_sort_index", "pid": pid,
                                          "args": {"sort_index": pid}})
-                        if e.get("ph") == "M" and e.get("name") in ("process_name", "process_sort_index"):
+                        if e.get("ph") == _M and e.get("name") in _PROCESS_META:
                             continue
                         e["pid"] = pid_map[key]
-                        if "ts" in e:
-                            e["ts"] = float(e["ts"]) + off
                         kept.append(e)
                     if kept:
                         f.write((b"" if first else b",") + msgspec.json.encode(kept)[1:-1])
