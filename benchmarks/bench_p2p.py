@@ -65,7 +65,9 @@ def main():
             print(f"{name} / copy, both directions = {r:.4f}  (target >= {IPC_BOTH_VS_COPY}) "
                   f"{'PASS' if r >= IPC_BOTH_VS_COPY else 'FAIL'}")
     lat = A.latency(df)
-    if args.run and "vs_copy_loop" in lat.columns and "copy" in lat.index and lat.loc["copy", "bytes"] == 1024:
+    if not args.run:
+        print("copy at 1 KiB: not measured here (256 MiB only); give --run DIR of a full run for the 1.5x target")
+    elif "vs_copy_loop" in lat.columns and "copy" in lat.index and lat.loc["copy", "bytes"] == 1024:
         r = lat.loc["copy", "vs_copy_loop"]
         ok &= r <= LAT_VS_BARE
         print(f"copy at 1 KiB = {lat.loc['copy', 'time_us_median']:.1f} us, {r:.2f}x the copy_ loop's "

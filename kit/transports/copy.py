@@ -8,16 +8,16 @@ events as described below. When one :meth:`CopyTransport.exchange` holds a send 
 bandwidth loop), the copy is ``out.copy_(t)`` at once: one C++ call, whose barrier then orders exactly the
 two streams the caller posted from.
 
-Why not ``dst.copy_(src)`` (the bare loop the investigation compares against): for a copy between devices,
-``copy_`` makes the source's current stream wait for the destination's current stream *and* the destination's
-for the source's (a two-way barrier, ``copy_device_to_device`` in ``aten/src/ATen/native/cuda/Copy.cu``). In a
-pipeline the destination's current stream is busy with that stage's compute, so every send waited for the
-receiving stage's queued work and the stages ran in lock step (the host-driven ``copy`` pipeline took 24.0 ms
-against NCCL's 13.6 on 2xH200). Here the copy waits only for what it needs: the data (the stream it was
-produced on) and the destination buffer (the receiver's current stream *at the receive* -- on a stage's
-communication stream that holds no compute), and only the receiver's stream that waits on the Work is ordered
-after it. Peer access is enabled once per pair (a one-byte ``copy_``: PyTorch enables and caches it), so the
-copy goes over NVLink/PCIe peer-to-peer.
+Why not ``dst.copy_(src)`` for every message (the bare loop the investigation compares against): for a copy
+between devices, ``copy_`` makes the source's current stream wait for the destination's current stream *and* the
+destination's for the source's (a two-way barrier, ``copy_device_to_device`` in
+``aten/src/ATen/native/cuda/Copy.cu``); in a pipeline the destination's current stream is the receiving stage's
+compute. Here the copy waits only for the data (the stream it was produced on) and for the destination buffer
+(the receiver's current stream *at the receive*), and only the stream that waits on the Work is ordered after
+it. That is not yet free of the receiver's compute in the pipeline: its receive is posted together with a send
+(Megatron's pairing) on the stage's one communication stream, which first waits for the stage's compute because
+of that send -- separate send and receive streams would remove it (open, issue 13). Peer access is enabled once
+per pair (a one-byte ``copy_``: PyTorch enables and caches it), so the copy goes over NVLink/PCIe peer-to-peer.
 
 Thread-safe: one driver thread per GPU may send and receive at once (the pipeline's device-bound driver);
 :meth:`wait_posted` lets such a thread sleep until a message is posted.
@@ -33,32 +33,18 @@ from .base import Capabilities, Transport, Work, flat_bytes, nbytes
 from .mailbox import peer_memcpy
 from .registry import register
 
-_EVENTS_PER_DEVICE = 256  # a ring of reusable events per GPU (see _Events)
 
 
 class _Events:
-    """Reusable CUDA events, a ring per device: creating an event per message costs host time that, at 1 KiB,
-    is the message's whole budget. An event is recorded again only ``_EVENTS_PER_DEVICE`` messages later; a
-    stream that waits on it after that waits for a *later* point of the same stream -- later, never earlier,
-    so ordering stays correct."""
+    """Events for the copies' ordering: a fresh event per record. (A ring of reused events saved a little host
+    time but was unsafe: an event a Work keeps could be recorded again on *another* stream before the Work is
+    waited, and the wait would then order against the wrong point.)"""
 
-    def __init__(self):
-        self._ring: dict[int, list] = {}
-        self._next: dict[int, int] = {}
-        self._lock = threading.Lock()
-
-    def record(self, stream):
+    @staticmethod
+    def record(stream):
         import torch
 
-        d = stream.device.index
-        with self._lock:
-            ring = self._ring.get(d)
-            if ring is None:
-                ring = self._ring[d] = [torch.cuda.Event() for _ in range(_EVENTS_PER_DEVICE)]
-                self._next[d] = 0
-            i = self._next[d]
-            self._next[d] = (i + 1) % len(ring)
-        ev = ring[i]
+        ev = torch.cuda.Event()
         ev.record(stream)
         return ev
 
@@ -128,6 +114,11 @@ class CopyTransport(Transport):
         return self._send_work(msg, src)
 
     def _send_work(self, msg: _Msg, src: int) -> Work:
+        """``wait()`` orders the source's current stream after the copy -- once the receive has issued it. In one
+        process a send whose receive is not posted yet has no copy to wait for, and waiting on the host would
+        deadlock a driver that runs every stage from one thread: ``wait()`` then returns at once. The box keeps
+        the tensor alive and the copy records it on its stream, so its memory is not reused early; the caller
+        must not *write* to it until the receive is posted (the pipeline never does)."""
         import torch
 
         def wait():
@@ -218,6 +209,8 @@ class CopyTransport(Transport):
             return None
         src, dst = t.device.index, out.device.index
         if (to, frm) != (dst, src) or src == dst or not (t.is_contiguous() and out.is_contiguous()):
+            return None
+        if self._box.get((src, dst)):  # an earlier send of this pair still waits for its receive: keep the order
             return None
         if t.dtype != out.dtype or t.numel() != out.numel():
             raise ValueError(f"copy: sent {t.dtype}[{t.numel()}], receiving into {out.dtype}[{out.numel()}]")

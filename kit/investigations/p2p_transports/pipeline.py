@@ -191,8 +191,9 @@ class _on_streams:
         from ...transports import current_streams
 
         # a comm stream waits for the compute of its device only where that device sends (the data is produced
-        # there); a receive's buffer was allocated on the comm stream (Stage._buffer), so receiving waits for
-        # nothing the stage computes -- the false dependency that made every transfer wait for the peer's work
+        # there); a receive's buffer is allocated on the comm stream (Stage._buffer). A receive posted together
+        # with a send of the same device (Megatron's pairing) still waits for that compute, through the one comm
+        # stream: separate send and receive streams would free it (open, issue 13)
         for d in {t.device.index for k, t, _p in self.ops if k == "send" and t.is_cuda}:
             if d in self.streams:
                 self.streams[d].wait_stream(torch.cuda.current_stream(d))
@@ -237,6 +238,9 @@ def drive_threads(programs: list[Iterator[None]], T, devices: list) -> None:
 
     import torch
 
+    programs, devices = list(programs), list(devices)
+    if len(programs) != len(devices):
+        raise ValueError(f"drive_threads: {len(programs)} stage programs but {len(devices)} devices")
     failed = threading.Event()
     errors: list[BaseException] = []
     timeout = getattr(T, "timeout_s", 300.0)

@@ -35,16 +35,19 @@ def _with_driver(d: pd.DataFrame) -> pd.DataFrame:
 
 
 def pipeline(data) -> pd.DataFrame:
-    """Per transport and driver: median iteration time (slowest rank per step), p10/p90, loss, gradient norms."""
+    """Per transport, driver and number of stages (a run set may hold runs on 2 and on 4 GPUs): median iteration
+    time (slowest rank per step), p10/p90, loss, gradient norms."""
     d = rows_of(frame(data), "pipeline")
     if d.empty:
         return pd.DataFrame()
     d = _with_driver(d)
+    if "world_size" not in d.columns:
+        d = d.assign(world_size=d["stage"].max() + 1)
     rows = []
     for t in _ordered(d["transport"]):
-        for drv, g in d[d["transport"] == t].groupby("driver", sort=False):
+        for (drv, ws), g in d[d["transport"] == t].groupby(["driver", "world_size"], sort=False):
             st = stats.stats(g.groupby("step")["time_us"].max().to_numpy())
-            rows.append(dict(transport=t, driver=drv, how=g["how"].iloc[0] if "how" in g.columns else "host",
+            rows.append(dict(transport=t, driver=drv, stages=int(ws), how=g["how"].iloc[0] if "how" in g.columns else "host",
                              time_ms_median=st["median"] / 1e3, time_ms_p10=st["p10"] / 1e3,
                              time_ms_p90=st["p90"] / 1e3, steps=st["n"], loss=g["loss"].dropna().median(),
                              grad_norms=", ".join(f"{v:.4g}" for v in g.groupby("stage")["grad_norm"].median())))
@@ -64,33 +67,65 @@ def parts(data) -> pd.DataFrame:
 
 
 def model(data) -> pd.DataFrame:
-    """Per transport and driver: the model's iteration time from the parts beside the measured one."""
-    pp, pa = pipeline(data), parts(data)
-    if pp.empty or pa.empty:
+    """Per transport, driver and number of stages: the model's iteration time beside the measured one.
+
+    ``F_s`` and ``B_s`` are pooled over every transport of the runs (median of all samples of stage ``s``): the
+    stages compute the same GEMMs whichever transport carries their messages, and alone their times spread
+    (2xH200, 2026-11-23: one stage's backward 0.67-1.0 ms across samples, medians per transport 0.71-0.97 ms), so
+    a per-transport median would give each transport its own model from that spread alone. ``c`` is the
+    transport's own: one activation alone, the slowest hop."""
+    pp = pipeline(data)
+    raw = rows_of(frame(data), "pipeline_part")
+    if pp.empty or raw.empty:
         return pd.DataFrame()
-    d = rows_of(frame(data), "pipeline")
+    pa = parts(data)
     out = []
     for r in pp.itertuples():
-        a = pa[pa["transport"] == r.transport]
-        comp = a[a["part"].isin(["F", "B"])].groupby("where")["time_us_median"].sum()
+        same = raw[raw["world_size"] == r.stages] if "world_size" in raw.columns else raw
+        comp = same[same["part"].isin(["F", "B"])]
         if comp.empty:
             continue
-        hop = a.loc[a["part"] == "transfer", "time_us_median"]
+        per_stage = comp.groupby(["stage", "part"])["time_us"].median().groupby("stage").sum()
+        b = comp[comp["part"] == "B"]["time_us"]
+        hop = pa.loc[(pa["transport"] == r.transport) & (pa["part"] == "transfer"), "time_us_median"]
         c = float(hop.max()) if len(hop) else 0.0
-        g = d[d["transport"] == r.transport]
-        p, m = int(g["world_size"].max()), int(g["micro_batches"].max())
-        pred = float(comp.sum() + (m - 1) * comp.max() + 2 * (p - 1) * c)
+        g = rows_of(frame(data), "pipeline")
+        g = g[(g["transport"] == r.transport)]
+        p, m = r.stages, int(g["micro_batches"].max())
+        pred = float(per_stage.sum() + (m - 1) * per_stage.max() + 2 * (p - 1) * c)
         out.append(dict(transport=r.transport, driver=r.driver, stages=p, micro_batches=m,
-                        stage_f_plus_b_ms=float(comp.max()) / 1e3, transfer_ms=c / 1e3,
+                        stage_f_plus_b_ms=float(per_stage.max()) / 1e3, backward_p10_ms=float(b.quantile(0.1)) / 1e3,
+                        backward_p90_ms=float(b.quantile(0.9)) / 1e3, transfer_ms=c / 1e3,
                         bubble_fraction=(p - 1) / (m + p - 1), predicted_ms=pred / 1e3,
                         measured_ms=r.time_ms_median, measured_vs_model=r.time_ms_median * 1e3 / pred))
     return pd.DataFrame(out)
 
 
 # ------------------------------------------------------------------------------------------------ timelines
+def _with_launch(ev: pd.DataFrame, cpu: pd.DataFrame) -> pd.DataFrame:
+    """``launch_ts``: when the host call that launched each GPU activity began, and ``launch_exact``.
+
+    The runtime/driver call with the activity's ``correlation`` gives it exactly. A call the profiler does not
+    record (the transports' peer copies are ``cuMemcpyDtoDAsync`` through ctypes, a driver call Kineto does not
+    trace) still has a correlation id, and ids are handed out in call order: the recorded call with the
+    largest smaller id began before it, so its start is a lower bound of the launch (``launch_exact`` False) --
+    and the host-caused idle computed from it is a lower bound too."""
+    import numpy as np
+
+    if cpu is None or cpu.empty or "correlation" not in cpu.columns or "correlation" not in ev.columns:
+        return ev.assign(launch_ts=float("nan"), launch_exact=False)
+    calls = cpu.dropna(subset=["correlation"]).groupby("correlation")["ts"].min().sort_index()
+    exact = ev["correlation"].map(calls)
+    ids, starts = calls.index.to_numpy(dtype=float), calls.to_numpy(dtype=float)
+    corr = ev["correlation"].to_numpy(dtype=float)
+    k = np.searchsorted(ids, np.nan_to_num(corr, nan=-1.0)) - 1
+    before = np.where((k >= 0) & ~np.isnan(corr), starts[np.clip(k, 0, None)], np.nan)
+    return ev.assign(launch_ts=exact.fillna(pd.Series(before, index=ev.index)), launch_exact=exact.notna())
+
+
 def _trace_events(files) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """GPU events (with the launch call's start ``launch_ts`` where known) of one profiled iteration, every
-    rank together, cut after the aligning barrier's NCCL kernel when there is one."""
+    """GPU events (with ``launch_ts``, :func:`_with_launch`) of one profiled iteration, every rank together, cut
+    after the aligning barrier's NCCL kernel when there is one."""
     out = []
     for f in files:
         try:
@@ -104,13 +139,7 @@ def _trace_events(files) -> tuple[pd.DataFrame, pd.DataFrame]:
         bar = ev[ev["nccl"] & ev["name"].astype(str).str.contains("AllReduce")]
         if len(bar):
             ev = ev[ev["ts"] >= bar["end"].min()]
-        cpu = t.cpu
-        if len(cpu) and "correlation" in cpu.columns:
-            launch = cpu.dropna(subset=["correlation"]).groupby("correlation")["ts"].min()
-            ev = ev.assign(launch_ts=ev["correlation"].map(launch))
-        else:
-            ev = ev.assign(launch_ts=float("nan"))
-        out.append(ev.assign(rank=f.rank))
+        out.append(_with_launch(ev, t.cpu).assign(rank=f.rank))
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
 
 
@@ -128,41 +157,58 @@ def traced(runs) -> dict[tuple[str, str], pd.DataFrame]:
     return {}
 
 
+def _busy(ts, end) -> tuple[float, list]:
+    """Union length of the intervals (sorted by start) and the gaps between them as (start, end, index)."""
+    busy, last, gaps = 0.0, None, []
+    for k, (a, b) in enumerate(zip(ts, end)):
+        if last is None or a > last:
+            if last is not None:
+                gaps.append((last, a, k))
+            busy += b - a
+            last = b
+        elif b > last:
+            busy += b - last
+            last = b
+    return busy, gaps
+
+
 def idle_of(ev: pd.DataFrame) -> pd.DataFrame:
-    """Per GPU: span, busy, idle and host-caused idle (us) of one iteration's events (see the module docstring)."""
+    """Per GPU (rank and device: ranks that each see one GPU all call it device 0) of one iteration's events:
+    span, busy (union of every activity), busy without NCCL kernels (an NCCL kernel also "runs" while it spins
+    waiting for its peer), idle, and host-caused idle -- for each gap, from its start to the launch of the
+    activity that ends it, when that launch came later (see the module docstring; a lower bound where launches
+    are bracketed, :func:`_with_launch`)."""
     if ev.empty:
         return pd.DataFrame()
     t0, t1 = float(ev["ts"].min()), float(ev["end"].max())
+    if "rank" not in ev.columns:
+        ev = ev.assign(rank=0)
     rows = []
-    for dev, g in ev.sort_values("ts").groupby("device"):
-        busy, host, end, gaps = 0.0, 0.0, None, 0
-        for ts, e, launch in zip(g["ts"], g["end"], g["launch_ts"]):
-            if end is None or ts > end:
-                if end is not None:
-                    gaps += 1
-                    if launch == launch:  # not NaN
-                        host += min(max(launch - end, 0.0), ts - end)
-                busy += e - ts
-                end = e
-            elif e > end:
-                busy += e - end
-                end = e
-        lead = float(g["ts"].min()) - t0  # before this GPU's first activity
-        rows.append(dict(device=int(dev), span_us=t1 - t0, busy_us=busy, idle_us=(t1 - t0) - busy,
-                         host_idle_us=host, lead_us=lead, gaps=gaps))
+    for (rank, dev), g in ev.sort_values("ts").groupby(["rank", "device"]):
+        busy, gaps = _busy(g["ts"].to_numpy(), g["end"].to_numpy())
+        launch = g["launch_ts"].to_numpy() if "launch_ts" in g.columns else [float("nan")] * len(g)
+        host = sum(min(max(launch[k] - a, 0.0), b - a) for a, b, k in gaps if launch[k] == launch[k])
+        is_nccl = g.get("nccl")  # the trace frame's flag: an NCCL kernel
+        c = g if is_nccl is None else g[~is_nccl.astype(bool)]
+        compute, _ = _busy(c["ts"].to_numpy(), c["end"].to_numpy())
+        rows.append(dict(rank=int(rank), device=int(dev), span_us=t1 - t0, busy_us=busy, busy_no_nccl_us=compute,
+                         idle_us=(t1 - t0) - busy, host_idle_us=host, gaps=len(gaps)))
     return pd.DataFrame(rows)
 
 
 def idle(runs) -> pd.DataFrame:
-    """Per transport, driver and GPU of the profiled iterations: span, busy share, idle, host-caused idle."""
+    """Per transport, driver and GPU of the profiled iterations: span, busy share (also without NCCL kernels),
+    idle, host-caused idle (a lower bound where a launch is bracketed, :func:`_with_launch`)."""
     out = []
     for (t, drv), ev in traced(runs).items():
         i = idle_of(ev)
         if len(i):
-            out.append(i.assign(transport=t, driver=drv, busy_share=i["busy_us"] / i["span_us"]))
+            out.append(i.assign(transport=t, driver=drv, busy_share=i["busy_us"] / i["span_us"],
+                                busy_no_nccl_share=i["busy_no_nccl_us"] / i["span_us"]))
     if not out:
         return pd.DataFrame()
-    cols = ["transport", "driver", "device", "span_us", "busy_us", "busy_share", "idle_us", "host_idle_us", "gaps"]
+    cols = ["transport", "driver", "rank", "device", "span_us", "busy_us", "busy_share", "busy_no_nccl_share",
+            "idle_us", "host_idle_us", "gaps"]
     return pd.concat(out, ignore_index=True)[cols]
 
 
@@ -199,8 +245,8 @@ def fig_pipeline(runs):
 
 
 def fig_timeline(runs):
-    """One profiled iteration per transport and driver: every GPU's kernels and copies; host-caused idle in
-    orange under each GPU's lanes."""
+    """One profiled iteration per transport and driver: every GPU's kernels and copies; host-caused idle (its
+    lower bound) in orange under each GPU's lanes."""
     import matplotlib.pyplot as plt
 
     shown = traced(runs)
@@ -209,6 +255,8 @@ def fig_timeline(runs):
     fig, axes = plt.subplots(len(shown), 1, figsize=(12, 1.6 + 1.2 * len(shown) * 1.4), squeeze=False)
     for ax, ((t, drv), ev) in zip(axes[:, 0], shown.items()):
         ev = ev[ev["dur"] > 0]
+        if ev.groupby("device")["rank"].nunique().max() > 1:  # one GPU per rank: tell them apart by rank
+            ev = ev.assign(device=ev["rank"])
         t0 = ev["ts"].min()
         plot.timeline(ev, ax=ax, t0=t0)
         i = idle_of(ev).set_index("device")
@@ -217,7 +265,8 @@ def fig_timeline(runs):
             ys = [k for k, lane in enumerate(lanes) if lane[0] == dev]
             _shade_host_gaps(ax, ev[ev["device"] == dev], t0, min(ys) - 0.45)
         ax.set_title(f"{t}, {drv}-driven: one iteration "
-                     + "; ".join(f"GPU{d} busy {r.busy_us / r.span_us:.0%}, host-caused idle {r.host_idle_us / 1e3:.2f} ms"
+                     + "; ".join(f"GPU{d} busy {r.busy_us / r.span_us:.0%} ({r.busy_no_nccl_us / r.span_us:.0%} "
+                                 f"without NCCL), host-caused idle >= {r.host_idle_us / 1e3:.2f} ms"
                                  for d, r in i.iterrows()), fontsize=8)
     fig.suptitle(_title(runs), fontsize=9)
     fig.tight_layout()
@@ -266,8 +315,11 @@ def idle_findings(runs) -> list[Finding]:
     for (t, drv), g in i.groupby(["transport", "driver"], sort=False) if len(i) else []:
         out.append(Finding(f"pipeline.{t}.{drv}.host_idle_ms",
                            f"{t} ({drv}): profiled iteration {g['span_us'].max() / 1e3:.2f} ms, GPUs busy "
-                           + ", ".join(f"{b:.0%}" for b in g["busy_share"]) + "; idle because the host had not "
-                           "launched the next work yet: " + ", ".join(f"{h / 1e3:.2f} ms" for h in g["host_idle_us"]),
+                           + ", ".join(f"{b:.0%}" + (f" ({c:.0%} without NCCL kernels)" if c < b else "")
+                                       for b, c in zip(g["busy_share"], g["busy_no_nccl_share"]))
+                           + "; idle because the host had not launched the next work yet (at least): "
+                           + ", ".join(f"{h / 1e3:.2f} of {i / 1e3:.2f} ms idle"
+                                       for h, i in zip(g["host_idle_us"], g["idle_us"])),
                            float(g["host_idle_us"].max() / 1e3), "ms"))
     return out
 
