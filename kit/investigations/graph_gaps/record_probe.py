@@ -26,17 +26,15 @@ TINY = "CUDAFunctorOnSelf_add"  # the side stream's kernel: one layer ends with 
 
 
 def idle_by_layer(path) -> "pd.Series":
-    """Idle GPU time (us) per layer of one replay: for every activity, its start minus the latest end of any
-    earlier activity (0 when it overlaps), summed per layer (a layer ends with the tiny kernel)."""
+    """Idle GPU time (us) per layer of one replay: each kernel's gap (:func:`kit.traces.gaps`: its start minus
+    the latest end of any earlier activity), summed per layer (a layer ends with the tiny kernel)."""
     import numpy as np
     import pandas as pd
 
-    g = traces.load_trace(path, cpu="none").gpu.sort_values("ts").reset_index(drop=True)
+    g = traces.gaps(traces.load_trace(path, cpu="none").gpu)
     tiny = g["name"].astype(str).str.contains(TINY).to_numpy()
     layer = np.cumsum(np.r_[0, tiny[:-1]])
-    ends = np.maximum.accumulate(g["end"].to_numpy())
-    gap = np.clip(np.r_[0.0, g["ts"].to_numpy()[1:] - ends[:-1]], 0, None)
-    return pd.Series(np.bincount(layer, weights=gap), name="idle_us")
+    return pd.Series(np.bincount(layer, weights=g["gap_us"].to_numpy()), name="idle_us")
 
 
 def probe_table(_runs=None, probe: str | Path = PROBE, quarters: int = 4) -> "pd.DataFrame":

@@ -210,25 +210,34 @@ def trace_events(run_dir, transport: str) -> pd.DataFrame:
     return _events(traces.find_traces(run_dir, experiment="comm_compute", transport=transport))
 
 
-def _events(files) -> pd.DataFrame:
+def _events(files, frame=None) -> pd.DataFrame:
+    """Every rank's events of one profiled iteration: ``frame(trace)`` of each parsed trace (default: its GPU
+    frame) with ``rank``; an unreadable trace is named and left out."""
     frames = []
     for f in files:
         try:
-            ev = traces.load_trace(f.path).gpu
+            t = traces.load_trace(f.path)
         except traces.TraceError as e:  # a truncated trace: say so, analyse the others
             print(f"{f.path}: unreadable trace ({e})")
             continue
-        frames.append(ev.assign(rank=f.rank))
+        ev = frame(t) if frame is not None else t.gpu
+        if len(ev):
+            frames.append(ev.assign(rank=f.rank))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def traced(runs) -> dict[str, pd.DataFrame]:
-    """{transport: GPU events} for every transport with a profiled iteration, from the first run that has any."""
+def traced(runs, experiment: str = "comm_compute", by: tuple[str, ...] = ("transport",), frame=None) -> dict:
+    """{tags: events} (:func:`_events`) for every set of ``by`` tags with a profiled iteration of ``experiment``,
+    from the first run that has any, in transport (registry) order; the key is the transport alone when ``by``
+    is only the transport."""
     for d in getattr(runs, "dirs", []):
-        files = traces.find_traces(d, experiment="comm_compute")
-        ev = {t: _events([f for f in files if f.tags.get("transport") == t])
-              for t in _ordered(f.tags.get("transport") for f in files)}
-        ev = {t: e for t, e in ev.items() if len(e)}
+        files = traces.find_traces(d, experiment=experiment)
+        keys = list(dict.fromkeys(tuple(f.tags.get(k) for k in by) for f in files))
+        order = _ordered(k[0] for k in keys)
+        keys.sort(key=lambda k: order.index(k[0]))
+        ev = {k if len(by) > 1 else k[0]: _events([f for f in files if tuple(f.tags.get(x) for x in by) == k], frame)
+              for k in keys}
+        ev = {k: e for k, e in ev.items() if len(e)}
         if ev:
             return ev
     return {}

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ... import plot, stats, traces
+from ... import plot, stats
+from ...traces.overlap import length, union
 from ...contract import Finding
-from .analysis import _ordered, frame, rows_of
+from . import analysis as A
+from .analysis import frame, rows_of
 
 
 def _with_driver(d: pd.DataFrame) -> pd.DataFrame:
@@ -44,7 +46,7 @@ def pipeline(data) -> pd.DataFrame:
     if "world_size" not in d.columns:
         d = d.assign(world_size=d["stage"].max() + 1)
     rows = []
-    for t in _ordered(d["transport"]):
+    for t in A._ordered(d["transport"]):
         for (drv, ws), g in d[d["transport"] == t].groupby(["driver", "world_size"], sort=False):
             st = stats.stats(g.groupby("step")["time_us"].max().to_numpy())
             rows.append(dict(transport=t, driver=drv, stages=int(ws), how=g["how"].iloc[0] if "how" in g.columns else "host",
@@ -123,76 +125,50 @@ def _with_launch(ev: pd.DataFrame, cpu: pd.DataFrame) -> pd.DataFrame:
     return ev.assign(launch_ts=exact.fillna(pd.Series(before, index=ev.index)), launch_exact=exact.notna())
 
 
-def _trace_events(files) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """GPU events (with ``launch_ts``, :func:`_with_launch`) of one profiled iteration, every rank together, cut
-    after the aligning barrier's NCCL kernel when there is one."""
-    out = []
-    for f in files:
-        try:
-            t = traces.load_trace(f.path)
-        except traces.TraceError as e:
-            print(f"{f.path}: unreadable trace ({e})")
-            continue
-        ev = t.gpu
-        if ev.empty:
-            continue
-        bar = ev[ev["nccl"] & ev["name"].astype(str).str.contains("AllReduce")]
-        if len(bar):
-            ev = ev[ev["ts"] >= bar["end"].min()]
-        out.append(_with_launch(ev, t.cpu).assign(rank=f.rank))
-    return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
+def _iteration(trace) -> pd.DataFrame:
+    """One profiled iteration's GPU events with ``launch_ts`` (:func:`_with_launch`), cut after the aligning
+    barrier's NCCL kernel when there is one."""
+    ev = trace.gpu
+    if ev.empty:
+        return ev
+    bar = ev[ev["nccl"] & ev["name"].astype(str).str.contains("AllReduce")]
+    if len(bar):
+        ev = ev[ev["ts"] >= bar["end"].min()]
+    return _with_launch(ev, trace.cpu)
 
 
 def traced(runs) -> dict[tuple[str, str], pd.DataFrame]:
-    """{(transport, driver): GPU events} of the profiled pipeline iterations of the first run that has any."""
-    for d in getattr(runs, "dirs", []):
-        files = traces.find_traces(d, experiment="pipeline")
-        keys = list(dict.fromkeys((f.tags.get("transport"), f.tags.get("driver")) for f in files))
-        keys = sorted(keys, key=lambda k: (_ordered([x for x, _ in keys]).index(k[0]), k[1] != "host"))
-        ev = {k: _trace_events([f for f in files if (f.tags.get("transport"), f.tags.get("driver")) == k])
-              for k in keys}
-        ev = {k: e for k, e in ev.items() if len(e)}
-        if ev:
-            return ev
-    return {}
-
-
-def _busy(ts, end) -> tuple[float, list]:
-    """Union length of the intervals (sorted by start) and the gaps between them as (start, end, index)."""
-    busy, last, gaps = 0.0, None, []
-    for k, (a, b) in enumerate(zip(ts, end)):
-        if last is None or a > last:
-            if last is not None:
-                gaps.append((last, a, k))
-            busy += b - a
-            last = b
-        elif b > last:
-            busy += b - last
-            last = b
-    return busy, gaps
+    """{(transport, driver): GPU events} of the profiled pipeline iterations of the first run that has any, the
+    host-driven one of a transport first."""
+    ev = A.traced(runs, "pipeline", ("transport", "driver"), _iteration)
+    order = A._ordered(t for t, _ in ev)
+    return dict(sorted(ev.items(), key=lambda kv: (order.index(kv[0][0]), kv[0][1] != "host")))
 
 
 def idle_of(ev: pd.DataFrame) -> pd.DataFrame:
     """Per GPU (rank and device: ranks that each see one GPU all call it device 0) of one iteration's events:
-    span, busy (union of every activity), busy without NCCL kernels (an NCCL kernel also "runs" while it spins
-    waiting for its peer), idle, and host-caused idle -- for each gap, from its start to the launch of the
-    activity that ends it, when that launch came later (see the module docstring; a lower bound where launches
-    are bracketed, :func:`_with_launch`)."""
+    span, busy (union of every activity, :func:`kit.traces.overlap.union`), busy without NCCL kernels (an NCCL
+    kernel also "runs" while it spins waiting for its peer), idle, and host-caused idle -- for each gap, from its
+    start to the launch of the activity that ends it, when that launch came later (see the module docstring; a
+    lower bound where launches are bracketed, :func:`_with_launch`)."""
     if ev.empty:
         return pd.DataFrame()
     t0, t1 = float(ev["ts"].min()), float(ev["end"].max())
     if "rank" not in ev.columns:
         ev = ev.assign(rank=0)
+    if "launch_ts" not in ev.columns:
+        ev = ev.assign(launch_ts=float("nan"))
     rows = []
-    for (rank, dev), g in ev.sort_values("ts").groupby(["rank", "device"]):
-        busy, gaps = _busy(g["ts"].to_numpy(), g["end"].to_numpy())
-        launch = g["launch_ts"].to_numpy() if "launch_ts" in g.columns else [float("nan")] * len(g)
-        host = sum(min(max(launch[k] - a, 0.0), b - a) for a, b, k in gaps if launch[k] == launch[k])
+    for (rank, dev), g in ev.sort_values("ts", kind="stable").groupby(["rank", "device"]):
+        busy = union(list(zip(g["ts"], g["end"])))
+        launch = g.drop_duplicates("ts").set_index("ts")["launch_ts"]  # of the first activity starting there
+        host = sum(min(max(launch[b] - a, 0.0), b - a)
+                   for (_, a), (b, _) in zip(busy, busy[1:]) if launch[b] == launch[b])
         is_nccl = g.get("nccl")  # the trace frame's flag: an NCCL kernel
         c = g if is_nccl is None else g[~is_nccl.astype(bool)]
-        compute, _ = _busy(c["ts"].to_numpy(), c["end"].to_numpy())
-        rows.append(dict(rank=int(rank), device=int(dev), span_us=t1 - t0, busy_us=busy, busy_no_nccl_us=compute,
-                         idle_us=(t1 - t0) - busy, host_idle_us=host, gaps=len(gaps)))
+        rows.append(dict(rank=int(rank), device=int(dev), span_us=t1 - t0, busy_us=length(busy),
+                         busy_no_nccl_us=length(union(list(zip(c["ts"], c["end"])))),
+                         idle_us=(t1 - t0) - length(busy), host_idle_us=host, gaps=len(busy) - 1))
     return pd.DataFrame(rows)
 
 
