@@ -304,6 +304,40 @@ def test_drive_threads_rejects_mismatched_stages():
         P.drive_threads([iter(()), iter(())], _InProcessCpu(), [None])
 
 
+def test_in_process_receives_are_posted_on_their_own_streams(monkeypatch):
+    """With separate send and receive streams (CommStreams), an in-process stage posts every send under the send
+    streams -- which wait for the stage's compute -- and every receive under the receive streams, in a context
+    that holds no send (so nothing makes a receive wait for the compute queued on its device); the numbers are
+    those of one process without a pipeline."""
+    import threading
+
+    import torch
+
+    posted = []  # (thread, op kinds, which streams were current)
+    send, recv = {"send": 1}, {"recv": 1}
+
+    class Recorder:
+        def __init__(self, ops, streams):
+            posted.append((threading.current_thread().name, tuple(k for k, *_ in ops), streams))
+
+        def __enter__(self):
+            pass
+
+        def __exit__(self, *a):
+            return False
+
+    monkeypatch.setattr(P, "_on_streams", Recorder)
+    T, n, m = _InProcessCpu(), 2, 4
+    stages = [P.Stage(s, n, 2, 16, 4, m, torch.device("cpu"), torch.float32) for s in range(n)]
+    comm = P.CommStreams(send, recv)
+    P.drive_threads([st.iteration(T, s - 1 if s else None, s + 1 if s < n - 1 else None, comm)
+                     for s, st in enumerate(stages)], T, [st.device for st in stages])
+    assert {(kinds, streams is send) for _, kinds, streams in posted if kinds} == {(("send",), True), (("recv",), False)}
+    assert all(streams is recv for _, kinds, streams in posted if kinds == ("recv",))
+    assert sum(p[1] == ("send",) for p in posted) == sum(p[1] == ("recv",) for p in posted) == 2 * (n - 1) * m
+    loss, _ = P.reference(n, 2, 16, 4, m)
+    assert float(stages[-1].loss) == pytest.approx(loss, rel=1e-6)
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_pipeline_equals_single_process(tmp_path, world):
     cfg = _cfg(tmp_path, world_size=world, pipeline_micro_batches=5)

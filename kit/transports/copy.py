@@ -14,10 +14,10 @@ destination's for the source's (a two-way barrier, ``copy_device_to_device`` in
 ``aten/src/ATen/native/cuda/Copy.cu``); in a pipeline the destination's current stream is the receiving stage's
 compute. Here the copy waits only for the data (the stream it was produced on) and for the destination buffer
 (the receiver's current stream *at the receive*), and only the stream that waits on the Work is ordered after
-it. That is not yet free of the receiver's compute in the pipeline: its receive is posted together with a send
-(Megatron's pairing) on the stage's one communication stream, which first waits for the stage's compute because
-of that send -- separate send and receive streams would remove it (open, issue 13). Peer access is enabled once
-per pair (a one-byte ``copy_``: PyTorch enables and caches it), so the copy goes over NVLink/PCIe peer-to-peer.
+it. (The pipeline posts its receives on streams of their own --
+:class:`kit.investigations.p2p_transports.pipeline.CommStreams` -- so "the receiver's current stream" there
+is not the stage's compute.) Peer access is enabled once per pair (a one-byte ``copy_``: PyTorch enables and
+caches it), so the copy goes over NVLink/PCIe peer-to-peer.
 
 Thread-safe: one driver thread per GPU may send and receive at once (the pipeline's device-bound driver);
 :meth:`wait_posted` lets such a thread sleep until a message is posted.

@@ -27,7 +27,33 @@ from __future__ import annotations
 
 import math
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Iterator
+
+
+@dataclass
+class CommStreams:
+    """The communication streams of the stages of one process (device index -> CUDA stream).
+
+    ``send``: a device's outgoing transfers; it waits for that device's compute when a send is posted (the data
+    is produced there). ``recv``: where receive buffers are allocated and, for an in-process transport, where
+    receives are posted; it never waits for compute, so a copy into a buffer waits only for the data and the
+    buffer -- not for whatever the receiving stage has queued. With one stream for both (as the kit had until
+    2026-11-23), a receive posted together with a send (Megatron's pairing) waited, through that stream, for
+    the compute that produced the send's data: each gradient copy into stage 0 waited for stage 0's next
+    forward, and stage 1's comm stream in turn for that copy. A cross-process transport posts a send and a
+    receive of one device in one ``exchange`` on one current stream, so it gets one stream for both
+    (:meth:`make` with ``separate=False``)."""
+
+    send: dict
+    recv: dict
+
+    @classmethod
+    def make(cls, devices, separate: bool) -> "CommStreams":
+        import torch
+
+        send = {d: torch.cuda.Stream(d) for d in devices}
+        return cls(send, {d: torch.cuda.Stream(d) for d in devices} if separate else send)
 
 
 def schedule(stage: int, n: int, m: int) -> list[tuple[str, int]]:
@@ -85,13 +111,13 @@ class Stage:
         self.weights = make_weights(stage, layers, hidden, device, dtype, seed)
         self.inputs = make_inputs(m, batch, hidden, device, dtype, seed) if stage == 0 else None
 
-    def _buffer(self, comm_streams: dict | None):
-        """A receive buffer, allocated on this device's communication stream when there is one: the caching
+    def _buffer(self, comm: CommStreams | None):
+        """A receive buffer, allocated on this device's receive stream when there is one: the caching
         allocator then orders its reuse on that stream, and the copy into it need not wait for the compute
         this stage has queued (only the consumer, after ``Work.wait()``, uses it on the compute stream)."""
         import torch
 
-        s = (comm_streams or {}).get(self.device.index) if self.device.type == "cuda" else None
+        s = comm.recv.get(self.device.index) if comm is not None and self.device.type == "cuda" else None
         with torch.cuda.stream(s) if s is not None else nullcontext():
             return torch.empty(self.batch, self.hidden, device=self.device, dtype=self.dtype)
 
@@ -99,11 +125,11 @@ class Stage:
         for w in self.weights:
             w.grad = None
 
-    def iteration(self, T, prev: int | None, nxt: int | None, comm_streams: dict | None = None) -> Iterator[None]:
+    def iteration(self, T, prev: int | None, nxt: int | None, comm_streams: CommStreams | None = None) -> Iterator[None]:
         """Run this stage's 1F1B steps for one iteration over transport ``T``; ``prev``/``nxt`` are the
-        neighbouring endpoints. ``comm_streams`` (device index -> CUDA stream): post copy-engine transfers
-        there, so they overlap this stage's compute (NCCL has its own stream). Leaves the loss (last stage)
-        in ``self.loss`` and gradients in the weights."""
+        neighbouring endpoints. ``comm_streams``: post copy-engine transfers there, so they overlap this
+        stage's compute (NCCL has its own stream). Leaves the loss (last stage) in ``self.loss`` and
+        gradients in the weights."""
         import torch
 
         first, last = self.stage == 0, self.stage == self.n - 1
@@ -154,27 +180,30 @@ class Stage:
             w.wait()
 
 
-def _issue(T, ops, comm_streams: dict | None = None, me: int | None = None) -> Iterator[None]:
+def _issue(T, ops, comm: CommStreams | None = None, me: int | None = None) -> Iterator[None]:
     """Post ``ops`` on ``T``; in one process (``T.caps.in_process``) post the sends, then yield until every receive
-    has a posted message. With ``comm_streams`` the transfers are issued on those streams (each first waits
-    for the current stream of its device where that device sends: the data was produced there);
-    ``Work.wait()`` later orders the compute stream after them. Returns the Works (a generator's return value)."""
+    has a posted message. With ``comm`` the sends are posted on the send streams (each first waits for the
+    current stream of its device: the data was produced there) and an in-process transport's receives on the
+    receive streams (which wait for nothing); ``Work.wait()`` later orders the compute stream after them.
+    Returns the Works (a generator's return value)."""
     if not ops:
         return []
+    send, recv = (comm.send, comm.recv) if comm is not None else (None, None)
     if not T.caps.in_process:
-        with _on_streams(ops, comm_streams):
+        with _on_streams(ops, send):
             return T.exchange(ops)
     # one process: post the sends first (the neighbour's matching exchange may be waiting for them), then
     # yield until every receive's message is there -- never yield with the comm streams made current
     works = {}
-    with _on_streams(ops, comm_streams):
-        works.update({i: T.isend(t, p) for i, (k, t, p) in enumerate(ops) if k == "send"})
-    for i, (k, t, p) in enumerate(ops):
-        if k == "recv":
-            while not T.poll(p, me):
-                yield
-    with _on_streams(ops, comm_streams):
-        works.update({i: T.irecv(t, p) for i, (k, t, p) in enumerate(ops) if k == "recv"})
+    sends = [(i, op) for i, op in enumerate(ops) if op[0] == "send"]
+    recvs = [(i, op) for i, op in enumerate(ops) if op[0] == "recv"]
+    with _on_streams([op for _, op in sends], send):
+        works.update({i: T.isend(t, p) for i, (_k, t, p) in sends})
+    for _i, (_k, _t, p) in recvs:
+        while not T.poll(p, me):
+            yield
+    with _on_streams([op for _, op in recvs], recv):
+        works.update({i: T.irecv(t, p) for i, (_k, t, p) in recvs})
     return [works[i] for i in range(len(ops))]
 
 
@@ -191,9 +220,7 @@ class _on_streams:
         from ...transports import current_streams
 
         # a comm stream waits for the compute of its device only where that device sends (the data is produced
-        # there); a receive's buffer is allocated on the comm stream (Stage._buffer). A receive posted together
-        # with a send of the same device (Megatron's pairing) still waits for that compute, through the one comm
-        # stream: separate send and receive streams would free it (open, issue 13)
+        # there); a receive's buffer is allocated on the receive stream (Stage._buffer, CommStreams)
         for d in {t.device.index for k, t, _p in self.ops if k == "send" and t.is_cuda}:
             if d in self.streams:
                 self.streams[d].wait_stream(torch.cuda.current_stream(d))

@@ -22,8 +22,9 @@ Rows:
 * ``trace`` -- one profiled iteration per driver (``experiment=pipeline``), for the timeline and the
   host-caused idle time.
 
-Copy-engine transports get a communication stream per GPU so a transfer overlaps the stage's next compute;
-NCCL runs on an internal stream of its own.
+Copy-engine transports get communication streams per GPU (:class:`.pipeline.CommStreams`: a send stream, and
+for the in-process transport a separate receive stream) so a transfer overlaps the stage's next compute; NCCL
+runs on an internal stream of its own.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from contextlib import nullcontext
 
 from ... import timing, traces
 from . import harness as H
-from .pipeline import Stage, drive, drive_threads, forward, loss_of
+from .pipeline import CommStreams, Stage, drive, drive_threads, forward, loss_of
 
 DRIVERS = ("host", "device")
 PART_WARMUP = 20  # forward+backward pairs before the timed ones: ~30 ms of GEMMs, so the GPU's clocks have ramped
@@ -60,15 +61,14 @@ class Pipeline:
     """This process's stages, their devices and communication streams, and one iteration per driver."""
 
     def __init__(self, cfg, ctx, T, S, dt):
-        import torch
-
         self.cfg, self.ctx, self.T, self.S = cfg, ctx, T, S
         self.n = ctx.world_size
         mine = (list(range(self.n)) if ctx.rank == 0 else []) if T.caps.in_process else [ctx.rank]
         self.stages = {s: Stage(s, self.n, cfg.pipeline_layers, cfg.pipeline_hidden, cfg.pipeline_batch,
                                 cfg.pipeline_micro_batches, T.device(s), dt) for s in mine}
         self.devs = sorted({st.device.index for st in self.stages.values()}) if S.is_cuda else []
-        self.comm = {d: torch.cuda.Stream(d) for d in self.devs} if T.caps.copy_engine and self.devs else None
+        # separate send and receive streams where sends and receives are posted apart (one process: CommStreams)
+        self.comm = CommStreams.make(self.devs, separate=T.caps.in_process) if T.caps.copy_engine and self.devs else None
         self.graph = None
 
     def programs(self):
