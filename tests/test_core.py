@@ -127,6 +127,21 @@ def test_measure_host_clock_keeps_every_sample():
     assert [r["sample"] for r in rows] == [0, 1, 2, 3] and rows[0]["method"] == "eager"
 
 
+def test_measure_interleaved_takes_samples_in_turn():
+    """Functions compared in one point: every one warmed up, then sample i of each before sample i + 1, each
+    sample barrier-aligned, so a drift of the machine reaches all of them; a slow one stays slow."""
+    import time
+
+    ctx = _HostCtx()
+    log = []
+    fns = {"a": lambda: log.append("a"), "b": lambda: (log.append("b"), time.sleep(0.002))}
+    s = timing.measure_interleaved(fns, ctx, iters=2, repeats=3, warmup=1)
+    assert "".join(log) == "ab" + "aabb" * 3
+    assert ctx.barriers == 2 * 3 and list(s) == ["a", "b"]
+    assert len(s["a"].device_s) == len(s["b"].device_s) == 3
+    assert max(s["a"].device_s) < 0.001 < min(s["b"].device_s)
+
+
 # ------------------------------------------------------------------------------------------------ sysinfo
 def test_sysinfo_without_nvml_driver(monkeypatch):
     fake = types.ModuleType("pynvml")

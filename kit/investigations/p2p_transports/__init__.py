@@ -7,7 +7,7 @@ name. Rows carry ``kind`` (one module per experiment):
 
 * ``bandwidth`` / ``matrix`` (:mod:`.bandwidth`) -- one message 0 -> 1, or one each way at once, per size;
   every ordered GPU pair when there are more than two; a bare ``dst.copy_(src)`` loop as the copy-engine
-  reference (``transport = "copy_ loop"``).
+  reference (``transport = "copy_ loop"``), timed in turn with the in-process copy transport.
 * ``comm_comm`` (:mod:`.comm_comm`) -- two flows on one channel or two; a small message behind a large one.
 * ``comm_compute`` (:mod:`.comm_compute`) -- matmuls and transfers alone and overlapped; ``trace`` rows name
   the profiled overlapped iteration (``traces/``).
@@ -141,7 +141,6 @@ def run(cfg: Config, ctx):
     torch.manual_seed(0)
     # a host-side barrier for in-process transports (see Sync); collective, so created on every rank
     host_group = dist.new_group(backend="gloo") if ctx.is_cuda and ctx.world_size > 1 else None
-    reference = False
     for name in cfg.transports:
         ctx.step(f"set up {name}")
         try:
@@ -150,8 +149,6 @@ def run(cfg: Config, ctx):
             yield dict(kind="skipped", transport=name, reason=str(e), rank=ctx.rank)
             continue
         S = harness.sync_for(T, ctx, host_group)
-        # the bare copy_ loop is the reference for a transport that is copy engines driven in one process
-        reference |= T.caps.in_process and T.caps.copy_engine and S.is_cuda
         try:
             for part in cfg.parts:
                 ctx.step(f"{name} {part}")
@@ -159,8 +156,6 @@ def run(cfg: Config, ctx):
         finally:
             ctx.sync()
             T.close()
-    if "bandwidth" in cfg.parts and reference:
-        yield from bandwidth.bare_copy(cfg, ctx, Sync(ctx, True, True, host_group))
 
 
 def _findings(runs) -> list:

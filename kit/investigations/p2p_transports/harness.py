@@ -130,10 +130,12 @@ def participates(T, flows) -> bool:
     return any(T.sends(a) or T.recvs(b) for a, b, _ in flows)
 
 
-def timed_rows(cfg, ctx, T, S, flows, keys: dict, kind: str) -> list[dict]:
+def timed_rows(cfg, ctx, T, S, flows, keys: dict, kind: str, reference=None) -> list[dict]:
     """One timed point: the first round verified, then ``repeats`` samples of ``iters`` rounds
     (:func:`kit.timing.measure` with ``S`` as its ctx; every round verified when ``cfg.verify``). Rows for the
-    processes that take part."""
+    processes that take part. ``reference(bufs)`` -> ``{transport name: fn}``: loops the transport is compared
+    with, on the same buffers, their samples taken in turn with the transport's
+    (:func:`kit.timing.measure_interleaved`); their rows carry that name as ``transport``."""
     bufs = buffers(T, flows)
     verified_transfer(T, ctx, flows, bufs, seq=0)  # always: the first transfer of every point is checked
     if cfg.verify:
@@ -145,10 +147,12 @@ def timed_rows(cfg, ctx, T, S, flows, keys: dict, kind: str) -> list[dict]:
     else:
         def fn():
             transfer(T, ctx, flows, bufs)
-    s = timing.measure(fn, S, iters=cfg.iters, repeats=cfg.repeats, warmup=cfg.warmup)
+    refs = reference(bufs) if reference is not None else {}
+    s = timing.measure_interleaved({T.name: fn, **refs}, S, iters=cfg.iters, repeats=cfg.repeats, warmup=cfg.warmup)
     if not participates(T, flows):
         return []
-    return [dict(r, kind=kind) for r in s.rows(**keys, verified=cfg.verify)]
+    return [dict(r, kind=kind) for name, samples in s.items()
+            for r in samples.rows(**{**keys, "transport": name}, verified=cfg.verify and name == T.name)]
 
 
 def free(ctx) -> None:
