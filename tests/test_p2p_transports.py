@@ -92,6 +92,19 @@ def test_experiments_ask_capabilities_not_names():
         assert not bad, f"{f.name} compares with transport names: {bad}"
 
 
+def test_ipc_moves_a_large_message_in_aligned_pieces():
+    """ipc's large messages move in pieces (the receiver copies one out while the next crosses the link): the
+    pieces tile the message exactly, in order, at most PIECES of them, every boundary aligned for any dtype."""
+    from kit.transports import ipc, mailbox
+
+    assert ipc.pieces(1000) == [(0, 1000)] and ipc.pieces(ipc.PIECE_MIN_BYTES - 1) == [(0, ipc.PIECE_MIN_BYTES - 1)]
+    for n in (ipc.PIECE_MIN_BYTES, ipc.PIECE_MIN_BYTES + 4004, 256 << 20, (1 << 30) + 7):
+        p = ipc.pieces(n)
+        assert 1 < len(p) <= ipc.PIECES and p[0][0] == 0 and sum(m for _, m in p) == n
+        assert all(o + m == o2 for (o, m), (o2, _) in zip(p, p[1:]))
+        assert all(o % mailbox.SLOT_ALIGN == 0 for o, _ in p) and all(m > 0 for _, m in p)
+
+
 def test_interface_keeps_data_intact_on_gloo(tmp_path):
     run = launch(exps.p2p_integrity, _cfg(tmp_path), "p2p_integrity")
     df = run.df()

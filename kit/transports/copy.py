@@ -199,22 +199,23 @@ class CopyTransport(Transport):
         two streams the caller posted from. The Works only order a *different* current stream after those.
         At 1 KiB the host's bookkeeping is the message's whole cost: every Python-level CUDA call costs
         microseconds (on 2xH200 the same transfer built from events and a ctypes memcpy took 47 us per message
-        where the bare ``copy_`` loop took 13 us)."""
+        where the bare ``copy_`` loop took 13 us), so the streams are kept as the ids
+        ``torch.cuda.current_stream`` is built from, and a Stream object is made only when a wait needs one."""
         import torch
 
         if len(ops) != 2:
             return None
         (k0, t, to), (k1, out, frm) = ops
-        if (k0, k1) != ("send", "recv") or not (t.is_cuda and out.is_cuda):
+        if k0 != "send" or k1 != "recv" or not (t.is_cuda and out.is_cuda):
             return None
-        src, dst = t.device.index, out.device.index
+        src, dst = t.get_device(), out.get_device()
         if (to, frm) != (dst, src) or src == dst or not (t.is_contiguous() and out.is_contiguous()):
             return None
         if self._box.get((src, dst)):  # an earlier send of this pair still waits for its receive: keep the order
             return None
         if t.dtype != out.dtype or t.numel() != out.numel():
             raise ValueError(f"copy: sent {t.dtype}[{t.numel()}], receiving into {out.dtype}[{out.numel()}]")
-        streams = torch.cuda.current_stream(src), torch.cuda.current_stream(dst)
+        streams = _current_id(src), _current_id(dst)
         out.copy_(t)
         return [_after(streams[0], src), _after(streams[1], dst)]
 
@@ -232,13 +233,25 @@ def _recv_work(done, dst: int) -> Work:
     return Work(lambda: torch.cuda.current_stream(dst).wait_event(done), done.query)
 
 
-def _after(stream, device: int) -> Work:
-    """Work for a copy already ordered on ``stream``: a different current stream of ``device`` waits for it."""
+def _current_id(device: int) -> tuple:
+    """The current stream of ``device`` as (stream id, device index, device type): what
+    ``torch.cuda.current_stream`` reads before it builds a Stream object (``torch/cuda/__init__.py``), which the
+    1 KiB fast path skips."""
     import torch
 
-    def wait():
-        cur = torch.cuda.current_stream(device)
-        if cur != stream:
-            cur.wait_stream(stream)
+    return torch._C._cuda_getCurrentStream(device)
 
-    return Work(wait, stream.query)
+
+def _after(ids: tuple, device: int) -> Work:
+    """Work for a copy already ordered on the stream ``ids`` (:func:`_current_id`): a *different* current stream
+    of ``device`` waits for it."""
+    import torch
+
+    def stream():
+        return torch.cuda.Stream(stream_id=ids[0], device_index=ids[1], device_type=ids[2])
+
+    def wait():
+        if _current_id(device) != ids:
+            torch.cuda.current_stream(device).wait_stream(stream())
+
+    return Work(wait, lambda: stream().query())

@@ -6,9 +6,11 @@ At :func:`open_channels` (collective) each receiver allocates its mailbox and sh
 interprocess CUDA events (``cudaEventInterprocess``) plus two counters in a shared-memory page (``posted``,
 ``consumed``):
 
-* the sender copies into slot ``seq % slots``, records that slot's *ready* event and sets ``posted = seq + 1``;
+* the sender copies into slot ``seq % slots``, records that slot's *ready* event and sets ``posted = seq + 1``
+  (a large message in pieces, a ready event after each);
 * the receiver waits (host) until ``posted`` covers its message, makes its stream wait on the ready event,
-  copies the slot out, records the slot's *consumed* event and sets ``consumed = seq + 1``;
+  copies the slot out (piece by piece, each after its event), records the slot's *consumed* event and sets
+  ``consumed = seq + 1``;
 * a sender reuses a slot only after ``consumed`` passed it and its stream waited on that consumed event.
 
 So the host blocks only for flow control (all slots full) or until the peer has *issued* the matching call.
@@ -41,7 +43,7 @@ class Channel:
     slots: list
     """slot tensors: on the receiver, its own memory; on the sender, the mapped remote memory"""
     ready: list
-    """interprocess events recorded by the sender after its copy"""
+    """interprocess events recorded by the sender after its copy (``chunks`` per slot: after each piece)"""
     consumed: list
     """interprocess events recorded by the receiver after its copy-out"""
     counters: Any
@@ -219,10 +221,11 @@ def close_handle(ptr: int, device) -> None:
         _cu(libcuda().cuIpcCloseMemHandle(ptr), "cuIpcCloseMemHandle")
 
 
-def open_channels(ctx, pairs: set[tuple[int, int]], capacity: int, slots: int):
+def open_channels(ctx, pairs: set[tuple[int, int]], capacity: int, slots: int, chunks: int = 1):
     """Collective: the mailboxes of every directed pair. Returns ``(out, inn)``: ``{dst: Channel}`` for the
     pairs this rank sends on, ``{src: Channel}`` for those it receives on. ``capacity``: bytes per slot
-    (already aligned)."""
+    (already aligned); ``chunks``: ready events per slot (``ready[slot * chunks + k]``: a message sent in
+    pieces signals each)."""
     import torch
     import torch.distributed as dist
     from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
@@ -244,7 +247,7 @@ def open_channels(ctx, pairs: set[tuple[int, int]], capacity: int, slots: int):
             keep[("recv", a, b)] = (buf, consumed, ctr, mm, path)
         if a == me:  # sender owns the ready events
             with torch.cuda.device(dev):
-                ready = [torch.cuda.Event(interprocess=True) for _ in range(slots)]
+                ready = [torch.cuda.Event(interprocess=True) for _ in range(slots * chunks)]
                 handles = [e.ipc_handle() for e in ready]
             mine[("send", a, b)] = dict(ready=handles, device=dev.index)
             keep[("send", a, b)] = ready

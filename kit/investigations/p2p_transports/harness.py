@@ -95,16 +95,25 @@ def post(T, op_list) -> list:
     return T.exchange(op_list)
 
 
+_JOIN_EVENTS: dict = {}  # device index -> the event join records there (see join)
+
+
 def join(T, ctx, flows) -> None:
     """In one process, make this rank's current stream wait for every device a flow touched (so events on it
-    time the whole transfer)."""
+    time the whole transfer). One event per device, reused: each is recorded and waited for at once, in this
+    thread, so no wait can see a later record (a fresh event per round -- ``Stream.wait_stream`` -- adds its
+    creation and destruction to every 1 KiB message)."""
     import torch
 
     if T.caps.in_process and ctx.is_cuda:
         main = torch.cuda.current_stream(ctx.device)
         for d in {d for f in flows for d in f[:2]}:
             if d != ctx.device.index:
-                main.wait_stream(torch.cuda.current_stream(d))
+                ev = _JOIN_EVENTS.get(d)
+                if ev is None:
+                    ev = _JOIN_EVENTS[d] = torch.cuda.Event()
+                ev.record(torch.cuda.current_stream(d))
+                main.wait_event(ev)
 
 
 def transfer(T, ctx, flows, bufs) -> None:
