@@ -200,7 +200,9 @@ class CopyTransport(Transport):
         At 1 KiB the host's bookkeeping is the message's whole cost: every Python-level CUDA call costs
         microseconds (on 2xH200 the same transfer built from events and a ctypes memcpy took 47 us per message
         where the bare ``copy_`` loop took 13 us), so the streams are kept as the ids
-        ``torch.cuda.current_stream`` is built from, and a Stream object is made only when a wait needs one."""
+        ``torch.cuda.current_stream`` is built from, and a Stream object is made only when a wait needs one (on
+        an H200 host: 0.14 us per id, 1.52 us per Stream; this path's two Works and their waits 2.7 us, 7.7 with
+        Stream objects -- ``recorded/notes/host-cost-h200/``)."""
         import torch
 
         if len(ops) != 2:
