@@ -51,14 +51,20 @@ def measure(fn: Callable[[], object], ctx, *, iters: int = 10, repeats: int = 10
 
 
 def measure_interleaved(fns: dict[str, Callable[[], object]], ctx, *, iters: int = 10, repeats: int = 10,
-                        warmup: int = 3, aligned: bool = True) -> dict[str, Samples]:
+                        warmup: int = 3, aligned: bool = True,
+                        finish: dict[str, Callable[[], object]] | None = None) -> dict[str, Samples]:
     """:func:`measure` for several functions whose times are compared, their samples taken in turn (sample
     ``i`` of every function, then sample ``i + 1``): a drift of the machine during the point (clocks, another
     process) then reaches each of them alike instead of whichever ran last. (On 2xH200 a bare 1 KiB ``copy_``
-    loop timed on its own after the transports drifted from 22.8 to 52.4 us within one run.)"""
-    for fn in fns.values():
+    loop timed on its own after the transports drifted from 22.8 to 52.4 us within one run.) ``finish[name]``
+    runs once after each sample's calls of that function, before the sample's end is recorded: it orders the
+    timed stream after work the calls left on other streams (inside the sample, once, not per call)."""
+    finish = finish or {}
+    for name, fn in fns.items():
         for _ in range(warmup):
             fn()
+        if name in finish:
+            finish[name]()
     ctx.sync()
     out = {name: Samples("eager") for name in fns}
     if ctx.is_cuda:
@@ -75,6 +81,8 @@ def measure_interleaved(fns: dict[str, Callable[[], object]], ctx, *, iters: int
                 start.record()
                 for _ in range(iters):
                     fn()
+                if name in finish:
+                    finish[name]()
                 end.record()
                 h1 = time.perf_counter()
                 end.synchronize()
@@ -83,6 +91,8 @@ def measure_interleaved(fns: dict[str, Callable[[], object]], ctx, *, iters: int
             else:
                 for _ in range(iters):
                     fn()
+                if name in finish:
+                    finish[name]()
                 s.device_s.append((time.perf_counter() - h0) / iters)
     return out
 

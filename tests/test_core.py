@@ -135,8 +135,8 @@ def test_measure_interleaved_takes_samples_in_turn():
     ctx = _HostCtx()
     log = []
     fns = {"a": lambda: log.append("a"), "b": lambda: (log.append("b"), time.sleep(0.002))}
-    s = timing.measure_interleaved(fns, ctx, iters=2, repeats=3, warmup=1)
-    assert "".join(log) == "ab" + "aabb" * 3
+    s = timing.measure_interleaved(fns, ctx, iters=2, repeats=3, warmup=1, finish={"a": lambda: log.append("|")})
+    assert "".join(log) == "a|b" + "aa|bb" * 3  # a's finish once per sample (and after its warm-up), b has none
     assert ctx.barriers == 2 * 3 and list(s) == ["a", "b"]
     assert len(s["a"].device_s) == len(s["b"].device_s) == 3
     assert max(s["a"].device_s) < 0.001 < min(s["b"].device_s)

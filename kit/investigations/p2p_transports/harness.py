@@ -117,11 +117,13 @@ def join(T, ctx, flows) -> None:
                 main.wait_event(ev)
 
 
-def transfer(T, ctx, flows, bufs) -> None:
-    """This process's part of one round of ``flows`` (every message posted at once, then waited for)."""
+def transfer(T, ctx, flows, bufs, joined: bool = True) -> None:
+    """This process's part of one round of ``flows`` (every message posted at once, then waited for: what a
+    program does). ``joined``: then :func:`join` (the timed loop joins once per sample instead)."""
     for w in post(T, ops(T, flows, bufs)):
         w.wait()
-    join(T, ctx, flows)
+    if joined:
+        join(T, ctx, flows)
 
 
 def verified_transfer(T, ctx, flows, bufs, seq: int) -> None:
@@ -142,8 +144,10 @@ def participates(T, flows) -> bool:
 
 def timed_rows(cfg, ctx, T, S, flows, keys: dict, kind: str, reference=None) -> list[dict]:
     """One timed point: the first round verified, then ``repeats`` samples of ``iters`` rounds
-    (:func:`kit.timing.measure` with ``S`` as its ctx; every round verified when ``cfg.verify``). Rows for the
-    processes that take part. ``reference(bufs)`` -> ``{transport name: fn}``: loops the transport is compared
+    (:func:`kit.timing.measure` with ``S`` as its ctx; every round verified when ``cfg.verify``), the rounds
+    posted and waited for as a program does, and joined into the timed stream once per sample (:func:`join`:
+    a bare ``copy_`` loop needs no join, so a join per round would be harness cost the transport is charged
+    for). Rows for the processes that take part. ``reference(bufs)`` -> ``{transport name: fn}``: loops the transport is compared
     with, on the same buffers, their samples taken in turn with the transport's
     (:func:`kit.timing.measure_interleaved`); their rows carry that name as ``transport``."""
     bufs = buffers(T, flows)
@@ -156,9 +160,10 @@ def timed_rows(cfg, ctx, T, S, flows, keys: dict, kind: str, reference=None) -> 
             seq[0] += 1
     else:
         def fn():
-            transfer(T, ctx, flows, bufs)
+            transfer(T, ctx, flows, bufs, joined=False)
     refs = reference(bufs) if reference is not None else {}
-    s = timing.measure_interleaved({T.name: fn, **refs}, S, iters=cfg.iters, repeats=cfg.repeats, warmup=cfg.warmup)
+    s = timing.measure_interleaved({T.name: fn, **refs}, S, iters=cfg.iters, repeats=cfg.repeats, warmup=cfg.warmup,
+                                   finish={T.name: lambda: join(T, ctx, flows)})
     if not participates(T, flows):
         return []
     return [dict(r, kind=kind) for name, samples in s.items()
