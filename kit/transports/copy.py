@@ -12,11 +12,12 @@ Why not ``dst.copy_(src)`` for every message (the bare loop the investigation co
 between devices, ``copy_`` makes the source's current stream wait for the destination's current stream *and* the
 destination's for the source's (a two-way barrier, ``copy_device_to_device`` in
 ``aten/src/ATen/native/cuda/Copy.cu``); in a pipeline the destination's current stream is the receiving stage's
-compute. Here the copy waits only for the data (the stream it was produced on) and for the destination buffer
-(the receiver's current stream *at the receive*), and only the stream that waits on the Work is ordered after
-it. (The pipeline posts its receives on streams of their own --
-:class:`kit.investigations.p2p_transports.pipeline.CommStreams` -- so "the receiver's current stream" there
-is not the stage's compute.) Peer access is enabled once per pair (a one-byte ``copy_``: PyTorch enables and
+compute. Here the copy waits only for the data and for the destination buffer (the receiver's current stream
+*at the receive*), and only the stream that waits on the Work is ordered after it. The copy runs on the stream
+the data was produced on, or on a stream the receive names, which then waits only for the event recorded at the
+send: the pipeline (:class:`kit.investigations.p2p_transports.pipeline.CommStreams`) names the receiving GPU's
+receive stream -- a stream the sender made wait for its *next* send would otherwise hold the copy back -- and
+allocates the buffer there, so neither side's later compute delays a copy. Peer access is enabled once per pair (a one-byte ``copy_``: PyTorch enables and
 caches it), so the copy goes over NVLink/PCIe peer-to-peer.
 
 Thread-safe: one driver thread per GPU may send and receive at once (the pipeline's device-bound driver);
@@ -52,7 +53,8 @@ class _Events:
 @dataclass
 class _Msg:
     t: object
-    produced: object  # event on the stream the data was produced on
+    data: object  # t's bytes, dense (packed at the send, on the stream t was produced on, when t is strided)
+    produced: object  # event on the stream the data was produced on, after the packing
     stream: object  # that stream
     done: object = None  # event after the copy (set by the receive)
 
@@ -91,13 +93,18 @@ class CopyTransport(Transport):
             return self._cv.wait_for(lambda: self.posted > seen, timeout if timeout is not None else self.timeout_s)
 
     def _peer(self, src: int, dst: int) -> None:
-        """Enable peer access ``src`` -> ``dst`` once: PyTorch enables (and caches) it on a first ``copy_``."""
+        """Enable peer access between ``src`` and ``dst`` once, both ways: PyTorch enables (and caches) it on a
+        first ``copy_`` between them, and peer access is one-directional (``cuCtxEnablePeerAccess``: "a separate
+        symmetric call ... is required"), while a copy here may run on either GPU's stream (pushed by the
+        sender's, or pulled by the receiver's)."""
         if (src, dst) not in self._peers:
             import torch
 
-            torch.empty(1, device=f"cuda:{dst}").copy_(torch.zeros(1, device=f"cuda:{src}"))
+            for a, b in ((src, dst), (dst, src)):
+                torch.empty(1, device=f"cuda:{b}").copy_(torch.zeros(1, device=f"cuda:{a}"))
             torch.cuda.synchronize(src)
-            self._peers.add((src, dst))
+            torch.cuda.synchronize(dst)
+            self._peers |= {(src, dst), (dst, src)}
 
     def isend(self, t, dst: int) -> Work:
         """Posts ``t``; the copy itself is issued by the matching ``irecv`` (the destination is known then).
@@ -106,7 +113,8 @@ class CopyTransport(Transport):
 
         src = t.device.index
         s = torch.cuda.current_stream(src)
-        msg = _Msg(t, self._events.record(s), s)
+        data = flat_bytes(t)  # a strided t is packed here, on the stream it was produced on
+        msg = _Msg(t, data, self._events.record(s), s)
         with self._cv:
             self._box.setdefault((src, dst), deque()).append(msg)
             self.posted += 1
@@ -129,8 +137,11 @@ class CopyTransport(Transport):
 
     def irecv(self, out, src: int, stream=None) -> Work:
         """Issues the copy of the oldest message posted from ``src`` to ``out``'s device, on the stream the
-        data was produced on (or ``stream``). The Work's ``wait()`` orders the destination device's current
-        stream after it."""
+        data was produced on -- or on ``stream``, which then waits only for the data (the event recorded at the
+        send): a stream the sender has made wait for more since (its next send) would hold the copy back too. The
+        pipeline passes the receiver's receive stream (a copy engine of the receiving GPU pulls the bytes; peer
+        access is enabled in that direction, see :meth:`_peer`). The Work's ``wait()`` orders the destination
+        device's current stream after the copy."""
         dst = out.device.index
         with self._cv:
             box = self._box.get((src, dst))
@@ -149,18 +160,17 @@ class CopyTransport(Transport):
         s = stream if stream is not None else msg.stream
         if s is not msg.stream:
             s.wait_event(msg.produced)
-        s.wait_event(self._events.record(torch.cuda.current_stream(dst)))  # out may be overwritten from here
+        cur = torch.cuda.current_stream(dst)
+        if s != cur:  # out may be overwritten once the receiver's current stream got here
+            s.wait_event(self._events.record(cur))
         into = out if out.is_contiguous() else torch.empty(out.shape, dtype=out.dtype, device=out.device)
-        with torch.cuda.stream(s):  # a strided t is packed on the copy's own stream, before the copy reads it
-            data = flat_bytes(t)
-        peer_memcpy(into, data, nbytes(t), s)
-        t.record_stream(s)  # the allocator must not hand either buffer out again before the copy is done
+        peer_memcpy(into, msg.data, nbytes(t), s)
+        msg.data.record_stream(s)  # the allocator must not hand either buffer out again before the copy is done
         into.record_stream(s)
         msg.done = self._events.record(s)
         if into is out:
             return _recv_work(msg.done, dst)
-        cur = torch.cuda.current_stream(dst)  # a strided destination: written from the copy on its device
-        cur.wait_event(msg.done)
+        cur.wait_event(msg.done)  # a strided destination: written from the copy on its device
         out.copy_(into)
         return _recv_work(self._events.record(cur), dst)
 

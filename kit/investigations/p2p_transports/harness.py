@@ -144,7 +144,7 @@ def participates(T, flows) -> bool:
 
 def timed_rows(cfg, ctx, T, S, flows, keys: dict, kind: str, reference=None) -> list[dict]:
     """One timed point: the first round verified, then ``repeats`` samples of ``iters`` rounds
-    (:func:`kit.timing.measure` with ``S`` as its ctx; every round verified when ``cfg.verify``), the rounds
+    (:func:`kit.timing.measure_interleaved` with ``S`` as its ctx; every round verified when ``cfg.verify``), the rounds
     posted and waited for as a program does, and joined into the timed stream once per sample (:func:`join`:
     a bare ``copy_`` loop needs no join, so a join per round would be harness cost the transport is charged
     for). Rows for the processes that take part. ``reference(bufs)`` -> ``{transport name: fn}``: loops the transport is compared
@@ -162,8 +162,9 @@ def timed_rows(cfg, ctx, T, S, flows, keys: dict, kind: str, reference=None) -> 
         def fn():
             transfer(T, ctx, flows, bufs, joined=False)
     refs = reference(bufs) if reference is not None else {}
+    joins = {T.name: lambda: join(T, ctx, flows)} if participates(T, flows) else {}  # the others stay off the GPUs
     s = timing.measure_interleaved({T.name: fn, **refs}, S, iters=cfg.iters, repeats=cfg.repeats, warmup=cfg.warmup,
-                                   finish={T.name: lambda: join(T, ctx, flows)})
+                                   finish=joins)
     if not participates(T, flows):
         return []
     return [dict(r, kind=kind) for name, samples in s.items()

@@ -37,13 +37,15 @@ class CommStreams:
 
     ``send``: a device's outgoing transfers; it waits for that device's compute when a send is posted (the data
     is produced there). ``recv``: where receive buffers are allocated and, for an in-process transport, where
-    receives are posted; it never waits for compute, so a copy into a buffer waits only for the data and the
-    buffer -- not for whatever the receiving stage has queued. With one stream for both (as the kit had until
-    2026-11-23), a receive posted together with a send (Megatron's pairing) waited, through that stream, for
-    the compute that produced the send's data: each gradient copy into stage 0 waited for stage 0's next
-    forward, and stage 1's comm stream in turn for that copy. A cross-process transport posts a send and a
-    receive of one device in one ``exchange`` on one current stream, so it gets one stream for both
-    (:meth:`make` with ``separate=False``)."""
+    the receive's copy runs (``T.irecv(out, src, stream=...)``); it waits for nothing but each message's own
+    send event, so a copy waits only for its data and its buffer -- not for what the receiving stage has queued
+    since, nor for what the sending stage queued after the send. With one stream for both (as the kit had
+    until 2026-11-23), a receive posted together with a send (Megatron's pairing) waited, through that stream,
+    for the compute that produced the send's data; and a copy issued on the sender's stream waited for every
+    later send the sender had posted before the receive came (the host driver posts the next gradient before
+    the previous stage receives the last one). A cross-process transport posts a send and a receive of one
+    device in one ``exchange`` on one current stream, so it gets one stream for both (:meth:`make` with
+    ``separate=False``)."""
 
     send: dict
     recv: dict
@@ -183,8 +185,9 @@ class Stage:
 def _issue(T, ops, comm: CommStreams | None = None, me: int | None = None) -> Iterator[None]:
     """Post ``ops`` on ``T``; in one process (``T.caps.in_process``) post the sends, then yield until every receive
     has a posted message. With ``comm`` the sends are posted on the send streams (each first waits for the
-    current stream of its device: the data was produced there) and an in-process transport's receives on the
-    receive streams (which wait for nothing); ``Work.wait()`` later orders the compute stream after them.
+    current stream of its device: the data was produced there) and an in-process transport's receives copy on
+    the receive streams (``irecv(..., stream=)``: they wait for nothing else); ``Work.wait()`` later orders the
+    compute stream after them.
     Returns the Works (a generator's return value)."""
     if not ops:
         return []
@@ -203,7 +206,9 @@ def _issue(T, ops, comm: CommStreams | None = None, me: int | None = None) -> It
         while not T.poll(p, me):
             yield
     with _on_streams([op for _, op in recvs], recv):
-        works.update({i: T.irecv(t, p) for i, (_k, t, p) in recvs})
+        for i, (_k, t, p) in recvs:  # the copy on the receive stream: it waits only for its message's send event
+            s = recv.get(t.device.index) if recv and t.is_cuda else None
+            works[i] = T.irecv(t, p) if s is None else T.irecv(t, p, stream=s)
     return [works[i] for i in range(len(ops))]
 
 
