@@ -3,11 +3,13 @@
 
 The sender copies its tensor straight into a slot of the receiver's mailbox (``cuMemcpyDtoDAsync`` on its own
 stream: a copy engine); the receiver copies the slot into the caller's tensor, a local device copy about 5x
-faster than the link. That second copy is the price of a buffered transport: done after the whole message it
-adds ~1/5 to every large transfer (on 2xH200 at 256 MiB both ways at once ipc reached 0.86x copy). So a message
-of at least :data:`PIECE_MIN_BYTES` moves in :data:`PIECES` pieces, each signalled by its own ready event, and
-the receiver copies piece ``k`` out while piece ``k + 1`` crosses the link: only the last piece's copy-out
-remains. (``ipc-direct`` has no second copy at all.) The endpoint is the rank.
+faster than the link. That second copy is the price of a buffered transport. One way it hides behind the next
+message's transfer (it runs on the other GPU); both ways at once it did not: each rank's copy-out queued on the
+stream that carries its own outgoing copy, so every round was the transfer *then* the copy-out (2xH200, 256 MiB:
+840 us per round vs copy's 726, 0.86x). So a message of at least :data:`PIECE_MIN_BYTES` moves in :data:`PIECES` pieces, each
+signalled by its own ready event, on a send stream of its own (:meth:`IpcTransport._send_stream`), and the
+receiver copies piece ``k`` out while piece ``k + 1`` crosses the link: only the last piece's copy-out remains.
+(``ipc-direct`` has no second copy at all.) The endpoint is the rank.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class IpcTransport(Transport):
         self._in: dict[int, mailbox.Channel] = {}  # src -> channel (we receive)
         self._pairs: set = set()
         self._capacity = 0
+        self._side: dict = {}  # (device, caller stream) -> the send stream of pieced messages
 
     def setup(self, pairs, capacity: int) -> None:
         """Collective: mailboxes for ``pairs`` with slots of ``capacity`` bytes (kept when already large
@@ -79,11 +82,16 @@ class IpcTransport(Transport):
         seq, slot = ch.seq, ch.seq % self.slots
         if seq >= self.slots:  # flow control: the receiver must have taken message seq - slots out of this slot
             self._spin(lambda: int(ch.counters[1]) > seq - self.slots, f"waiting for rank {dst} to free a slot")
-        stream = torch.cuda.current_stream(t.device)
+        cur = torch.cuda.current_stream(t.device)
+        data = flat_bytes(t)  # a strided t is packed on the current stream, where it was produced
+        parts = pieces(n)
+        stream = cur if len(parts) == 1 else self._send_stream(cur)
+        if stream is not cur:  # the pieces go out on a send stream of their own, after the data was produced
+            stream.wait_stream(cur)
+            data.record_stream(stream)
         stream.wait_event(ch.consumed[slot])
-        data = flat_bytes(t)  # kept alive until the copies are queued (a strided t is packed on this stream)
         dst, src = ch.slots[slot].data_ptr(), data.data_ptr()
-        for k, (o, m) in enumerate(pieces(n)):  # a cudaMemcpy per piece on our stream, each then signalled
+        for k, (o, m) in enumerate(parts):  # a cudaMemcpy per piece, each then signalled
             mailbox.memcpy_dtod(dst + o, src + o, m, stream)
             ch.ready[slot * PIECES + k].record(stream)
         ch.counters[0] = seq + 1
@@ -91,6 +99,17 @@ class IpcTransport(Transport):
         done = torch.cuda.Event()
         done.record(stream)
         return event_work(done, [t.device])
+
+    def _send_stream(self, cur):
+        """The stream a pieced message from ``cur`` goes out on: one per caller stream, so flows a caller puts on
+        two streams stay on two (``caps.second_channel``), and a receive's copy-out -- on the caller's stream --
+        never queues behind this rank's own outgoing pieces."""
+        import torch
+
+        key = (cur.device.index, cur.cuda_stream)
+        if key not in self._side:
+            self._side[key] = torch.cuda.Stream(cur.device)
+        return self._side[key]
 
     def irecv(self, out, src: int) -> Work:
         """Queues the receive; its ``wait()`` completes it (and every earlier receive from ``src``, messages
