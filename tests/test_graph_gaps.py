@@ -290,3 +290,37 @@ def test_record_node_probe_without_nccl():
         assert ext.replay_per_layer_us > plain.replay_per_layer_us
     assert t.loc[(2048, 160, "ext"), q].tolist() == pytest.approx([23.6, 68.3, 114.5, 158.1], abs=0.1)
     assert INVESTIGATION.table("record_node_probe", None).equals(probe_table())
+
+
+def test_work_table_of_one_rank_without_nccl_kernels():
+    """One GPU (no NCCL kernel, so no gap before one -- the column is absent): the table still gives each
+    variant's GEMM and forward times and graph/eager, and the findings do not fail (was a KeyError on 1xH200)."""
+    import pandas as pd
+
+    recorded = _mechanism_runs().df
+    one = recorded[recorded["kind"].isin(["work", "work_time"]) & (recorded["rank"] == 0)]
+    one = one.drop(columns=[c for c in one.columns if c.startswith("gap_nccl")])
+    wt = G.work_table(one)
+    assert len(wt) and "gap_nccl_graph_us" not in wt.columns and "gap_other_graph_us" in wt.columns
+    assert (wt["graph_over_eager"] > 0).all() and wt["compute_kernel_median_us"].notna().all()
+    assert G.work_table(pd.DataFrame({"kind": ["other"]})).empty
+
+
+def test_one_gpu_run_gives_every_table_figure_and_finding():
+    """A graph_gaps run on one H200 (committed under tests/data): no NCCL kernel exists, so every table, figure and
+    finding must work without the gap-before-NCCL columns (the mechanism tables raised KeyError on 1xH200) and
+    the findings say what one rank cannot show."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from conftest import ROOT
+
+    runs = results.RunSet(sorted((ROOT / "tests/data/graph_gaps-1xh200/graph_gaps").iterdir()))
+    inv = G.INVESTIGATION
+    tables = {name: fn(runs) for name, fn in inv.tables.items()}
+    assert len(tables["work"]) == 7 and "gap_nccl_graph_us" not in tables["work"].columns
+    assert list(tables["replays"]["how"]) == ["first", "second", "synced", "queued"]
+    for fn in inv.figures.values():
+        fn(runs)
+    keys = [f.key for f in inv.findings(runs)]
+    assert keys[0] == "no_nccl_kernel" and not any(k.startswith(("edges[", "gap_vs_work[", "replay_gaps[")) for k in keys)

@@ -218,16 +218,18 @@ def work_table(df) -> "pd.DataFrame":
     if w.empty:
         return pd.DataFrame()
     keys = ["label", "variant"]
+    # one rank (one GPU) has no NCCL kernel and so no gap before one: those columns are absent, not an error
+    gaps = [c for c in ("gap_nccl_median_us", "gap_other_median_us") if c in w.columns]
     prof = w.groupby(keys + ["mode"]).agg(
         **{c: (c, "first") for c in WORK_COLUMNS if c in w.columns},
-        compute_kernel_median_us=("compute_kernel_median_us", "median"),
-        gap_nccl_median_us=("gap_nccl_median_us", "median"),
-        gap_other_median_us=("gap_other_median_us", "median")).reset_index()
-    wide = prof.pivot_table(index=keys, columns="mode", values=["gap_nccl_median_us", "gap_other_median_us"])
-    wide.columns = [f"{a.replace('_median_us', '')}_{b}_us" for a, b in wide.columns]
+        **{c: (c, "median") for c in ["compute_kernel_median_us"] + gaps if c in w.columns}).reset_index()
     base = prof[prof["mode"] == "graph"].set_index(keys)[[c for c in WORK_COLUMNS + ["compute_kernel_median_us"]
                                                           if c in prof.columns]]
-    out = base.join(wide)
+    out = base
+    if gaps:
+        wide = prof.pivot_table(index=keys, columns="mode", values=gaps)
+        wide.columns = [f"{a.replace('_median_us', '')}_{b}_us" for a, b in wide.columns]
+        out = base.join(wide)
     if not t.empty:
         s = stats.slowest_rank_stats(t, keys + ["mode"])
         ft = s.pivot_table(index=keys, columns="mode", values="time_us_median")
@@ -247,9 +249,9 @@ def replay_table(df) -> "pd.DataFrame":
     if r.empty:
         return pd.DataFrame()
     s = stats.slowest_rank_stats(r, ["label", "how"])[["label", "how", "time_us_median", "time_us_p90"]]
-    if not g.empty:
-        s = s.merge(g.groupby(["label", "how"])[["gap_nccl_median_us", "gap_nccl_p90_us", "gap_other_median_us"]]
-                    .median().reset_index(), on=["label", "how"], how="left")
+    gaps = [c for c in ("gap_nccl_median_us", "gap_nccl_p90_us", "gap_other_median_us") if c in g.columns]
+    if not g.empty and gaps:  # one rank has no NCCL kernel, so no gap before one
+        s = s.merge(g.groupby(["label", "how"])[gaps].median().reset_index(), on=["label", "how"], how="left")
     order = {"first": 0, "second": 1, "synced": 2, "queued": 3}
     return s.sort_values(["label", "how"], key=lambda c: c.map(order) if c.name == "how" else c).reset_index(drop=True)
 
