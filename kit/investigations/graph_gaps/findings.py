@@ -123,8 +123,6 @@ def _mechanism_findings(df, labels: list[str]) -> list[Finding]:
     for label in et.columns:
         n = int(et[label].get("EVENT_RECORD -> KERNEL:nccl", 0))
         direct = int(et[label].get("KERNEL:nccl -> KERNEL:nccl", 0))
-        if n == direct == 0 and not any("nccl" in str(k) for k in et[label].index):
-            continue  # no NCCL kernel in the graph (one rank): no_nccl_kernel says so
         out.append(Finding(f"edges[{label}]", f"edges | {label}: {n} NCCL kernels wait for an EVENT_RECORD node "
                                               f"of the previous NCCL call, {direct} directly for the previous NCCL "
                                               f"kernel", float(n)))
