@@ -41,6 +41,8 @@ class IpcTransport(Transport):
 
     def __init__(self, ctx, timeout_s: float = 300.0, slots: int = 4):
         super().__init__(ctx, timeout_s)
+        if not 1 <= slots <= mailbox.COUNTERS - 2:
+            raise ValueError(f"ipc: slots must be 1..{mailbox.COUNTERS - 2} (got {slots})")
         mailbox.one_node(ctx, self.name)  # collective checks, so every rank reaches the same verdict
         self.slots = slots
         self._out: dict[int, mailbox.Channel] = {}  # dst -> channel (we send)
@@ -73,6 +75,10 @@ class IpcTransport(Transport):
         return ch
 
     def isend(self, t, dst: int) -> Work:
+        """Copies ``t`` into the peer's mailbox (a message of :data:`PIECE_MIN_BYTES` or more in pieces, on a
+        send stream: then ``t`` is read *after* this call in stream order too, so it must not be written before
+        the Work is waited -- the interface's rule for every transport). Blocks the host only while every slot
+        to ``dst`` is full."""
         import torch
 
         ch = self._channel(self._out, dst, "send")
@@ -94,6 +100,7 @@ class IpcTransport(Transport):
         for k, (o, m) in enumerate(parts):  # a cudaMemcpy per piece, each then signalled
             mailbox.memcpy_dtod(dst + o, src + o, m, stream)
             ch.ready[slot * PIECES + k].record(stream)
+        ch.counters[2 + slot] = n  # the receiver checks its size against it (and so cuts the same pieces)
         ch.counters[0] = seq + 1
         ch.seq += 1
         done = torch.cuda.Event()
@@ -133,9 +140,9 @@ class IpcTransport(Transport):
         out = item["out"]
         seq, slot = ch.seq, ch.seq % self.slots
         self._spin(lambda: int(ch.counters[0]) > seq, f"waiting for message {seq} from rank {ch.peer}")
-        n = nbytes(out)
-        if n > ch.capacity:
-            raise ValueError(f"ipc: receive of {n} B exceeds the mailbox slot ({ch.capacity} B)")
+        n, sent = nbytes(out), int(ch.counters[2 + slot])
+        if n != sent:
+            raise ValueError(f"ipc: rank {ch.peer} sent {sent} B, receiving into {n} B (message {seq})")
         stream = torch.cuda.current_stream(out.device)
         parts = pieces(n)
         if len(parts) > 1 and out.is_contiguous():  # piece k copied out while piece k + 1 crosses the link

@@ -47,7 +47,7 @@ class Channel:
     consumed: list
     """interprocess events recorded by the receiver after its copy-out"""
     counters: Any
-    """int64[2] in shared memory: posted, consumed"""
+    """int64 words in shared memory: posted, consumed, one per slot (:func:`map_counters`)"""
     mm: Any
     capacity: int
     seq: int = 0
@@ -77,12 +77,16 @@ def map_shared(path: str, create: bool, size: int = 0):
         os.close(fd)
 
 
+COUNTERS = mmap.PAGESIZE // 8  # int64 words in a counter page: posted, consumed, then one per slot (ipc: bytes sent)
+
+
 def map_counters(path: str, create: bool):
-    """The two int64 counters in the shared page at ``path`` (created, zeroed, when ``create``)."""
+    """The int64 words of the shared page at ``path`` (created, zeroed, when ``create``): ``[0]`` posted,
+    ``[1]`` consumed, ``[2 + slot]`` free for the transport (ipc: the size of the message in that slot)."""
     import numpy as np
 
     mm = map_shared(path, create, mmap.PAGESIZE)
-    return np.frombuffer(mm, dtype=np.int64, count=2), mm
+    return np.frombuffer(mm, dtype=np.int64, count=COUNTERS), mm
 
 
 def shm_path(a: int, b: int) -> str:

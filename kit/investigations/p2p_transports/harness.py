@@ -120,8 +120,15 @@ def join(T, ctx, flows) -> None:
 def transfer(T, ctx, flows, bufs, joined: bool = True) -> None:
     """This process's part of one round of ``flows`` (every message posted at once, then waited for: what a
     program does). ``joined``: then :func:`join` (the timed loop joins once per sample instead)."""
-    for w in post(T, ops(T, flows, bufs)):
-        w.wait()
+    o = ops(T, flows, bufs)
+    works = post(T, o)
+    # receives first, as a program waits for the data it needs and for its sends later: a send's wait orders the
+    # current stream after the whole outgoing copy, and a receive completed after it (ipc: its copy-out queued on
+    # that stream) could then not overlap the transfer
+    for first in (True, False):
+        for op, w in zip(o, works):
+            if (op[0] == "recv") == first:
+                w.wait()
     if joined:
         join(T, ctx, flows)
 
