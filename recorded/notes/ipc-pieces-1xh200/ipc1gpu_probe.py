@@ -49,6 +49,18 @@ def run(rank, world, port, out):
             want = torch.randn(elems, generator=g2, device="cuda:0")
             rows.append(dict(rank=rank, round=rnd, bytes=n, strided=strided, pieces=len(ipc.pieces(n)),
                              ok=bool(torch.equal(o, want))))
+    # a receive of another size than sent: one clear error on the receiver
+    x = torch.zeros(1024, device="cuda:0")
+    if rank == 0:
+        T.isend(x, 1).wait()
+    else:
+        try:
+            T.irecv(torch.empty(1000, device="cuda:0"), 0).wait()
+            rows.append(dict(rank=rank, round="size mismatch", ok=False, error=None))
+        except ValueError as e:
+            rows.append(dict(rank=rank, round="size mismatch", ok="sent 4096 B, receiving into 4000 B" in str(e),
+                             error=str(e)))
+    torch.cuda.synchronize(0)
     dist.barrier()
     T.close()
     json.dump(rows, open(f"{out}.{rank}", "w"))
@@ -62,4 +74,5 @@ if __name__ == "__main__":
     json.dump(rows, open(out, "w"), indent=1)
     bad = [r for r in rows if not r["ok"]]
     print(len(rows), "messages checked;", "all intact" if not bad else f"CORRUPT: {bad[:4]}")
-    print("pieced:", sum(r["pieces"] > 1 for r in rows), "whole:", sum(r["pieces"] == 1 for r in rows))
+    print("pieced:", sum(r.get("pieces", 0) > 1 for r in rows), "whole:", sum(r.get("pieces") == 1 for r in rows))
+    print([r for r in rows if r["round"] == "size mismatch"])
