@@ -79,20 +79,17 @@ def measure_interleaved(fns: dict[str, Callable[[], object]], ctx, *, iters: int
             h0 = time.perf_counter()
             if ctx.is_cuda:
                 start.record()
-                for _ in range(iters):
-                    fn()
-                if name in finish:
-                    finish[name]()
+            for _ in range(iters):
+                fn()
+            if name in finish:
+                finish[name]()
+            if ctx.is_cuda:
                 end.record()
                 h1 = time.perf_counter()
                 end.synchronize()
                 s.device_s.append(start.elapsed_time(end) / 1e3 / iters)
                 s.host_s.append((h1 - h0) / iters)
             else:
-                for _ in range(iters):
-                    fn()
-                if name in finish:
-                    finish[name]()
                 s.device_s.append((time.perf_counter() - h0) / iters)
     return out
 

@@ -29,8 +29,8 @@ A new transport is one class deriving :class:`Transport` with its :class:`Capabi
 
 from __future__ import annotations
 
-from .base import (Capabilities, Transport, TransportUnavailable, Work, check, current_streams, event_work,
-                   flat_bytes, nbytes, pattern)
+from .base import (Capabilities, SideStreams, Transport, TransportUnavailable, Work, check, current_streams,
+                   event_work, flat_bytes, nbytes, pattern)
 from .registry import capabilities, get, make, names, register
 
 # the built-in transports register themselves on import
@@ -40,6 +40,5 @@ from .dist import DistTransport, GlooTransport, NcclTransport  # noqa: E402
 from .ipc_direct import IpcDirectTransport  # noqa: E402
 
 __all__ = ["Capabilities", "CopyTransport", "DistTransport", "GlooTransport", "IpcDirectTransport", "IpcTransport",
-           "NcclTransport",
-           "Transport", "TransportUnavailable", "Work", "capabilities", "check", "current_streams", "event_work",
-           "flat_bytes", "get", "make", "names", "nbytes", "pattern", "register"]
+           "NcclTransport", "SideStreams", "Transport", "TransportUnavailable", "Work", "capabilities", "check",
+           "current_streams", "event_work", "flat_bytes", "get", "make", "names", "nbytes", "pattern", "register"]

@@ -94,6 +94,24 @@ def nbytes(t) -> int:
     return t.numel() * t.element_size()
 
 
+class SideStreams:
+    """CUDA streams a transport makes on first use and keeps, one per key: ``get(device, key)``. A transport that
+    issues copies on streams of its own keys them by what must stay apart -- the caller's stream (so flows a
+    caller puts on two streams stay on two: ``caps.second_channel``), a destination, an op of one call."""
+
+    def __init__(self):
+        self._streams: dict = {}
+
+    def get(self, device, key):
+        import torch
+
+        index = device if isinstance(device, int) else device.index
+        s = self._streams.get((index, key))
+        if s is None:
+            s = self._streams[(index, key)] = torch.cuda.Stream(index)
+        return s
+
+
 class current_streams:
     """Make the given CUDA streams current (each on its own device) for the duration of the block."""
 

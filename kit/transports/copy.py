@@ -17,8 +17,8 @@ compute. Here the copy waits only for the data and for the destination buffer (t
 the data was produced on, or on a stream the receive names, which then waits only for the event recorded at the
 send: the pipeline (:class:`kit.investigations.p2p_transports.pipeline.CommStreams`) names the receiving GPU's
 receive stream -- a stream the sender made wait for its *next* send would otherwise hold the copy back -- and
-allocates the buffer there, so neither side's later compute delays a copy. Peer access is enabled once per pair (a one-byte ``copy_``: PyTorch enables and
-caches it), so the copy goes over NVLink/PCIe peer-to-peer.
+allocates the buffer there, so neither side's later compute delays a copy. Peer access is enabled once per pair,
+both ways (a one-byte ``copy_``: PyTorch enables and caches it), so the copy goes over NVLink/PCIe peer-to-peer.
 
 Thread-safe: one driver thread per GPU may send and receive at once (the pipeline's device-bound driver);
 :meth:`wait_posted` lets such a thread sleep until a message is posted.
@@ -30,7 +30,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 
-from .base import Capabilities, Transport, Work, flat_bytes, nbytes
+from .base import Capabilities, SideStreams, Transport, Work, flat_bytes, nbytes
 from .mailbox import peer_memcpy
 from .registry import register
 
@@ -71,7 +71,7 @@ class CopyTransport(Transport):
         self._cv = threading.Condition()
         self._events = _Events()
         self._peers: set[tuple[int, int]] = set()
-        self._side: dict = {}
+        self._side = SideStreams()  # (source device, op) -> a stream for one of several copies in one call
         self.posted = 0  # messages posted so far (lets a driver detect a deadlock or sleep until one arrives)
 
     def device(self, endpoint: int):
@@ -197,7 +197,7 @@ class CopyTransport(Transport):
             _, out, src = ops[i]
             s = None
             if side:
-                s = self._side_stream(src, i)
+                s = self._side.get(src, i)
                 s.wait_stream(torch.cuda.current_stream(src))
             works[i] = self.irecv(out, src, stream=s)
         return [works[i] for i in range(len(ops))]
@@ -230,13 +230,6 @@ class CopyTransport(Transport):
         streams = _current_id(src), _current_id(dst)
         out.copy_(t)
         return [_after(streams[0], src), _after(streams[1], dst)]
-
-    def _side_stream(self, src: int, i: int):
-        import torch
-
-        if (src, i) not in self._side:
-            self._side[(src, i)] = torch.cuda.Stream(src)
-        return self._side[(src, i)]
 
 
 def _recv_work(done, dst: int) -> Work:

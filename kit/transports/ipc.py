@@ -6,9 +6,11 @@ stream: a copy engine); the receiver copies the slot into the caller's tensor, a
 faster than the link. That second copy is the price of a buffered transport. One way it hides behind the next
 message's transfer (it runs on the other GPU); both ways at once it did not: each rank's copy-out queued on the
 stream that carries its own outgoing copy, so every round was the transfer *then* the copy-out (2xH200, 256 MiB:
-840 us per round vs copy's 726, 0.86x). So a message of at least :data:`PIECE_MIN_BYTES` moves in :data:`PIECES` pieces, each
-signalled by its own ready event, on a send stream of its own (:meth:`IpcTransport._send_stream`), and the
-receiver copies piece ``k`` out while piece ``k + 1`` crosses the link: only the last piece's copy-out remains.
+840 us per round vs copy's 726, 0.86x). So a message of at least :data:`PIECE_MIN_BYTES` moves in
+:data:`PIECES` pieces, each signalled by its own ready event, on a send stream of its own (one per caller
+stream, so flows a caller puts on two streams stay on two, and a receive's copy-out -- on the caller's stream --
+never queues behind this rank's own outgoing pieces), and the receiver copies piece ``k`` out while piece
+``k + 1`` crosses the link: only the last piece's copy-out remains.
 (``ipc-direct`` has no second copy at all.) The endpoint is the rank.
 """
 
@@ -17,7 +19,7 @@ from __future__ import annotations
 from typing import Callable
 
 from . import mailbox
-from .base import Capabilities, Transport, Work, event_work, flat_bytes, nbytes
+from .base import Capabilities, SideStreams, Transport, Work, event_work, flat_bytes, nbytes
 from .registry import register
 
 PIECES = 8  # a large message's pieces: the copy-out of the last one (1/8 of the message) is what stays exposed
@@ -49,7 +51,7 @@ class IpcTransport(Transport):
         self._in: dict[int, mailbox.Channel] = {}  # src -> channel (we receive)
         self._pairs: set = set()
         self._capacity = 0
-        self._side: dict = {}  # (device, caller stream) -> the send stream of pieced messages
+        self._side = SideStreams()  # (device, caller stream) -> the send stream of pieced messages
 
     def setup(self, pairs, capacity: int) -> None:
         """Collective: mailboxes for ``pairs`` with slots of ``capacity`` bytes (kept when already large
@@ -91,7 +93,7 @@ class IpcTransport(Transport):
         cur = torch.cuda.current_stream(t.device)
         data = flat_bytes(t)  # a strided t is packed on the current stream, where it was produced
         parts = pieces(n)
-        stream = cur if len(parts) == 1 else self._send_stream(cur)
+        stream = cur if len(parts) == 1 else self._side.get(cur.device, cur.cuda_stream)
         if stream is not cur:  # the pieces go out on a send stream of their own, after the data was produced
             stream.wait_stream(cur)
             data.record_stream(stream)
@@ -106,17 +108,6 @@ class IpcTransport(Transport):
         done = torch.cuda.Event()
         done.record(stream)
         return event_work(done, [t.device])
-
-    def _send_stream(self, cur):
-        """The stream a pieced message from ``cur`` goes out on: one per caller stream, so flows a caller puts on
-        two streams stay on two (``caps.second_channel``), and a receive's copy-out -- on the caller's stream --
-        never queues behind this rank's own outgoing pieces."""
-        import torch
-
-        key = (cur.device.index, cur.cuda_stream)
-        if key not in self._side:
-            self._side[key] = torch.cuda.Stream(cur.device)
-        return self._side[key]
 
     def irecv(self, out, src: int) -> Work:
         """Queues the receive; its ``wait()`` completes it (and every earlier receive from ``src``, messages

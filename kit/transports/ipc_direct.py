@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from . import mailbox
-from .base import Capabilities, Transport, Work, flat_bytes, nbytes
+from .base import Capabilities, SideStreams, Transport, Work, flat_bytes, nbytes
 from .registry import register
 
 HEADER_BYTES = 64  # announced, posted (int64 each), padded so the descriptors start on a cache line
@@ -302,7 +302,7 @@ class IpcDirectTransport(Transport):
         self._in: dict[int, RecvEnd] = {}
         self._pairs: set = set()
         self._maps: OrderedDict = OrderedDict()  # handle -> [base address here, last copy's event]
-        self._side: dict = {}  # (dst, caller stream) -> side stream
+        self._side = SideStreams()  # (dst, caller stream) -> side stream
 
     def setup(self, pairs, capacity: int = 0) -> None:
         """Collective: rings for ``pairs`` (kept when they exist; otherwise every ring is reopened for the union
@@ -349,7 +349,8 @@ class IpcDirectTransport(Transport):
         end = self._end(self._out, dst, "send")
         self._check_tensor(t, "send")
         caller = torch.cuda.current_stream(t.device)
-        item = Send(end.seq, flat_bytes(t), nbytes(t), torch.cuda.Event(), self._side_stream(dst, caller))
+        side = self._side.get(self.ctx.device, (dst, caller.cuda_stream))
+        item = Send(end.seq, flat_bytes(t), nbytes(t), torch.cuda.Event(), side)
         item.produced.record(caller)
         end.post(item)
         self._progress()
@@ -365,14 +366,6 @@ class IpcDirectTransport(Transport):
             return item.issued and (item.done is None or item.done.query())
 
         return Work(wait, done)
-
-    def _side_stream(self, dst: int, caller):
-        import torch
-
-        key = (dst, caller.cuda_stream)
-        if key not in self._side:
-            self._side[key] = torch.cuda.Stream(self.ctx.device)
-        return self._side[key]
 
     def _issue(self, end: SendEnd, item: Send, d: Descriptor) -> None:
         import torch
@@ -491,7 +484,7 @@ class IpcDirectTransport(Transport):
             end.ring.close()
         for end in self._in.values():
             end.ring.close()
-        self._out, self._in, self._pairs, self._side = {}, {}, set(), {}
+        self._out, self._in, self._pairs, self._side = {}, {}, set(), SideStreams()
 
     def close(self) -> None:
         self._close_rings()

@@ -1,6 +1,6 @@
 """Experiment ``bandwidth``: one message of ``bytes`` from endpoint 0 to 1 (``direction`` ``one``), or one each
 way at once (``both``), ``iters`` messages per sample, barrier-aligned samples timed by
-:func:`kit.timing.measure_interleaved` (through :func:`.harness.timed_rows`; CUDA events on each participating rank's stream, host clock on CPU). A sample's
+:func:`.harness.timed_rows` (CUDA events on each participating rank's stream, host clock on CPU). A sample's
 time is the slowest participant's (the receiver's stream ends when the data is there).
 
 ``matrix`` rows: every ordered endpoint pair at ``matrix_bytes`` when there are more than two endpoints (as

@@ -151,12 +151,12 @@ def participates(T, flows) -> bool:
 
 def timed_rows(cfg, ctx, T, S, flows, keys: dict, kind: str, reference=None) -> list[dict]:
     """One timed point: the first round verified, then ``repeats`` samples of ``iters`` rounds
-    (:func:`kit.timing.measure_interleaved` with ``S`` as its ctx; every round verified when ``cfg.verify``), the rounds
-    posted and waited for as a program does, and joined into the timed stream once per sample (:func:`join`:
-    a bare ``copy_`` loop needs no join, so a join per round would be harness cost the transport is charged
-    for). Rows for the processes that take part. ``reference(bufs)`` -> ``{transport name: fn}``: loops the transport is compared
-    with, on the same buffers, their samples taken in turn with the transport's
-    (:func:`kit.timing.measure_interleaved`); their rows carry that name as ``transport``."""
+    (:func:`kit.timing.measure_interleaved` with ``S`` as its ctx; every round verified when ``cfg.verify``),
+    the rounds posted and waited for as a program does, and joined into the timed stream once per sample
+    (:func:`join`: a bare ``copy_`` loop needs no join, so a join per round would be harness cost the transport
+    is charged for). Rows for the processes that take part. ``reference(bufs)`` -> ``{transport name: fn}``:
+    loops the transport is compared with, on the same buffers, their samples taken in turn with the
+    transport's; their rows carry that name as ``transport``."""
     bufs = buffers(T, flows)
     verified_transfer(T, ctx, flows, bufs, seq=0)  # always: the first transfer of every point is checked
     if cfg.verify:

@@ -66,3 +66,15 @@ for n in (2, 4):
         out.append(r)
 json.dump(out, open(sys.argv[1], "w"), indent=1)
 print("all ok" if all(r["ok"] for r in out) else "MISMATCH")
+
+# copy's exchange with several receives in one call (a side stream per op, SideStreams): two messages through one
+# GPU's (0, 0) box, received in order
+T = Copy(Ctx(), timeout_s=30)
+a, b = torch.randn(1 << 20, device="cuda:0"), torch.randn(4099, device="cuda:0")
+oa, ob = torch.empty_like(a), torch.empty(2 * 4099, device="cuda:0")[::2]
+for w in T.exchange([("send", a, 0), ("send", b, 0), ("recv", oa, 0), ("recv", ob, 0)]):
+    w.wait()
+torch.cuda.synchronize(0)
+ok = bool(torch.equal(oa, a) and torch.equal(ob, b))
+print("copy exchange with side streams:", "intact" if ok else "CORRUPT")
+json.dump(out + [dict(case="exchange side streams", ok=ok)], open(sys.argv[1], "w"), indent=1)
