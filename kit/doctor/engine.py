@@ -35,6 +35,8 @@ class RankSummary:
     notes: tuple[str, ...]
     per_rule: dict[str, Any]
     """rule id -> extract's summary, or a Skip"""
+    account: Any = None
+    """the rank's step accounting (:class:`kit.doctor.accounting.Account`), or a Skip saying why there is none"""
     span: tuple[float, float] | None = None
     """first and last GPU activity in Unix time (us: the header's ``baseTimeNanoseconds`` + the trace clock);
     None when the trace has no GPU activity or no base time. The ranks of one job are traced at the same time."""
@@ -166,6 +168,11 @@ def rank_summary(path: str | Path) -> RankSummary:
         parsed = parse_name(Path(path).name)
         rank = parsed[1] if parsed else None
     view = RankView(trace=t, steps=st, rank=rank if rank is not None else -1)
+    if t.gpu.empty and not t.cpu.empty:  # a CPU-only job: the accounting reads every CPU op (small traces)
+        view.memo["cpu_all"] = traces.load_trace(path, cpu="all").cpu
+        if st.empty:
+            st = steps_frame(view.memo["cpu_all"])
+            view = replace(view, steps=st)
     view = replace(view, step_us=step_time(view))  # the same memo: what step_time computed is shared
     step_us = view.step_us
     per_rule: dict[str, Any] = {}
@@ -173,13 +180,20 @@ def rank_summary(path: str | Path) -> RankSummary:
         try:
             per_rule[rid] = r.extract(view)
         except Exception as e:  # a rule bug must not hide the other rules' findings
-            per_rule[rid] = Skip(rid, f"extract failed on {Path(path).name}: {type(e).__name__}: {e}")
+            if STRICT():
+                raise
+            per_rule[rid] = Skip(rid, f"internal error on {Path(path).name} (a kit bug: please report it with the "
+                                      f"trace): {type(e).__name__}: {e}")
+    from .rules.idle import rank_account
+
+    acct = rank_account(view)
     base = t.header.get("baseTimeNanoseconds")
     span = None
     if isinstance(base, (int, float)) and not t.gpu.empty:
         span = (base / 1e3 + float(t.gpu["ts"].min()), base / 1e3 + float(t.gpu["end"].max()))
     return RankSummary(path=str(path), rank=rank, world_size=t.info.world_size, step_us=step_us,
-                       steps=int(len(st)), notes=tuple(capture_notes(t, st)), per_rule=per_rule, span=span)
+                       steps=int(len(st)), notes=tuple(capture_notes(t, st)), per_rule=per_rule, span=span,
+                       account=acct)
 
 
 def check_one_job(summaries: Sequence[RankSummary]) -> list[RankSummary]:
@@ -277,8 +291,11 @@ def judge_all(summaries: Sequence[RankSummary], *, sweep=None, flight_recorder=N
                            f"{', '.join(map(str, left[:16]))}{' ...' if len(left) > 16 else ''}: {skips[0].why}")
         try:
             out = r.judge(usable, ctx)
-        except Exception as e:
-            skipped.append(Skip(rid, f"judge failed: {type(e).__name__}: {e}"))
+        except Exception as e:  # a bug in the rule: never hide the other rules' findings, never pass it silently
+            if STRICT():
+                raise
+            skipped.append(Skip(rid, f"internal error in the rule (a kit bug: please report it with the traces): "
+                                     f"{type(e).__name__}: {e}"))
             continue
         if isinstance(out, Skip):
             skipped.append(out)
@@ -287,8 +304,32 @@ def judge_all(summaries: Sequence[RankSummary], *, sweep=None, flight_recorder=N
         for f in out:
             findings.append(replace(f, severity=severity(f.cost_us_per_step, step_us),
                                     notebook=f.notebook or r.notebook))
+    accounts = [(int(s.rank), s.account) for s in summaries  # type: ignore[arg-type]
+                if s.account is not None and not isinstance(s.account, Skip)]
+    if accounts and want is None:
+        from .rules.idle import explain_rest
+
+        for f in explain_rest(accounts, findings, ctx):
+            findings.append(replace(f, severity=severity(f.cost_us_per_step, step_us)))
     findings.sort(key=lambda f: -(f.cost_us_per_step or 0))
     return findings, checked, skipped, replace(ctx, notes=tuple(partial))
+
+
+def STRICT() -> bool:
+    """Rule errors raise instead of becoming a skip line (``KIT_DOCTOR_STRICT=1``; the tests set it)."""
+    import os
+
+    return os.environ.get("KIT_DOCTOR_STRICT", "") not in ("", "0")
+
+
+def accounting_row(a) -> dict[str, Any]:
+    """One rank's account as plain JSON: the mode, windows, mean window and per slice us per step and share."""
+    from .accounting import SLICES
+
+    return {"mode": a.mode, "steps": a.steps, "window_us": round(a.window_us, 1),
+            "step_us": round(a.step_us, 1) if a.step_us else None,
+            "us_per_step": {s: round(a.cost(s), 1) for s in SLICES},
+            "share": {s: round(a.share(s), 4) for s in SLICES}}
 
 
 FR_RANK = re.compile(r"rank[_-]?(\d+)")
@@ -358,6 +399,9 @@ def diagnose(traces: Iterable[str | Path], *, sweep=None, flight_recorder=None, 
         fr = fr_statements(fr_mismatches(flight_recorder)) or [
             f"{len(flight_recorder)} entries of {flight_recorder['rank'].nunique()} rank(s): every collective "
             f"reached by every rank, the same op at each sequence number"]
+    accounting = {str(s.rank): accounting_row(s.account) for s in summaries
+                  if s.account is not None and not isinstance(s.account, Skip)}
     return Diagnosis(findings=findings, checked=checked, skipped=skipped, traces=[s.path for s in summaries],
+                     accounting=accounting,
                      ranks=list(ctx.ranks), step_us=ctx.step_us, steps=ctx.steps, failed=failed,
                      notes=group_notes(summaries) + list(ctx.notes), flight_recorder=fr)

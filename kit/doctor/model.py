@@ -221,6 +221,9 @@ class Diagnosis:
     """rank traces that could not be read: [{"trace", "error"}] (the result is then partial)"""
     notes: list[str] = field(default_factory=list)
     """what the traces lack for a full diagnosis (how they were captured), one sentence each"""
+    accounting: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """per rank (str), the step accounting: mode, steps, window_us, step_us, ``us_per_step`` and ``share`` per
+    slice (:data:`kit.doctor.accounting.SLICES`; the shares of a rank sum to 1)"""
     flight_recorder: list[str] = field(default_factory=list)
     """what the Flight Recorder dumps (``--fr``) show across ranks: a collective some rank never issued (what a
     hang waits for), ranks issuing different collectives at one sequence number; one sentence each"""
@@ -233,7 +236,7 @@ class Diagnosis:
         return {"findings": [f.to_json() for f in self.findings], "checked": list(self.checked),
                 "skipped": [asdict(s) for s in self.skipped], "traces": list(self.traces),
                 "ranks": list(self.ranks), "step_us": self.step_us, "steps": self.steps,
-                "failed": list(self.failed), "notes": list(self.notes),
+                "failed": list(self.failed), "notes": list(self.notes), "accounting": dict(self.accounting),
                 "flight_recorder": list(self.flight_recorder)}
 
 

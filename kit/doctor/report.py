@@ -61,12 +61,32 @@ def finding_lines(i: int, f: Finding, step_us: float | None) -> list[str]:
     return out
 
 
+def accounting_lines(d: Diagnosis, max_ranks: int = 16) -> list[str]:
+    """The step accounting per rank: one line each, the slices that are not zero as a share of the step
+    (busy first, then idle by cause; they sum to 100%)."""
+    from .accounting import BUSY, SLICES
+
+    if not d.accounting:
+        return []
+    out = ["\nstep accounting (share of each rank's step; GPU busy: compute, comm, memory; GPU idle, by what the host "
+           "was doing):"]
+    items = sorted(d.accounting.items(), key=lambda kv: int(kv[0]))
+    for rank, a in items[:max_ranks]:
+        parts = [f"{s} {100 * a['share'][s]:.1f}%" for s in SLICES if a["share"].get(s, 0) >= 0.0005]
+        idle = sum(a["share"][s] for s in SLICES if s not in BUSY)
+        out.append(f"  rank {rank}: idle {100 * idle:.1f}% | " + ", ".join(parts))
+    if len(items) > max_ranks:
+        out.append(f"  ... {len(items) - max_ranks} more ranks in --json")
+    return out
+
+
 def format_text(d: Diagnosis) -> str:
     """The whole report (module docstring)."""
     step = f"{d.step_us:.0f} us" if d.step_us else "unknown"
     steps = f"{d.steps} profiled step(s)" if d.steps else "no step annotations (the traced span is one step)"
     lines = [f"kit doctor: {len(d.traces)} trace(s), rank(s) {', '.join(map(str, d.ranks))}; {steps}; "
              f"step time {step} (median over ranks)"]
+    lines += accounting_lines(d)
     problems = [f for f in d.findings if f.severity in REPORTED]
     info = [f for f in d.findings if f.severity not in REPORTED]
     lo = 100 * SEVERITY_SHARE["low"]

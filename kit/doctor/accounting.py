@@ -1,0 +1,405 @@
+"""Step accounting: every microsecond of every step of a rank, said as what its GPU did or why it sat idle.
+
+The backbone of ``kit doctor``: the rules explain slices of this account, and a slice no rule explains is a
+finding of its own, so "no finding" is only said of a step that is accounted for.
+
+**Steps.** One window per ``ProfilerStep#N`` annotation. Kineto's step annotation is the host's side of a
+step; its GPU work may end later (the host runs ahead). As in torch-tb-profiler's step-time breakdown, a window
+starts at its annotation's start or at the previous window's end, whichever is later, and ends at its
+annotation's end or at the end of the last GPU work the step issued, whichever is later -- so the windows tile the
+traced steps without overlap. Without step annotations the traced span of the GPU work is one window. Work
+outside every window (the profiler's own start and stop) is not accounted.
+
+**Busy time** (the union of the GPU activities, all streams): ``compute`` (any kernel other than a collective's)
+> ``comm`` (NCCL kernels: transfer and waiting for peers; the doctor splits them across ranks) > ``memory``
+(memcpy / memset). A microsecond with a compute kernel running is compute even if a collective ran beside it: the
+communication was hidden.
+
+**Idle time** (no GPU activity): each idle stretch ends when the next GPU activity starts; that activity was
+issued by a host call (Kineto's ``correlation``) on some host thread -- the thread that had to issue it. If that
+call had already returned when the stretch began, the work was queued and the GPU did not start it: ``queued``
+(the GPU's own dispatch gaps, waits between streams, CUDA-graph internals). Otherwise the GPU waited for that
+thread, and the stretch is split by what the thread was doing, in this precedence (first match wins):
+
+1. ``input``      -- inside ``enumerate(DataLoader)...`` (waiting for the next batch);
+2. ``sync``       -- in a synchronising call (:data:`kit.doctor.calls.SYNC_CALLS`, a blocking copy such as the
+   device-to-host copy behind ``.item()``);
+3. ``allocator``  -- in the caching allocator's device calls (:data:`kit.doctor.calls.ALLOC_CALLS`;
+   ``empty_cache()`` is a run of ``cudaFree``);
+4. ``host_stall`` -- in a stretch of at least :data:`HOST_STALL_US` without any CUDA call: Python or C++ work
+   that issues nothing (logging, checkpointing, garbage collection, ``time.sleep``);
+5. ``launch``     -- anything else: the thread was issuing work (ops, launches, the framework's per-op cost
+   between them) and could not keep up with the kernels.
+
+**Catch-up.** A thread that was blocked (1-4) lets the GPU's queue run dry; after it returns it needs time to
+refill the queue, and the GPU idles meanwhile although the thread is "issuing". That catch-up is the block's
+cost (a host that was never blocked would have been ahead): within one idle stretch, the ``launch`` part goes
+to the blocking cause that took most of that stretch. ``step_start``: a ``launch`` part before the first GPU
+work a window issued (the host runs a step's Python before issuing anything). ``unexplained``: idle before which
+no issuing call is in the trace (no CUDA runtime events; idle after the last GPU work).
+
+The slices of a window sum to the window (a test checks it on every committed trace).
+
+**CPU-only traces** (gloo jobs): no GPU activity; the main thread (the one holding the step annotations) plays
+the device: ``compute`` = its CPU ops, ``comm`` = its collective ops (``gloo:``, ``c10d::``), and the rest is
+split as above (``launch`` being the framework's time between ops). This needs every CPU op, so such a trace is
+read once more with ``cpu="all"`` (CPU-only traces are small).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..traces.gaps import DEFAULT_STALL_US
+from ..traces.intervals import cover, gaps_between, partition, union_np
+from .calls import ALLOC_CALLS, BLOCKING_COPY_CALLS, DATALOADER, STEP_PREFIX, SYNC_CALLS, base_name
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+    import pandas as pd
+
+    from .model import RankView
+
+BUSY = ("compute", "comm", "memory")
+HOST = ("input", "sync", "allocator", "host_stall", "launch")
+IDLE = HOST + ("step_start", "queued", "unexplained")
+SLICES = BUSY + IDLE
+BLOCKING = ("input", "sync", "allocator", "host_stall")
+HOST_STALL_US = DEFAULT_STALL_US
+"""a stretch of host time at least this long without any CUDA call is a host stall: no single op's dispatch
+(the framework's per-op cost between launches is 5-50 us) takes a millisecond; the same bound the trace layer
+uses to call a GPU gap a stall"""
+COMM_OPS = ("gloo:", "nccl:", "c10d::", "record_param_comms")
+TOP_STALLS = 5
+
+
+@dataclass(frozen=True)
+class Account:
+    """One rank's step accounting (see the module docstring). Small and picklable: per-step totals, never events."""
+
+    rank: int
+    mode: str
+    """'gpu' (the GPU's timeline) or 'cpu' (a CPU-only trace: the main thread's timeline)"""
+    per_step: "pd.DataFrame"
+    """one row per window: step (-1 without step annotations), start, end, dur and one column per slice (us)"""
+    stalls: tuple[dict, ...] = ()
+    """the longest host stalls that left the GPU idle: start_us, dur_us, idle_us, before/after (the CUDA calls
+    around the stretch), within (annotations overlapping it)"""
+    calls: dict = field(default_factory=dict)
+    """per slice, the host calls/annotations behind it: {'allocator': {'cudaFree': n, ...}, 'sync': {...},
+    'input': {'enumerate(DataLoader)#...': n}}"""
+    launch: dict = field(default_factory=dict)
+    """kernels issued inside the windows, their median duration and the median interval between launch calls"""
+    queued: dict = field(default_factory=dict)
+    """count and median of the queued idle gaps"""
+    threads: int = 1
+    """host threads that issued GPU work"""
+    step_us: float | None = None
+    """the rank's step time (:func:`kit.doctor.engine.step_time`): a slice's cost is its share of the window
+    times this, so no cost exceeds a step"""
+
+    @property
+    def steps(self) -> int:
+        return max(1, len(self.per_step))
+
+    @property
+    def total(self) -> dict[str, float]:
+        """Each slice summed over the windows (us)."""
+        return {s: float(self.per_step[s].sum()) for s in SLICES}
+
+    def per_step_us(self, s: str) -> float:
+        """A slice's mean per window (us)."""
+        return float(self.per_step[s].sum()) / self.steps
+
+    @property
+    def window_us(self) -> float:
+        return float(self.per_step["dur"].sum()) / self.steps
+
+    @property
+    def idle_us(self) -> float:
+        return sum(self.per_step_us(s) for s in IDLE)
+
+    def cost(self, s: str) -> float:
+        """A slice's cost per step: its share of the mean window times the rank's step time."""
+        w = self.window_us
+        if not w:
+            return 0.0
+        return self.per_step_us(s) / w * (self.step_us or w)
+
+    def share(self, s: str) -> float:
+        return self.per_step_us(s) / self.window_us if self.window_us else 0.0
+
+    def table(self) -> "pd.DataFrame":
+        """One row per slice: us per step and share of the window."""
+        import pandas as pd
+
+        w = self.window_us or float("nan")
+        return pd.DataFrame({"slice": SLICES, "us_per_step": [self.per_step_us(s) for s in SLICES],
+                             "share": [self.per_step_us(s) / w for s in SLICES]})
+
+
+# ------------------------------------------------------------------------------------------------ windows
+def windows(view: "RankView", gpu_ends: "tuple[np.ndarray, np.ndarray] | None") -> "pd.DataFrame":
+    """The step windows (module docstring): step, start, end. ``gpu_ends``: (issuing call's ts, activity end) of
+    the GPU work, to extend each step to the end of the work it issued."""
+    import numpy as np
+    import pandas as pd
+
+    st = view.steps.sort_values("ts", kind="stable")
+    if st.empty:
+        return pd.DataFrame({"step": [-1], "start": [np.nan], "end": [np.nan]})
+    ts, end = st["ts"].to_numpy(dtype=float), st["end"].to_numpy(dtype=float)
+    last = end.copy()
+    if gpu_ends is not None and len(gpu_ends[0]):
+        call_ts, g_end = gpu_ends
+        k = np.searchsorted(ts, call_ts, side="right") - 1
+        inside = (k >= 0) & (call_ts < end[np.clip(k, 0, None)])
+        np.maximum.at(last, k[inside], g_end[inside])
+    lo, hi = np.empty_like(ts), np.empty_like(ts)
+    prev = -np.inf
+    for i in range(len(ts)):
+        lo[i] = max(ts[i], prev)
+        hi[i] = max(last[i], lo[i])
+        prev = hi[i]
+    return pd.DataFrame({"step": st["step"].to_numpy(), "start": lo, "end": hi})
+
+
+# ------------------------------------------------------------------------------------------------ host sets
+def _thread_sets(cpu: "pd.DataFrame", tid, calls: "pd.DataFrame") -> dict[str, tuple]:
+    """The blocking sets of one host thread: input, sync, allocator, host_stall (see the module docstring)."""
+    import numpy as np
+
+    mine = calls[calls["tid"] == tid]
+    base = mine["base"]
+    ann = cpu[(cpu["tid"] == tid) & (cpu["cat"] == "user_annotation")]
+    data = ann[ann["name"].astype(str).str.startswith(DATALOADER)]
+    sync = mine[base.isin(SYNC_CALLS) | base.isin(BLOCKING_COPY_CALLS) | mine["pageable_d2h"]]
+    alloc = mine[base.isin(ALLOC_CALLS)]
+    ca, cb = union_np(mine["ts"], np.maximum(mine["end"], mine["ts"] + 1e-3))
+    return {"input": union_np(data["ts"], data["end"]), "sync": union_np(sync["ts"], sync["end"]),
+            "allocator": union_np(alloc["ts"], alloc["end"]), "host_stall": gaps_between(ca, cb, HOST_STALL_US)}
+
+
+def _calls(view: "RankView") -> "pd.DataFrame":
+    cpu = view.trace.cpu
+    calls = cpu[cpu["cat"].isin(["cuda_runtime", "cuda_driver"])] if not cpu.empty else cpu
+    calls = calls[["name", "ts", "end", "tid", "correlation"]].assign(name=lambda d: d["name"].astype(str))
+    gpu = view.trace.gpu
+    pageable = set()
+    if not gpu.empty:
+        n = gpu["name"].astype(str)
+        pageable = set(gpu.loc[(gpu["cat"] == "gpu_memcpy") & n.str.contains("DtoH") & n.str.contains("Pageable"),
+                               "correlation"].dropna())
+    return calls.assign(base=calls["name"].map(base_name), pageable_d2h=calls["correlation"].isin(pageable))
+
+
+# ------------------------------------------------------------------------------------------------ GPU mode
+def account(view: "RankView") -> Account:
+    """The rank's :class:`Account` (GPU mode; see :func:`account_cpu` for CPU-only traces)."""
+    import numpy as np
+    import pandas as pd
+
+    g = view.issued()
+    g = g[(g["end"] > g["ts"])]
+    calls = _calls(view)
+    ts_all, end_all = g["ts"].to_numpy(dtype=float), g["end"].to_numpy(dtype=float)
+    win = windows(view, (g["call_ts"].to_numpy(dtype=float), end_all) if len(g) else None)
+    if win["start"].isna().all():  # no step annotations: the traced GPU span is one window
+        win = pd.DataFrame({"step": [-1], "start": [float(ts_all.min())], "end": [float(end_all.max())]})
+    kern = (g["cat"] == "kernel").to_numpy()
+    nccl = g["nccl"].astype(bool).to_numpy()
+    sets = {"compute": union_np(ts_all[kern & ~nccl], end_all[kern & ~nccl]),
+            "comm": union_np(ts_all[kern & nccl], end_all[kern & nccl]),
+            "memory": union_np(ts_all[~kern], end_all[~kern])}
+    wa, wb = win["start"].to_numpy(dtype=float), win["end"].to_numpy(dtype=float)
+
+    # the next GPU activity after each point: its start, its issuing call's end and thread
+    order = np.argsort(ts_all, kind="stable")
+    starts = ts_all[order]
+    call_end = g["call_end"].to_numpy(dtype=float)[order]
+    tid = g["tid"].to_numpy()[order]
+    # each window's first own GPU work (issued inside the window)
+    call_ts = g["call_ts"].to_numpy(dtype=float)[order]
+    kw = np.searchsorted(wa, call_ts, side="right") - 1
+    own = (kw >= 0) & (call_ts < wb[np.clip(kw, 0, None)])
+    first_own = np.full(len(wa), np.inf)
+    np.minimum.at(first_own, kw[own], starts[own])
+
+    threads = [t for t in pd.unique(tid[~pd.isna(tid)])]
+    host = {t: _thread_sets(view.trace.cpu, t, calls) for t in threads}
+    extra = [wa, wb, call_end[~np.isnan(call_end)]]
+    pts = partition(list(sets.values()) + [s for h in host.values() for s in h.values()], extra=np.concatenate(extra))
+    pts = pts[(pts >= wa.min()) & (pts <= wb.max())] if len(wa) else pts
+    s, e = pts[:-1], pts[1:]
+    w = np.searchsorted(wa, s, side="right") - 1
+    inwin = (w >= 0) & (s < wb[np.clip(w, 0, None)])
+    s, e, w = s[inwin], e[inwin], w[inwin]
+    cls = np.full(s.shape, "", dtype=object)
+    c_comp, c_comm, c_mem = (cover(*sets[k], s) for k in BUSY)
+    cls[c_comp] = "compute"
+    cls[~c_comp & c_comm] = "comm"
+    cls[~c_comp & ~c_comm & c_mem] = "memory"
+    idle = cls == ""
+    nxt = np.searchsorted(starts, e, side="left")  # first activity starting at or after the segment's end
+    has_next = nxt < len(starts)
+    j = np.clip(nxt, 0, max(len(starts) - 1, 0))
+    ce = np.where(has_next, call_end[j] if len(starts) else np.nan, np.nan)
+    t_next = np.where(has_next, tid[j] if len(starts) else None, None)
+    unknown = idle & (~has_next | np.isnan(ce))
+    queued = idle & ~unknown & (ce <= s)
+    hostpart = idle & ~unknown & ~queued
+    cls[unknown] = "unexplained"
+    cls[queued] = "queued"
+    for t in threads:
+        m = hostpart & (t_next == t)
+        if not m.any():
+            continue
+        sub = np.full(int(m.sum()), "launch", dtype=object)
+        ss = s[m]
+        for k in reversed(BLOCKING):  # first in precedence wins: assign in reverse
+            sub[cover(*host[t][k], ss)] = k
+        cls[m] = sub
+    # catch-up: within one idle stretch (same window, same next activity), launch goes to its main block
+    grp = np.where(idle, w * (len(starts) + 1) + nxt, -1)
+    dur = e - s
+    df = pd.DataFrame({"grp": grp, "cls": cls, "dur": dur})
+    blk = df[df["cls"].isin(BLOCKING) & (df["grp"] >= 0)]
+    if len(blk):
+        main = blk.groupby(["grp", "cls"])["dur"].sum().reset_index().sort_values("dur", kind="stable") \
+            .drop_duplicates("grp", keep="last").set_index("grp")["cls"]
+        lm = (df["cls"] == "launch") & df["grp"].isin(main.index)
+        df.loc[lm, "cls"] = df.loc[lm, "grp"].map(main)
+    cls = df["cls"].to_numpy(dtype=object)
+    # step_start: launch time before the window's first own GPU work
+    cls[(cls == "launch") & (e <= first_own[w])] = "step_start"
+
+    per = pd.DataFrame({"w": w, "cls": cls, "dur": dur}).pivot_table(index="w", columns="cls", values="dur",
+                                                                         aggfunc="sum", fill_value=0.0)
+    per = per.reindex(index=range(len(win)), columns=list(SLICES), fill_value=0.0)
+    per_step = pd.concat([win.reset_index(drop=True).assign(dur=wb - wa), per.reset_index(drop=True)], axis=1)
+
+    in_win = (kw >= 0) & own
+    k_in = kern[order] & in_win
+    launch_calls = calls[calls["correlation"].isin(set(g["correlation"].dropna()))]
+    lts = np.sort(launch_calls["ts"].to_numpy(dtype=float))
+    kdur = (end_all[order] - starts)[k_in]
+    launch = {"kernels_per_step": int(k_in.sum()) / max(1, len(win)),
+              "kernel_median_us": float(np.median(kdur)) if kdur.size else None,
+              "launch_interval_median_us": float(np.median(np.diff(lts))) if lts.size > 1 else None}
+    qd = df[df["cls"] == "queued"].groupby("grp")["dur"].sum()
+    return Account(rank=view.rank, mode="gpu", per_step=per_step, stalls=_stalls(view, calls, host, s, e, cls),
+                   calls=_behind(view, calls, s, e, cls, threads), launch=launch,
+                   queued={"gaps_per_step": len(qd) / max(1, len(win)),
+                           "median_us": float(qd.median()) if len(qd) else None},
+                   threads=len(threads), step_us=view.step_us)
+
+
+def _stalls(view, calls, host, s, e, cls) -> tuple[dict, ...]:
+    """The longest host-stall stretches that left the GPU idle, with the CUDA calls around them and the
+    annotations inside them (what the host was doing, where the trace says)."""
+    import numpy as np
+
+    out = []
+    idle = cls == "host_stall"
+    cpu = view.trace.cpu
+    ann = cpu[(cpu["cat"] == "user_annotation") & ~cpu["name"].astype(str).str.startswith(STEP_PREFIX)] \
+        if not cpu.empty else cpu
+    for t, sets in host.items():
+        a, b = sets["host_stall"]
+        if not len(a):
+            continue
+        idle_in = np.array([float(((e - s) * (idle & (s >= x) & (e <= y))).sum()) for x, y in zip(a, b)])
+        for i in np.argsort(-idle_in)[:TOP_STALLS]:
+            if idle_in[i] <= 0:
+                break
+            x, y = float(a[i]), float(b[i])
+            mine = calls[calls["tid"] == t]
+            before = mine[mine["end"] <= x + 1e-3].tail(1)["name"].tolist()
+            after = mine[mine["ts"] >= y - 1e-3].head(1)["name"].tolist()
+            inside = ann[(ann["ts"] < y) & (ann["end"] > x)]["name"].astype(str).unique().tolist()[:5]
+            out.append({"start_us": round(x, 1), "dur_us": round(y - x, 1), "idle_us": round(float(idle_in[i]), 1),
+                        "before": before[0] if before else None, "after": after[0] if after else None,
+                        "within": inside})
+    out.sort(key=lambda d: -d["idle_us"])
+    return tuple(out[:TOP_STALLS])
+
+
+def _behind(view, calls, s, e, cls, threads) -> dict:
+    """Per blocking slice, the calls (or annotations) behind it, counted inside the windows: what to look at."""
+    import numpy as np
+
+    out: dict[str, dict] = {}
+    lo, hi = (float(s.min()), float(e.max())) if len(s) else (0.0, 0.0)
+    c = calls[(calls["ts"] >= lo) & (calls["ts"] < hi) & calls["tid"].isin(threads)]
+    for k, names in (("sync", SYNC_CALLS | BLOCKING_COPY_CALLS), ("allocator", ALLOC_CALLS)):
+        sel = c[c["base"].isin(names) | ((c["pageable_d2h"]) if k == "sync" else False)]
+        if len(sel):
+            agg = sel.groupby("name")["ts"].count()
+            us = (sel["end"] - sel["ts"]).groupby(sel["name"]).sum()
+            out[k] = {n: {"calls": int(agg[n]), "host_us": round(float(us[n]), 1)} for n in agg.index}
+    cpu = view.trace.cpu
+    if not cpu.empty:
+        d = cpu[(cpu["cat"] == "user_annotation") & cpu["name"].astype(str).str.startswith(DATALOADER)
+                & (cpu["ts"] >= lo) & (cpu["ts"] < hi)]
+        if len(d):
+            out["input"] = {n: {"calls": int(len(x)), "host_us": round(float((x["end"] - x["ts"]).sum()), 1)}
+                            for n, x in d.groupby(d["name"].astype(str))}
+    del np
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ CPU mode
+def account_cpu(view: "RankView", cpu_all: "pd.DataFrame") -> Account:
+    """The account of a CPU-only trace (module docstring): the main thread plays the device."""
+    import numpy as np
+    import pandas as pd
+
+    cpu = cpu_all
+    steps = cpu[(cpu["cat"] == "user_annotation") & cpu["name"].astype(str).str.startswith(STEP_PREFIX)]
+    main = steps["tid"].mode().iloc[0] if len(steps) else cpu["tid"].mode().iloc[0]
+    mine = cpu[cpu["tid"] == main]
+    names = mine["name"].astype(str)
+    ops = mine[mine["cat"] == "cpu_op"]
+    comm = mine[names.str.startswith(COMM_OPS)]
+    data = mine[(mine["cat"] == "user_annotation") & names.str.startswith(DATALOADER)]
+    win = windows(view, None)
+    if win["start"].isna().all():
+        win = pd.DataFrame({"step": [-1], "start": [float(ops["ts"].min())], "end": [float(ops["end"].max())]})
+    wa, wb = win["start"].to_numpy(dtype=float), win["end"].to_numpy(dtype=float)
+    busy = union_np(ops["ts"], ops["end"])
+    sets = {"comm": union_np(comm["ts"], comm["end"]), "input": union_np(data["ts"], data["end"]),
+            "compute": busy}
+    recorded = union_np(np.r_[ops["ts"], data["ts"]], np.r_[ops["end"], data["end"]])
+    stall = gaps_between(*recorded, HOST_STALL_US)
+    pts = partition(list(sets.values()) + [stall], extra=np.r_[wa, wb])
+    pts = pts[(pts >= wa.min()) & (pts <= wb.max())]
+    s, e = pts[:-1], pts[1:]
+    w = np.searchsorted(wa, s, side="right") - 1
+    ok = (w >= 0) & (s < wb[np.clip(w, 0, None)])
+    s, e, w = s[ok], e[ok], w[ok]
+    cls = np.full(s.shape, "launch", dtype=object)
+    cls[cover(*stall, s)] = "host_stall"
+    cls[cover(*sets["compute"], s)] = "compute"
+    cls[cover(*sets["comm"], s)] = "comm"
+    cls[cover(*sets["input"], s)] = "input"
+    dur = e - s
+    per = pd.DataFrame({"w": w, "cls": cls, "dur": dur}).pivot_table(index="w", columns="cls", values="dur",
+                                                                         aggfunc="sum", fill_value=0.0)
+    per = per.reindex(index=range(len(win)), columns=list(SLICES), fill_value=0.0)
+    per_step = pd.concat([win.reset_index(drop=True).assign(dur=wb - wa), per.reset_index(drop=True)], axis=1)
+    stalls = []
+    for x, y in sorted(zip(*stall), key=lambda p: p[0] - p[1])[:TOP_STALLS]:
+        if not ((x >= wa.min()) and (y <= wb.max())):
+            continue
+        before = ops[ops["end"] <= x + 1e-3].tail(1)["name"].astype(str).tolist()
+        after = ops[ops["ts"] >= y - 1e-3].head(1)["name"].astype(str).tolist()
+        stalls.append({"start_us": round(float(x), 1), "dur_us": round(float(y - x), 1),
+                       "idle_us": round(float(y - x), 1), "before": before[0] if before else None,
+                       "after": after[0] if after else None, "within": []})
+    behind = {}
+    if len(data):
+        behind["input"] = {n: {"calls": int(len(x)), "host_us": round(float((x["end"] - x["ts"]).sum()), 1)}
+                           for n, x in data.groupby(data["name"].astype(str))}
+    return Account(rank=view.rank, mode="cpu", per_step=per_step, stalls=tuple(stalls), calls=behind, threads=1,
+                   step_us=view.step_us)

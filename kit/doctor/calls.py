@@ -1,0 +1,49 @@
+"""Which host calls do what: the one definition every doctor rule and the step accounting share.
+
+Names as the CUDA runtime and driver APIs spell them in Kineto's ``cuda_runtime`` / ``cuda_driver`` events
+(a ``_v2``-style suffix is matched by :func:`base_name`).
+"""
+
+from __future__ import annotations
+
+import re
+
+SYNC_CALLS = frozenset({"cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize",
+                        "cuCtxSynchronize", "cuStreamSynchronize", "cuEventSynchronize"})
+"""host calls that block until the GPU (a device, a stream, an event) is done"""
+BLOCKING_COPY_CALLS = frozenset({"cudaMemcpy", "cudaMemcpy2D", "cudaMemcpy3D", "cudaMemcpyFromSymbol",
+                                 "cudaMemcpyToSymbol", "cuMemcpy", "cuMemcpyDtoH", "cuMemcpyHtoD",
+                                 "cuMemcpyDtoD"})
+"""copy calls that are synchronous for the host whatever the memory (the CUDA runtime's 'synchronous' API); a
+``cudaMemcpyAsync`` from or to pageable memory blocks too (the doctor tells those by their copy's name)"""
+ALLOC_CALLS = frozenset({"cudaMalloc", "cudaFree", "cudaMallocHost", "cudaHostAlloc", "cudaFreeHost",
+                         "cudaMallocAsync", "cudaFreeAsync", "cudaMallocManaged", "cudaHostRegister",
+                         "cudaHostUnregister", "cuMemAlloc", "cuMemFree", "cuMemAllocHost", "cuMemFreeHost",
+                         "cuMemHostAlloc", "cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemUnmap",
+                         "cuMemAddressReserve", "cuMemAddressFree", "cuMemSetAccess", "cuMemHostRegister",
+                         "cuMemHostUnregister"})
+"""the caching allocator's device and pinned-memory calls: device memory (``cudaMalloc``/``cudaFree``: a
+``cudaFree`` also waits for the whole device), expandable segments (``cuMem*`` map/unmap), pinned host memory
+(``cudaHostAlloc``); ``torch.cuda.empty_cache()`` shows as a run of ``cudaFree``"""
+GRAPH_LAUNCH = ("cudaGraphLaunch", "cuGraphLaunch")
+"""host calls that replay a CUDA graph (prefixes: ``cudaGraphLaunch_v10000`` etc. included)"""
+DATALOADER = "enumerate(DataLoader)"
+"""the prefix of the annotation PyTorch puts around ``next(iter(loader))``"""
+STEP_PREFIX = "ProfilerStep#"
+
+_SUFFIX = re.compile(r"(_v\d+|_ptsz|_ptds|_spt)+$")
+
+
+def base_name(name: str) -> str:
+    """A runtime/driver call's name without its version suffix (``cuMemcpyDtoH_v2`` -> ``cuMemcpyDtoH``,
+    ``cudaLaunchKernel_v7000`` -> ``cudaLaunchKernel``)."""
+    return _SUFFIX.sub("", str(name))
+
+
+def is_sync(name: str) -> bool:
+    n = base_name(name)
+    return n in SYNC_CALLS or n in BLOCKING_COPY_CALLS
+
+
+def is_alloc(name: str) -> bool:
+    return base_name(name) in ALLOC_CALLS

@@ -1,0 +1,190 @@
+"""The rules that read the step accounting (:mod:`kit.doctor.accounting`): every idle slice of a step becomes a
+finding when it costs at least 'low', so the doctor never gives an all-clear on a step it has not accounted for.
+
+* ``input_bound``      -- the GPU idles while the host waits for its DataLoader;
+* ``host_stall``       -- the GPU idles while the host runs work that issues nothing (Python, GC, logging);
+* ``allocator_churn``  -- the GPU idles while the host is in the caching allocator's device calls;
+* ``queued_idle``      -- the GPU idles with its next work already issued (dispatch gaps, stream waits);
+* ``unexplained_idle`` -- idle the trace cannot attribute (the issuing call is not in it), said with why.
+
+The ``sync`` and ``launch`` slices are what ``host_sync`` and ``launch_bound`` (:mod:`.host`) explain; when those
+signature rules stay silent although the slice costs at least 'low', :func:`explain_rest` says the slice with the
+accounting's numbers, under the same rule id -- one microsecond, one cause.
+
+**Across ranks.** A slice is judged on every rank; the finding names every rank where it costs at least 'low'.
+When that is every rank of a multi-rank job, it is one job-level finding ("on every rank"), not a late rank:
+``late_rank`` (:mod:`.comm`) charges a rank only for the waiting it caused beyond the next-latest arrival.
+The cost is the worst rank's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..accounting import Account, account, account_cpu
+from ..model import SEVERITY_SHARE, Finding, RankView, Rule, Skip, rule
+from ..texts import TEXT
+
+SLICE_RULE = {"input": "input_bound", "host_stall": "host_stall", "allocator": "allocator_churn",
+              "queued": "queued_idle", "unexplained": "unexplained_idle", "sync": "host_sync",
+              "launch": "launch_bound", "step_start": "launch_bound"}
+"""which rule explains which idle slice"""
+LOW = SEVERITY_SHARE["low"]
+
+
+def rank_account(view: RankView) -> Account | Skip:
+    """The rank's account, computed once and shared by the rules of this module."""
+    return view.shared("account", _account)
+
+
+def _account(view: RankView) -> Account | Skip:
+    t = view.trace
+    if not t.gpu.empty:
+        return account(view)
+    cpu_all = view.memo.get("cpu_all")
+    if cpu_all is None or cpu_all.empty or not (cpu_all["cat"] == "cpu_op").any():
+        return Skip("step_accounting", "no GPU activity and no CPU ops in the trace: nothing to account the step "
+                                       "by (profile with ProfilerActivity.CUDA, or CPU for a CPU-only job)")
+    return account_cpu(view, cpu_all)
+
+
+def _extract(view: RankView):
+    return rank_account(view)
+
+
+def _r(x: float | None, nd: int = 1) -> float | None:
+    return None if x is None else round(float(x), nd)
+
+
+def _slices(a: Account, slices: tuple[str, ...]) -> float:
+    return sum(a.cost(s) for s in slices)
+
+
+def slice_finding(rid: str, slices: tuple[str, ...], accounts: list[tuple[int, Account]], ctx) -> list[Finding]:
+    """One finding for the idle ``slices`` of ``accounts`` naming every rank where they cost >= 'low' of its
+    step; [] when none does."""
+    def share(a: Account) -> float:
+        return sum(a.share(s) for s in slices)
+
+    fired = sorted(((rk, a) for rk, a in accounts if share(a) >= LOW), key=lambda ra: -_slices(ra[1], slices))
+    if not fired:
+        return []
+    worst_rank, worst = fired[0]
+    ranks = tuple(sorted(rk for rk, _ in fired))
+    everyone = len(accounts) > 1 and len(ranks) == len(accounts)
+    who = (f"on every rank ({len(ranks)}; worst: rank {worst_rank})" if everyone else
+           f"on rank {worst_rank}" if len(ranks) == 1 else
+           f"on {len(ranks)} of {len(accounts)} ranks ({', '.join(map(str, ranks[:8]))}{', ...' if len(ranks) > 8 else ''}; worst: rank {worst_rank})")
+    cost = _slices(worst, slices)
+    ev: dict[str, Any] = {"rank": worst_rank, "slices": list(slices), "share_of_step": _r(share(worst), 4),
+                          "job_level": everyone, "gpu_idle_share": _r(worst.idle_us / worst.window_us, 4)
+                          if worst.window_us else None, "mode": worst.mode}
+    ev.update(DETAIL.get(rid, lambda a: {})(worst))
+    ev["per_rank"] = {str(rk): {"cost_us_per_step": _r(_slices(a, slices)), "share_of_step": _r(share(a), 4)}
+                      for rk, a in fired[:16]}
+    t = TEXT[rid]
+    summary = SENTENCE[rid](worst, cost, share(worst), who)
+    return [Finding(rule=rid, cost_us_per_step=round(cost, 1), ranks=ranks, evidence=ev, summary=summary,
+                    cause=t["cause"], fix=t["fix"], caveats=t.get("caveats", ""), notebook=t.get("notebook"))]
+
+
+def _calls_text(a: Account, key: str, n: int = 3) -> str:
+    got = a.calls.get(key) or {}
+    top = sorted(got.items(), key=lambda kv: -kv[1]["host_us"])[:n]
+    return ", ".join(f"{name} x{v['calls'] / a.steps:.3g}/step ({v['host_us'] / a.steps / 1e3:.2f} ms)"
+                     for name, v in top)
+
+
+def _stall_text(a: Account) -> str:
+    if not a.stalls:
+        return ""
+    s = a.stalls[0]
+    around = f" between {s['before'] or 'the step start'} and {s['after'] or 'the step end'}"
+    within = f", inside {', '.join(s['within'][:3])}" if s.get("within") else ""
+    return f"; the longest: {s['dur_us'] / 1e3:.1f} ms without a CUDA call{around}{within}"
+
+
+def _launch_text(a: Account) -> str:
+    L = a.launch or {}
+    if L.get("kernel_median_us") is None or L.get("launch_interval_median_us") is None:
+        return ""
+    return (f"; {L['kernels_per_step']:.0f} kernels per step, median {L['kernel_median_us']:.1f} us each, "
+            f"launched every {L['launch_interval_median_us']:.1f} us (median)")
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+SENTENCE = {
+    "input_bound": lambda a, c, sh, who: (
+        f"the GPU sat idle {c / 1e3:.2f} ms per step ({_pct(sh)} of the step) while the host waited for its "
+        f"DataLoader {who}" + (f" ({_calls_text(a, 'input', 1)})" if a.calls.get("input") else "")),
+    "host_stall": lambda a, c, sh, who: (
+        f"the GPU sat idle {c / 1e3:.2f} ms per step ({_pct(sh)}) while the host ran work that issued nothing "
+        f"for stretches of >= 1 ms {who}{_stall_text(a)}"),
+    "allocator_churn": lambda a, c, sh, who: (
+        f"the GPU sat idle {c / 1e3:.2f} ms per step ({_pct(sh)}) while the host was in the caching allocator's "
+        f"device calls {who}" + (f": {_calls_text(a, 'allocator')}" if a.calls.get("allocator") else "")),
+    "queued_idle": lambda a, c, sh, who: (
+        f"the GPU sat idle {c / 1e3:.2f} ms per step ({_pct(sh)}) with its next work already issued {who}"
+        + (f" ({a.queued['gaps_per_step']:.0f} gaps per step, median {a.queued['median_us']:.1f} us)"
+           if a.queued.get("median_us") is not None else "")),
+    "unexplained_idle": lambda a, c, sh, who: (
+        f"the GPU sat idle {c / 1e3:.2f} ms per step ({_pct(sh)}) where the trace holds no host call that issued "
+        f"the next GPU work, or no GPU work followed {who}"),
+    "host_sync": lambda a, c, sh, who: (
+        f"the GPU sat idle {c / 1e3:.2f} ms per step ({_pct(sh)}) while the host was blocked in synchronising "
+        f"calls and then refilled the GPU's queue {who}" + (f": {_calls_text(a, 'sync')}" if a.calls.get("sync")
+                                                              else "")),
+    "launch_bound": lambda a, c, sh, who: (
+        f"the GPU sat idle {c / 1e3:.2f} ms per step ({_pct(sh)}) waiting for the host to issue its next work "
+        f"{who}{_launch_text(a)}" + (f"; {a.cost('step_start') / 1e3:.2f} ms of it before the step's first GPU "
+                                      f"work" if a.cost("step_start") > 0 else "")),
+}
+
+DETAIL = {
+    "input_bound": lambda a: {"dataloader": a.calls.get("input", {})},
+    "host_stall": lambda a: {"longest_stalls": list(a.stalls)},
+    "allocator_churn": lambda a: {"allocator_calls": a.calls.get("allocator", {})},
+    "queued_idle": lambda a: {"queued": dict(a.queued)},
+    "host_sync": lambda a: {"sync_calls": a.calls.get("sync", {})},
+    "launch_bound": lambda a: {"launch": dict(a.launch), "step_start_us": _r(a.cost("step_start"))},
+}
+
+
+def _judge(rid: str):
+    slices = tuple(s for s, r in SLICE_RULE.items() if r == rid)
+
+    def judge(summaries: list[tuple[int, Account]], ctx) -> list[Finding]:
+        return slice_finding(rid, slices, summaries, ctx)
+
+    return judge
+
+
+def explain_rest(accounts: list[tuple[int, Account]], findings: list[Finding], ctx) -> list[Finding]:
+    """The idle slices a signature rule should explain but did not (``host_sync``, ``launch_bound`` silent while
+    their slice costs >= 'low'): said from the accounting under that rule's id. Findings of those rules that did
+    fire get the accounted cost in their evidence."""
+    import dataclasses
+
+    have = {f.rule for f in findings}
+    out = []
+    for rid in ("host_sync", "launch_bound"):
+        slices = tuple(s for s, r in SLICE_RULE.items() if r == rid)
+        if rid in have:
+            worst = max((_slices(a, slices) for _, a in accounts), default=0.0)
+            findings[:] = [dataclasses.replace(f, evidence={**f.evidence, "accounted_us_per_step": _r(worst)})
+                           if f.rule == rid else f for f in findings]
+            continue
+        out += slice_finding(rid, slices, accounts, ctx)
+    return out
+
+
+for _rid, _title in (("input_bound", "the GPU waits for the DataLoader"),
+                     ("host_stall", "the GPU waits while the host runs work that issues nothing"),
+                     ("allocator_churn", "the GPU waits for the caching allocator's device calls"),
+                     ("queued_idle", "the GPU idles with work already issued"),
+                     ("unexplained_idle", "GPU idle time the trace cannot attribute")):
+    rule(Rule(id=_rid, title=_title, extract=_extract, judge=_judge(_rid), cause=TEXT[_rid]["cause"],
+              fix=TEXT[_rid]["fix"], caveats=TEXT[_rid].get("caveats", ""), notebook=TEXT[_rid].get("notebook")))
