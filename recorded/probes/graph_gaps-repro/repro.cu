@@ -1,0 +1,210 @@
+// graph_gaps reproducer (issue 31): does a CUDA graph of long kernels + tiny side-stream kernels followed by
+// EXTERNAL event-record nodes idle more and more before each kernel along one replay?  CUDA runtime only (no
+// PyTorch, no NCCL, no profiler).  Every kernel stamps its own start and end with %globaltimer.
+//
+// Per layer i (captured from stream s0; s1 is a side stream):
+//   s0: busy_i (spins work_us on every SM)        -- "the GEMM"
+//   s1: waits for busy_i, tiny_i (1 thread)         -- "the collective"
+//       then a record (--record):  none | internal (cudaEventRecord: an edge, no node) |
+//       shared (cudaEventRecordWithFlags(E, s1, cudaEventRecordExternal): an EVENT_RECORD node of ONE event) |
+//       distinct (the same, a different event E_i per layer) | node (cudaGraphAddEventRecordNode of the one event,
+//       spliced into the capture as NCCL's ncclStrongStreamRelease does)
+//   join (--join): edge (s0 waits for s1 through an internal event: busy_{i+1} depends on the record) |
+//       extwait (s0 waits on E / E_i with cudaEventWaitExternal: an EVENT_WAIT node) | none (s1 joins s0 once, at the end)
+//   --where main puts tiny_i and the record on s0 itself (no side stream).
+// A last 'tick' kernel advances the replay counter that every kernel reads to find its stamp slot.
+// Gap of a kernel = its start - the latest end of any kernel that started before it (all streams).
+//
+// build: nvcc -O2 -arch=sm_90 -o repro repro.cu      run: ./repro --n 160 --work-us 200 --record shared
+#include <cuda_runtime.h>
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
+  fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, __LINE__, cudaGetErrorString(e_)); \
+  exit(2); } } while (0)
+
+typedef unsigned long long u64;
+
+__device__ __forceinline__ u64 gtime() { u64 t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }
+
+// st/en: [replay][slot]; slot 2i = busy_i, 2i+1 = tiny_i.  Block starts -> atomicMin, block ends -> atomicMax.
+__global__ void busy(u64* st, u64* en, const volatile unsigned* ctr, int slot, int slots, u64 work_ns) {
+  __shared__ u64 t0;
+  if (threadIdx.x == 0) { t0 = gtime(); atomicMin(&st[(u64)(*ctr) * slots + slot], t0); }
+  __syncthreads();
+  while (gtime() - t0 < work_ns) { }
+  __syncthreads();
+  if (threadIdx.x == 0) atomicMax(&en[(u64)(*ctr) * slots + slot], gtime());
+}
+
+__global__ void tiny(u64* st, u64* en, const volatile unsigned* ctr, int slot, int slots) {
+  u64 t = gtime(), i = (u64)(*ctr) * slots + slot;
+  st[i] = t;
+  en[i] = gtime();
+}
+
+__global__ void tick(volatile unsigned* ctr) { *ctr = *ctr + 1; }
+
+struct Opt {
+  int n = 160, replays = 20, upload = 0, priority = 0, grid = 0, queued = 0, quiet = 0;
+  double work_us = 200;
+  std::string record = "shared", where = "side", join = "edge", raw;
+};
+
+static void usage() {
+  fprintf(stderr, "usage: repro [--n N] [--work-us US] [--replays R] [--record none|internal|shared|distinct|node]\n"
+                  "  [--where side|main] [--join edge|extwait|none] [--upload 0|1] [--priority 0|1] [--grid BLOCKS]\n"
+                  "  [--queued 0|1] [--raw FILE] [--quiet 1]\n");
+  exit(64);
+}
+
+static Opt parse(int argc, char** argv) {
+  Opt o;
+  for (int i = 1; i < argc; i++) {
+    std::string k = argv[i];
+    if (i + 1 >= argc) usage();
+    const char* v = argv[++i];
+    if (k == "--n") o.n = atoi(v); else if (k == "--work-us") o.work_us = atof(v);
+    else if (k == "--replays") o.replays = atoi(v); else if (k == "--record") o.record = v;
+    else if (k == "--where") o.where = v; else if (k == "--join") o.join = v;
+    else if (k == "--upload") o.upload = atoi(v); else if (k == "--priority") o.priority = atoi(v);
+    else if (k == "--grid") o.grid = atoi(v); else if (k == "--queued") o.queued = atoi(v);
+    else if (k == "--raw") o.raw = v; else if (k == "--quiet") o.quiet = atoi(v);
+    else usage();
+  }
+  const char* recs[] = {"none", "internal", "shared", "distinct", "node"};
+  bool ok = o.n >= 1 && o.replays >= 1 && o.work_us >= 0 && (o.where == "side" || o.where == "main") &&
+            (o.join == "edge" || o.join == "extwait" || o.join == "none") &&
+            std::find(std::begin(recs), std::end(recs), o.record) != std::end(recs);
+  bool ext = o.record == "shared" || o.record == "distinct" || o.record == "node";
+  if (!ok || (o.join == "extwait" && !ext)) usage();  // an external wait needs an external record to wait on
+  return o;
+}
+
+int main(int argc, char** argv) {
+  Opt o = parse(argc, argv);
+  int dev = 0, drv = 0, rt = 0, sms = 0;
+  cudaDeviceProp p;
+  CK(cudaSetDevice(dev)); CK(cudaGetDeviceProperties(&p, dev));
+  CK(cudaDriverGetVersion(&drv)); CK(cudaRuntimeGetVersion(&rt));
+  sms = p.multiProcessorCount;
+  int grid = o.grid > 0 ? o.grid : 2 * sms;
+  const int slots = 2 * o.n;
+  const size_t cells = (size_t)o.replays * slots + slots;  // + one spare replay's slots (never read)
+  u64 *st, *en; unsigned* ctr;
+  CK(cudaMalloc(&st, cells * sizeof(u64))); CK(cudaMalloc(&en, cells * sizeof(u64))); CK(cudaMalloc(&ctr, 4));
+  CK(cudaMemset(st, 0xff, cells * sizeof(u64))); CK(cudaMemset(en, 0, cells * sizeof(u64))); CK(cudaMemset(ctr, 0, 4));
+
+  int lo = 0, hi = 0;
+  CK(cudaDeviceGetStreamPriorityRange(&lo, &hi));  // hi = the greatest priority (numerically lowest)
+  cudaStream_t s0, s1;
+  CK(cudaStreamCreateWithPriority(&s0, cudaStreamNonBlocking, o.priority ? lo : 0));
+  CK(cudaStreamCreateWithPriority(&s1, cudaStreamNonBlocking, o.priority ? hi : 0));
+  cudaEvent_t shared_ev;
+  CK(cudaEventCreateWithFlags(&shared_ev, cudaEventDisableTiming));
+  std::vector<cudaEvent_t> ev(3 * o.n);  // per layer: fork, join, and the distinct / internal record event
+  for (auto& e : ev) CK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  const u64 work_ns = (u64)(o.work_us * 1000.0);
+
+  cudaGraph_t graph;
+  CK(cudaStreamBeginCapture(s0, cudaStreamCaptureModeThreadLocal));
+  cudaStream_t side = o.where == "side" ? s1 : s0;
+  if (side != s0) { CK(cudaEventRecord(ev[0], s0)); CK(cudaStreamWaitEvent(s1, ev[0], 0)); }  // s1 joins capture
+  for (int i = 0; i < o.n; i++) {
+    busy<<<grid, 128, 0, s0>>>(st, en, ctr, 2 * i, slots, work_ns);
+    CK(cudaGetLastError());
+    if (side != s0) { CK(cudaEventRecord(ev[3 * i], s0)); CK(cudaStreamWaitEvent(s1, ev[3 * i], 0)); }
+    tiny<<<1, 1, 0, side>>>(st, en, ctr, 2 * i + 1, slots);
+    CK(cudaGetLastError());
+    cudaEvent_t rec = o.record == "distinct" ? ev[3 * i + 2] : shared_ev;
+    if (o.record == "internal") CK(cudaEventRecord(ev[3 * i + 2], side));
+    else if (o.record == "shared" || o.record == "distinct")
+      CK(cudaEventRecordWithFlags(rec, side, cudaEventRecordExternal));
+    else if (o.record == "node") {  // NCCL's way: add the node to the capture graph by hand, then depend on it
+      cudaStreamCaptureStatus cs; cudaGraph_t g; const cudaGraphNode_t* deps; size_t nd; cudaGraphNode_t node;
+      CK(cudaStreamGetCaptureInfo(side, &cs, nullptr, &g, &deps, nullptr, &nd));
+      CK(cudaGraphAddEventRecordNode(&node, g, deps, nd, shared_ev));
+      CK(cudaStreamUpdateCaptureDependencies(side, &node, nullptr, 1, cudaStreamSetCaptureDependencies));
+    }
+    if (side != s0 && o.join == "edge") { CK(cudaEventRecord(ev[3 * i + 1], s1)); CK(cudaStreamWaitEvent(s0, ev[3 * i + 1], 0)); }
+    if (o.join == "extwait") CK(cudaStreamWaitEvent(s0, rec, cudaEventWaitExternal));
+  }
+  if (side != s0) { CK(cudaEventRecord(ev[1], s1)); CK(cudaStreamWaitEvent(s0, ev[1], 0)); }  // final join
+  tick<<<1, 1, 0, s0>>>(ctr);
+  CK(cudaGetLastError());
+  CK(cudaStreamEndCapture(s0, &graph));
+  size_t nodes = 0;
+  CK(cudaGraphGetNodes(graph, nullptr, &nodes));
+  cudaGraphExec_t exec;
+  CK(cudaGraphInstantiateWithFlags(&exec, graph, o.priority ? cudaGraphInstantiateFlagUseNodePriority : 0));
+  if (o.upload) { CK(cudaGraphUpload(exec, s0)); CK(cudaStreamSynchronize(s0)); }
+  for (int r = 0; r < o.replays; r++) {
+    CK(cudaGraphLaunch(exec, s0));
+    if (!o.queued) CK(cudaStreamSynchronize(s0));
+  }
+  CK(cudaStreamSynchronize(s0));
+  CK(cudaGetLastError());
+  std::vector<u64> hs(cells), he(cells);
+  CK(cudaMemcpy(hs.data(), st, cells * sizeof(u64), cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(he.data(), en, cells * sizeof(u64), cudaMemcpyDeviceToHost));
+
+  // gap of each kernel of each replay (all streams), then per position the median over replays
+  std::vector<std::vector<double>> gb(o.n), gt(o.n);  // gap before busy_i / tiny_i, one value per replay
+  std::vector<double> span(o.replays), busy_us;
+  for (int r = 0; r < o.replays; r++) {
+    const u64* s = &hs[(size_t)r * slots]; const u64* e = &he[(size_t)r * slots];
+    std::vector<int> idx(slots);
+    for (int k = 0; k < slots; k++) {
+      idx[k] = k;
+      if (s[k] == ~0ULL || e[k] == 0) { fprintf(stderr, "replay %d slot %d never stamped\n", r, k); return 3; }
+    }
+    std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return s[a] < s[b]; });
+    u64 last = 0, first = s[idx[0]];
+    for (int j = 0; j < slots; j++) {
+      int k = idx[j];
+      if (j > 0) (k % 2 ? gt : gb)[k / 2].push_back(s[k] > last ? (s[k] - last) / 1e3 : 0.0);
+      last = std::max(last, e[k]);
+      if (k % 2 == 0) busy_us.push_back((e[k] - s[k]) / 1e3);
+    }
+    span[r] = (last - first) / 1e3;
+  }
+  auto median = [](std::vector<double> v) { if (v.empty()) return 0.0; std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
+  std::vector<double> mb(o.n);
+  for (int i = 0; i < o.n; i++) mb[i] = median(gb[i]);
+  // least-squares slope of the median gap before busy_i against i, i >= 1
+  double sx = 0, sy = 0, sxx = 0, sxy = 0; int m = 0;
+  for (int i = 1; i < o.n; i++) { sx += i; sy += mb[i]; sxx += (double)i * i; sxy += i * mb[i]; m++; }
+  double slope = m > 1 ? (m * sxy - sx * sy) / (m * sxx - sx * sx) : 0.0;
+  double q[4] = {0, 0, 0, 0}; int qn[4] = {0, 0, 0, 0};
+  for (int i = 1; i < o.n; i++) { int b = std::min(3, i * 4 / o.n); q[b] += mb[i]; qn[b]++; }
+  printf("# device %s  sm_%d%d  SMs %d  driver %d.%d  runtime %d.%d\n", p.name, p.major, p.minor, sms,
+         drv / 1000, (drv % 1000) / 10, rt / 1000, (rt % 1000) / 10);
+  printf("# n %d work_us %g record %s where %s join %s upload %d priority %d grid %d queued %d replays %d nodes %zu\n",
+         o.n, o.work_us, o.record.c_str(), o.where.c_str(), o.join.c_str(), o.upload, o.priority, grid, o.queued,
+         o.replays, nodes);
+  printf("# busy kernel median %.1f us; replay span median %.1f us (%.1f us per layer)\n", median(busy_us),
+         median(span), median(span) / o.n);
+  printf("# median gap before busy_i by quarter (i>=1): %.2f %.2f %.2f %.2f us; slope %.4f us per layer\n",
+         qn[0] ? q[0] / qn[0] : 0, qn[1] ? q[1] / qn[1] : 0, qn[2] ? q[2] / qn[2] : 0, qn[3] ? q[3] / qn[3] : 0, slope);
+  if (!o.quiet) {
+    printf("position,gap_before_busy_us,gap_before_tiny_us\n");
+    for (int i = 0; i < o.n; i++) printf("%d,%.3f,%.3f\n", i, mb[i], median(gt[i]));
+  }
+  if (!o.raw.empty()) {  // raw stamps: one header line, then int64 start,end per [replay][slot]
+    FILE* f = fopen(o.raw.c_str(), "wb");
+    if (!f) { fprintf(stderr, "cannot write %s\n", o.raw.c_str()); return 4; }
+    fprintf(f, "{\"n\": %d, \"work_us\": %g, \"record\": \"%s\", \"where\": \"%s\", \"join\": \"%s\", \"upload\": %d, "
+               "\"priority\": %d, \"grid\": %d, \"queued\": %d, \"replays\": %d, \"nodes\": %zu, \"device\": \"%s\", "
+               "\"driver\": %d, \"runtime\": %d}\n", o.n, o.work_us, o.record.c_str(), o.where.c_str(), o.join.c_str(),
+            o.upload, o.priority, grid, o.queued, o.replays, nodes, p.name, drv, rt);
+    for (size_t c = 0; c < (size_t)o.replays * slots; c++) { fwrite(&hs[c], 8, 1, f); fwrite(&he[c], 8, 1, f); }
+    fclose(f);
+  }
+  CK(cudaGraphExecDestroy(exec)); CK(cudaGraphDestroy(graph));
+  return 0;
+}
