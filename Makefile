@@ -10,7 +10,7 @@ TORCH  ?= torch==2.13.0
 PY     := $(VENV)/bin/python
 ARGS   ?=
 
-.PHONY: setup report test test-gpu lab wheelhouse clean
+.PHONY: setup report test test-fast test-gpu test-browser lab wheelhouse clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv --system-site-packages $(VENV)
@@ -23,15 +23,29 @@ setup: $(VENV)/.installed
 report: setup                 ## every notebook, preset for this machine (configs/gpu.yaml or cpu-smoke.yaml)
 	$(VENV)/bin/kit run $(ARGS)
 
-test: setup                   ## CPU tests (what CI runs)
-	$(PY) -m pytest $(ARGS)
+test: setup                   ## every CPU test (what CI runs); -v names each test as it starts
+	$(PY) -m pytest -v --durations=15 $(ARGS)
+
+test-fast: setup              ## the edit loop: CPU tests not marked slow (no whole-notebook or many-rank runs)
+	$(PY) -m pytest -m "not slow and not gpu" $(ARGS)
 
 test-gpu: setup               ## tests marked gpu (most need 2 CUDA GPUs; one-GPU paths need 1)
 	$(PY) -m pytest -m gpu $(ARGS)
 
-lab: setup                    ## JupyterLab on the notebooks
+$(VENV)/.lab-installed: $(VENV)/.installed
 	$(PY) -m pip install -e ".[lab]"
-	$(VENV)/bin/jupyter lab notebooks/
+	touch $@
+
+# make lab ARGS="--ip=0.0.0.0 --no-browser --IdentityProvider.token=SECRET"; as root --allow-root is added
+lab: $(VENV)/.lab-installed   ## JupyterLab on the notebooks (JupyterLab installed once)
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(ARGS)
+
+$(VENV)/.browser-installed: $(VENV)/.installed
+	$(PY) -m pip install playwright
+	touch $@
+
+test-browser: $(VENV)/.browser-installed  ## open the last report in headless Chromium (apt-get install chromium); not in CI
+	$(PY) tests/browser/check_report.py $(ARGS)
 
 wheelhouse: setup             ## wheels for an offline node: make wheelhouse ARGS="wheels --python-version 3.12"
 	$(VENV)/bin/kit wheelhouse $(ARGS)
