@@ -9,7 +9,8 @@ The layer, bottom up:
   numpy columns, :mod:`~kit.traces.columns`, until a DataFrame is asked for).
 * :mod:`~kit.traces.cache` -- the parsed frames in Parquet beside the trace (``.kitcache/``), keyed by the file
   and the kit's trace-layer version; a re-opened 100 MB trace's GPU frame comes back in ~0.06 s.
-* :mod:`~kit.traces.jobs` -- many ranks: ``expand(files|dirs|globs)``, ``map_ranks(paths, fn, workers=, client=)``:
+* :mod:`~kit.traces.jobs` -- many ranks: ``check_job(rank_identity(t) for t in ...)`` (one job: world size,
+  no rank twice, one GPU family, overlapping spans; missing ranks named), ``expand(files|dirs|globs)``, ``map_ranks(paths, fn, workers=, client=)``:
   per-rank work in a local process pool or on a Dask cluster, one rank's events per worker at a time, a bad file
   named and left out; ``collectives``/``trace_gaps``/``merge``/``clock_offsets`` take ``workers=``/``client=``.
 * :mod:`~kit.traces.frames` -- ``load_trace(path) -> Trace``: each file parsed **once** into typed frames
@@ -44,16 +45,16 @@ from .flight_recorder import dump_flight_recorder, fr_entries, fr_mismatches, fr
 from .frames import (ADAPTERS, CPU_COLUMNS, GPU_CATS, GPU_COLUMNS, KINETO, KINETO_LEGACY, Adapter, Trace,
                      TraceInfo, from_dict, gpu_events, is_nccl_kernel, load_trace)
 from .gaps import DEFAULT_STALL_US, combine_gaps, format_gaps, gap_summary, gaps, trace_gaps
-from .jobs import RankFailure, RankResults, expand, map_ranks
+from .jobs import JobCheck, JobError, RankFailure, RankIdentity, RankResults, check_job, expand, map_ranks, rank_identity
 from .merge import aligned_gpu, clock_offsets, merge
 from .names import TraceFile, find_traces, parse_name, trace_path
 from .overlap import OVERLAP_COLUMNS, overlap
 from .parse import TraceError, load
 
 __all__ = ["ADAPTERS", "Adapter", "COLLECTIVE_COLUMNS", "CPU_COLUMNS", "DEFAULT_STALL_US", "GPU_CATS", "GPU_COLUMNS",
-           "KINETO", "KINETO_LEGACY", "NODE_TYPES", "OVERLAP_COLUMNS", "RankFailure", "RankResults", "Trace",
-           "TraceError", "TraceFile", "TraceInfo", "aligned_gpu", "clock_offsets", "collective_rows", "collectives",
+           "JobCheck", "JobError", "KINETO", "KINETO_LEGACY", "NODE_TYPES", "OVERLAP_COLUMNS", "RankFailure", "RankIdentity", "RankResults", "Trace",
+           "TraceError", "TraceFile", "TraceInfo", "aligned_gpu", "check_job", "clock_offsets", "collective_rows", "collectives",
            "combine_gaps", "dump_flight_recorder", "expand", "explain_empty", "find_traces", "format_gaps",
            "format_text", "fr_entries", "fr_mismatches", "fr_statements", "from_dict", "gap_summary", "gaps",
            "gpu_events", "graph_census", "graph_edges", "is_nccl_kernel", "load", "load_trace", "map_ranks", "match_instances",
-           "merge", "overlap", "parse_name", "summary", "to_json", "trace_gaps", "trace_path", "write_json"]
+           "merge", "overlap", "parse_name", "rank_identity", "summary", "to_json", "trace_gaps", "trace_path", "write_json"]

@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from .frames import Adapter, Trace
 
-VERSION = 1
+VERSION = 2
 """bump when the frames built from a trace change (columns, dtypes, what is kept)"""
 _DIR = ".kitcache"
 _EDGE = 1 << 20
@@ -132,7 +132,8 @@ def write(path: Path, cpu: str, adapter: "Adapter | None", trace: "Trace") -> Pa
         k = key(path, cpu, adapter)
     except OSError:
         return None
-    meta = {"key": k, "header": trace.header, "adapter": trace.adapter, "events": trace.info.events}
+    meta = {"key": k, "header": trace.header, "adapter": trace.adapter, "events": trace.info.events,
+            "warnings": list(trace.warnings)}
     for d in _dirs(path):
         try:
             d.mkdir(parents=True, exist_ok=True)
@@ -198,4 +199,4 @@ def _trace(path: Path, gpu: "pd.DataFrame", cpu: "pd.DataFrame", meta: dict[str,
     header = meta.get("header") or {}
     ad = next((a for a in ADAPTERS if a.name == meta.get("adapter")), None) or adapter_for(header)
     return Trace(path=path, gpu=gpu, cpu=cpu, info=trace_info(header, ad, int(meta.get("events") or 0)),
-                 adapter=ad.name, header=header)
+                 adapter=ad.name, header=header, warnings=meta.get("warnings") or ())

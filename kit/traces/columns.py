@@ -52,7 +52,7 @@ class Columns:
     def take(self, order: "np.ndarray") -> "Columns":
         """The rows in ``order`` (numpy fancy indexing; list columns picked one by one)."""
         vals = {c: v[order] if hasattr(v, "shape") else [v[i] for i in order.tolist()] for c, v in self.values.items()}
-        return replace(self, values=vals)
+        return replace(self, n=len(order), values=vals)
 
     def frame(self) -> "pd.DataFrame":
         import pandas as pd

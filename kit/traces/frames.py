@@ -168,10 +168,14 @@ class Trace:
     gaps``) never builds the frames -- nor imports pandas (0.3-0.4 s of a command on a 2-core box)."""
 
     def __init__(self, path: Path | None, gpu: "pd.DataFrame | Columns", cpu: "pd.DataFrame | Columns",
-                 info: TraceInfo, adapter: str, header: dict | None = None, events: list[dict] | None = None):
+                 info: TraceInfo, adapter: str, header: dict | None = None, events: list[dict] | None = None,
+                 warnings: Iterable[str] = ()):
         self.path, self.info, self.adapter = path, info, adapter
         self.header = {} if header is None else header
         self.events = events
+        self.warnings: tuple[str, ...] = tuple(warnings)
+        """non-fatal problems found while building the frames, one line each, the file named (events with a
+        negative or zero duration dropped, with their count; a zero-duration ProfilerStep; a subsampled trace)"""
         self._frames: dict[str, Any] = {"gpu": gpu, "cpu": cpu}
 
     def _frame(self, which: str) -> "pd.DataFrame":
@@ -385,8 +389,43 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
         import numpy as np
 
         cpu_cols = cpu_cols.take(np.argsort(cpu_cols.values["ts"], kind="stable"))
-    return Trace(path=path, gpu=to_columns(g, GPU_COLUMNS), cpu=cpu_cols,
-                 info=trace_info(header, ad, seen if n_events is None else n_events), adapter=ad.name, header=header)
+    name = path.name if path else "(trace)"
+    (gpu_cols, cpu_cols), warnings = _valid(to_columns(g, GPU_COLUMNS), cpu_cols, name)
+    return Trace(path=path, gpu=gpu_cols, cpu=cpu_cols, info=trace_info(header, ad, seen if n_events is None else n_events),
+                 adapter=ad.name, header=header, warnings=warnings)
+
+
+def _valid(gpu: Columns, cpu: Columns, name: str) -> tuple[tuple[Columns, Columns], list[str]]:
+    """The frames without the events no analysis can use, and one warning line per kind dropped: GPU activity
+    with a negative or zero duration (a GPU kernel takes time: a zero or negative one is a lost or corrupt
+    timestamp, and would count as idle time or more than 100% of a step), CPU events with a negative duration,
+    ``ProfilerStep#N`` annotations of zero duration (a step without length would divide its costs by zero)."""
+    import numpy as np
+
+    warnings = []
+    gd = gpu.values["dur"]
+    n_neg, n_zero = int((gd < 0).sum()), int((gd == 0).sum())
+    if n_neg or n_zero:
+        what = " and ".join(x for x in (f"{n_neg} with a negative duration" if n_neg else "",
+                                        f"{n_zero} with zero duration" if n_zero else "") if x)
+        warnings.append(f"{name}: {n_neg + n_zero} GPU event(s) dropped, {what} (lost or corrupt timestamps)")
+        gpu = gpu.take(np.flatnonzero(gd > 0))
+    cd = cpu.values["dur"]
+    neg = cd < 0
+    drop = neg
+    if neg.any():
+        warnings.append(f"{name}: {int(neg.sum())} CPU event(s) with a negative duration dropped (corrupt timestamps)")
+    step_codes = [i for i, n in enumerate(cpu.categories.get("name", [])) if n.startswith("ProfilerStep")]
+    if cpu.n and step_codes:
+        zero_steps = np.isin(cpu.values["name"], step_codes) & (cd == 0)
+        if zero_steps.any():
+            names = sorted({cpu.categories["name"][i] for i in cpu.values["name"][zero_steps].tolist()})
+            warnings.append(f"{name}: {int(zero_steps.sum())} ProfilerStep annotation(s) of zero duration dropped "
+                            f"({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}): a step without length")
+            drop = drop | zero_steps
+    if drop.any():
+        cpu = cpu.take(np.flatnonzero(~drop))
+    return (gpu, cpu), warnings
 
 
 def trace_info(header: Mapping[str, Any], ad: Adapter, events: int) -> TraceInfo:

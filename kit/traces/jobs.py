@@ -46,12 +46,15 @@ import multiprocessing
 import os
 import re
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Generic, Iterable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, Sequence, TypeVar
 
 from .names import parse_name
 from .parse import TraceError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .frames import Trace
 
 T = TypeVar("T")
 
@@ -211,10 +214,139 @@ def _collect(futures: list) -> list[tuple[bool, Any]]:
     return out
 
 
+class JobError(TraceError):
+    """The traces given are not one job: one line per problem. CLI exit code 2 (bad input, nothing analysed)."""
+
+
+@dataclass(frozen=True)
+class RankIdentity:
+    """Who one trace says it is: what :func:`check_job` compares across the traces given as one job."""
+
+    path: str
+    rank: int | None
+    """``distributedInfo``'s rank, else from the file name (:func:`kit.traces.names.parse_name`), else None"""
+    world_size: int | None
+    """``distributedInfo``'s world size"""
+    device: str | None
+    """the GPU's name from the header (``deviceProperties[*].name``, e.g. 'NVIDIA H100 80GB HBM3'); None if absent"""
+    span: tuple[float, float] | None
+    """first/last event, Unix time in us (``baseTimeNanoseconds``/1e3 + trace clock); None without base time or events"""
+
+    @property
+    def name(self) -> str:
+        return Path(self.path).name
+
+
+def device_family(device: str | None) -> str | None:
+    """The GPU family of a device name: its model token (``H100`` of 'NVIDIA H100 80GB HBM3', ``V100`` of
+    'Tesla V100-SXM2-16GB', ``A100`` of 'NVIDIA A100-SXM4-40GB', ``L40S``), else the name itself."""
+    if not device:
+        return None
+    m = _MODEL.search(device)
+    return m.group(1) if m else device.strip()
+
+
+_MODEL = re.compile(r"\b([A-Z]{1,2}\d{1,4}[A-Z]?)(?![A-Za-z0-9])")
+
+
+def rank_identity(trace: "Trace", path: str | Path | None = None) -> RankIdentity:
+    """The :class:`RankIdentity` of a loaded trace (from its header and its frames' first and last event)."""
+    import numpy as np
+
+    where = str(path if path is not None else (trace.path or trace.name))
+    rank = trace.info.rank
+    if rank is None:
+        parsed = parse_name(Path(where).name)
+        rank = parsed[1] if parsed else None
+    props = trace.header.get("deviceProperties")
+    names = [d.get("name") for d in props if isinstance(d, dict)] if isinstance(props, list) else []
+    device = next((n for n in names if isinstance(n, str) and n.strip()), None)
+    base = trace.header.get("baseTimeNanoseconds")
+    span = None
+    if isinstance(base, (int, float)) and not isinstance(base, bool):
+        starts = [trace.array(w, "ts") for w in ("gpu", "cpu")]
+        ends = [trace.array(w, "end") for w in ("gpu", "cpu")]
+        if any(len(a) for a in starts):
+            lo = min(float(np.min(a)) for a in starts if len(a))
+            hi = max(float(np.max(a)) for a in ends if len(a))
+            span = (base / 1e3 + lo, base / 1e3 + hi)
+    return RankIdentity(path=where, rank=rank, world_size=trace.info.world_size, device=device, span=span)
+
+
+def ranges(ranks: Iterable[int]) -> str:
+    """``0-3, 5, 7-9``: sorted ranks as runs."""
+    out: list[str] = []
+    rs = sorted(set(ranks))
+    i = 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        out.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+@dataclass(frozen=True)
+class JobCheck:
+    """What :func:`check_job` found: the traces are one job; which ranks of it were given."""
+
+    ranks: tuple[RankIdentity, ...]
+    """in input order, rank filled in (file order for traces that say nothing)"""
+    world_size: int | None
+    missing: tuple[int, ...]
+    """ranks of ``range(world_size)`` not given"""
+    warnings: tuple[str, ...] = ()
+    """non-fatal, one line each"""
+
+    @property
+    def partial(self) -> bool:
+        """Some ranks of the world size are missing: cross-rank results are partial (CLI exit 3)."""
+        return bool(self.missing)
+
+    def note(self) -> str | None:
+        """e.g. ``2 of 8 ranks given; missing 2-7: cross-rank results are partial``; None when complete."""
+        if not self.partial:
+            return None
+        given = self.world_size - len(self.missing) if self.world_size else len(self.ranks)
+        return (f"{given} of {self.world_size} ranks given; missing {ranges(self.missing)}: cross-rank results "
+                f"are partial")
+
+
+SAME_JOB_SLACK_S = 60.0
+"""traces whose activity is further apart in time than this (and than their own spans) are not one job"""
+
+
+def apart_in_time(idents: Sequence[RankIdentity]) -> list[str]:
+    """One line per trace recorded at another time than the others: the ranks of one job are profiled together,
+    so their spans overlap (up to clock differences between nodes, far below :data:`SAME_JOB_SLACK_S`). The
+    traces are grouped into runs of overlapping spans; every trace outside the largest group is named."""
+    import datetime
+
+    timed = sorted(((i.span, i) for i in idents if i.span is not None), key=lambda t: t[0])
+    if len(timed) < 2:
+        return []
+    groups: list[list] = [[timed[0]]]
+    end = timed[0][0][1]
+    for span, i in timed[1:]:
+        if span[0] > end + SAME_JOB_SLACK_S * 1e6:
+            groups.append([])
+        groups[-1].append((span, i))
+        end = max(end, span[1])
+    if len(groups) == 1:
+        return []
+    main = max(groups, key=len)
+    at = lambda us: datetime.datetime.fromtimestamp(us / 1e6, datetime.timezone.utc).strftime(  # noqa: E731
+        "%Y-%m-%d %H:%M:%S UTC")
+    ref = f"the {len(main)} traced from {at(main[0][0][0])}" if len(main) > 1 else f"traced at {at(main[0][0][0])}"
+    return [f"{i.name}: traced at {at(span[0])}, not with the others ({ref}): a trace of another job "
+            f"(or another profiling window)" for g in groups if g is not main for span, i in g]
+
+
 def not_one_job(ranks: Iterable[tuple[str, int | None, int | None]]) -> list[str]:
     """One line per reason the traces ``(name, rank, world size)`` are not the ranks of one job: world sizes
-    that differ (from each trace's ``distributedInfo``), one rank twice. [] when they can be one job. The one
-    check behind ``kit trace collectives|merge`` and ``kit doctor`` (which adds a check of when each was traced)."""
+    that differ (from each trace's ``distributedInfo``), one rank twice. [] when they can be one job. Part of
+    :func:`check_job`, which also compares devices and when each trace was recorded."""
     ranks = list(ranks)
     problems = []
     ws = {w for _, _, w in ranks if w is not None}
@@ -228,6 +360,52 @@ def not_one_job(ranks: Iterable[tuple[str, int | None, int | None]]) -> list[str
         elif r is not None:
             seen[r] = name
     return problems
+
+
+def _other_devices(idents: Sequence[RankIdentity]) -> list[str]:
+    """One line per trace whose GPU family differs from the most common one among the traces (ranks of one
+    job run on one kind of GPU)."""
+    fam = {i.path: device_family(i.device) for i in idents}
+    counts: dict[str, int] = {}
+    for f in fam.values():
+        if f is not None:
+            counts[f] = counts.get(f, 0) + 1
+    if len(counts) < 2:
+        return []
+    main = max(counts, key=lambda f: (counts[f], -list(counts).index(f)))
+    return [f"{i.name}: recorded on {i.device} ({fam[i.path]}), the others on {main}: traces of different jobs"
+            for i in idents if fam[i.path] not in (None, main)]
+
+
+def check_job(idents: Sequence[RankIdentity]) -> JobCheck:
+    """Raises :class:`JobError` (one line per problem) when the traces are not one job: different world sizes,
+    one rank twice, a rank outside the world size, different GPU families (H100 vs A100, V100...), spans that do
+    not overlap (:func:`apart_in_time`, :data:`SAME_JOB_SLACK_S`). Returns the :class:`JobCheck` otherwise:
+    ranks filled in (traces that say nothing take the free ranks in file order, with a warning), the ranks of
+    the world size that were not given."""
+    idents = list(idents)
+    problems = not_one_job((i.name, i.rank, i.world_size) for i in idents)
+    ws_set = {i.world_size for i in idents if i.world_size is not None}
+    world = next(iter(ws_set)) if len(ws_set) == 1 else None
+    if world is not None:
+        problems += [f"{i.name}: rank {i.rank} outside the world size {world}" for i in idents
+                     if i.rank is not None and not 0 <= i.rank < world]
+    problems += _other_devices(idents)
+    problems += apart_in_time(idents)
+    if problems:
+        raise JobError("\n".join(problems))
+    seen = {i.rank for i in idents if i.rank is not None}
+    free = iter(r for r in range(len(idents) + len(seen)) if r not in seen)
+    warnings, out = [], []
+    for i in idents:
+        if i.rank is None:
+            i = replace(i, rank=next(free))
+            if len(idents) > 1:
+                warnings.append(f"{i.name}: no rank in the trace or its name: taken as rank {i.rank} (file order)")
+        out.append(i)
+    given = {i.rank for i in out}
+    missing = tuple(r for r in range(world) if r not in given) if world is not None else ()
+    return JobCheck(ranks=tuple(out), world_size=world, missing=missing, warnings=tuple(warnings))
 
 
 def map_ranks(paths: Iterable[str | Path], fn: Callable[[Path], T], *, workers: int | None = None,

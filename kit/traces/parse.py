@@ -15,8 +15,9 @@ Two entry points:
 * :func:`load` -- the whole trace as plain dicts (``{"traceEvents": [event dicts], ...header}``) for code that
   writes events back out (:mod:`kit.traces.merge`); ``keep`` filters events.
 
-Errors are one line for the user (:class:`TraceError`): missing, unreadable/truncated gzip, not UTF-8/binary,
-not JSON (with where it stopped), JSON that is not a Chrome trace.
+Errors are one line for the user (:class:`TraceError`): missing, unreadable/truncated gzip, not UTF-8 (the
+first bad byte's offset), binary, not JSON (with where it stopped), JSON that is not a Chrome trace, a trace
+without events (``traceEvents: []``).
 """
 
 from __future__ import annotations
@@ -129,7 +130,22 @@ def read_bytes(p: Path) -> bytes:
         raise TraceError(f"{p}: cannot read ({type(e).__name__}: {e}); is the file complete?") from None
     if not data[:4096].strip() and not data.strip():  # the full strip (a copy of the file) only when it starts blank
         raise TraceError(f"{p}: empty file (was the profiler stopped before it wrote the trace?)")
+    check_utf8(p, data)
     return data
+
+
+def check_utf8(p: Path, data: bytes) -> None:
+    """TraceError naming the first byte that is not UTF-8 (JSON is UTF-8; a corrupt or binary-patched trace
+    would otherwise fail later, in whichever event's name holds it, or not at all). An ASCII file -- what
+    Kineto writes unless a name holds other characters -- is checked at memory speed (``bytes.isascii``)."""
+    if data.isascii():
+        return
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        where = "of the decompressed JSON" if p.suffix == ".gz" or _is_gzip(p) else "of the file"
+        raise TraceError(f"{p}: not UTF-8 text: byte 0x{data[e.start]:02x} at byte offset {e.start} {where} "
+                         f"(a corrupt or binary file?)") from None
 
 
 def _first_char(buf: bytes) -> str:
@@ -194,11 +210,14 @@ def raw_events(path: str | Path) -> tuple[dict[str, Any], msgspec.Raw, list[msgs
     buf = read_bytes(p)
     header, raw = _split(p, buf)
     try:
-        return header, raw, msgspec.json.decode(raw, type=list[msgspec.Raw])
+        raws = msgspec.json.decode(raw, type=list[msgspec.Raw])
     except msgspec.ValidationError as e:
         raise TraceError(f"{p}: not a PyTorch profiler trace (traceEvents: {e})") from None
     except msgspec.DecodeError as e:
         raise _json_error(p, buf, e) from None
+    if not raws:
+        raise TraceError(f"{p}: no events (traceEvents is empty: was the profiler stopped before its first step?)")
+    return header, raw, raws
 
 
 def event_dicts(path: str | Path, chunk: int | None = None,
@@ -279,6 +298,8 @@ def load(path: str | Path, keep: Keep | None = None) -> dict[str, Any]:
         raise TraceError(f"{p}: not a PyTorch profiler trace (trace events are not JSON objects)") from None
     except msgspec.DecodeError as e:
         raise _json_error(p, buf, e) from None
+    if not events:
+        raise TraceError(f"{p}: no events (traceEvents is empty: was the profiler stopped before its first step?)")
     if keep is not None:
         events = [e for e in events if keep(e)]
     return {**header, "traceEvents": events}

@@ -1,0 +1,181 @@
+"""Issue 30's edges of the trace layer: one job checked once (:func:`kit.traces.jobs.check_job` on real traces
+recorded on 2xH200 and copies of them changed where a second job would differ), the per-trace validation
+(``Trace.warnings``, fatal problems as one-line TraceErrors), and every ``kit trace`` verb's exit status and
+line on each edge (2 bad input, 3 partial), without a traceback."""
+
+import gzip
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from kit import traces
+from kit.traces.jobs import JobCheck, JobError, RankIdentity, check_job, rank_identity
+
+DATA = Path(__file__).parent / "data"
+TP = [DATA / "tp_rank0.json.gz", DATA / "tp_rank1.json.gz"]
+NCCL = [DATA / "colls_rank0.json.gz", DATA / "colls_rank1.json.gz"]
+
+
+def _ids(paths):
+    return [rank_identity(traces.load_trace(p, cache=False), p) for p in paths]
+
+
+def _data(path) -> dict:
+    return json.loads(gzip.decompress(Path(path).read_bytes()))
+
+
+def _copy(tmp_path, src, name, change=None) -> Path:
+    """A copy of a real trace, its header or events changed by ``change(data)``."""
+    data = _data(src)
+    if change:
+        change(data)
+    out = tmp_path / name
+    out.write_bytes(gzip.compress(json.dumps(data).encode()))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ identity
+def test_rank_identity_of_a_real_trace():
+    i = _ids(NCCL[:1])[0]
+    t = traces.load_trace(NCCL[0], cache=False)
+    base = t.header["baseTimeNanoseconds"] / 1e3
+    assert (i.rank, i.world_size, i.device) == (0, 2, "NVIDIA H200")
+    assert i.span == (base + min(t.gpu.ts.min(), t.cpu.ts.min()), base + max(t.gpu.end.max(), t.cpu.end.max()))
+    assert i.span[1] - i.span[0] == pytest.approx(2848.4, abs=0.1)
+
+
+def test_one_complete_job():
+    c = check_job(_ids(NCCL))
+    assert isinstance(c, JobCheck) and [r.rank for r in c.ranks] == [0, 1] and c.world_size == 2
+    assert c.missing == () and not c.partial and c.note() is None and c.warnings == ()
+
+
+def test_some_ranks_missing_is_partial_and_named():
+    ids = _ids(NCCL)
+    c = check_job(ids[:1])
+    assert c.partial and c.missing == (1,)
+    assert c.note() == "1 of 2 ranks given; missing 1: cross-rank results are partial"
+    eight = [replace(i, world_size=8) for i in ids]
+    assert check_job(eight).note() == "2 of 8 ranks given; missing 2-7: cross-rank results are partial"
+
+
+def test_rank_twice_and_another_time_is_not_one_job():
+    with pytest.raises(JobError) as e:
+        check_job(_ids([NCCL[0], TP[0]]))
+    lines = str(e.value).splitlines()
+    assert "tp_rank0.json.gz: rank 0 again (also colls_rank0.json.gz): give one trace per rank" in lines
+    # recorded 29 minutes apart: the doctor's apart_in_time, 60 s slack
+    assert any(x.startswith("tp_rank0.json.gz: traced at ") and "a trace of another job" in x for x in lines)
+
+
+def test_same_world_size_other_device_is_another_job():
+    ids = _ids(NCCL)
+    v100 = replace(ids[1], device="Tesla V100-SXM2-16GB")
+    with pytest.raises(JobError, match=r"colls_rank1.json.gz: recorded on Tesla V100-SXM2-16GB \(V100\), the others "
+                                       r"on H200: traces of different jobs") as e:
+        check_job([ids[0], v100, replace(ids[0], path="x_rank2.json", rank=None, world_size=None)])
+    assert len(str(e.value).splitlines()) == 1
+    # PCIe and SXM parts of one family are one job
+    assert not check_job([replace(ids[0], device="NVIDIA H100 PCIe"), replace(ids[1], device="NVIDIA H100 80GB HBM3")]).partial
+
+
+def test_world_sizes_differ_and_rank_outside():
+    ids = _ids(NCCL)
+    with pytest.raises(JobError, match=r"world size 4, others \[2\]: traces of different jobs"):
+        check_job([ids[0], replace(ids[1], world_size=4)])
+    with pytest.raises(JobError, match="colls_rank1.json.gz: rank 5 outside the world size 2"):
+        check_job([ids[0], replace(ids[1], rank=5)])
+
+
+def test_spans_within_the_slack_are_one_job():
+    ids = _ids(NCCL)
+    later = replace(ids[1], span=(ids[1].span[0] + 50e6, ids[1].span[1] + 50e6))
+    assert check_job([ids[0], later]).world_size == 2
+    apart = replace(ids[1], span=(ids[1].span[0] + 70e6, ids[1].span[1] + 70e6))
+    with pytest.raises(JobError, match="colls_rank1.json.gz: traced at "):
+        check_job([ids[0], apart])
+
+
+def test_traces_without_rank_take_file_order_with_a_warning():
+    anon = [RankIdentity(f"/x/t{k}.json", None, None, None, None) for k in range(3)]
+    c = check_job([anon[0], RankIdentity("/x/r1.json", 1, None, None, None), anon[1]])
+    assert [r.rank for r in c.ranks] == [0, 1, 2] and c.world_size is None and not c.partial
+    assert c.warnings == ("t0.json: no rank in the trace or its name: taken as rank 0 (file order)",
+                          "t1.json: no rank in the trace or its name: taken as rank 2 (file order)")
+    assert check_job(anon[:1]).warnings == ()
+
+
+# ------------------------------------------------------------------------------------------------ one trace
+def _events_changed(tmp_path, name, fn):
+    def change(d):
+        fn(d["traceEvents"])
+    return _copy(tmp_path, TP[0], name, change)
+
+
+def test_negative_and_zero_kernel_durations_are_dropped_with_a_count(tmp_path):
+    src = traces.load_trace(TP[0], cache=False)
+
+    def corrupt(evs):
+        ks = [e for e in evs if e.get("cat") == "kernel"]
+        ks[0]["dur"], ks[1]["dur"], ks[2]["dur"] = -5, -1.5, 0
+    p = _events_changed(tmp_path, "neg_rank0.json.gz", corrupt)
+    t = traces.load_trace(p, cache=False)
+    assert t.warnings == ("neg_rank0.json.gz: 3 GPU event(s) dropped, 2 with a negative duration and 1 with zero "
+                          "duration (lost or corrupt timestamps)",)
+    assert len(t.gpu) == len(src.gpu) - 3 and (t.gpu.dur > 0).all()
+    assert traces.load_trace(TP[0], cache=False).warnings == ()
+
+
+def test_zero_duration_profiler_step_is_dropped_with_a_warning(tmp_path):
+    def steps(evs):
+        t0 = min(e["ts"] for e in evs if "ts" in e)
+        evs += [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{k}", "pid": 1, "tid": 1,
+                 "ts": t0 + 100 * k, "dur": 0 if k == 2 else 100, "args": {}} for k in (1, 2, 3)]
+    p = _events_changed(tmp_path, "steps_rank0.json.gz", steps)
+    t = traces.load_trace(p, cache=False)
+    assert t.warnings == ("steps_rank0.json.gz: 1 ProfilerStep annotation(s) of zero duration dropped "
+                          "(ProfilerStep#2): a step without length",)
+    kept = t.cpu[t.cpu.name.astype(str).str.startswith("ProfilerStep")]
+    assert list(kept.name) == ["ProfilerStep#1", "ProfilerStep#3"]
+
+
+def test_warnings_survive_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KIT_TRACE_CACHE", str(tmp_path / "cache"))
+
+    def corrupt(evs):
+        next(e for e in evs if e.get("cat") == "kernel")["dur"] = -2
+    p = _events_changed(tmp_path, "neg_rank0.json.gz", corrupt)
+    first = traces.load_trace(p)
+    again = traces.load_trace(p)
+    assert first.warnings == again.warnings and len(again.warnings) == 1 and len(again.gpu) == len(first.gpu)
+
+
+def test_non_utf8_byte_is_one_line_with_its_offset(tmp_path):
+    raw = gzip.decompress(TP[0].read_bytes())
+    at = raw.index(b'"name": "') + 9
+    bad = raw[:at] + b"\xff" + raw[at:]
+    (tmp_path / "bad_rank0.json").write_bytes(bad)
+    (tmp_path / "bad_rank1.json.gz").write_bytes(gzip.compress(bad))
+    with pytest.raises(traces.TraceError) as e:
+        traces.load_trace(tmp_path / "bad_rank0.json", cache=False)
+    assert str(e.value) == (f"{tmp_path / 'bad_rank0.json'}: not UTF-8 text: byte 0xff at byte offset {at} of the file "
+                            f"(a corrupt or binary file?)")
+    with pytest.raises(traces.TraceError, match=f"byte 0xff at byte offset {at} of the decompressed JSON"):
+        traces.load_trace(tmp_path / "bad_rank1.json.gz", cache=False)
+    # UTF-8 beyond ASCII is fine
+    ok = raw[:at] + "é".encode() + raw[at:]
+    (tmp_path / "ok_rank0.json").write_bytes(ok)
+    assert len(traces.load_trace(tmp_path / "ok_rank0.json", cache=False).gpu) == len(traces.load_trace(TP[0]).gpu)
+
+
+def test_empty_event_list_is_fatal(tmp_path):
+    p = tmp_path / "empty_rank0.json"
+    p.write_text(json.dumps({"schemaVersion": 1, "traceEvents": []}))
+    for fn in (traces.load_trace, traces.load):
+        with pytest.raises(traces.TraceError, match=r"empty_rank0.json: no events \(traceEvents is empty"):
+            fn(p)
