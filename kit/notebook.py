@@ -15,36 +15,117 @@ that was once written five ways in five notebooks.
 
 from __future__ import annotations
 
+import dataclasses
+import os
+from pathlib import Path
 from typing import Any, Mapping
 
 from . import contract, plot, results
 
 
 def start(name: str, namespace: Mapping[str, Any]):
-    """``(investigation, validated Config)``; sets the plot style and pandas display options."""
+    """``(investigation, validated Config)``; sets the plot style and pandas display options.
+
+    Parameters left at the notebook's defaults take this machine's preset (``configs/cpu-smoke.yaml`` without a
+    CUDA GPU, ``configs/gpu.yaml`` with one; ``KIT_PRESET=<file>`` or ``KIT_PRESET=none`` to choose), so Run All
+    fits the machine; under ``kit run`` the parameters already come from a config and are taken as they are.
+    The first line printed says which. A relative ``results_root`` is the repository's, wherever the notebook
+    was opened."""
     import pandas as pd
 
     inv = contract.get(name)
     plot.style()
     pd.set_option("display.width", 180, "display.max_columns", 30)
-    return inv, inv.from_notebook(namespace)
+    values, line = with_preset(inv, namespace)
+    print(line)
+    return inv, inv.config(values)
+
+
+def preset_path() -> Path | None:
+    """The config whose values fill the parameters left alone: ``KIT_PRESET``, else this machine's preset."""
+    chosen = os.environ.get("KIT_PRESET")
+    if chosen:
+        return None if chosen.lower() == "none" else Path(chosen)
+    from .runner import default_config
+
+    return default_config()
+
+
+def with_preset(inv: contract.Investigation, namespace: Mapping[str, Any]) -> tuple[dict, str]:
+    """The Config's values from the notebook's namespace, those left at their defaults replaced by the preset's;
+    and one line saying where the values came from."""
+    from .config import load_yaml
+
+    fields = {f.name: f for f in dataclasses.fields(inv.Config)}
+    values = {k: v for k, v in namespace.items() if k in fields}
+    if os.environ.get("KIT_PARAMS"):  # kit run: papermill injected the values of a config file
+        line = f"parameters: {os.environ['KIT_PARAMS']} (kit run)"
+    else:
+        path = preset_path() if inv.run is not None else None
+        defaults = dataclasses.asdict(inv.Config())
+        preset = {}
+        if path is not None:
+            data = load_yaml(path if path.is_absolute() or path.exists() else results.REPO_ROOT / path)
+            preset = {**(data.get("defaults") or {}), **(data.get(inv.name) or {})}
+        taken = {k: v for k, v in preset.items() if k in values and values[k] == defaults.get(k) != v}
+        mine = sorted(k for k in values if values[k] != defaults.get(k))
+        values.update(taken)
+        if path is None:
+            line = "parameters: as set in the notebook (no preset)"
+        else:
+            from .launch import cuda_device_count
+
+            gpus = cuda_device_count()
+            machine = f"{gpus} CUDA GPU(s)" if gpus else "no CUDA GPU"
+            shown = ", ".join(f"{k}={v}" for k, v in list(taken.items())[:6]) + (", ..." if len(taken) > 6 else "")
+            line = (f"parameters: {_short(path)} preset ({machine} here) for {len(taken)} left at the notebook's "
+                    f"defaults ({shown})" + (f"; yours: {', '.join(mine)}" if mine else "")
+                    + " -- KIT_PRESET=none to run the notebook's own values")
+    root = values.get("results_root")
+    if isinstance(root, str) and not os.path.isabs(root):  # JupyterLab starts the kernel in notebooks/
+        values["results_root"] = str(results.REPO_ROOT / root)
+    return values, line
 
 
 def execute(inv: contract.Investigation, cfg) -> list[results.Run]:
-    """Run the investigation here (one launch per ``env_sets`` entry). When this machine cannot run it,
-    print what is missing and return ``[]``: the notebook then shows the recorded runs."""
+    """Run the investigation here (one launch per ``env_sets`` entry) with a progress bar over the rows as they
+    arrive. When this machine cannot run it, print what is missing and return ``[]``: the notebook then shows the
+    recorded runs. An interrupt (Kernel > Interrupt) stops the ranks and ends with one line."""
+    from .progress import rows_bar
+
     try:
-        made = contract.execute_all(inv.name, cfg)
+        if os.environ.get("KIT_PARAMS"):  # kit run shows the bar in its terminal (kit.progress.watch_rows)
+            made = contract.execute_all(inv.name, cfg)
+        else:
+            with rows_bar(inv.name) as on_row:
+                made = contract.execute_all(inv.name, cfg, on_row=on_row)
     except contract.Skipped as e:
         print(f"{inv.name} cannot run on this machine:")
         for r in e.reasons:
             print(f"  - {r}")
         print("The analyses below show the recorded runs instead.")
         return []
+    except KeyboardInterrupt:
+        raise Interrupted(f"{inv.name}: interrupted; the ranks are stopped, rows measured so far are in "
+                          f"{Path(cfg.results_root) / inv.name}") from None
     for r in made:
         print(f"{r.dir}: {r.meta.get('label') or 'run'} {r.meta.get('status')}, {len(r.rows)} rows",
               *r.meta.get("warnings", []))
     return made
+
+
+def _short(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(results.REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
+class Interrupted(KeyboardInterrupt):
+    """An interrupted run: IPython shows this one line instead of a traceback (``_render_traceback_``)."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"KeyboardInterrupt: {self}"]
 
 
 def choose(inv: contract.Investigation, made, analyse: Any = "auto") -> results.RunSet:

@@ -20,6 +20,7 @@ notebook and the cell); with ``--strict`` a skipped investigation is an error to
 
 from __future__ import annotations
 
+import contextlib
 import html
 import os
 import shutil
@@ -29,7 +30,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
-from . import contract, results
+from . import contract, progress, results
 from .config import NOTEBOOK_EXTRAS, ConfigError, LaunchConfig, load_yaml, validate
 
 REPO = results.REPO_ROOT
@@ -70,6 +71,8 @@ def resolve_params(names: list[str], config_path: Path, overrides: list[tuple[st
         validate(LaunchConfig, defaults, where=f"{config_path}:defaults")
     except ConfigError as e:
         problems.append(str(e))
+        # a typo under defaults: is reported once, above, not again for every notebook
+        defaults = {k: v for k, v in defaults.items() if k in {f.name for f in fields(LaunchConfig)}}
     out = {}
     for name in names:
         mapping = {**defaults, **(data.get(name) or {}), **dict(overrides)}
@@ -106,24 +109,31 @@ def _export_html(nb_path: Path, html_path: Path, no_input: bool) -> None:
     html_path.write_text(body)
 
 
-def run_notebook(name: str, params: dict, report_dir: Path, no_input: bool, log=print) -> dict:
+def run_notebook(name: str, params: dict, report_dir: Path, no_input: bool, log=print,
+                 params_from: str = "parameters given") -> dict:
     import papermill as pm
 
     src = notebook_path(name)
     out_nb = report_dir / f"{name}.ipynb"
     fig_dir = report_dir / "figures"
     fig_dir.mkdir(exist_ok=True)
-    env_backup = {k: os.environ.get(k) for k in ("KIT_FIGURES_DIR", "KIT_FIGURE_PREFIX")}
+    env_backup = {k: os.environ.get(k) for k in ("KIT_FIGURES_DIR", "KIT_FIGURE_PREFIX", "KIT_PARAMS")}
     os.environ["KIT_FIGURES_DIR"] = str(fig_dir)  # kit.plot.save writes here; inherited by the kernel
     os.environ["KIT_FIGURE_PREFIX"] = name
+    os.environ["KIT_PARAMS"] = params_from  # kit.notebook.start: the values are this config's, take them as they are
     t0 = time.time()
     status, error = "ok", None
     try:
         if contract.get(name).run is None:  # an analysis page: only its own parameters, no launch settings
             drop = {f.name for f in fields(LaunchConfig)} | {"analyse"}
             params = {k: v for k, v in params.items() if k not in drop}
-        pm.execute_notebook(str(src), str(out_nb), parameters=params, kernel_name="python3", cwd=str(REPO),
-                            progress_bar=sys.stderr.isatty(), log_output=False)
+        watch = params.get("results_root") if contract.get(name).run is not None else None
+        with progress.watch_rows(Path(watch) / name, f"  {name}") if watch else contextlib.nullcontext():
+            # the kernel's own log at ERROR: its "running over TCP without encryption" warning (a local kernel
+            # on loopback) is nothing a user can act on
+            pm.execute_notebook(str(src), str(out_nb), parameters=params, kernel_name="python3", cwd=str(REPO),
+                                progress_bar=False, log_output=False,
+                                extra_arguments=["--IPKernelApp.log_level=ERROR"])
     except pm.PapermillExecutionError as e:
         status = "failed"
         src_line = (e.source or "").strip().splitlines()[:1]
@@ -194,6 +204,13 @@ git {html.escape(str(results.git_commit()))} &middot; {time.strftime('%Y-%m-%d %
     return path
 
 
+def _rel(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(REPO))
+    except ValueError:
+        return str(path)
+
+
 def run(names: list[str], config_path: str | None, overrides: list[tuple[str, Any]], *, no_input: bool = False,
         results_root: str | None = None, copy_figures: bool = True, log=print) -> tuple[Path, list[dict]]:
     """Execute notebooks; returns (report_dir, entries). Raises ConfigError before running anything.
@@ -223,10 +240,11 @@ def run(names: list[str], config_path: str | None, overrides: list[tuple[str, An
     log(f"kit run: {len(names)} notebook(s) with {cfg_path} -> {report_dir}")
     for name, reasons in skip.items():
         log(f"  {name} cannot run here ({'; '.join(reasons)}): its page shows the recorded runs")
+    given = _rel(cfg_path) + "".join(f" -p {k}={v}" for k, v in overrides if k != "results_root")
     entries = []
     for i, name in enumerate(names, 1):
         log(f"[{i}/{len(names)}] {name}: {'rendering recorded runs' if name in skip else 'running'} ...")
-        e = run_notebook(name, params[name], report_dir, no_input, log)
+        e = run_notebook(name, params[name], report_dir, no_input, log, params_from=given)
         e["question"] = contract.get(name).question
         if name in skip and e["status"] == "ok":
             e["status"], e["missing"] = "skipped", skip[name]
