@@ -179,3 +179,103 @@ def test_empty_event_list_is_fatal(tmp_path):
     for fn in (traces.load_trace, traces.load):
         with pytest.raises(traces.TraceError, match=r"empty_rank0.json: no events \(traceEvents is empty"):
             fn(p)
+
+
+# ------------------------------------------------------------------------------------------------ every verb
+def _kit(*args):
+    return subprocess.run([sys.executable, "-m", "kit", *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+def _verbs(tmp_path, *files):
+    """``kit trace gaps|collectives|merge`` on the files: (verb, CompletedProcess) each."""
+    out = []
+    for verb, extra in (("gaps", ()), ("collectives", ()), ("merge", ("-o", tmp_path / "merged.json"))):
+        p = _kit("trace", verb, *files, *extra)
+        assert "Traceback" not in p.stderr, (verb, p.stderr)
+        out.append((verb, p))
+    return out
+
+
+def _header(**changes):
+    def change(d):
+        for k, v in changes.items():
+            if k == "device":
+                for prop in d["deviceProperties"]:
+                    prop["name"] = v
+            else:
+                d["distributedInfo"][k] = v
+    return change
+
+
+def test_cli_rank_twice_is_exit_2_for_every_verb(tmp_path):
+    twice = _copy(tmp_path, TP[0], "again_rank0.json.gz")
+    for verb, p in _verbs(tmp_path, TP[0], twice):
+        assert p.returncode == 2, (verb, p.stderr)
+        # expand() sorts the files by rank, then name: again_rank0 comes first
+        assert p.stderr.splitlines() == [f"kit trace {verb}: tp_rank0.json.gz: rank 0 again (also again_rank0.json.gz): "
+                                         f"give one trace per rank"], p.stderr
+        assert not p.stdout
+
+
+def test_cli_two_jobs_same_world_size_other_device_is_exit_2(tmp_path):
+    other = _copy(tmp_path, TP[1], "a100_rank1.json.gz", _header(device="NVIDIA A100-SXM4-40GB"))
+    for verb, p in _verbs(tmp_path, TP[0], other):
+        assert p.returncode == 2, (verb, p.stderr)
+        assert p.stderr.splitlines() == [f"kit trace {verb}: a100_rank1.json.gz: recorded on NVIDIA A100-SXM4-40GB "
+                                         f"(A100), the others on H200: traces of different jobs"], p.stderr
+
+
+def test_cli_two_of_eight_ranks_is_exit_3_with_the_missing_named(tmp_path):
+    files = [_copy(tmp_path, src, src.name, _header(world_size=8)) for src in TP]
+    for verb, p in _verbs(tmp_path, *files):
+        assert p.returncode == 3, (verb, p.stderr)
+        assert p.stderr.splitlines() == [f"kit trace {verb}: 2 of 8 ranks given; missing 2-7: cross-rank results "
+                                         f"are partial"], p.stderr
+        assert p.stdout  # the result is still printed
+    p = _kit("trace", "collectives", *files, "--json")
+    assert p.returncode == 3 and json.loads(p.stdout)["job"] == {
+        "world_size": 8, "ranks": [0, 1], "missing": [2, 3, 4, 5, 6, 7], "partial": True,
+        "note": "2 of 8 ranks given; missing 2-7: cross-rank results are partial"}
+    one = _kit("trace", "gaps", files[0])  # one trace: a per-rank analysis
+    assert one.returncode == 0 and not one.stderr
+
+
+def test_cli_non_utf8_byte_names_file_and_offset(tmp_path):
+    raw = gzip.decompress(TP[1].read_bytes())
+    at = raw.index(b'"name": "') + 9
+    bad = tmp_path / "tp_rank1.json"
+    bad.write_bytes(raw[:at] + b"\xfe" + raw[at:])
+    line = f"{bad}: not UTF-8 text: byte 0xfe at byte offset {at} of the file (a corrupt or binary file?)"
+    for verb, p in _verbs(tmp_path, bad):
+        assert p.returncode == 2 and p.stderr.splitlines() == [f"kit trace {verb}: {line}"], (verb, p.stderr)
+    for verb, p in _verbs(tmp_path, TP[0], bad):  # with a good rank: the bad one named, the other analysed
+        assert p.returncode == 3 and line in p.stdout + p.stderr, (verb, p.stdout, p.stderr)
+
+
+def test_cli_empty_event_list_is_exit_2(tmp_path):
+    p0 = tmp_path / "empty_rank0.json"
+    p0.write_text(json.dumps({"schemaVersion": 1, "traceEvents": []}))
+    for verb, p in _verbs(tmp_path, p0):
+        assert p.returncode == 2, (verb, p.stderr)
+        assert p.stderr.splitlines() == [f"kit trace {verb}: {p0}: no events (traceEvents is empty: was the profiler "
+                                         f"stopped before its first step?)"], p.stderr
+
+
+def test_cli_negative_durations_and_zero_step_are_warnings_once(tmp_path):
+    def corrupt(d):
+        evs = d["traceEvents"]
+        next(e for e in evs if e.get("cat") == "kernel")["dur"] = -3
+        t0 = min(e["ts"] for e in evs if "ts" in e)
+        evs.append({"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 1, "tid": 1, "ts": t0,
+                    "dur": 0, "args": {}})
+    bad = _copy(tmp_path, TP[1], "tp_rank1.json.gz", corrupt)
+    for verb, p in _verbs(tmp_path, TP[0], bad):
+        assert p.returncode == 0, (verb, p.stderr)
+        warned = [x for x in p.stderr.splitlines() if x.startswith(f"kit trace {verb}: warning: ")]
+        assert len(set(warned)) == len(warned) >= 1, p.stderr
+        assert (f"kit trace {verb}: warning: tp_rank1.json.gz: 1 GPU event(s) dropped, 1 with a negative duration "
+                f"(lost or corrupt timestamps)") in warned
+    gaps = _kit("trace", "gaps", TP[0], bad, "--json")
+    assert json.loads(gaps.stdout)["warnings"] == [
+        "tp_rank1.json.gz: 1 GPU event(s) dropped, 1 with a negative duration (lost or corrupt timestamps)"]

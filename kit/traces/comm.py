@@ -35,6 +35,7 @@ from .. import stats
 from ..collective_ops import bus_factor, canonical, from_kernel
 from .flight_recorder import dump_flight_recorder, fr_entries, fr_mismatches  # noqa: F401  (kit.traces.comm.*)
 from .frames import Trace, load_trace
+from .jobs import JobCheck, RankIdentity, rank_identity
 from .parse import TraceError
 from .merge import merge  # noqa: F401
 from .overlap import overlap  # noqa: F401
@@ -133,13 +134,14 @@ def _missing(v) -> bool:
     return v is None or (isinstance(v, float) and v != v)
 
 
-def rank_collectives(path: str | Path, cache: bool | None = None) -> tuple["pd.DataFrame", dict[str, Any]]:
+def rank_collectives(path: str | Path, cache: bool | None = None) -> tuple["pd.DataFrame", dict[str, Any],
+                                                                          RankIdentity, tuple[str, ...]]:
     """The per-rank part of :func:`collectives`: one rank trace's :func:`collective_frame` (one row per NCCL
-    kernel or gloo op, a few hundred bytes each) and :meth:`Trace.counts` -- what crosses to the matching
-    step, never the events. Module-level so that worker processes and Dask can run it
-    (:func:`kit.traces.jobs.map_ranks`)."""
+    kernel or gloo op, a few hundred bytes each), :meth:`Trace.counts`, its
+    :func:`~kit.traces.jobs.rank_identity` and its warnings -- what crosses to the matching step, never the
+    events. Module-level so that worker processes and Dask can run it (:func:`kit.traces.jobs.map_ranks`)."""
     t = load_trace(path, cpu="comm", cache=cache)
-    return _compact(t.collectives), t.counts()
+    return _compact(t.collectives), t.counts(), rank_identity(t, path), t.warnings
 
 
 def _compact(frame: "pd.DataFrame") -> "pd.DataFrame":
@@ -178,17 +180,24 @@ class RankCollectives(NamedTuple):
     """:func:`collective_frame` with that rank"""
     counts: dict[str, Any]
     """:meth:`Trace.counts`"""
+    identity: RankIdentity | None = None
+    """:func:`kit.traces.jobs.rank_identity`, its rank filled in by :func:`kit.traces.jobs.check_job`"""
+    warnings: tuple[str, ...] = ()
+    """:attr:`Trace.warnings`"""
 
 
 def per_rank_collectives(traces: Iterable[str | Path | Trace] | str | Path, *, workers: int | None = 1,
-                         client: Any = None, cache: bool | None = None) -> tuple[list[RankCollectives], list]:
+                         client: Any = None, cache: bool | None = None
+                         ) -> tuple[list[RankCollectives], list, JobCheck]:
     """The per-rank step of :func:`collectives` (and of :func:`kit.traces.merge.clock_offsets`): a
-    :class:`RankCollectives` for each trace that could be read, in input order, and the
-    :class:`~kit.traces.jobs.RankFailure`\\ s of those that could not. Paths go through
-    :func:`rank_collectives` on :func:`kit.traces.jobs.map_ranks`; a loaded :class:`Trace` is used as it is.
-    A trace without ``distributedInfo`` gets its position in the input as its rank. TraceError, one line per
-    file, when no trace could be read."""
-    from .jobs import RankResults, expand, map_ranks
+    :class:`RankCollectives` for each trace that could be read, in input order, the
+    :class:`~kit.traces.jobs.RankFailure`\\ s of those that could not, and the
+    :class:`~kit.traces.jobs.JobCheck` of the traces read. Paths go through :func:`rank_collectives` on
+    :func:`kit.traces.jobs.map_ranks`; a loaded :class:`Trace` is used as it is. Ranks are
+    :func:`kit.traces.jobs.check_job`'s: ``distributedInfo``'s, else the file name's, else the free ranks in
+    input order. TraceError, one line per file, when no trace could be read; :class:`~kit.traces.jobs.JobError`
+    when the traces are not one job (matching collectives across them would pair unrelated kernels)."""
+    from .jobs import RankResults, check_job, expand, map_ranks
 
     items = expand(traces) if isinstance(traces, (str, Path)) else list(traces)
     paths = [t for t in items if not isinstance(t, Trace)]
@@ -196,30 +205,25 @@ def per_rank_collectives(traces: Iterable[str | Path | Trace] | str | Path, *, w
                                  client=client) if paths else RankResults()
     res.raise_if_all_failed()
     done = {str(p): v for p, v in res.ok}
-    out = []
-    for i, t in enumerate(items):
+    read = []
+    for t in items:
         if isinstance(t, Trace):
-            frame, counts = t.collectives, t.counts()
+            read.append((t, t.collectives, t.counts(), rank_identity(t), t.warnings))
         elif str(Path(t)) in done:
-            frame, counts = done[str(Path(t))]
-        else:
-            continue
-        rank = i if counts["rank"] is None else counts["rank"]
-        out.append(RankCollectives(t, rank, frame.assign(rank=i) if counts["rank"] is None and len(frame) else frame,
-                                   counts))
-    one_job(out)
-    return out, res.failed
+            read.append((t, *done[str(Path(t))]))
+    job = check_job([r[3] for r in read])
+    out = []
+    for (t, frame, counts, _, warns), ident in zip(read, job.ranks):
+        rank = ident.rank
+        if len(frame) and counts["rank"] != rank:
+            frame = frame.assign(rank=rank)
+        out.append(RankCollectives(t, rank, frame, counts, ident, tuple(warns)))
+    return out, res.failed, job
 
 
-def one_job(ranks: list[RankCollectives]) -> None:
-    """TraceError, one line per problem, when the traces are not the ranks of one job
-    (:func:`kit.traces.jobs.not_one_job`): matching collectives across them would pair unrelated kernels."""
-    from .jobs import not_one_job
-
-    problems = not_one_job((r.item.name if isinstance(r.item, Trace) else Path(r.item).name, r.rank,
-                            r.counts.get("world_size")) for r in ranks)
-    if problems:
-        raise TraceError("\n".join(problems))
+def warnings_of(ranks: list[RankCollectives], job: JobCheck) -> list[str]:
+    """Every trace's warnings, then the job check's, each once."""
+    return list(dict.fromkeys([w for r in ranks for w in r.warnings] + list(job.warnings)))
 
 
 def collectives(traces: Iterable[str | Path | Trace] | str | Path, *, workers: int | None = 1, client: Any = None,
@@ -234,10 +238,14 @@ def collectives(traces: Iterable[str | Path | Trace] | str | Path, *, workers: i
     ``client=`` a ``dask.distributed.Client`` or scheduler address; only the per-rank frames come back, and
     the matching (:func:`match_instances`) runs on them here. A rank that cannot be read is left out and
     named in ``df.attrs["failed"]`` (``[{"trace", "error"}]``); when no rank can be read, :class:`TraceError`
-    with one line per file."""
-    ranks, failed = per_rank_collectives(traces, workers=workers, client=client, cache=cache)
+    with one line per file. The traces are checked to be one job (:func:`kit.traces.jobs.check_job`:
+    :class:`~kit.traces.jobs.JobError` otherwise); ``df.attrs["job"]`` says which ranks of it were given
+    (``partial`` and a ``note`` when some are missing), ``df.attrs["warnings"]`` the traces' warnings."""
+    ranks, failed, job = per_rank_collectives(traces, workers=workers, client=client, cache=cache)
     df = match_instances([r.frame for r in ranks], [r.counts for r in ranks])
     df.attrs["failed"] = [f.to_json() for f in failed]
+    df.attrs["job"] = job.to_json()
+    df.attrs["warnings"] = warnings_of(ranks, job)
     return df
 
 
@@ -337,6 +345,9 @@ def to_json(df: "pd.DataFrame", s: "pd.DataFrame", rows: bool = True) -> dict[st
         out["notes"] = explain_empty(df)
     if df is not None and df.attrs.get("failed"):  # some ranks could not be read: the result is partial
         out["failed"] = df.attrs["failed"]
+    for k in ("job", "warnings"):
+        if df is not None and df.attrs.get(k):
+            out[k] = df.attrs[k]
     return out
 
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from .. import stats
 from .frames import GPU_COLUMNS, load_trace
+from .jobs import RankIdentity, rank_identity
 from .parse import TraceError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -119,10 +120,11 @@ def gap_summary(g: "pd.DataFrame") -> dict[str, Any]:
                     g["stall"].to_numpy(dtype=bool))
 
 
-def _one_rank(path: str | Path, threshold_us: float, cache: bool | None) -> tuple[dict[str, Any], tuple, int | None]:
-    """One file's result (what ``kit trace gaps FILE`` prints), its kernels' ``(gap_us, nccl, stall)`` arrays
-    and its rank. Works on the trace's columns as arrays (:meth:`kit.traces.Trace.array`): no DataFrame is
-    built, and a parse without the cache never imports pandas."""
+def _one_rank(path: str | Path, threshold_us: float, cache: bool | None) -> tuple[dict[str, Any], tuple, RankIdentity]:
+    """One file's result (what ``kit trace gaps FILE`` prints, with the trace's ``warnings``), its kernels'
+    ``(gap_us, nccl, stall)`` arrays and its :func:`~kit.traces.jobs.rank_identity`. Works on the trace's
+    columns as arrays (:meth:`kit.traces.Trace.array`): no DataFrame is built, and a parse without the cache
+    never imports pandas."""
     t = load_trace(path, cpu="none", cache=cache)
     device, ts, end, cat, nccl = (t.array("gpu", c) for c in ("device", "ts", "end", "cat", "nccl"))
     kernel = cat == "kernel"
@@ -133,8 +135,8 @@ def _one_rank(path: str | Path, threshold_us: float, cache: bool | None) -> tupl
     stall = gap > threshold_us
     out = _summary(device[rows], gap, k_nccl, stall)
     out.update(trace=str(path), threshold_us=threshold_us, kernels=int(kernel.sum()),
-               nccl_kernels=int(nccl.sum()), world_size=t.info.world_size)
-    return out, (gap, k_nccl, stall), t.info.rank
+               nccl_kernels=int(nccl.sum()), world_size=t.info.world_size, warnings=list(t.warnings))
+    return out, (gap, k_nccl, stall), rank_identity(t, path)
 
 
 def _ns_counts(x) -> tuple["np.ndarray", "np.ndarray"]:
@@ -148,13 +150,14 @@ def _ns_counts(x) -> tuple["np.ndarray", "np.ndarray"]:
 
 
 def rank_gaps(path: str | Path, threshold_us: float = DEFAULT_STALL_US,
-              cache: bool | None = None) -> tuple[dict[str, Any], dict[str, tuple]]:
+              cache: bool | None = None) -> tuple[dict[str, Any], dict[str, tuple], RankIdentity]:
     """The per-rank part of :func:`trace_gaps` over many ranks: the rank's result (as for one file, with its
-    ``rank``) and its non-stall gaps as ns counts per class (``nccl``/``other``) for the combined summary.
-    Module-level so that worker processes and Dask can run it (:func:`kit.traces.jobs.map_ranks`)."""
-    res, (gap, nccl, stall), rank = _one_rank(path, threshold_us, cache)
+    ``rank``), its non-stall gaps as ns counts per class (``nccl``/``other``) for the combined summary, and
+    its :func:`~kit.traces.jobs.rank_identity` for the job check. Module-level so that worker processes and
+    Dask can run it (:func:`kit.traces.jobs.map_ranks`)."""
+    res, (gap, nccl, stall), ident = _one_rank(path, threshold_us, cache)
     hist = {"nccl": _ns_counts(gap[nccl & ~stall]), "other": _ns_counts(gap[~nccl & ~stall])}
-    return {"rank": rank, **res}, hist
+    return {"rank": ident.rank, **res}, hist, ident
 
 
 def _fold(acc: tuple | None, vc: tuple) -> tuple:
@@ -187,15 +190,15 @@ def _hist_stats(vc: tuple | None) -> dict[str, float | None]:
             "max": float(v[-1]) / 1000}
 
 
-def combine_gaps(per_rank: list[tuple[dict[str, Any], dict[str, tuple]]], threshold_us: float) -> dict[str, Any]:
+def combine_gaps(per_rank: list[tuple], threshold_us: float) -> dict[str, Any]:
     """One summary over every rank from the per-rank results of :func:`rank_gaps`: count, median, p90 and max
     of every kernel's gap on every rank (stalls excluded, as per rank), from the gaps rounded to the ns
     (within 0.5 ns of the statistics of the pooled gaps); kernels and stalls summed."""
     acc: dict[str, tuple | None] = {"nccl": None, "other": None}
-    for _, hist in per_rank:
+    for _, hist, *_ in per_rank:
         for b in acc:
             acc[b] = _fold(acc[b], hist[b])
-    res = [r for r, _ in per_rank]
+    res = [r[0] for r in per_rank]
     return {"summary": {"before_nccl_us": _hist_stats(acc["nccl"]), "before_other_us": _hist_stats(acc["other"]),
                         "stalls": sum(r["summary"]["stalls"] for r in res)},
             "ranks": len(res), "kernels": sum(r["kernels"] for r in res),
@@ -219,17 +222,25 @@ def trace_gaps(path: str | Path | Iterable[str | Path], threshold_us: float = DE
     Many (a list of paths, a directory, a glob): each rank through :func:`rank_gaps` on
     :func:`kit.traces.jobs.map_ranks` (``workers``/``client`` as there), then ``{"per_rank": [each rank's
     result with its "rank"], "combined": {"summary", "ranks", "kernels", "nccl_kernels", "threshold_us"},
-    "failed": [{"trace", "error"}]}`` -- ``combined`` over every kernel of every rank that could be read
-    (:func:`combine_gaps`); a TraceError with one line per file when none could."""
-    from .jobs import expand, map_ranks
+    "failed": [{"trace", "error"}], "job", "warnings"}`` -- ``combined`` over every kernel of every rank that
+    could be read (:func:`combine_gaps`); a TraceError with one line per file when none could. The traces
+    read are checked to be one job (:func:`kit.traces.jobs.check_job`: :class:`~kit.traces.jobs.JobError`
+    otherwise); ``"job"`` says which ranks of it were given (:meth:`~kit.traces.jobs.JobCheck.to_json`:
+    ``partial`` and a ``note`` when some are missing) and each rank's ``"rank"`` is the check's. One file is a
+    per-rank analysis: it has its ``"warnings"``, no job."""
+    from .jobs import check_job, expand, map_ranks
 
     if _is_one_file(path):
         return _one_rank(path, threshold_us, cache)[0]
     res = map_ranks(expand(path) if isinstance(path, (str, Path)) else path,
                     partial(rank_gaps, threshold_us=threshold_us, cache=cache), workers=workers, client=client)
     res.raise_if_all_failed()
-    return {"per_rank": [r for r, _ in res.values()], "combined": combine_gaps(res.values(), threshold_us),
-            "failed": [f.to_json() for f in res.failed]}
+    values = res.values()
+    job = check_job([ident for _, _, ident in values])
+    per_rank = [{**r, "rank": ident.rank} for (r, _, _), ident in zip(values, job.ranks)]
+    warnings = list(dict.fromkeys([w for r in per_rank for w in r["warnings"]] + list(job.warnings)))
+    return {"per_rank": per_rank, "combined": combine_gaps(values, threshold_us),
+            "failed": [f.to_json() for f in res.failed], "job": job.to_json(), "warnings": warnings}
 
 
 def _line(label: str, s: dict[str, Any]) -> str:

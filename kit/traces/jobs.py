@@ -312,6 +312,11 @@ class JobCheck:
         return (f"{given} of {self.world_size} ranks given; missing {ranges(self.missing)}: cross-rank results "
                 f"are partial")
 
+    def to_json(self) -> dict[str, Any]:
+        """What a result says of its job: ``{"world_size", "ranks", "missing", "partial", "note"}``."""
+        return {"world_size": self.world_size, "ranks": [r.rank for r in self.ranks], "missing": list(self.missing),
+                "partial": self.partial, "note": self.note()}
+
 
 SAME_JOB_SLACK_S = 60.0
 """traces whose activity is further apart in time than this (and than their own spans) are not one job"""

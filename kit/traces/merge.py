@@ -52,14 +52,16 @@ def _offsets(df: "pd.DataFrame", ranks: list[int]) -> dict[int, float]:
     return {r: ref - ends.get(r, ref) for r in ranks}
 
 
-def _rank_offsets(traces, **jobs) -> tuple[list[tuple[Any, int]], dict[int, float], list]:
-    """``([(item, rank)], offsets, failures)``: the per-rank collective frames
-    (:func:`kit.traces.comm.per_rank_collectives`, in parallel with ``jobs``) matched, then the offsets."""
-    from .comm import match_instances, per_rank_collectives
+def _rank_offsets(traces, **jobs) -> tuple[list[tuple[Any, int]], dict[int, float], list, dict[str, Any]]:
+    """``([(item, rank)], offsets, failures, {"job", "warnings"})``: the per-rank collective frames
+    (:func:`kit.traces.comm.per_rank_collectives`, in parallel with ``jobs``; the traces checked to be one
+    job) matched, then the offsets."""
+    from .comm import match_instances, per_rank_collectives, warnings_of
 
-    per_rank, failed = per_rank_collectives(traces, **jobs)
+    per_rank, failed, job = per_rank_collectives(traces, **jobs)
     offsets = _offsets(match_instances([r.frame for r in per_rank]), [r.rank for r in per_rank])
-    return [(r.item, r.rank) for r in per_rank], offsets, failed
+    return ([(r.item, r.rank) for r in per_rank], offsets, failed,
+            {"job": job.to_json(), "warnings": warnings_of(per_rank, job)})
 
 
 def clock_offsets(traces: Iterable[Trace | str | Path], *, workers: int | None = 1, client: Any = None,
@@ -134,8 +136,10 @@ def _nccl_events(path: Path, rank: int, dumps: list, pid_of,
 def merge(paths: Iterable[str | Path] | str | Path, out: str | Path, *, workers: int | None = 1,
           client: Any = None, cache: bool | None = None, nccl: Any = "auto") -> dict[str, Any]:
     """One Chrome trace with a process per (rank, original process), clocks aligned (:func:`clock_offsets`).
-    Returns ``{"ranks", "offsets_us", "sources"}`` (+ ``"failed"``: ``[{"trace", "error"}]`` when some rank
-    could not be read and was left out; TraceError, one line per file, when none could).
+    Returns ``{"ranks", "offsets_us", "sources", "job", "warnings"}`` (+ ``"failed"``: ``[{"trace", "error"}]``
+    when some rank could not be read and was left out; TraceError, one line per file, when none could; the
+    traces checked to be one job first, :class:`~kit.traces.jobs.JobError` otherwise -- ``"job"`` is
+    :meth:`kit.traces.jobs.JobCheck.to_json`).
 
     Two passes, so that no process holds more than one rank's events: (1) the offsets from each rank's
     collective frame (per rank, in parallel with ``workers``/``client``; from the trace cache when
@@ -157,7 +161,7 @@ def merge(paths: Iterable[str | Path] | str | Path, out: str | Path, *, workers:
     except DumpError as e:
         raise TraceError(str(e)) from None
     nccl_info: list[dict] = []
-    ranked, offsets, failed = _rank_offsets(items, workers=workers, client=client, cache=cache)
+    ranked, offsets, failed, checked = _rank_offsets(items, workers=workers, client=client, cache=cache)
     out = Path(out)
     tmp = out.with_name(f".{out.name}.part")
     pid_map: dict[tuple, int] = {}
@@ -215,6 +219,7 @@ def merge(paths: Iterable[str | Path] | str | Path, out: str | Path, *, workers:
                 info["nccl"] = nccl_info
             if failed:
                 info["failed"] = [x.to_json() for x in failed]
+            info.update(checked)
             f.write(b'], "displayTimeUnit": "ms", "kit": ' + json.dumps(info).encode() + b"}")
         os.replace(tmp, out)
     finally:
