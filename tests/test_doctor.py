@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import finding, silent
+from kit.traces import TraceError
 from kit.doctor import diagnose
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -305,11 +306,17 @@ def test_a_trace_with_one_kernel_is_judged_without_error(tmp_path):
 def test_empty_and_one_rank_traces_list_what_they_skip(tmp_path):
     with gzip.open(DATA / "colls_rank0.json.gz", "rt") as f:
         data = json.load(f)
+    events = data["traceEvents"]
     data["traceEvents"] = []
     with gzip.open(tmp_path / "empty_rank0.json.gz", "wt") as f:
         json.dump(data, f)
-    d = diagnose([tmp_path / "empty_rank0.json.gz"], workers=1)
-    assert d.findings == [] and not set(HOST_RULES) & set(d.checked)
+    with pytest.raises(TraceError, match="no events"):  # nothing to diagnose: bad input, not an all-clear
+        diagnose([tmp_path / "empty_rank0.json.gz"], workers=1)
+    data["traceEvents"] = [e for e in events if e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset")]
+    with gzip.open(tmp_path / "cpu_rank0.json.gz", "wt") as f:
+        json.dump(data, f)
+    d = diagnose([tmp_path / "cpu_rank0.json.gz"], workers=1)
+    assert not set(HOST_RULES) & set(d.checked)
     why = {s.rule: s.why for s in d.skipped}
     assert set(HOST_RULES) <= set(why) and "2+ ranks" in why["late_rank"]
     assert all("no GPU activity" in why[r] for r in HOST_RULES)
@@ -340,8 +347,10 @@ def test_text_report_ranks_findings_and_lists_skips(capsys, tmp_path):
     src = DOC / "recorded-dataloader_sync" / "trace_h2d=pageable_sync=per_param_rank0.json.gz"
     rc = kit_main(["doctor", str(_gpu_only(src, tmp_path / "g_rank0.json.gz")), "--workers", "1"])
     out = capsys.readouterr().out
-    assert rc == 4
-    assert "1. [MEDIUM] h2d_on_compute_stream: 6533 us per step" in out
+    assert rc == 3 and "1 of 2 ranks given; missing 1: cross-rank results are partial" in out  # rank 0 of 2
+    # a GPU-only trace: the idle half of the step cannot be attributed to the host, and the doctor says so first
+    assert "1. [HIGH] unexplained_idle" in out and "no host call that issued" in out
+    assert "[MEDIUM] h2d_on_compute_stream: 6533 us per step" in out
     for part in ("cause ", "fix ", "caveats ", "notebook  notebooks/dataloader_sync.ipynb", "checked (", "skipped (",
                  "pageable_h2d: no CUDA runtime events", "capture notes"):
         assert part in out

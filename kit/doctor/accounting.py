@@ -26,15 +26,17 @@ thread, and the stretch is split by what the thread was doing, in this precedenc
    device-to-host copy behind ``.item()``);
 3. ``allocator``  -- in the caching allocator's device calls (:data:`kit.doctor.calls.ALLOC_CALLS`;
    ``empty_cache()`` is a run of ``cudaFree``);
-4. ``host_stall`` -- in a stretch of at least :data:`HOST_STALL_US` without any CUDA call: Python or C++ work
-   that issues nothing (logging, checkpointing, garbage collection, ``time.sleep``);
+4. ``host_stall`` -- in a stretch of at least :data:`HOST_STALL_US` without a call that issues GPU work (a
+   launch, copy, memset or graph replay whose activity is in the trace): Python or C++ work that issues nothing
+   (logging, checkpointing, garbage collection, ``time.sleep``, a loop polling ``cudaEventQuery``);
 5. ``launch``     -- anything else: the thread was issuing work (ops, launches, the framework's per-op cost
    between them) and could not keep up with the kernels.
 
-**Catch-up.** A thread that was blocked (1-4) lets the GPU's queue run dry; after it returns it needs time to
-refill the queue, and the GPU idles meanwhile although the thread is "issuing". That catch-up is the block's
-cost (a host that was never blocked would have been ahead): within one idle stretch, the ``launch`` part goes
-to the blocking cause that took most of that stretch. ``step_start``: a ``launch`` part before the first GPU
+**Catch-up.** A thread that was blocked (1-4) when the GPU ran dry let the queue drain; after it returns it needs
+time to refill the queue, and the GPU idles meanwhile although the thread is "issuing". That catch-up is the
+block's cost (a host that was never blocked would have been ahead): when an idle stretch begins inside a block,
+the stretch's ``launch`` part goes to that block. A block that begins after the GPU already ran dry (a host that
+was behind anyway: launch-bound) keeps only its own time. ``step_start``: a ``launch`` part before the first GPU
 work a window issued (the host runs a step's Python before issuing anything). ``unexplained``: idle before which
 no issuing call is in the trace (no CUDA runtime events; idle after the last GPU work).
 
@@ -67,7 +69,7 @@ IDLE = HOST + ("step_start", "queued", "unexplained")
 SLICES = BUSY + IDLE
 BLOCKING = ("input", "sync", "allocator", "host_stall")
 HOST_STALL_US = DEFAULT_STALL_US
-"""a stretch of host time at least this long without any CUDA call is a host stall: no single op's dispatch
+"""a stretch of host time at least this long without a call that issues GPU work is a host stall: no single op's dispatch
 (the framework's per-op cost between launches is 5-50 us) takes a millisecond; the same bound the trace layer
 uses to call a GPU gap a stall"""
 COMM_OPS = ("gloo:", "nccl:", "c10d::", "record_param_comms")
@@ -92,7 +94,9 @@ class Account:
     launch: dict = field(default_factory=dict)
     """kernels issued inside the windows, their median duration and the median interval between launch calls"""
     queued: dict = field(default_factory=dict)
-    """count and median of the queued idle gaps"""
+    """the queued idle gaps: count per step, median, and ``above_median_share``: the part of the queued time
+    above the median gap (the median is the GPU's own dispatch gap between kernels on this trace: a cost of the
+    kernel count, not a wait; what exceeds it is waits between streams and graph dependencies)"""
     threads: int = 1
     """host threads that issued GPU work"""
     step_us: float | None = None
@@ -166,8 +170,9 @@ def windows(view: "RankView", gpu_ends: "tuple[np.ndarray, np.ndarray] | None") 
 
 
 # ------------------------------------------------------------------------------------------------ host sets
-def _thread_sets(cpu: "pd.DataFrame", tid, calls: "pd.DataFrame") -> dict[str, tuple]:
-    """The blocking sets of one host thread: input, sync, allocator, host_stall (see the module docstring)."""
+def _thread_sets(cpu: "pd.DataFrame", tid, calls: "pd.DataFrame", lo: float, hi: float) -> dict[str, tuple]:
+    """The blocking sets of one host thread: input, sync, allocator, host_stall (see the module docstring);
+    ``lo``/``hi``: the accounted span (a stall may run from its start to the thread's first issuing call)."""
     import numpy as np
 
     mine = calls[calls["tid"] == tid]
@@ -176,7 +181,9 @@ def _thread_sets(cpu: "pd.DataFrame", tid, calls: "pd.DataFrame") -> dict[str, t
     data = ann[ann["name"].astype(str).str.startswith(DATALOADER)]
     sync = mine[base.isin(SYNC_CALLS) | base.isin(BLOCKING_COPY_CALLS) | mine["pageable_d2h"]]
     alloc = mine[base.isin(ALLOC_CALLS)]
-    ca, cb = union_np(mine["ts"], np.maximum(mine["end"], mine["ts"] + 1e-3))
+    issuing = mine[mine["issues"]]
+    ca, cb = union_np(np.r_[lo - 1e-3, issuing["ts"].to_numpy(dtype=float), hi],
+                      np.r_[lo, np.maximum(issuing["end"], issuing["ts"] + 1e-3), hi + 1e-3])
     return {"input": union_np(data["ts"], data["end"]), "sync": union_np(sync["ts"], sync["end"]),
             "allocator": union_np(alloc["ts"], alloc["end"]), "host_stall": gaps_between(ca, cb, HOST_STALL_US)}
 
@@ -191,7 +198,9 @@ def _calls(view: "RankView") -> "pd.DataFrame":
         n = gpu["name"].astype(str)
         pageable = set(gpu.loc[(gpu["cat"] == "gpu_memcpy") & n.str.contains("DtoH") & n.str.contains("Pageable"),
                                "correlation"].dropna())
-    return calls.assign(base=calls["name"].map(base_name), pageable_d2h=calls["correlation"].isin(pageable))
+    issued = set(gpu["correlation"].dropna()) if not gpu.empty else set()
+    return calls.assign(base=calls["name"].map(base_name), pageable_d2h=calls["correlation"].isin(pageable),
+                        issues=calls["correlation"].isin(issued))
 
 
 # ------------------------------------------------------------------------------------------------ GPU mode
@@ -227,7 +236,7 @@ def account(view: "RankView") -> Account:
     np.minimum.at(first_own, kw[own], starts[own])
 
     threads = [t for t in pd.unique(tid[~pd.isna(tid)])]
-    host = {t: _thread_sets(view.trace.cpu, t, calls) for t in threads}
+    host = {t: _thread_sets(view.trace.cpu, t, calls, float(wa.min()), float(wb.max())) for t in threads}
     extra = [wa, wb, call_end[~np.isnan(call_end)]]
     pts = partition(list(sets.values()) + [s for h in host.values() for s in h.values()], extra=np.concatenate(extra))
     pts = pts[(pts >= wa.min()) & (pts <= wb.max())] if len(wa) else pts
@@ -263,11 +272,10 @@ def account(view: "RankView") -> Account:
     # catch-up: within one idle stretch (same window, same next activity), launch goes to its main block
     grp = np.where(idle, w * (len(starts) + 1) + nxt, -1)
     dur = e - s
-    df = pd.DataFrame({"grp": grp, "cls": cls, "dur": dur})
-    blk = df[df["cls"].isin(BLOCKING) & (df["grp"] >= 0)]
-    if len(blk):
-        main = blk.groupby(["grp", "cls"])["dur"].sum().reset_index().sort_values("dur", kind="stable") \
-            .drop_duplicates("grp", keep="last").set_index("grp")["cls"]
+    df = pd.DataFrame({"grp": grp, "cls": cls, "dur": dur, "s": s})
+    first = df[df["grp"] >= 0].sort_values("s", kind="stable").drop_duplicates("grp").set_index("grp")["cls"]
+    main = first[first.isin(BLOCKING)]  # the host was already blocked when the GPU ran dry: the block drained it
+    if len(main):
         lm = (df["cls"] == "launch") & df["grp"].isin(main.index)
         df.loc[lm, "cls"] = df.loc[lm, "grp"].map(main)
     cls = df["cls"].to_numpy(dtype=object)
@@ -288,10 +296,13 @@ def account(view: "RankView") -> Account:
               "kernel_median_us": float(np.median(kdur)) if kdur.size else None,
               "launch_interval_median_us": float(np.median(np.diff(lts))) if lts.size > 1 else None}
     qd = df[df["cls"] == "queued"].groupby("grp")["dur"].sum()
+    floor = float(qd.median()) if len(qd) >= 3 else 0.0
+    above = float((qd - floor).clip(lower=0).sum()) if len(qd) else 0.0
     return Account(rank=view.rank, mode="gpu", per_step=per_step, stalls=_stalls(view, calls, host, s, e, cls),
                    calls=_behind(view, calls, s, e, cls, threads), launch=launch,
                    queued={"gaps_per_step": len(qd) / max(1, len(win)),
-                           "median_us": float(qd.median()) if len(qd) else None},
+                           "median_us": float(qd.median()) if len(qd) else None,
+                           "above_median_share": above / float(qd.sum()) if len(qd) and qd.sum() > 0 else 0.0},
                    threads=len(threads), step_us=view.step_us)
 
 
@@ -315,9 +326,11 @@ def _stalls(view, calls, host, s, e, cls) -> tuple[dict, ...]:
                 break
             x, y = float(a[i]), float(b[i])
             mine = calls[calls["tid"] == t]
-            before = mine[mine["end"] <= x + 1e-3].tail(1)["name"].tolist()
-            after = mine[mine["ts"] >= y - 1e-3].head(1)["name"].tolist()
-            inside = ann[(ann["ts"] < y) & (ann["end"] > x)]["name"].astype(str).unique().tolist()[:5]
+            before = mine[mine["issues"] & (mine["end"] <= x + 1e-3)].tail(1)["name"].tolist()
+            after = mine[mine["issues"] & (mine["ts"] >= y - 1e-3)].head(1)["name"].tolist()
+            inside = ann[(ann["tid"] == t) & (ann["ts"] < y) & (ann["end"] > x)]["name"].astype(str).unique().tolist()[:5]
+            polled = mine[(mine["ts"] >= x) & (mine["end"] <= y)]["name"].value_counts().head(3)
+            inside += [f"{n} x{c}" for n, c in polled.items()]
             out.append({"start_us": round(x, 1), "dur_us": round(y - x, 1), "idle_us": round(float(idle_in[i]), 1),
                         "before": before[0] if before else None, "after": after[0] if after else None,
                         "within": inside})

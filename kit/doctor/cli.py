@@ -19,7 +19,8 @@ EPILOG = """\
 exit status:
   0  diagnosed: no finding at or above 'low' (0.5% of the step)
   4  diagnosed: at least one finding at or above 'low' (like a linter, for CI)
-  3  partial: some rank traces could not be read (one line each); the others were diagnosed
+  3  partial: some rank traces could not be read (one line each), or ranks of the job's world size
+     were not given (named); the others were diagnosed, cross-rank costs marked partial
      (3 whatever they show)
   2  bad input, nothing diagnosed: missing, truncated or foreign files, traces of different jobs, one rank
      twice, an unknown rule id, an unreadable sweep or Flight Recorder dump (one line per problem)
@@ -101,7 +102,7 @@ def cmd(args) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     if args.html and render_html(d, args, Path(args.html)) != 0:
         return EXIT_NOTEBOOK
-    if d.failed:
+    if d.failed or d.missing:
         return EXIT_PARTIAL
     return EXIT_FINDINGS if d.problems else EXIT_CLEAN
 

@@ -19,8 +19,7 @@ from .model import RULES, Context, Diagnosis, Finding, RankView, Skip, severity
 STEP_PREFIX = "ProfilerStep#"
 
 
-class JobError(ValueError):
-    """The traces given are not one job (mixed world sizes, one rank twice): one line per problem."""
+from ..traces.jobs import JobError  # noqa: E402  (the trace layer's one job check; re-exported by kit.doctor)
 
 
 @dataclass(frozen=True)
@@ -35,6 +34,10 @@ class RankSummary:
     notes: tuple[str, ...]
     per_rule: dict[str, Any]
     """rule id -> extract's summary, or a Skip"""
+    identity: Any = None
+    """who the trace says it is (:class:`kit.traces.jobs.RankIdentity`): what the job check compares"""
+    warnings: tuple[str, ...] = ()
+    """what the trace layer dropped or doubted while reading it (:attr:`kit.traces.Trace.warnings`)"""
     account: Any = None
     """the rank's step accounting (:class:`kit.doctor.accounting.Account`), or a Skip saying why there is none"""
     span: tuple[float, float] | None = None
@@ -191,52 +194,39 @@ def rank_summary(path: str | Path) -> RankSummary:
     span = None
     if isinstance(base, (int, float)) and not t.gpu.empty:
         span = (base / 1e3 + float(t.gpu["ts"].min()), base / 1e3 + float(t.gpu["end"].max()))
+    from ..traces.jobs import rank_identity
+
     return RankSummary(path=str(path), rank=rank, world_size=t.info.world_size, step_us=step_us,
                        steps=int(len(st)), notes=tuple(capture_notes(t, st)), per_rule=per_rule, span=span,
-                       account=acct)
+                       account=acct, identity=rank_identity(t, path),
+                       warnings=tuple(getattr(t, "warnings", ()) or ()))
 
 
-def check_one_job(summaries: Sequence[RankSummary]) -> list[RankSummary]:
-    """Ranks filled in (file order where the traces say nothing), and an error when the traces are not one job."""
-    from ..traces.jobs import not_one_job
+def check_one_job(summaries: Sequence[RankSummary]):
+    """The trace layer's job check (:func:`kit.traces.jobs.check_job`) on the ranks read: raises JobError when they
+    are not one job; returns the summaries with ranks filled in (file order where the traces say nothing) and the
+    :class:`kit.traces.jobs.JobCheck` (which ranks of the world size are missing)."""
+    from ..traces.jobs import check_job
 
-    problems = not_one_job((Path(s.path).name, s.rank, s.world_size) for s in summaries)
-    problems += apart_in_time(summaries)
-    if problems:
-        raise JobError("\n".join(problems))
-    seen = {s.rank for s in summaries if s.rank is not None}
-    free = iter(r for r in range(len(summaries) + len(seen)) if r not in seen)
-    return [s if s.rank is not None else replace(s, rank=next(free)) for s in summaries]
+    check = check_job([s.identity for s in summaries])
+    filled = [replace(s, rank=i.rank) if s.rank != i.rank else s for s, i in zip(summaries, check.ranks)]
+    return filled, check
 
 
-SAME_JOB_SLACK_S = 60.0
-"""traces whose GPU activity is further apart in time than this (and than their own spans) are not one job"""
+CROSS_RANK = frozenset({"late_rank", "exposed_comm", "comm_compute_contention", "per_param_allreduce", "low_busbw"})
+"""rules whose costs compare ranks (their evidence says 'partial' when ranks of the job are missing)"""
 
 
-def apart_in_time(summaries: Sequence[RankSummary]) -> list[str]:
-    """One line per trace recorded at another time than the others: the ranks of one job are profiled together,
-    so their spans overlap (up to clock differences between nodes, far below :data:`SAME_JOB_SLACK_S`). The
-    traces are grouped into runs of overlapping spans; every trace outside the largest group is named."""
-    import datetime
-
-    timed = sorted(((s.span, s) for s in summaries if s.span is not None), key=lambda t: t[0])
-    if len(timed) < 2:
-        return []
-    groups: list[list] = [[timed[0]]]
-    end = timed[0][0][1]
-    for span, s in timed[1:]:
-        if span[0] > end + SAME_JOB_SLACK_S * 1e6:
-            groups.append([])
-        groups[-1].append((span, s))
-        end = max(end, span[1])
-    if len(groups) == 1:
-        return []
-    main = max(groups, key=len)
-    at = lambda us: datetime.datetime.fromtimestamp(us / 1e6, datetime.timezone.utc).strftime(  # noqa: E731
-        "%Y-%m-%d %H:%M:%S UTC")
-    ref = f"the {len(main)} traced from {at(main[0][0][0])}" if len(main) > 1 else f"traced at {at(main[0][0][0])}"
-    return [f"{Path(s.path).name}: traced at {at(span[0])}, not with the others ({ref}): a trace of another job "
-            f"(or another profiling window)" for g in groups if g is not main for span, s in g]
+def job_notes(job, summaries: Sequence[RankSummary]) -> list[str]:
+    """The job check's lines (missing ranks, ranks taken from file order) and each trace warning once."""
+    out = ([job.note()] if job.partial else []) + list(job.warnings)
+    seen = set()
+    for s in summaries:
+        for w in s.warnings:
+            if w not in seen:
+                seen.add(w)
+                out.append(f"{Path(s.path).name}: {w}" if Path(s.path).name not in w else w)
+    return out
 
 
 def group_notes(summaries: Sequence[RankSummary]) -> list[str]:
@@ -302,6 +292,7 @@ def judge_all(summaries: Sequence[RankSummary], *, sweep=None, flight_recorder=N
             continue
         checked.append(rid)
         for f in out:
+            f = capped(f, step_us)
             findings.append(replace(f, severity=severity(f.cost_us_per_step, step_us),
                                     notebook=f.notebook or r.notebook))
     accounts = [(int(s.rank), s.account) for s in summaries  # type: ignore[arg-type]
@@ -310,9 +301,19 @@ def judge_all(summaries: Sequence[RankSummary], *, sweep=None, flight_recorder=N
         from .rules.idle import explain_rest
 
         for f in explain_rest(accounts, findings, ctx):
+            f = capped(f, step_us)
             findings.append(replace(f, severity=severity(f.cost_us_per_step, step_us)))
     findings.sort(key=lambda f: -(f.cost_us_per_step or 0))
     return findings, checked, skipped, replace(ctx, notes=tuple(partial))
+
+
+def capped(f: Finding, step_us: float | None) -> Finding:
+    """No finding costs more than a step: a cost measured on a rank whose step is longer than the job's median
+    step is cut to the step, and the evidence says so."""
+    if not step_us or f.cost_us_per_step <= step_us:
+        return f
+    return replace(f, cost_us_per_step=round(float(step_us), 1),
+                   evidence={**f.evidence, "cost_capped_from_us": f.cost_us_per_step})
 
 
 def STRICT() -> bool:
@@ -386,12 +387,15 @@ def diagnose(traces: Iterable[str | Path], *, sweep=None, flight_recorder=None, 
     if not res.ok:
         raise TraceError("\n".join(f"{d['trace']}: {d['error']}" if not d["error"].startswith(d["trace"])
                                    else d["error"] for d in failed) or "no traces")
-    summaries = check_one_job([s for _, s in res.ok])
+    summaries, job = check_one_job([s for _, s in res.ok])
     if sweep is not None and not hasattr(sweep, "columns"):
         from .sweep import load_sweep
 
         sweep = load_sweep(sweep)
     findings, checked, skipped, ctx = judge_all(summaries, sweep=sweep, flight_recorder=flight_recorder, only=only)
+    if job.partial:  # a cross-rank cost read off some ranks of the job only
+        findings = [replace(f, evidence={**f.evidence, "partial": job.note()}) if RULES[f.rule].needs_ranks > 1
+                    or f.rule in CROSS_RANK else f for f in findings]
     fr = []
     if flight_recorder is not None and len(flight_recorder):
         from ..traces import fr_mismatches, fr_statements
@@ -404,4 +408,5 @@ def diagnose(traces: Iterable[str | Path], *, sweep=None, flight_recorder=None, 
     return Diagnosis(findings=findings, checked=checked, skipped=skipped, traces=[s.path for s in summaries],
                      accounting=accounting,
                      ranks=list(ctx.ranks), step_us=ctx.step_us, steps=ctx.steps, failed=failed,
-                     notes=group_notes(summaries) + list(ctx.notes), flight_recorder=fr)
+                     notes=job_notes(job, summaries) + group_notes(summaries) + list(ctx.notes),
+                     flight_recorder=fr, missing=list(job.missing), world_size=job.world_size)

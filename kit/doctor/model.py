@@ -221,6 +221,9 @@ class Diagnosis:
     """rank traces that could not be read: [{"trace", "error"}] (the result is then partial)"""
     notes: list[str] = field(default_factory=list)
     """what the traces lack for a full diagnosis (how they were captured), one sentence each"""
+    missing: list[int] = field(default_factory=list)
+    """ranks of the job's world size whose traces were not given (cross-rank costs are then partial)"""
+    world_size: int | None = None
     accounting: dict[str, dict[str, Any]] = field(default_factory=dict)
     """per rank (str), the step accounting: mode, steps, window_us, step_us, ``us_per_step`` and ``share`` per
     slice (:data:`kit.doctor.accounting.SLICES`; the shares of a rank sum to 1)"""
@@ -237,6 +240,7 @@ class Diagnosis:
                 "skipped": [asdict(s) for s in self.skipped], "traces": list(self.traces),
                 "ranks": list(self.ranks), "step_us": self.step_us, "steps": self.steps,
                 "failed": list(self.failed), "notes": list(self.notes), "accounting": dict(self.accounting),
+                "world_size": self.world_size, "missing": list(self.missing),
                 "flight_recorder": list(self.flight_recorder)}
 
 

@@ -76,6 +76,9 @@ LATE_PATTERN = 0.10
 """... and materially late at this share of the matched instances or more: a rank late at 3 of 231 all-reduces
 (the first one of each step, 2xH200 per-parameter example) is a once-per-step hiccup, not a late rank; the
 planted late rank (a sleep before the step) is late at 21 of 33, collective_tracing's slow host at 22 of 25"""
+LATE_EXPLAINED = 0.5
+"""late_rank names a reason only when the rank's own excess over its peers (host activity, GPU still busy)
+explains at least this share of the lateness it added; otherwise it says the lateness is not visible"""
 LATE_DOMINANCE = 2 / 3
 """late_rank names a rank only when the waiting it caused is at least this share of all waiting for late ranks"""
 
@@ -223,7 +226,8 @@ def matched(summaries: list[tuple[int, Timeline]]) -> "pd.DataFrame":
 
     from ...traces.comm import match_instances
 
-    rows = [tl.rows for _, tl in summaries if len(tl.rows)]
+    # the judge's rank, not the trace's: a trace without distributedInfo gets its rank from the job check
+    rows = [tl.rows.assign(rank=rk) for rk, tl in summaries if len(tl.rows)]
     if rows and all(tl.steps for _, tl in summaries):
         rows = by_step(rows)
     if not rows:  # nothing (inside the steps): the columns, no rows
@@ -663,8 +667,12 @@ def attribute(df: "pd.DataFrame", inst: "pd.DataFrame", late: int) -> tuple[dict
               for c in REASONS}
     pos = np.nansum(np.vstack([np.clip(ex[c], 0, None) for c in REASONS]), axis=0)
     ok = pos > 0
+    # each instance's added lateness is explained only as far as the rank's own excess over its peers reaches:
+    # a 56 us excess does not explain 9 ms of lateness (the rest stays unexplained, not shared out)
+    expl = np.minimum(pos, added[k])
     for c in REASONS:
-        total[c] = float(np.nansum(added[k][ok] * np.clip(ex[c][ok], 0, None) / pos[ok]))
+        total[c] = float(np.nansum(expl[ok] * np.clip(ex[c][ok], 0, None) / pos[ok]))
+    total["_added"] = float(np.nansum(added[k]))
     return total, int(ok.sum())
 
 
@@ -676,7 +684,7 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     df = collected(tls)
     if df is None:
         return []
-    cum = pd.concat([b.tl.rows[["rank", "stream", "start_us"]].join(b.cum) for _, b in summaries
+    cum = pd.concat([b.tl.rows[["stream", "start_us"]].assign(rank=r).join(b.cum) for r, b in summaries
                      if len(b.tl.rows)], ignore_index=True)
     df = df.merge(cum, on=["rank", "stream", "start_us"], how="left")
     df = df[df["ranks_seen"] > 1]
@@ -690,13 +698,19 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     inst = last[keys + ["rank", "start_us", "end_us"]].assign(
         rank=last["rank"].astype(int), dur_min_us=last["dur_us"].to_numpy(dtype=float))
     inst = inst.merge(df.groupby(keys)["wait_us"].max().rename("late_by_us").reset_index(), on=keys)
+    # what the last rank alone cost: how much later it arrived than the next-latest rank (the smallest wait of the
+    # other ranks); the rest of the others' waiting was for the next-latest one too
+    lead = df[df["wait_us"] > 0].groupby(keys)["wait_us"].min().rename("lead_us").reset_index()
+    inst = inst.merge(lead, on=keys, how="left").fillna({"lead_us": 0.0})
     # late enough to be more than jitter: LATE_MIN_US, 5% of the transfer, LATE_STEP_SHARE of the step
     floor = np.maximum(np.maximum(LATE_MIN_US, 0.05 * inst["dur_min_us"]), LATE_STEP_SHARE * (ctx.step_us or 0.0))
-    inst["material"] = inst["late_by_us"] >= floor
+    inst["material"] = inst["lead_us"] >= floor
     # what each rank's lateness cost the others: their exposed waiting at the instances it was materially last at
     if any(tl.steps for tl in tl_of.values()):
         df = df.assign(exposed_wait_us=df["exposed_wait_us"].where(df["step"].notna(), 0.0))
-    waits = df.pivot_table(index=keys, columns="rank", values="exposed_wait_us", aggfunc="sum", fill_value=0.0)
+    df = df.merge(inst[keys + ["lead_us"]], on=keys, how="left")
+    df["charged_us"] = np.minimum(df["exposed_wait_us"], df["lead_us"].fillna(0.0))
+    waits = df.pivot_table(index=keys, columns="rank", values="charged_us", aggfunc="sum", fill_value=0.0)
     inst = inst.join(waits, on=keys)
     cost_of = {}
     for rank, g in inst[inst["material"]].groupby("rank"):
@@ -713,21 +727,28 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     if mine["material"].sum() < max(MIN_LATE, LATE_PATTERN * len(inst)):
         return []  # late once or rarely (e.g. the first collective after start-up): no pattern
     excess, explained = attribute(df, inst, late)
-    reason = max(excess, key=excess.get) if explained and max(excess.values()) > 0 else None
+    added = excess.pop("_added", 0.0)
+    seen = sum(excess.values())
+    visible = added > 0 and seen >= LATE_EXPLAINED * added
+    reason = max(excess, key=excess.get) if explained and visible and max(excess.values()) > 0 else None
     n = per_step_divisor(tl_of[late])
     late_at = mine[mine["material"]]
     worst = late_at.loc[late_at["late_by_us"].idxmax()]
     ev = {"late_rank": late, "last_at": len(mine), "late_at": len(late_at), "instances": len(inst),
           "late_floor_us": _r(float(floor.min())), "late_by_us_median": _r(late_at["late_by_us"].median()),
           "late_by_us_max": _r(late_at["late_by_us"].max()), "others_wait_us_per_step": _r(cost),
+          "after_next_latest_us_median": _r(late_at["lead_us"].median()),
           "cost_by_late_rank": {str(r): _r(v) for r, v in cost_of.items()}, "reason": reason,
           "explained_instances": explained, "reason_us_per_step": {c: _r(v / n) for c, v in excess.items()},
           "excerpt": _excerpt(late, float(worst["start_us"]) - 2 * float(worst["late_by_us"]), float(worst["end_us"]),
                               ranks=sorted(tl_of))}
     slower = gpu_speed(late, {r: b.kernels for r, b in summaries})
     ev["same_kernels_slower_pct"] = _r(100 * slower) if slower is not None else None
-    why = (f"; {REASON_TEXT[reason]} ({100 * excess[reason] / max(sum(excess.values()), 1e-9):.0f}% of its lateness)"
-           if reason else "")
+    ev["lateness_explained_share"] = _r(seen / added, 3) if added > 0 else None
+    why = (f"; {REASON_TEXT[reason]} ({100 * excess[reason] / added:.0f}% of its lateness)" if reason else
+           f"; what made it late is not visible in the trace (its own activity explains "
+           f"{100 * seen / added if added else 0:.0f}% of its lateness: it may have begun before the traced "
+           f"window, or lie in work the trace does not record)")
     if reason == "gpu_busy" and slower is not None:
         reason = "gpu_slow" if slower >= SLOW_GPU else reason
         why += (f": its GPU ran the same kernels {100 * slower:.1f}% slower than the other ranks' (its "
@@ -737,7 +758,8 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     ev["reason"] = reason
     summary = (f"rank {late} arrived last, by more than {ev['late_floor_us']:.0f} us, at {len(late_at)} of "
                f"{len(inst)} collectives (median {ev['late_by_us_median']:.0f} us, max {ev['late_by_us_max']:.0f} "
-               f"us){why}; the other ranks waited {cost:.0f} us per step for it with nothing else to do")
+               f"us after the first rank; median {ev['after_next_latest_us_median']:.0f} us after the next-latest)"
+               f"{why}; the other ranks waited {cost:.0f} us per step for it alone with nothing else to do")
     fix = TEXT["late_rank"]["fix"]
     return finding("late_rank", cost, [late], ev, summary, fix=f"{FIX_BY_REASON[reason]} {fix}"
                    if reason else None)

@@ -19,10 +19,11 @@ The cost is the worst rank's.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from ..accounting import Account, account, account_cpu
-from ..model import SEVERITY_SHARE, Finding, RankView, Rule, Skip, rule
+from ..model import RULES, SEVERITY_SHARE, Finding, RankView, Rule, Skip, rule
 from ..texts import TEXT
 
 SLICE_RULE = {"input": "input_bound", "host_stall": "host_stall", "allocator": "allocator_churn",
@@ -57,14 +58,22 @@ def _r(x: float | None, nd: int = 1) -> float | None:
 
 
 def _slices(a: Account, slices: tuple[str, ...]) -> float:
-    return sum(a.cost(s) for s in slices)
+    return sum(a.cost(s) * PART.get(s, lambda a: 1.0)(a) for s in slices)
+
+
+PART = {"queued": lambda a: float(a.queued.get("above_median_share") or 0.0)}
+"""the part of a slice a finding charges: of ``queued``, only what exceeds the GPU's own dispatch gap (the
+median queued gap of the rank): the dispatch floor is the price of the kernel count (``launch``-side findings
+and fusion address it), not a wait anything could remove; it stays in the accounting table"""
+MUST_SPEAK = SEVERITY_SHARE["high"]
+"""GPU idle at or above this share of a step is never left without a finding at or above 'low'"""
 
 
 def slice_finding(rid: str, slices: tuple[str, ...], accounts: list[tuple[int, Account]], ctx) -> list[Finding]:
     """One finding for the idle ``slices`` of ``accounts`` naming every rank where they cost >= 'low' of its
     step; [] when none does."""
     def share(a: Account) -> float:
-        return sum(a.share(s) for s in slices)
+        return sum(a.share(s) * PART.get(s, lambda a: 1.0)(a) for s in slices)
 
     fired = sorted(((rk, a) for rk, a in accounts if share(a) >= LOW), key=lambda ra: -_slices(ra[1], slices))
     if not fired:
@@ -79,10 +88,12 @@ def slice_finding(rid: str, slices: tuple[str, ...], accounts: list[tuple[int, A
     ev: dict[str, Any] = {"rank": worst_rank, "slices": list(slices), "share_of_step": _r(share(worst), 4),
                           "job_level": everyone, "gpu_idle_share": _r(worst.idle_us / worst.window_us, 4)
                           if worst.window_us else None, "mode": worst.mode}
+    ev["steps_with_it"] = f"{int((worst.per_step[list(slices)].sum(axis=1) > 0).sum())} of {worst.steps}"
     ev.update(DETAIL.get(rid, lambda a: {})(worst))
     ev["per_rank"] = {str(rk): {"cost_us_per_step": _r(_slices(a, slices)), "share_of_step": _r(share(a), 4)}
                       for rk, a in fired[:16]}
-    t = TEXT[rid]
+    r = RULES.get(rid)
+    t = TEXT.get(rid) or {"cause": r.cause, "fix": r.fix, "caveats": r.caveats, "notebook": r.notebook}
     summary = SENTENCE[rid](worst, cost, share(worst), who)
     return [Finding(rule=rid, cost_us_per_step=round(cost, 1), ranks=ranks, evidence=ev, summary=summary,
                     cause=t["cause"], fix=t["fix"], caveats=t.get("caveats", ""), notebook=t.get("notebook"))]
@@ -101,7 +112,7 @@ def _stall_text(a: Account) -> str:
     s = a.stalls[0]
     around = f" between {s['before'] or 'the step start'} and {s['after'] or 'the step end'}"
     within = f", inside {', '.join(s['within'][:3])}" if s.get("within") else ""
-    return f"; the longest: {s['dur_us'] / 1e3:.1f} ms without a CUDA call{around}{within}"
+    return f"; the longest: {s['dur_us'] / 1e3:.1f} ms without issuing GPU work{around}{within}"
 
 
 def _launch_text(a: Account) -> str:
@@ -166,8 +177,6 @@ def explain_rest(accounts: list[tuple[int, Account]], findings: list[Finding], c
     """The idle slices a signature rule should explain but did not (``host_sync``, ``launch_bound`` silent while
     their slice costs >= 'low'): said from the accounting under that rule's id. Findings of those rules that did
     fire get the accounted cost in their evidence."""
-    import dataclasses
-
     have = {f.rule for f in findings}
     out = []
     for rid in ("host_sync", "launch_bound"):
@@ -178,6 +187,55 @@ def explain_rest(accounts: list[tuple[int, Account]], findings: list[Finding], c
                            if f.rule == rid else f for f in findings]
             continue
         out += slice_finding(rid, slices, accounts, ctx)
+    out += must_speak(accounts, findings + out, ctx)
+    fold_into_late_rank(findings, out)
+    return out
+
+
+OWN_IDLE = ("input_bound", "host_stall", "allocator_churn", "host_sync", "launch_bound")
+
+
+def fold_into_late_rank(findings: list[Finding], new: list[Finding]) -> None:
+    """One cause, one finding: when ``late_rank`` names rank L and an idle-slice finding names L alone (the other
+    ranks do not idle for that reason), that slice is why L is late -- it becomes late_rank's evidence
+    (``own_idle``) and sentence, and is not said again. Slice findings on every rank stay job-level findings."""
+    late = next((f for f in findings if f.rule == "late_rank"), None)
+    if late is None or len(late.ranks) != 1:
+        return
+    L = late.ranks[0]
+    own = [f for f in findings + new if f.rule in OWN_IDLE and f.ranks == (L,)]
+    if not own:
+        return
+    ids = {id(f) for f in own}
+    text = "; ".join(f"{f.rule} {f.cost_us_per_step / 1e3:.2f} ms per step" for f in own)
+    merged = dataclasses.replace(late, summary=f"{late.summary}; on rank {L} itself the GPU idled for its own "
+                                               f"reasons ({text}): fix those and the others stop waiting",
+                                 evidence={**late.evidence, "own_idle": {f.rule: f.evidence for f in own}})
+    findings[:] = [merged if f is late else f for f in findings if id(f) not in ids]
+    new[:] = [f for f in new if id(f) not in ids]
+
+
+def must_speak(accounts: list[tuple[int, Account]], findings: list[Finding], ctx) -> list[Finding]:
+    """The guard behind every all-clear: a rank whose GPU idles >= :data:`MUST_SPEAK` of its step while no
+    finding at or above 'low' names it gets one for its largest idle slice, at that slice's full cost."""
+    from ..accounting import IDLE
+    from ..model import severity
+
+    named = {rk for f in findings if severity(f.cost_us_per_step, ctx.step_us) != "info" for rk in f.ranks}
+    out = []
+    for rk, a in accounts:
+        idle = sum(a.share(s) for s in IDLE)
+        if rk in named or idle < MUST_SPEAK:
+            continue
+        s = max(IDLE, key=a.share)
+        rid = SLICE_RULE[s]
+        f = slice_finding(rid, (s,), [(rk, a)], ctx)
+        if not f:
+            continue
+        cost = max(a.cost(s), LOW * (a.step_us or a.window_us))
+        out.append(dataclasses.replace(f[0], cost_us_per_step=round(cost, 1), evidence={
+            **f[0].evidence, "note": f"GPU idle {100 * idle:.0f}% of the step: said although no rule found a "
+                                      f"cause above 'low'"}))
     return out
 
 
