@@ -181,9 +181,13 @@ def _thread_sets(cpu: "pd.DataFrame", tid, calls: "pd.DataFrame", lo: float, hi:
     data = ann[ann["name"].astype(str).str.startswith(DATALOADER)]
     sync = mine[base.isin(SYNC_CALLS) | base.isin(BLOCKING_COPY_CALLS) | mine["pageable_d2h"]]
     alloc = mine[base.isin(ALLOC_CALLS)]
-    issuing = mine[mine["issues"]]
-    ca, cb = union_np(np.r_[lo - 1e-3, issuing["ts"].to_numpy(dtype=float), hi],
-                      np.r_[lo, np.maximum(issuing["end"], issuing["ts"] + 1e-3), hi + 1e-3])
+    # a stall is a stretch with neither an issuing call nor a blocking call/annotation: the blocks are their own
+    # slices, so a DataLoader wait of 3 ms is input, not a stall around it
+    act = [mine[mine["issues"]], data, sync, alloc]
+    ca, cb = union_np(np.concatenate([[lo - 1e-3, hi]] + [x["ts"].to_numpy(dtype=float) for x in act]),
+                      np.concatenate([[lo, hi + 1e-3]] + [np.maximum(x["end"].to_numpy(dtype=float),
+                                                                     x["ts"].to_numpy(dtype=float) + 1e-3)
+                                                          for x in act]))
     return {"input": union_np(data["ts"], data["end"]), "sync": union_np(sync["ts"], sync["end"]),
             "allocator": union_np(alloc["ts"], alloc["end"]), "host_stall": gaps_between(ca, cb, HOST_STALL_US)}
 

@@ -776,7 +776,13 @@ def judge_contention(summaries: list[tuple[int, Timeline]], ctx) -> list[Finding
     # transfer-only kernels: the rank that arrived last (its kernel waited for no one), or unmatched kernels
     pure = df[(df["ranks_seen"] <= 1) | (df["wait_us"] <= np.maximum(2.0, 0.05 * df["dur_us"]))].copy()
     pure["share"] = pure["overlap_us"] / pure["dur_us"].where(pure["dur_us"] > 0)
-    pure["size"] = pure["bytes"].fillna(-1)
+    known = pure["bytes"].notna() & (pure["bytes"] > 0)
+    if not known.any():  # like with like only: kernels of unknown size may be of any size
+        return Skip("comm_compute_contention", "the collectives' sizes are unknown (no collective metadata on the "
+                                               "NCCL kernels, no input shapes): durations of different sizes "
+                                               "cannot be compared")
+    pure = pure[known]
+    pure["size"] = pure["bytes"]
     out = []
     for (coll, size), g in pure.groupby(["collective", "size"], sort=True):
         over = g[g["share"] >= OVERLAPPED_SHARE]

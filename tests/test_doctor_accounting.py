@@ -1,0 +1,86 @@
+"""The doctor's step accounting (kit.doctor.accounting): a planted timeline split exactly by the documented
+precedence, and on every committed trace the slices of every step sum to the step."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from kit import traces
+from kit.doctor.accounting import SLICES, account
+from kit.doctor.engine import step_time, steps_frame
+from kit.doctor.model import RankView
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def _view(t, rank=0) -> RankView:
+    v = RankView(trace=t, steps=steps_frame(t.cpu), rank=rank)
+    return replace(v, step_us=step_time(v))
+
+
+def _x(name, cat, ts, dur, tid=1, **args):
+    return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "pid": 1, "tid": tid, "args": args}
+
+
+def _kernel(corr, ts, dur):
+    return _x(f"k{corr}", "kernel", ts, dur, tid=7, device=0, stream=7, correlation=corr)
+
+
+def _launch(corr, ts, dur=10):
+    return _x("cudaLaunchKernel", "cuda_runtime", ts, dur, correlation=corr)
+
+
+def planted():
+    """One 10 ms step: each idle stretch planted with one cause (see the test for the arithmetic)."""
+    ev = [_x("ProfilerStep#1", "user_annotation", 0, 10000),
+          _launch(1, 50), _kernel(1, 100, 1000),
+          _x("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", "user_annotation", 900, 3000),
+          _launch(2, 4000), _kernel(2, 4100, 1000),
+          _x("cudaStreamSynchronize", "cuda_runtime", 5000, 110),
+          _launch(3, 5600), _kernel(3, 5700, 300),
+          _launch(4, 8000), _kernel(4, 8050, 950),  # 5610 -> 8000: 2.4 ms without issuing anything
+          _x("cudaFree", "cuda_runtime", 9000, 500),
+          _launch(5, 9600), _kernel(5, 9700, 300)]
+    return traces.from_dict({"schemaVersion": 1, "traceEvents": ev})
+
+
+def test_planted_step_is_split_by_the_precedence():
+    a = account(_view(planted()))
+    got = {s: round(a.per_step_us(s), 3) for s in SLICES if a.per_step_us(s)}
+    # compute: 1000 + 1000 + 300 + 950 + 300; input: idle 1100-3900 inside the DataLoader + the catch-up to the
+    # next launch's end (3900-4010); sync: 5100-5110 + catch-up to 5610; host_stall: 6000-8010 (no issuing call
+    # 5610-8000); allocator: 9000-9500 in cudaFree + catch-up to 9610; queued: the launch had returned
+    # (60-100, 4010-4100, 5610-5700, 8010-8050, 9610-9700); step_start: 0-60, before the step's first kernel
+    assert got == {"compute": 3550, "input": 2910, "sync": 510, "host_stall": 2010, "allocator": 610,
+                   "queued": 350, "step_start": 60}
+    assert sum(got.values()) == 10000 and a.window_us == 10000
+
+
+def test_a_block_that_starts_on_an_idle_gpu_keeps_only_its_own_time():
+    """A DataLoader wait that begins after the GPU already ran dry did not drain it: the host was behind
+    (launch-bound); only the wait itself is input."""
+    ev = [_x("ProfilerStep#1", "user_annotation", 0, 3000), _launch(1, 0), _kernel(1, 20, 100),
+          _x("enumerate(DataLoader)#x", "user_annotation", 500, 200), _launch(2, 1500), _kernel(2, 1600, 1400)]
+    a = account(_view(traces.from_dict({"schemaVersion": 1, "traceEvents": ev})))
+    assert round(a.per_step_us("input")) == 200 and round(a.per_step_us("launch")) == 1190
+
+
+def _committed():
+    return sorted(p for p in DATA.rglob("*.json*") if p.name.endswith((".json", ".json.gz"))
+                  and "rank" in p.name and "nccl_profiler" not in p.parts and not p.name.startswith(("capture_", "fr_")))
+
+
+@pytest.mark.parametrize("path", _committed(), ids=lambda p: str(p.relative_to(DATA)))
+def test_slices_sum_to_every_step_on_committed_traces(path):
+    t = traces.load_trace(path)
+    if t.gpu.empty:
+        pytest.skip("no GPU activity (CPU-only traces: kit.doctor.accounting.account_cpu)")
+    a = account(_view(t))
+    ps = a.per_step
+    assert len(ps) >= 1 and (ps["dur"] > 0).all()
+    assert (ps[list(SLICES)] >= -1e-6).all().all()
+    assert ((ps[list(SLICES)].sum(axis=1) - ps["dur"]).abs() <= 1e-6 * ps["dur"] + 1e-6).all()
+    assert a.cost("compute") <= (a.step_us or a.window_us) + 1e-6
