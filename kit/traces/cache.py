@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from .frames import Adapter, Trace
 
-VERSION = 2
+VERSION = 3
 """bump when the frames built from a trace change (columns, dtypes, what is kept)"""
 _DIR = ".kitcache"
 _EDGE = 1 << 20

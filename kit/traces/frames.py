@@ -18,16 +18,19 @@
 may fill one column: the first present wins), which raw ``cat`` is which frame category, and which
 ``distributedInfo`` key is which info field. Nothing else reads raw ``args``: a new torch version that
 renames a key is one more :class:`Adapter` in :data:`ADAPTERS` (``Adapter.extend`` copies one and changes a
-few entries; ``detect(header)`` says when it applies, the first match wins). Two are declared: ``kineto``
+few entries). The adapter of a trace is the one that knows most of the raw categories of its first events
+(:func:`adapter_for`; among equals the first whose ``detect(header)`` accepts it). Two are declared: ``kineto``
 (read off PyTorch 2.11 traces, unchanged since 2.1 for these keys) and ``kineto-legacy`` (PyTorch 1.8-1.9:
-capitalised categories ``Kernel``/``Runtime``/``Operator``, ``external id`` in lower case), which is also the
-fallback for a file without a ``schemaVersion`` header.
+capitalised categories ``Kernel``/``Runtime``/``Operator``, ``external id`` in lower case -- with or without
+``schemaVersion`` in the header: 1.9 wrote ``schemaVersion: 1``), which is also the fallback for a file without
+a ``schemaVersion`` header.
 
 Just over the kit's ~400-line guide: the adapters, the Trace type and the one-pass frame builder belong together (the builder reads the adapters' declarations).
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -56,6 +59,15 @@ CPU_COLUMNS = ("name", "cat", "pid", "tid", "ts", "dur", "end", "correlation", "
 _NCCL = re.compile(r"(^|_Z\d+)nccl(Dev)?Kernel", re.IGNORECASE)
 COMM_OPS = re.compile(r"^(gloo:|nccl:|c10d::|record_param_comms$)")
 """the CPU ops ``cpu="default"`` keeps besides annotations and runtime calls: collectives and c10d ops"""
+
+
+RECORD_FUNCTIONS = ("ProfilerStep#", "enumerate(DataLoader)", "Optimizer.step#", "Optimizer.zero_grad#")
+"""PyTorch's own ``record_function`` annotations: ``user_annotation`` in current traces, but ``Operator`` (a
+cpu_op) in PyTorch 1.8-1.9 ones -- read as annotations whatever the trace calls them, and kept by ``cpu="default"``"""
+
+
+def _cat(c: str, name: str) -> str:
+    return "user_annotation" if c == "cpu_op" and name.startswith(RECORD_FUNCTIONS) else c
 
 
 def is_nccl_kernel(name: str) -> bool:
@@ -133,7 +145,17 @@ ADAPTERS: list[Adapter] = [KINETO, KINETO_LEGACY]
 """tried in order on a trace's top-level keys; the first whose ``detect`` is true parses it"""
 
 
-def adapter_for(header: Mapping[str, Any]) -> Adapter:
+def adapter_for(header: Mapping[str, Any], cats: Iterable[str | None] | None = None) -> Adapter:
+    """The adapter of a trace: by its events' raw categories when given (the one that knows most of them;
+    among equals, the first whose ``detect`` accepts the header) -- a header says little: PyTorch 1.9 wrote
+    ``schemaVersion: 1`` with the legacy categories ``Kernel``/``Runtime``/``Operator`` -- else by the header."""
+    seen = {c for c in cats or () if c}
+    if seen:
+        score = {a.name: len(seen & a.cats.keys()) for a in ADAPTERS}
+        best = max(score.values())
+        if best:
+            tied = [a for a in ADAPTERS if score[a.name] == best]
+            return next((a for a in tied if a.detect(header)), tied[0])
     return next(a for a in ADAPTERS if a.detect(header))
 
 
@@ -243,7 +265,7 @@ def _cpu_filter(cpu: CpuMode) -> Callable[[str, str], bool]:
         return lambda c, n: True
     if cpu == "comm":
         return lambda c, n: c == "user_annotation" and n.startswith(("gloo:", "nccl:"))
-    return lambda c, n: c != "cpu_op" or bool(COMM_OPS.match(n))
+    return lambda c, n: c != "cpu_op" or bool(COMM_OPS.match(n)) or n.startswith(RECORD_FUNCTIONS)
 
 
 def load_trace(path: str | Path, *, cpu: CpuMode = "default", raw: bool = False,
@@ -330,7 +352,10 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
     comprehensions pick the GPU and the kept CPU events, their names and args are decoded in one call each
     (:func:`kit.traces.parse.names`/``arg_columns``), and every column grows by one comprehension -- no per-event
     dict or row tuple, and a chunk's events are dropped before the next is decoded."""
-    ad = adapter or adapter_for(header)
+    chunks = iter(chunks)
+    first = next(chunks, [])
+    chunks = itertools.chain([first], chunks)
+    ad = adapter or adapter_for(header, {e.cat for e in first})
     keys = tuple(sorted({*raw_arg_keys(), *ad.args}))  # a forced adapter may declare keys ADAPTERS do not
     raw_of = lambda *cs: {r for r, c in ad.cats.items() if c in cs}  # noqa: E731
     gpu_raw = raw_of(*GPU_CATS)
@@ -357,7 +382,7 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
 
     def add(into: dict[str, list], evs: list, nm: list) -> dict[str, tuple]:
         into["name"] += nm
-        into["cat"] += [ad.cats[e.cat] for e in evs]
+        into["cat"] += [_cat(ad.cats[e.cat], n) for e, n in zip(evs, nm)]
         into["ts"] += [e.ts for e in evs]
         into["dur"] += [e.dur for e in evs]
         return arg_columns(evs, keys)
@@ -397,19 +422,23 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
 
 def _valid(gpu: Columns, cpu: Columns, name: str) -> tuple[tuple[Columns, Columns], list[str]]:
     """The frames without the events no analysis can use, and one warning line per kind dropped: GPU activity
-    with a negative or zero duration (a GPU kernel takes time: a zero or negative one is a lost or corrupt
-    timestamp, and would count as idle time or more than 100% of a step), CPU events with a negative duration,
+    with a negative duration, or zero in a trace whose times have sub-us digits (a GPU kernel takes time: a
+    lost or corrupt timestamp, that would count as idle time or more than 100% of a step; in traces of whole us
+    -- PyTorch <= 1.9 -- a zero is a kernel shorter than 1 us, and kept), CPU events with a negative duration,
     ``ProfilerStep#N`` annotations of zero duration (a step without length would divide its costs by zero)."""
     import numpy as np
 
     warnings = []
     gd = gpu.values["dur"]
-    n_neg, n_zero = int((gd < 0).sum()), int((gd == 0).sum())
+    n_neg = int((gd < 0).sum())
+    # zero: a lost end where times have sub-us digits; where they are whole us (PyTorch <= 1.9) a kernel < 1 us
+    zero = (gd == 0) if bool((gd % 1 != 0).any()) else np.zeros(len(gd), dtype=bool)
+    n_zero = int(zero.sum())
     if n_neg or n_zero:
         what = " and ".join(x for x in (f"{n_neg} with a negative duration" if n_neg else "",
                                         f"{n_zero} with zero duration" if n_zero else "") if x)
         warnings.append(f"{name}: {n_neg + n_zero} GPU event(s) dropped, {what} (lost or corrupt timestamps)")
-        gpu = gpu.take(np.flatnonzero(gd > 0))
+        gpu = gpu.take(np.flatnonzero((gd >= 0) & ~zero))
     cd = cpu.values["dur"]
     neg = cd < 0
     drop = neg
@@ -425,7 +454,34 @@ def _valid(gpu: Columns, cpu: Columns, name: str) -> tuple[tuple[Columns, Column
             drop = drop | zero_steps
     if drop.any():
         cpu = cpu.take(np.flatnonzero(~drop))
+    sampled = subsampled(gpu.values["external_id"])
+    if sampled:
+        warnings.append(f"{name}: {sampled}")
     return (gpu, cpu), warnings
+
+
+SAMPLED_DENSITY = 0.02
+"""below this share of the launching ops' ids between the first and the last GPU event's, a trace looks
+subsampled. Every CPU op gets the next External id and a GPU event carries its launching op's: in complete
+traces 6-46% of the ids in that range are on GPU events (HTA's test traces, param's DLRM ranks, the kit's
+recorded runs), in HTA's ``trace_filter/sampled_rank-*`` 0.4-0.5%."""
+
+
+def subsampled(external_ids: "np.ndarray", min_ids: int = 200) -> str | None:
+    """A line saying the trace looks subsampled (events dropped before it was written: a sampling exporter, a
+    filter) when the GPU events' launching-op ids are sparse (:data:`SAMPLED_DENSITY`); None otherwise, or
+    with fewer than ``min_ids`` distinct ids (CUDA-graph replays carry none)."""
+    import numpy as np
+
+    ids = np.unique(external_ids[np.isfinite(external_ids) & (external_ids > 0)])
+    if len(ids) < min_ids:
+        return None
+    share = len(ids) / (ids[-1] - ids[0] + 1)
+    if share >= SAMPLED_DENSITY:
+        return None
+    return (f"looks subsampled: its GPU events come from {len(ids)} of the {int(ids[-1] - ids[0] + 1)} ops between "
+            f"their first and last launching op ({share:.1%}; complete traces: 6% or more), so events were dropped "
+            f"before it was written -- gaps, idle time and per-step costs are not those of the run")
 
 
 def trace_info(header: Mapping[str, Any], ad: Adapter, events: int) -> TraceInfo:
