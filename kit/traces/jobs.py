@@ -230,7 +230,8 @@ class RankIdentity:
     device: str | None
     """the GPU's name from the header (``deviceProperties[*].name``, e.g. 'NVIDIA H100 80GB HBM3'); None if absent"""
     span: tuple[float, float] | None
-    """first/last event, Unix time in us (``baseTimeNanoseconds``/1e3 + trace clock); None without base time or events"""
+    """first/last event, Unix time in us (``baseTimeNanoseconds``/1e3 + trace clock, or the trace clock where it
+    is Unix time already: older Kineto); None without either, or without events"""
 
     @property
     def name(self) -> str:
@@ -249,6 +250,11 @@ def device_family(device: str | None) -> str | None:
 _MODEL = re.compile(r"\b([A-Z]{1,2}\d{1,4}[A-Z]?)(?![A-Za-z0-9])")
 
 
+EPOCH_US = 1e15
+"""trace times above this (2001-09-09 in Unix us) are Unix time already: traces written without
+``baseTimeNanoseconds``"""
+
+
 def rank_identity(trace: "Trace", path: str | Path | None = None) -> RankIdentity:
     """The :class:`RankIdentity` of a loaded trace (from its header and its frames' first and last event)."""
     import numpy as np
@@ -263,13 +269,15 @@ def rank_identity(trace: "Trace", path: str | Path | None = None) -> RankIdentit
     device = next((n for n in names if isinstance(n, str) and n.strip()), None)
     base = trace.header.get("baseTimeNanoseconds")
     span = None
-    if isinstance(base, (int, float)) and not isinstance(base, bool):
-        starts = [trace.array(w, "ts") for w in ("gpu", "cpu")]
+    starts = [trace.array(w, "ts") for w in ("gpu", "cpu")]
+    if any(len(a) for a in starts):
         ends = [trace.array(w, "end") for w in ("gpu", "cpu")]
-        if any(len(a) for a in starts):
-            lo = min(float(np.min(a)) for a in starts if len(a))
-            hi = max(float(np.max(a)) for a in ends if len(a))
+        lo = min(float(np.min(a)) for a in starts if len(a))
+        hi = max(float(np.max(a)) for a in ends if len(a))
+        if isinstance(base, (int, float)) and not isinstance(base, bool):
             span = (base / 1e3 + lo, base / 1e3 + hi)
+        elif lo > EPOCH_US:  # before baseTimeNanoseconds (torch < 2.0), Kineto wrote Unix time in us
+            span = (lo, hi)
     return RankIdentity(path=where, rank=rank, world_size=trace.info.world_size, device=device, span=span)
 
 

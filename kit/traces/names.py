@@ -20,6 +20,8 @@ old name                                                       tags
 ``trace_pageable_per_param_rank0.json.gz`` (dataloader_sync)   ``h2d=pageable sync=per_param``
 ``traces/comm_compute-nccl-rank0.json.gz`` (p2p_transports)    ``experiment=comm_compute transport=nccl``
 any other ``<stem>_rank<r>.json.gz`` / ``<stem>-rank<r>...``   ``name=<stem>``
+``<worker>.<ms>.pt.trace.json[.gz]`` (tensorboard_trace_handler)  ``worker=<worker>``; the rank where the
+                                                               worker name says ``rank<r>``/``worker<r>``
 =============================================================  ==========================================
 
 Query values are compared as strings (``layers=10`` matches ``"10"``); a list/tuple/set matches any of its
@@ -46,6 +48,10 @@ _LEGACY = [  # (pattern on the stem, fixed tags); the named groups are tags too
     (re.compile(r"comm_compute-(?P<transport>[A-Za-z0-9]+)-rank(?P<rank>\d+)\Z"), {"experiment": "comm_compute"}),
 ]
 _GENERIC = re.compile(r"(?P<name>.+?)[_-]rank(?P<rank>\d+)\Z")
+_HANDLER = re.compile(r"(?P<worker>[^.]+)\.(?P<stamp>[^/]+)\Z")
+"""``torch.profiler.tensorboard_trace_handler``'s ``<worker name>.<time in ms>.pt.trace.json[.gz]`` (worker
+name: ``<host>_<pid>`` by default, or what the user gave: ``worker0``, ``rank-3``, ``worker1_step_12``)"""
+_WORKER_RANK = re.compile(r"(?:^|[_-])(?:rank|worker)[-_]?(?P<rank>\d+)(?=$|[_-])", re.IGNORECASE)
 
 
 class TraceFile(NamedTuple):
@@ -109,6 +115,11 @@ def parse_name(name: str) -> tuple[dict[str, str], int | None] | None:
             g = lm.groupdict()
             rank = int(g.pop("rank"))
             return {**fixed, **g}, rank
+    if m.group(1):
+        h = _HANDLER.match(stem)
+        if h and not stem.startswith(("fr_", "merged")):
+            r = _WORKER_RANK.search(h.group("worker"))
+            return {"worker": h.group("worker")}, int(r.group("rank")) if r else None
     if name.endswith(".gz") or m.group(1):  # plain .json files are traces only under the kit's names
         gm = _GENERIC.match(stem)
         if gm and not stem.startswith(("fr_", "merged")):
