@@ -71,8 +71,7 @@ def resolve_params(names: list[str], config_path: Path, overrides: list[tuple[st
         validate(LaunchConfig, defaults, where=f"{config_path}:defaults")
     except ConfigError as e:
         problems.append(str(e))
-        # a typo under defaults: is reported once, above, not again for every notebook
-        defaults = {k: v for k, v in defaults.items() if k in {f.name for f in fields(LaunchConfig)}}
+        defaults = {}  # a mistake under defaults: is reported once, above, not again for every notebook
     out = {}
     for name in names:
         mapping = {**defaults, **(data.get(name) or {}), **dict(overrides)}

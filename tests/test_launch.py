@@ -263,7 +263,8 @@ KILLED = textwrap.dedent("""
 def test_killed_supervisor_reads_died_and_keeps_rows(tmp_path):
     """SIGKILL the supervisor (no chance to write an end status): the run reads 'died' everywhere a reader
     looks, no rank survives it, and the rows it had saved load as usual."""
-    from kit import results, runs_cli
+    from kit import results
+    from kit.cli import runs as runs_cli
 
     res = tmp_path / "res"
     p = subprocess.Popen([sys.executable, "-c", KILLED.format(tests=str(ROOT / "tests"), root=str(ROOT), res=str(res))],
@@ -320,7 +321,7 @@ def test_run_status_dead_live_and_other_host():
 def test_kit_runs_lists_statuses(tmp_path, cfg, capsys):
     import argparse
 
-    from kit import runs_cli
+    from kit.cli import runs as runs_cli
 
     ok = launch(exps.trivial, cfg, "listed")
     with pytest.raises(LaunchError) as ei:

@@ -74,8 +74,8 @@ def add_parser(sub) -> None:
 def _run(verb: str, args, work):
     """``(result, exit status)``: ``work(paths, jobs)`` on the expanded traces, bad input as one line per
     file on stderr (exit 2)."""
-    from . import traces
-    from .traces.jobs import expand
+    from .. import traces
+    from ..traces.jobs import expand
 
     jobs = dict(workers=args.workers, client=args.scheduler, cache=False if args.no_cache else None)
     try:
@@ -100,7 +100,7 @@ def _failed(verb: str, failed: list[dict], text: bool = True) -> int:
 
 
 def cmd_gaps(args) -> int:
-    from . import traces
+    from .. import traces
 
     threshold = args.threshold_us if args.threshold_us is not None else traces.DEFAULT_STALL_US
     res, rc = _run("gaps", args, lambda paths, jobs: traces.trace_gaps(
@@ -115,7 +115,7 @@ def cmd_gaps(args) -> int:
 
 
 def cmd_collectives(args) -> int:
-    from . import traces
+    from .. import traces
 
     df, rc = _run("collectives", args, lambda paths, jobs: traces.collectives(paths, **jobs))
     if df is None:
@@ -131,7 +131,7 @@ def cmd_collectives(args) -> int:
 
 
 def cmd_merge(args) -> int:
-    from . import traces
+    from .. import traces
 
     info, rc = _run("merge", args, lambda paths, jobs: traces.merge(paths, args.output, **jobs))
     if info is None:

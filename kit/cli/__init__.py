@@ -29,7 +29,7 @@ import json
 import os
 import sys
 
-from .config import ConfigError, parse_override
+from ..config import ConfigError, parse_override
 
 
 def _overrides(items):
@@ -37,7 +37,7 @@ def _overrides(items):
 
 
 def cmd_sysinfo(args) -> int:
-    from . import sysinfo
+    from .. import sysinfo
 
     info = sysinfo.collect()
     print(json.dumps(info, indent=1) if args.json else sysinfo.format_text(info))
@@ -54,7 +54,7 @@ def _emulate_nodes(args) -> None:
 
 
 def cmd_run(args) -> int:
-    from . import runner
+    from .. import runner
 
     _emulate_nodes(args)
     _, entries = runner.run(args.names, args.config, _overrides(args.param), no_input=args.no_input,
@@ -72,9 +72,9 @@ def cmd_run(args) -> int:
 
 
 def cmd_exp(args) -> int:
-    from . import contract
-    from .config import load_yaml
-    from .launch import LaunchError, launched_externally
+    from .. import contract
+    from ..config import load_yaml
+    from ..launch import LaunchError, launched_externally
 
     _emulate_nodes(args)
     data = load_yaml(args.config) if args.config else {}
@@ -98,7 +98,7 @@ def cmd_exp(args) -> int:
 
 
 def cmd_record(args) -> int:
-    from . import results
+    from .. import results
 
     for d in args.runs:
         try:
@@ -110,7 +110,7 @@ def cmd_record(args) -> int:
 
 
 def cmd_wheelhouse(args) -> int:
-    from . import wheelhouse
+    from .. import wheelhouse
 
     return wheelhouse.build(args.dir, args.python_version, args.platform, args.exclude, args.extras)
 
@@ -159,25 +159,19 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--extras", nargs="*", default=["lab"], help="optional dependency groups to include")
     w.set_defaults(fn=cmd_wheelhouse)
 
-    _add_trace_commands(sub)
-    from .doctor import cli as doctor_cli
+    from . import trace as trace_cli
+
+    trace_cli.add_parser(sub)
+    from ..doctor import cli as doctor_cli
 
     doctor_cli.add_parser(sub)
-    from . import runs_cli
+    from . import runs as runs_cli
 
     runs_cli.add_parser(sub)
-    from .nccl_profiler import cli as nccl_profiler_cli
+    from ..nccl_profiler import cli as nccl_profiler_cli
 
     nccl_profiler_cli.add_parser(sub)
     return p
-
-
-def _add_trace_commands(sub) -> None:
-    try:
-        from . import trace_cli
-    except ImportError:
-        return
-    trace_cli.add_parser(sub)
 
 
 def main(argv=None) -> int:
@@ -190,6 +184,17 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("kit: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # ``kit runs | head``: the reader has gone; stop quietly as other Unix tools do
+        _quiet_stdout()
+        return 0
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's final flush does not raise BrokenPipeError again."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

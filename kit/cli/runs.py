@@ -40,7 +40,7 @@ def cmd_runs(args) -> int:
 
 def run_dirs(names: list[str], root: str | Path) -> tuple[list[Path], list[str]]:
     """The run directories that ``names`` designate (see the module docstring), and the names that match none."""
-    from .results import run_dirs as _run_dirs
+    from ..results import run_dirs as _run_dirs
 
     found: list[Path] = []
     missing: list[str] = []
@@ -55,8 +55,8 @@ def run_dirs(names: list[str], root: str | Path) -> tuple[list[Path], list[str]]
 
 def describe(run_dir: Path) -> dict:
     """One run, as ``kit runs`` shows it."""
-    from . import sysinfo
-    from .results import read_meta, run_label, run_status
+    from .. import sysinfo
+    from ..results import read_meta, run_label, run_status
 
     meta = read_meta(run_dir)
     info = meta.get("sysinfo") or {}
