@@ -84,3 +84,27 @@ def test_slices_sum_to_every_step_on_committed_traces(path):
     assert (ps[list(SLICES)] >= -1e-6).all().all()
     assert ((ps[list(SLICES)].sum(axis=1) - ps["dur"]).abs() <= 1e-6 * ps["dur"] + 1e-6).all()
     assert a.cost("compute") <= (a.step_us or a.window_us) + 1e-6
+
+
+def test_diagnosis_carries_the_accounting_table_and_figure():
+    """What the text report, --json and the HTML page show: per rank the slices in ms that add up to the step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from kit.doctor import diagnose
+    from kit.doctor import notebook as dn
+    from kit.doctor.accounting import SLICES
+    from kit.doctor.report import format_text
+
+    d = diagnose([DATA / "doctor" / "late-rank"], workers=1)
+    tab = dn.accounting_table(d)
+    assert list(tab["rank"]) == [0, 1] and set(f"{s}_ms" for s in SLICES) <= set(tab.columns)
+    total = tab[[f"{s}_ms" for s in SLICES]].sum(axis=1)
+    assert ((total - tab["step_ms"]).abs() <= 0.01 * tab["step_ms"]).all()
+    # the planted late rank stalls on the host: rank 1's GPU idles for it, rank 0's NCCL kernels wait for rank 1
+    assert tab.loc[1, "host_stall_ms"] > 0.5 * tab.loc[1, "step_ms"]
+    assert tab.loc[0, "comm_ms"] > 0.4 * tab.loc[0, "step_ms"]
+    assert d.accounting["0"]["comm_split"]["waiting_us"] > 0
+    assert "step accounting" in format_text(d) and "rank 1: idle" in format_text(d)
+    fig = dn.accounting_figure(d)
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["rank 0", "rank 1"]

@@ -323,14 +323,22 @@ def STRICT() -> bool:
     return os.environ.get("KIT_DOCTOR_STRICT", "") not in ("", "0")
 
 
-def accounting_row(a) -> dict[str, Any]:
-    """One rank's account as plain JSON: the mode, windows, mean window and per slice us per step and share."""
+def accounting_row(a, wait_us: float | None = None) -> dict[str, Any]:
+    """One rank's account as plain JSON: the mode, windows, mean window and per slice us per step and share;
+    ``comm_split``: the ``comm`` slice's waiting for peers (exposed, matched across ranks) and transfer, when the
+    collectives could be matched."""
     from .accounting import SLICES
 
-    return {"mode": a.mode, "steps": a.steps, "window_us": round(a.window_us, 1),
-            "step_us": round(a.step_us, 1) if a.step_us else None,
-            "us_per_step": {s: round(a.cost(s), 1) for s in SLICES},
-            "share": {s: round(a.share(s), 4) for s in SLICES}}
+    row = {"mode": a.mode, "steps": a.steps, "window_us": round(a.window_us, 1),
+           "step_us": round(a.step_us, 1) if a.step_us else None,
+           "us_per_step": {s: round(a.cost(s), 1) for s in SLICES},
+           "share": {s: round(a.share(s), 4) for s in SLICES}}
+    if wait_us is not None:
+        comm = a.cost("comm")
+        scale = (a.step_us or a.window_us) / a.window_us if a.window_us else 1.0
+        wait = min(comm, wait_us * scale)
+        row["comm_split"] = {"waiting_us": round(wait, 1), "transfer_us": round(comm - wait, 1)}
+    return row
 
 
 FR_RANK = re.compile(r"rank[_-]?(\d+)")
@@ -403,7 +411,10 @@ def diagnose(traces: Iterable[str | Path], *, sweep=None, flight_recorder=None, 
         fr = fr_statements(fr_mismatches(flight_recorder)) or [
             f"{len(flight_recorder)} entries of {flight_recorder['rank'].nunique()} rank(s): every collective "
             f"reached by every rank, the same op at each sequence number"]
-    accounting = {str(s.rank): accounting_row(s.account) for s in summaries
+    from .rules.idle import comm_waits
+
+    waits = comm_waits(summaries)
+    accounting = {str(s.rank): accounting_row(s.account, waits.get(int(s.rank))) for s in summaries
                   if s.account is not None and not isinstance(s.account, Skip)}
     return Diagnosis(findings=findings, checked=checked, skipped=skipped, traces=[s.path for s in summaries],
                      accounting=accounting,

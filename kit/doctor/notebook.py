@@ -97,6 +97,58 @@ def status_table(d: Diagnosis) -> "pd.DataFrame":
     return pd.DataFrame(rows, columns=["what", "item", "why"])
 
 
+SLICE_COLORS = {"compute": "#1f77b4", "comm": "#d62728", "memory": "#999999", "input": "#ff7f0e",
+                "sync": "#9467bd", "allocator": "#e377c2", "host_stall": "#8c564b", "launch": "#bcbd22",
+                "step_start": "#dbdb8d", "queued": "#17becf", "unexplained": "#c7c7c7"}
+"""one colour per accounting slice (busy: blue/red/grey; idle: by cause)"""
+
+
+def accounting_table(d: Diagnosis) -> "pd.DataFrame":
+    """The step accounting, one row per rank: the job's step split into GPU-busy classes and GPU-idle time by
+    what the host was doing (ms per step; the slices of a rank sum to its step), and the idle share."""
+    import pandas as pd
+
+    from .accounting import IDLE, SLICES
+
+    rows = []
+    for rank, a in sorted(d.accounting.items(), key=lambda kv: int(kv[0])):
+        row = {"rank": int(rank), "mode": a["mode"], "steps": a["steps"],
+               "step_ms": round((a["step_us"] or a["window_us"]) / 1e3, 3),
+               "gpu_idle_share": round(sum(a["share"][s] for s in IDLE), 4)}
+        row.update({f"{s}_ms": round(a["us_per_step"][s] / 1e3, 3) for s in SLICES})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def accounting_figure(d: Diagnosis):
+    """A stacked bar per rank (tb_plugin's step-time breakdown, with the idle time attributed): each slice's
+    share of the rank's step, busy first, then idle by cause; the legend outside the bars."""
+    import matplotlib.pyplot as plt
+
+    from .accounting import SLICES
+
+    if not d.accounting:
+        return plot.message("no step accounting: no trace with GPU activity (or CPU ops) was read")
+    items = sorted(d.accounting.items(), key=lambda kv: int(kv[0]))
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(items) + 1.6))
+    y = list(range(len(items)))
+    left = [0.0] * len(items)
+    for s in SLICES:
+        vals = [100 * a["share"][s] for _, a in items]
+        if not any(v > 0 for v in vals):
+            continue
+        ax.barh(y, vals, left=left, color=SLICE_COLORS[s], label=s, edgecolor="white", linewidth=0.5)
+        left = [l + v for l, v in zip(left, vals)]
+    ax.set_yticks(y, [f"rank {r}" for r, _ in items])
+    ax.invert_yaxis()
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("share of the rank's step (%)")
+    ax.set_title("Where each rank's step goes: GPU busy, then GPU idle by what the host did", fontsize=10)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    fig.tight_layout()
+    return fig
+
+
 def finding_text(f: Finding) -> str:
     """The finding as markdown: summary, cause, fix, caveats and the notebook that reproduces it."""
     nb = f"[`notebooks/{f.notebook}.ipynb`](../notebooks/{f.notebook}.ipynb)" if f.notebook else "none"

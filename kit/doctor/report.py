@@ -74,6 +74,11 @@ def accounting_lines(d: Diagnosis, max_ranks: int = 16) -> list[str]:
     for rank, a in items[:max_ranks]:
         parts = [f"{s} {100 * a['share'][s]:.1f}%" for s in SLICES if a["share"].get(s, 0) >= 0.0005]
         idle = sum(a["share"][s] for s in SLICES if s not in BUSY)
+        split = a.get("comm_split")
+        if split and a["us_per_step"].get("comm"):
+            c = a["us_per_step"]["comm"]
+            parts = [p + (f" (waiting for peers {100 * split['waiting_us'] / c:.0f}%)" if p.startswith("comm ") else "")
+                     for p in parts]
         out.append(f"  rank {rank}: idle {100 * idle:.1f}% | " + ", ".join(parts))
     if len(items) > max_ranks:
         out.append(f"  ... {len(items) - max_ranks} more ranks in --json")

@@ -173,6 +173,30 @@ def _judge(rid: str):
     return judge
 
 
+def comm_waits(summaries) -> dict[int, float]:
+    """Per rank, the communication time per step spent waiting for peers that no compute hid (the kernels of the
+    ranks that arrived early spin until the last one arrives): the ``comm`` slice's waiting part; the rest of the
+    slice is transfer. {} when the collectives cannot be matched across ranks (one rank, no NCCL metadata)."""
+    from .comm import Timeline, collected, exposed_parts, per_step_divisor
+
+    tls = [(int(s.rank), s.per_rule.get("per_param_allreduce")) for s in summaries]
+    tls = [(r, tl) for r, tl in tls if isinstance(tl, Timeline)]
+    if len(tls) < 2:
+        return {}
+    df = collected(tls, "nccl")
+    if df is None or df.empty or (df["ranks_seen"] <= 1).all():
+        return {}
+    tl_of = dict(tls)
+    df = exposed_parts(df, tl_of)
+    out = {}
+    for r, tl in tls:
+        mine = df[df["rank"] == r]
+        if tl.steps:
+            mine = mine[mine["step"].notna()]
+        out[r] = float(mine["exposed_wait_us"].sum()) / per_step_divisor(tl)
+    return out
+
+
 def explain_rest(accounts: list[tuple[int, Account]], findings: list[Finding], ctx) -> list[Finding]:
     """The idle slices a signature rule should explain but did not (``host_sync``, ``launch_bound`` silent while
     their slice costs >= 'low'): said from the accounting under that rule's id. Findings of those rules that did
