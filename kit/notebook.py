@@ -129,9 +129,40 @@ class Interrupted(KeyboardInterrupt):
 
 
 def choose(inv: contract.Investigation, made, analyse: Any = "auto") -> results.RunSet:
+    """The runs the analyses below show (kit.results.choose). When they are the recorded runs although this
+    machine ran the investigation (a CPU run: it proves the path, not the hardware), this run's first table is
+    shown too, so the page has this machine's own numbers beside the recorded ones."""
     runs = results.choose(inv.name, made, analyse)
     print("analysing", runs)
+    _note_provenance(runs)
+    if made and not set(runs.dirs) & {r.dir for r in made}:
+        here = results.RunSet([r.dir for r in made], "this run")
+        for name in inv.tables:
+            t = inv.table(name, here)
+            if t is not None and len(t):
+                print(f"this machine's own run ({here.title.splitlines()[0]}), table {name!r}; "
+                      "the analyses below show the recorded runs:")
+                _display(t.head(12).round(2))
+                break
     return runs
+
+
+def _note_provenance(runs: results.RunSet) -> None:
+    """Under ``kit run``: which runs the figures saved from now on show (``<prefix>.provenance.jsonl`` beside
+    them), for the report index's captions."""
+    import json
+    import time
+
+    d, prefix = os.environ.get("KIT_FIGURES_DIR"), os.environ.get("KIT_FIGURE_PREFIX")
+    if not d or not prefix:
+        return
+    when = sorted({(m.get("start_time") or "")[:10] for m in runs.metas} - {""})
+    from . import sysinfo
+
+    hw = sysinfo.summary(runs.meta.get("sysinfo") or {}).split(" | ")[0] if runs.dirs else ""
+    note = {"t": time.time(), "source": runs.source, "hardware": hw, "dates": when}
+    with open(Path(d) / f"{prefix}.provenance.jsonl", "a") as f:
+        f.write(json.dumps(note) + "\n")
 
 
 def show(inv: contract.Investigation, name: str, runs: results.RunSet, round_to: int = 2) -> None:

@@ -158,7 +158,36 @@ def run_notebook(name: str, params: dict, report_dir: Path, no_input: bool, log=
     figures = sorted(fig_dir.glob(f"{name}-*.png"))
     return {"name": name, "status": status, "error": error, "seconds": round(time.time() - t0, 1),
             "notebook": out_nb.name, "html": html_file.name if html_file else None,
-            "figures": [f"figures/{f.name}" for f in figures], "params": params}
+            "figures": [f"figures/{f.name}" for f in figures], "params": params,
+            "shows": figure_sources(fig_dir, name, figures)}
+
+
+def figure_sources(fig_dir: Path, name: str, figures: list[Path]) -> dict[str, str]:
+    """figure -> what it shows ('this machine, 2026-11-25' or 'recorded: 2x NVIDIA H200 (NV18), 2026-11-23'):
+    the runs the notebook chose last before the figure was written (kit.notebook.choose notes them)."""
+    import json
+
+    notes_file = fig_dir / f"{name}.provenance.jsonl"
+    notes = [json.loads(x) for x in notes_file.read_text().splitlines() if x.strip()] if notes_file.exists() else []
+    out = {}
+    for f in figures:
+        before = [n for n in notes if n["t"] <= f.stat().st_mtime + 1e-3]
+        if not before:
+            continue
+        n = before[-1]
+        where = "this machine" if n["source"] == "this run" else "recorded"
+        out[f"figures/{f.name}"] = ", ".join(x for x in (where, n.get("hardware"), " & ".join(n.get("dates") or []))
+                                             if x)
+    return out
+
+
+def _thumb(f: str, shows: str | None) -> str:
+    """A thumbnail with a caption badge: green when it shows this machine's run, grey for the recorded runs."""
+    color = "#070" if shows and shows.startswith("this machine") else "#666"
+    cap = (f'<figcaption style="font-size:75%;color:{color};max-width:220px">{html.escape(shows)}</figcaption>'
+           if shows else "")
+    return (f'<figure style="display:inline-block;margin:0 6px 6px 0;vertical-align:top">'
+            f'<a href="{f}"><img src="{f}" height="120" alt="{html.escape(Path(f).stem)}"></a>{cap}</figure>')
 
 
 _STATUS_STYLE = {"ok": ("ran here", "#070"), "skipped": ("cannot run here: recorded runs shown", "#a60"),
@@ -178,7 +207,7 @@ def write_index(report_dir: Path, entries: list[dict], config_path: Path | None)
         status = f'<b style="color:{color}">{html.escape(word)}</b>'
         why = "".join(f"<li>{html.escape(r)}</li>" for r in e.get("missing") or [])
         why = f"<ul>{why}</ul>" if why else ""
-        figs = "".join(f'<a href="{f}"><img src="{f}" height="120"></a> ' for f in e["figures"])
+        figs = "".join(_thumb(f, (e.get("shows") or {}).get(f)) for f in e["figures"])
         err = f'<pre>{html.escape(e["error"])}</pre>' if e["error"] else ""
         q = f"<br><small>{html.escape(e.get('question') or '')}</small>"
         rows.append(f"<tr><td>{link}{q}</td><td>{status}{why}</td>"
@@ -186,13 +215,18 @@ def write_index(report_dir: Path, entries: list[dict], config_path: Path | None)
     counts = {k: sum(e["status"] == k for e in entries) for k in ("ok", "skipped", "failed")}
     summary = (f"{counts['ok']} ran on this machine, {counts['skipped']} cannot run here (their pages show the "
                f"recorded runs, labelled as such), {counts['failed']} failed")
+    shown = [s for e in entries for s in (e.get("shows") or {}).values()]
+    mine = sum(s.startswith("this machine") for s in shown)
+    legend = (f"{len(shown)} figure(s): {mine} from this machine's runs, {len(shown) - mine} from the recorded "
+              "runs (each caption names the hardware and date); a CPU run proves the path, not the hardware, so "
+              "the notebooks draw the recorded GPU runs and print this machine's own table beside them")
     page = f"""<!doctype html><meta charset="utf-8"><title>kit report {report_dir.name}</title>
 <style>body{{font-family:sans-serif;margin:2em}} td{{vertical-align:top;padding:6px;border-bottom:1px solid #ddd}}
 ul{{margin:4px 0;padding-left:18px;font-size:90%}}</style>
 <h1>kit report {report_dir.name}</h1>
 <p>{html.escape(sysinfo.summary(info))}<br>config: {html.escape(str(config_path))} &middot;
 git {html.escape(str(results.git_commit()))} &middot; {time.strftime('%Y-%m-%d %H:%M')}</p>
-<p><b>{html.escape(summary)}</b></p>
+<p><b>{html.escape(summary)}</b><br>{html.escape(legend)}</p>
 <table><tr><th>investigation</th><th>status</th><th>time</th><th>figures</th></tr>{''.join(rows)}</table>
 <details><summary>sysinfo</summary><pre>{html.escape(sysinfo.format_text(info))}</pre></details>
 """
