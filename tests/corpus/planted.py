@@ -565,7 +565,8 @@ def readme(root: Path) -> str:
         size = sum(f.stat().st_size for f in p.parent.iterdir())
         added = "--" if t["added_us"] is None else f"{t['added_us'] / 1e3:+.2f}"
         ranks = "" if not t.get("expected_ranks") else f" {t['expected_ranks']}"
-        rows.append(f"| {t['case']} | {t['fault']} ({t.get('variant', t['fault'])}) | {t['expected_rule'] or '--'}"
+        variant = "" if t.get("variant", t["fault"]) == t["fault"] else f" ({t['variant']})"
+        rows.append(f"| {t['case']} | {t['fault']}{variant} | {t['expected_rule'] or '--'}"
                     f"{ranks} | {t['model']} | {t['profiler']} | {t['device']} x{t['world_size']} | "
                     f"{s['median'] / 1e3:.2f} ({s['p10'] / 1e3:.2f}-{s['p90'] / 1e3:.2f}) | {added} | "
                     f"{size // 1024} |")
