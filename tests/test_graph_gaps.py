@@ -325,3 +325,146 @@ def test_one_gpu_run_gives_every_table_figure_and_finding():
     keys = [f.key for f in inv.findings(runs)]
     assert keys[0] == "no_nccl_kernel"
     assert not any(k.startswith(("gap_vs_work[", "replay_gaps[", "gap_before_nccl")) for k in keys)
+
+
+# ------------------------------------------------------------------ issue 31: the one-GPU probe matrix, no PyTorch/NCCL
+def _raw(path, n, replays, slope, work_us=200.0, **head):
+    """A repro --raw file: busy_i (work_us) then tiny_i (1.5 us, 3 us after busy_i), the gap before busy_i
+    slope * i us (i >= 1) -- as the kernels' %globaltimer stamps would say."""
+    import numpy as np
+
+    st, t = np.zeros((replays, 2 * n, 2), dtype=np.uint64), 10 ** 12
+    for r in range(replays):
+        for i in range(n):
+            t += int(slope * i * 1000) if i else 20000
+            st[r, 2 * i] = (t, t + int(work_us * 1000))
+            t += int(work_us * 1000) + 3000
+            st[r, 2 * i + 1] = (t, t + 1500)
+            t += 1500
+    h = dict(n=n, work_us=work_us, record="shared", where="side", join="edge", upload=0, priority=0, grid=264,
+             queued=0, replays=replays, nodes=3 * n + 1, device="synthetic", driver=13000, runtime=13000, **head)
+    path.write_bytes((json.dumps(h) + "\n").encode() + st.astype("<u8").tobytes())
+    return h
+
+
+def test_probe_matrix_stamps_to_gaps(tmp_path):
+    """Raw stamps -> kit.traces.gaps rows -> slope per point, on synthetic stamps with a known gap per position;
+    a point listed twice keeps its last row (one raw file); a truncated raw file is one clear error."""
+    from kit.investigations.graph_gaps import matrix as M
+
+    src = tmp_path / "h100x1"
+    (src / "raw").mkdir(parents=True)
+    lines = []
+    for name, slope in (("grows", 0.5), ("flat", 0.0), ("grows", 0.5)):
+        h = _raw(src / "raw" / f"{name}.bin", 10, 3, slope)
+        lines.append(json.dumps(dict(set="s", point=name, rc=0, seconds=1.0, **{k: h[k] for k in M.FACTORS if k in h})))
+    (src / "points.jsonl").write_text("\n".join(lines) + "\n")
+    points, gaps = M.collect(src, tmp_path / "out" / "h100x1" / "1-run")
+    assert list(points["point"]) == ["flat", "grows"] and list(points["point_id"]) == [1, 2]
+    assert points["launch"].tolist() == ["created", "created"]  # factors the raw header lacks: the repro's defaults
+    assert len(gaps) == 2 * (3 * 20 - 1)  # every kernel of every replay but the very first
+    g = gaps[(gaps["point_id"] == 2) & (gaps["kernel"] == "busy") & (gaps["replay"] == 1)]
+    assert g["gap_us"].tolist()[1:] == pytest.approx([0.5 * i for i in range(1, 10)])
+    tiny = gaps.loc[gaps["kernel"] == "tiny", "gap_us"].tolist()
+    assert tiny == pytest.approx([3.0] * len(tiny)) and len(tiny) == 2 * 3 * 10
+    t = M.slope_table(*M.load("h100x1", tmp_path / "out")).set_index("point")
+    assert t.loc["grows", "slope_us_per_layer"] == pytest.approx(0.5) and t.loc["flat", "slope_us_per_layer"] == 0
+    assert t.loc["grows", "layer_us"] == pytest.approx(203.0) and t.loc["grows", "samples"] == 27
+    assert t.loc["grows", ["q1_us", "q4_us"]].tolist() == pytest.approx([1.0, 4.25])
+    bad = src / "raw" / "flat.bin"
+    bad.write_bytes(bad.read_bytes()[:-8])
+    with pytest.raises(M.MatrixError, match="stamps, the header says"):
+        M.read_raw(bad)
+
+
+@pytest.fixture(scope="module")
+def matrix_rows():
+    from kit.investigations.graph_gaps import matrix as M
+
+    return M.load("h100x1"), M.matrix_table(), M.launch_table()
+
+
+def test_probe_matrix_committed_runs(matrix_rows):
+    """The committed matrix (4 runs on fresh H100s, driver 580.159.04, CUDA 13.0): every point ran, every sample
+    of runs 3 and 4 kept (replays x 2N kernels, less the first), one device and driver throughout; runs 1 and 2
+    (repeats, committed as the repro's per-point summary lines) agree with run 3 point by point."""
+    from kit.investigations.graph_gaps import matrix as M
+
+    (points, gaps), t, _ = matrix_rows
+    assert points.groupby("run").size().to_dict() == {"3-full": 149, "4-launch": 11}
+    assert (points["rc"] == 0).all() and set(points["device"]) == {"NVIDIA H100 80GB HBM3"}
+    per = gaps.groupby("pid").size()
+    want = (points.set_index("pid")["replays"] * 2 * points.set_index("pid")["n"] - 1)
+    assert per.reindex(want.index).tolist() == want.tolist()
+    assert {p.read_text().split("\n")[1] for p in (ROOT / "recorded/probes/graph_gaps-matrix/h100x1").glob("*/gpu.txt")} \
+        == {"NVIDIA H100 80GB HBM3, 580.159.04, 1980 MHz, 1980 MHz, " + x for x in ("178.49 W", "397.63 W", "173.96 W",
+                                                                                     "367.48 W")}
+    logs = M.log_table("h100x1")
+    assert logs.groupby("run").size().to_dict() == {"1-spin": 69, "2-gemm": 72, "3-full": 151, "4-launch": 11}
+    w = logs.drop_duplicates(["run", "point"], keep="last").pivot(index="point", columns="run",
+                                                                  values="slope_us_per_layer")
+    for rep in ("1-spin", "2-gemm"):
+        both = w[[rep, "3-full"]].dropna()
+        assert len(both) == {"1-spin": 69, "2-gemm": 72}[rep] and (both[rep] - both["3-full"]).abs().max() < 0.012
+    assert set(M.versions()["runtime"]) == {"13.0"}
+
+
+def test_probe_matrix_which_node_property_grows(matrix_rows):
+    """What the matrix shows: replayed into a created stream no configuration grows (|slope| < 0.01 us per layer
+    at every point: record kind, stream, join, work 10 us .. 1 ms, N 10 .. 1000, upload, priority, PDL, queued);
+    replayed into the legacy default stream, any external record (one shared event or one per layer) grows and
+    no record does not; the GEMM layer's slope is ~6x the spin layer's at the same ~200 us."""
+    _, t, lt = matrix_rows
+    created = t[(t["launch"] == "created") & t["gap_is_idle"]]
+    assert len(created) == 144 and created["slope_us_per_layer"].abs().max() < 0.03
+    assert created.loc[created["n"] >= 160, "slope_us_per_layer"].abs().max() < 0.005
+    s = lt.set_index(["busy", "launch", "record"])
+    assert s.loc[("gemm", "legacy", "shared"), "slope_us_per_layer"] == pytest.approx(1.111, abs=0.001)
+    assert s.loc[("gemm", "legacy", "distinct"), "slope_us_per_layer"] == pytest.approx(1.165, abs=0.001)
+    assert s.loc[("spin", "legacy", "shared"), "slope_us_per_layer"] == pytest.approx(0.200, abs=0.001)
+    assert s.loc[("spin", "legacy", "distinct"), "slope_us_per_layer"] == pytest.approx(0.150, abs=0.001)
+    for busy in ("spin", "gemm"):
+        assert abs(s.loc[(busy, "legacy", "none"), "slope_us_per_layer"]) < 0.001
+        q = s.loc[(busy, "legacy", "shared"), ["q1_us", "q2_us", "q3_us", "q4_us"]].tolist()
+        assert q == sorted(q) and q[3] > 5 * q[0]
+    # 1.5-1.9 us flat with a record, 0.7 without: the record node's fixed cost on a created stream
+    assert s.loc[("spin", "created", "shared"), "q1_us"] == pytest.approx(1.54, abs=0.05)
+    assert s.loc[("spin", "created", "none"), "q1_us"] == pytest.approx(0.70, abs=0.02)
+    legacy = t[t["launch"] == "legacy"].set_index("point")
+    assert legacy.loc["launch_stream-record-shared_launch-legacy_grid-128_work_us-50", "slope_us_per_layer"] \
+        == pytest.approx(0.168, abs=0.001)  # 50 us of work between records: not hidden
+    assert legacy.loc["launch_stream-gemm_record-shared_launch-legacy_hidden-1024", "slope_us_per_layer"] \
+        == pytest.approx(0.170, abs=0.001)
+
+
+def test_probe_matrix_figure_and_tables(matrix_rows):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from kit.investigations.graph_gaps import INVESTIGATION, matrix as M
+
+    fig = INVESTIGATION.figures["probe-matrix-h100x1"](None)
+    assert len(fig.axes) == 3 and len(fig.axes[0].lines) == 12
+    assert M.figure("h200x1").axes[0].texts  # no committed run: a figure that says so
+    f = INVESTIGATION.table("probe_matrix", None)
+    assert f["points"].sum() == 160 - 5  # the five GEMM points without a join measure no idle time
+    assert INVESTIGATION.table("probe_matrix_launch", None).equals(matrix_rows[2])
+
+
+def test_torch_probe_bisected_on_one_h100():
+    """The PyTorch probe re-run on one H100 grows as on the H200 and stops growing when the same graph is replayed
+    into a created stream instead of the legacy default stream; cuBLAS or cuBLASLt, TF32 or not, it grows."""
+    from kit.investigations.graph_gaps import torch_table
+
+    t = torch_table().set_index("key")
+    assert len(t) == 18 and set(t["hw"]) == {"h100x1"}
+    q = [f"idle_per_layer_q{i}_us" for i in range(1, 5)]
+    assert t.loc["stream_default_ext", "replay_per_layer_us"] == pytest.approx(276.37, abs=0.01)
+    assert t.loc["stream_created_ext", "replay_per_layer_us"] == pytest.approx(190.64, abs=0.01)
+    assert t.loc["stream_created_plain", "replay_per_layer_us"] == pytest.approx(189.96, abs=0.01)
+    assert max(t.loc["stream_created_ext", q]) < 4.0 and t.loc["stream_default_ext", q].is_monotonic_increasing
+    assert t.loc["h2048_n160_ext", q].tolist() == pytest.approx([23.4, 68.1, 114.9, 160.7], abs=0.1)
+    for key in ("cublas_tf320", "cublas_tf321", "cublaslt_tf320", "cublaslt_tf321"):
+        ext, plain = t.loc[f"{key}_ext"], t.loc[f"{key}_plain"]
+        assert ext["replay_per_layer_us"] > 1.3 * plain["replay_per_layer_us"]
+        assert ext[q].is_monotonic_increasing and ext[q[3]] > 5 * ext[q[0]]

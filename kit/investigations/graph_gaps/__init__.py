@@ -37,10 +37,13 @@ numbers. Hence ``needs = Needs(ranks=1)``.
 
 Package layout: :mod:`.experiment` (Config, model, the rank function), :mod:`.analysis` (tables, kept-trace
 gaps), :mod:`.figures`, :mod:`.findings`, :mod:`.mechanism` (the mechanism experiments, their tables and
-figures), :mod:`.record_probe` (the no-NCCL control: event-record nodes alone).
+figures), :mod:`.record_probe` (the no-NCCL control: event-record nodes alone, and its PyTorch bisection),
+:mod:`.matrix` (the one-GPU probe matrix without PyTorch or NCCL: ``recorded/probes/graph_gaps-repro/repro.cu``).
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 from ...contract import Investigation, Needs
 from .analysis import (NO_NCCL, census_table, forward_table, gaps_table, kept_trace_gaps, launch_table,
@@ -50,7 +53,14 @@ from .figures import FIGURES
 from .findings import findings
 from .mechanism import (edges_table, gap_by_position, gap_vs_work, launch_profile_table, position_table,
                         replay_table, work_table)
-from .record_probe import probe_table
+from .matrix import figure as matrix_figure, hardware as matrix_hardware
+from .matrix import factor_table, launch_table as probe_launch_table, matrix_table
+from .record_probe import probe_table, torch_table
+
+def _figure(hw: str, _runs=None):
+    """The probe matrix figure of one hardware (committed rows: the runs are not used)."""
+    return matrix_figure(hw)
+
 
 INVESTIGATION = Investigation(
     name="graph_gaps",
@@ -60,8 +70,11 @@ INVESTIGATION = Investigation(
     tables={"forward": table_forward, "gaps": table_gaps, "census": table_census, "launch": table_launch,
             "position": lambda runs: position_table(runs.df), "work": lambda runs: work_table(runs.df),
             "replays": lambda runs: replay_table(runs.df), "edges": lambda runs: edges_table(runs.df),
-            "launch_profile": lambda runs: launch_profile_table(runs.df), "record_node_probe": probe_table},
-    figures={**FIGURES, "gap-by-position": gap_by_position, "gap-vs-work": gap_vs_work},
+            "launch_profile": lambda runs: launch_profile_table(runs.df), "record_node_probe": probe_table,
+            "torch_probe": torch_table, "probe_matrix_launch": probe_launch_table,
+            "probe_matrix": lambda runs: factor_table(matrix_table())},
+    figures={**FIGURES, "gap-by-position": gap_by_position, "gap-vs-work": gap_vs_work,
+             **{f"probe-matrix-{hw}": partial(_figure, hw) for hw in matrix_hardware()}},
     findings=findings,
     needs=Needs(ranks=1),
     question="why a CUDA graph idles before each NCCL kernel (NCCL_GRAPH_MIXING_SUPPORT), and what graphs buy",
@@ -70,4 +83,4 @@ INVESTIGATION = Investigation(
 __all__ = ["Config", "FIGURES", "INVESTIGATION", "NO_NCCL", "build_forward", "capture", "census_table", "findings",
            "forward_table", "gaps_table", "kept_trace_gaps", "launch_table", "one_layer_window", "run", "timed_rows",
            "edges_table", "gap_by_position", "gap_vs_work", "launch_profile_table", "position_table", "replay_table",
-           "work_table", "probe_table"]
+           "work_table", "probe_table", "torch_table", "matrix_table", "factor_table", "probe_launch_table"]

@@ -19,7 +19,9 @@ gap per position (least squares over every sample of positions >= 1) and quarter
 from __future__ import annotations
 
 import json
+import re
 import tarfile
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,7 +33,10 @@ if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
 MATRIX = RECORDED_ROOT / "probes" / "graph_gaps-matrix"
-FACTORS = ["n", "work_us", "record", "where", "join", "upload", "priority", "grid", "queued", "replays"]
+FACTORS = ["n", "work_us", "record", "where", "join", "upload", "priority", "grid", "queued", "replays", "busy", "hidden",
+           "tail", "autofree", "pdl", "launch"]
+# the repro's defaults of the factors added after the first run (its rows lack them)
+DEFAULTS = {"busy": "spin", "hidden": 2048, "tail": 0, "autofree": 0, "pdl": 0, "launch": "created"}
 
 
 class MatrixError(ValueError):
@@ -87,7 +92,8 @@ def point_gaps(stamps: "np.ndarray") -> "pd.DataFrame":
 
 def collect(src, dest) -> tuple["pd.DataFrame", "pd.DataFrame"]:
     """A run_matrix.py output (its folder or its .tar.gz) -> ``dest/points.csv`` (one row per point: set, point,
-    factors, rc, seconds, device, driver, runtime, nodes) and ``dest/gaps.parquet`` (every kernel's gap)."""
+    factors, rc, seconds, device, driver, runtime, nodes) and ``dest/gaps.parquet`` (every kernel's gap). A point
+    name listed twice (one run's list had a clash) has one raw file, the last one's: only the last row is kept."""
     import pandas as pd
 
     src = Path(src)
@@ -99,9 +105,12 @@ def collect(src, dest) -> tuple["pd.DataFrame", "pd.DataFrame"]:
     if not (src / "points.jsonl").exists():
         raise MatrixError(f"{src}: no points.jsonl (not a run_matrix.py output)")
     pts, frames = [], []
-    for i, line in enumerate((src / "points.jsonl").read_text().splitlines()):
-        p = json.loads(line)
-        row = {"point_id": i, **{k: p.get(k) for k in ["set", "point", *FACTORS, "rc", "seconds"]}}
+    lines = [json.loads(x) for x in (src / "points.jsonl").read_text().splitlines()]
+    last = {p["point"]: i for i, p in enumerate(lines)}
+    for i, p in enumerate(lines):
+        if last[p["point"]] != i:
+            continue
+        row = {"point_id": i, **{k: p.get(k, DEFAULTS.get(k)) for k in ["set", "point", *FACTORS, "rc", "seconds"]}}
         raw = src / "raw" / f"{p['point']}.bin"
         if p["rc"] == 0 and raw.exists():
             head, st = read_raw(raw)
@@ -136,54 +145,91 @@ def compact(g: "pd.DataFrame") -> "pd.DataFrame":
 
 
 def hardware(root=MATRIX) -> list[str]:
-    """The hardware folders with committed rows (``h100x1``, ``h200x1``)."""
-    return sorted(p.parent.name for p in Path(root).glob("*/gaps.parquet"))
+    """The hardware folders with committed runs (``h100x1``, ``h200x1``)."""
+    return sorted({p.parent.parent.name for p in Path(root).glob("*/*/gaps.parquet")})
 
 
 def load(hw: str, root=MATRIX) -> tuple["pd.DataFrame", "pd.DataFrame"]:
-    """(points, gaps) of one hardware's committed matrix."""
+    """(points, gaps) of one hardware's committed runs (``<root>/<hw>/<run>/``, each run one fresh machine),
+    with ``run`` and a ``pid`` unique over the runs (run index x 10000 + point_id) on both. Runs committed
+    without their samples (repeats kept small: points.csv and the repro's summary lines, :func:`log_table`) are
+    left out."""
     import pandas as pd
 
-    d = Path(root) / hw
-    if not (d / "points.csv").exists():
-        raise MatrixError(f"{d}: no committed probe matrix (points.csv)")
-    return pd.read_csv(d / "points.csv"), pd.read_parquet(d / "gaps.parquet")
+    runs = sorted(p.parent for p in (Path(root) / hw).glob("*/gaps.parquet"))
+    if not runs:
+        raise MatrixError(f"{Path(root) / hw}: no committed probe matrix (<run>/gaps.parquet)")
+    pts, gps = [], []
+    for k, d in enumerate(runs):
+        p, g = pd.read_csv(d / "points.csv"), pd.read_parquet(d / "gaps.parquet")
+        pts.append(p.assign(run=d.name, pid=p["point_id"] + 10000 * k))
+        gps.append(g.assign(pid=g["point_id"].astype(int) + 10000 * k))
+    return pd.concat(pts, ignore_index=True), pd.concat(gps, ignore_index=True)
+
+
+def _fit(d: "pd.DataFrame", by: list[str]) -> "pd.DataFrame":
+    """Least-squares slope and intercept of gap_us against position per group (closed form on the groups' sums);
+    NaN where a group has fewer than 3 distinct positions."""
+    import numpy as np
+
+    x, y = d["position"].astype(float), d["gap_us"].astype(float)
+    s = d.assign(x=x, y=y, xx=x * x, xy=x * y).groupby(by)[["x", "y", "xx", "xy"]].agg("sum")
+    s["m"] = d.groupby(by).size()
+    s["k"] = d.groupby(by)["position"].nunique()
+    den = s["m"] * s["xx"] - s["x"] ** 2
+    slope = (s["m"] * s["xy"] - s["x"] * s["y"]) / den.where(den > 0)
+    out = s.assign(slope=slope.where(s["k"] > 2), intercept=((s["y"] - slope * s["x"]) / s["m"]).where(s["k"] > 2))
+    return out[["slope", "intercept", "m"]].replace([np.inf, -np.inf], np.nan)
 
 
 def slope_table(points: "pd.DataFrame", gaps: "pd.DataFrame", quarters: int = 4) -> "pd.DataFrame":
     """One row per point: its factors, the busy kernel's median duration, the median gap before busy kernels in
     each quarter of the replay (positions >= 1), the least-squares slope and intercept of every such sample
-    against its position (us per layer), the same slope over the first replay alone, and the idle time per layer
-    (all gaps of a replay but its first kernel's, / N, median over replays)."""
+    against its position (us per layer), the same slope over the first replay alone, the idle time per layer
+    (all gaps of a replay but its first kernel's, / N, median over replays) and ``layer_us``, the work between
+    records (busy slot + the gap before tiny_i). ``gap_is_idle`` is False for GEMM points without a join: there
+    the stamp kernel of layer i+1 does not wait for tiny_i, so the gap before it is the unstamped GEMM itself, not
+    idle time -- their statistics are left empty."""
     import numpy as np
     import pandas as pd
 
-    out = []
-    for p in points.itertuples(index=False):
-        row = {k: getattr(p, k) for k in ["set", "point", *FACTORS, "rc"] if hasattr(p, k)}
-        g = gaps[gaps["point_id"] == p.point_id]
-        b = g[(g["kernel"] == "busy") & (g["position"] >= 1)]
-        if p.rc != 0 or b.empty:
-            out.append(row)
-            continue
-        x, y = b["position"].to_numpy(float), b["gap_us"].to_numpy(float)
-        slope, icpt = np.polyfit(x, y, 1) if np.unique(x).size > 2 else (np.nan, np.nan)
-        f = b[b["replay"] == b["replay"].min()]
-        first = np.polyfit(f["position"], f["gap_us"], 1)[0] if f["position"].nunique() > 2 else np.nan
-        q = np.minimum(((b["position"] - 1) * quarters) // max(int(p.n) - 1, 1), quarters - 1)
-        med = b.groupby(q.to_numpy())["gap_us"].median()
-        inner = g[~((g["kernel"] == "busy") & (g["position"] == 0))]
-        idle = inner.groupby("replay")["gap_us"].sum().median() / int(p.n)
-        row.update(busy_us=float(g.loc[g["kernel"] == "busy", "dur_us"].median()),
-                   **{f"q{i + 1}_us": float(med.get(i, np.nan)) for i in range(quarters)},
-                   slope_us_per_layer=float(slope), intercept_us=float(icpt), slope_first_replay=float(first),
-                   idle_per_layer_us=float(idle), samples=len(b))
-        out.append(row)
-    return pd.DataFrame(out)
+    key = "pid" if "pid" in points.columns else "point_id"
+    p = points.copy()
+    for k, v in DEFAULTS.items():
+        if k not in p.columns:
+            p[k] = v
+    p["gap_is_idle"] = ~((p["busy"] == "gemm") & (p["join"] == "none"))
+    cols = [c for c in ["run", "set", "point", *FACTORS, "rc", "gap_is_idle"] if c in p.columns]
+    ok = p.loc[(p["rc"] == 0) & p["gap_is_idle"], [key, "n"]]
+    g = gaps.assign(**{key: gaps[key].astype(int)}).merge(ok, on=key)
+    b = g[(g["kernel"] == "busy") & (g["position"] >= 1)]
+    fit = _fit(b, [key])
+    first = b[b["replay"] == b.groupby(key)["replay"].transform("min")]
+    fit["slope_first_replay"] = _fit(first, [key])["slope"]
+    q = np.minimum(((b["position"] - 1) * quarters) // np.maximum(b["n"] - 1, 1), quarters - 1)
+    quart = b.assign(q=q).groupby([key, "q"])["gap_us"].median().unstack()
+    quart.columns = [f"q{int(c) + 1}_us" for c in quart.columns]
+    inner = g[~((g["kernel"] == "busy") & (g["position"] == 0))]
+    idle = inner.groupby([key, "replay"])["gap_us"].sum().groupby(level=0).median() / ok.set_index(key)["n"]
+    busy = g[g["kernel"] == "busy"].set_index([key, "replay", "position"])
+    tiny = g[g["kernel"] == "tiny"].set_index([key, "replay", "position"])
+    layer = (busy["dur_us"] + tiny["gap_us"]).dropna().groupby(level=0).median()
+    stats = pd.DataFrame({"busy_us": busy["dur_us"].groupby(level=0).median(), "layer_us": layer}).join(quart)
+    stats = stats.join(fit.rename(columns={"slope": "slope_us_per_layer", "intercept": "intercept_us",
+                                           "m": "samples"}))
+    stats["idle_per_layer_us"] = idle
+    out = p[[key] + cols].merge(stats, left_on=key, right_index=True, how="left")
+    return out.drop(columns=[key]).reset_index(drop=True)
 
 
 def matrix_table(_runs=None, root=MATRIX) -> "pd.DataFrame":
-    """:func:`slope_table` of every committed hardware, one column ``hw`` first (empty without any)."""
+    """:func:`slope_table` of every committed hardware, one column ``hw`` first (empty without any). Computed
+    once per folder and process (a few seconds), a copy returned."""
+    return _matrix_table(str(Path(root).resolve())).copy()
+
+
+@lru_cache(maxsize=4)
+def _matrix_table(root: str) -> "pd.DataFrame":
     import pandas as pd
 
     t = [slope_table(*load(hw, root)).assign(hw=hw) for hw in hardware(root)]
@@ -191,6 +237,27 @@ def matrix_table(_runs=None, root=MATRIX) -> "pd.DataFrame":
         return pd.DataFrame()
     d = pd.concat(t, ignore_index=True)
     return d[["hw"] + [c for c in d.columns if c != "hw"]]
+
+
+_LOG = re.compile(r"^(?P<point>\S+) (?P<rc>-?\d+) (?P<seconds>[\d.]+) # median gap before busy_i by quarter \(i>=1\): "
+                  r"(?P<q>[-\d. ]+) us; slope (?P<slope>-?[\d.]+) us per layer$")
+
+
+def log_table(hw: str, root=MATRIX) -> "pd.DataFrame":
+    """Every run's ``matrix.log`` (run_matrix.py's line per point: the repro's own median gap per quarter and
+    least-squares slope of the per-position medians, computed on the device) as rows: run, point, q1..q4, slope.
+    The runs committed without samples are compared with the others through this."""
+    import pandas as pd
+
+    rows = []
+    for log in sorted((Path(root) / hw).glob("*/matrix.log")):
+        for line in log.read_text().splitlines():
+            m = _LOG.match(line)
+            if m:
+                q = [float(x) for x in m["q"].split()]
+                rows.append({"run": log.parent.name, "point": m["point"], "rc": int(m["rc"]),
+                             **{f"q{i + 1}_us": v for i, v in enumerate(q)}, "slope_us_per_layer": float(m["slope"])})
+    return pd.DataFrame(rows)
 
 
 def versions(root=MATRIX) -> "pd.DataFrame":
@@ -206,19 +273,61 @@ def versions(root=MATRIX) -> "pd.DataFrame":
     return pd.DataFrame(rows)
 
 
-def median_by_position(points: "pd.DataFrame", gaps: "pd.DataFrame", point: str) -> "pd.Series":
-    """Median over replays of the gap before busy_i, by position i, of one named point."""
-    pid = points.loc[points["point"] == point, "point_id"]
+KEYS = ["busy", "hidden", "work_us", "grid", "tail", "autofree", "pdl", "record", "where", "join", "launch", "upload",
+        "priority", "queued", "n"]
+
+
+def factor_table(t: "pd.DataFrame") -> "pd.DataFrame":
+    """:func:`slope_table` rows pooled per combination of factors, over the runs (each a fresh machine) and the sets
+    of a run that repeat it: how many points, the median slope and its min..max, the median quarters and
+    ``layer_us``."""
+    import pandas as pd
+
+    t = t[(t["rc"] == 0) & t["gap_is_idle"].astype(bool)] if len(t) else t
+    if t.empty:
+        return pd.DataFrame()
+    keys = [k for k in ["hw", *KEYS] if k in t.columns]
+    agg = dict(points=("slope_us_per_layer", "size"), slope_us_per_layer=("slope_us_per_layer", "median"),
+               slope_min=("slope_us_per_layer", "min"), slope_max=("slope_us_per_layer", "max"),
+               layer_us=("layer_us", "median"), **{f"q{i}_us": (f"q{i}_us", "median") for i in range(1, 5)})
+    return t.groupby(keys, dropna=False).agg(**agg).reset_index()
+
+
+def launch_table(_runs=None, root=MATRIX) -> "pd.DataFrame":
+    """The decisive rows: N = 160, record kind none / shared / distinct, side stream, edge join, default flags,
+    spin (200 us, full grid) and GEMM (1024 x 2048 x 2048 + tanh) work, replayed into a created stream or the
+    legacy default stream -- slope and quarters per hardware (pooled over runs by :func:`factor_table`)."""
+    f = factor_table(matrix_table(root=root))
+    if f.empty:
+        return f
+    m = ((f["n"] == 160) & (f["where"] == "side") & (f["join"] == "edge") & (f["upload"] == 0) & (f["priority"] == 0)
+         & (f["queued"] == 0) & (f["pdl"] == 0) & (f["autofree"] == 0) & f["record"].isin(["none", "shared", "distinct"])
+         & (((f["busy"] == "spin") & (f["work_us"] == 200) & (f["grid"] == 264) & (f["tail"] == 0))
+            | ((f["busy"] == "gemm") & (f["hidden"] == 2048) & (f["tail"] == 1))))
+    cols = ["hw", "busy", "launch", "record", "points", "layer_us", "q1_us", "q2_us", "q3_us", "q4_us",
+            "slope_us_per_layer", "slope_min", "slope_max"]
+    return f.loc[m, cols].sort_values(["hw", "busy", "launch", "record"]).reset_index(drop=True)
+
+
+def median_by_position(points: "pd.DataFrame", gaps: "pd.DataFrame", point: str, run: str | None = None) -> "pd.Series":
+    """Median over replays of the gap before busy_i, by position i, of one named point (of ``run``; default the
+    last run that has it)."""
+    key = "pid" if "pid" in points.columns else "point_id"
+    sel = points["point"] == point
+    if run is not None and "run" in points.columns:
+        sel &= points["run"] == run
+    pid = points.loc[sel, key]
     if pid.empty:
-        raise MatrixError(f"no point {point!r}")
-    g = gaps[(gaps["point_id"] == int(pid.iloc[0])) & (gaps["kernel"] == "busy")]
+        raise MatrixError(f"no point {point!r}" + (f" in run {run!r}" if run else ""))
+    g = gaps[(gaps[key] == int(pid.iloc[-1])) & (gaps["kernel"] == "busy")]
     return g.groupby("position")["gap_us"].median()
 
 
 def figure(hw: str, root=MATRIX):
-    """Four panels of one hardware's matrix: (a) median gap before busy_i by position at the base (N = 160,
-    200 us) per record kind and join; (b) the same for N = 10 .. 1000 (shared record); (c) the slope against the
-    work between records per record kind; (d) the slope per launch variant."""
+    """Three panels of one hardware's matrix: (a) the median gap before busy_i by position at N = 160 for the
+    launch stream x record kind x work (the rows of :func:`launch_table`); (b) the legacy-stream spin point at
+    N = 640; (c) every point's slope against the work between records (``layer_us``), created-stream points
+    grey, legacy-stream points coloured by work."""
     import matplotlib.pyplot as plt
 
     from ... import plot
@@ -228,32 +337,37 @@ def figure(hw: str, root=MATRIX):
     except MatrixError as e:
         return plot.message(str(e))
     t = slope_table(points, gaps)
-    fig, ax = plt.subplots(1, 4, figsize=(20, 4.2))
-    s = t[(t["set"] == "structure") & (t["rc"] == 0)]
-    for r in s.itertuples():
-        m = median_by_position(points, gaps, r.point)
-        ax[0].plot(m.index[1:], m.values[1:], lw=1, ls="-" if r.where == "side" else ":",
-                   label=f"{r.record}/{r.join}/{r.where}")
-    ax[0].set(yscale="symlog", xlabel="position i (layer)", ylabel="median gap before busy_i (us)",
-              title="(a) record kind / join / stream, N=160, 200 us")
-    ax[0].legend(fontsize=6, ncol=2)
-    for r in t[(t["set"] == "layers") & (t["record"] == "shared") & (t["rc"] == 0)].itertuples():
-        m = median_by_position(points, gaps, r.point)
-        ax[1].plot(m.index[1:], m.values[1:], lw=1, label=f"N={r.n}")
-    ax[1].set(xlabel="position i (layer)", ylabel="median gap before busy_i (us)",
-              title="(b) shared external record, 200 us, N sweep")
+    t = t[(t["rc"] == 0) & t["gap_is_idle"].astype(bool)]
+    fig, ax = plt.subplots(1, 3, figsize=(17, 4.4))
+    base = ((t["n"] == 160) & (t["join"] == "edge") & (t["where"] == "side") & (t["pdl"] == 0) & (t["upload"] == 0)
+            & (t["priority"] == 0) & (t["queued"] == 0) & (t["autofree"] == 0)
+            & (((t["busy"] == "spin") & (t["work_us"] == 200) & (t["grid"] == 264) & (t["tail"] == 0))
+               | ((t["busy"] == "gemm") & (t["hidden"] == 2048) & (t["tail"] == 1))))
+    sel = t[base & t["record"].isin(["none", "shared", "distinct"])].drop_duplicates(
+        ["busy", "launch", "record"], keep="last")
+    for r in sel.itertuples():
+        m = median_by_position(points, gaps, r.point, r.run)
+        ax[0].plot(m.index[1:], m.values[1:], lw=1.2, ls="-" if r.launch == "legacy" else ":",
+                   color={"none": "grey", "shared": "C3", "distinct": "C0"}[r.record],
+                   marker=None if r.busy == "gemm" else ".", markevery=16, label=f"{r.launch} | {r.busy} | {r.record}")
+    ax[0].set(yscale="symlog", xlabel="position i (layer)", ylabel="median gap before layer i's work (us)",
+              title="(a) N=160: replay stream | work | record kind")
+    ax[0].legend(fontsize=7)
+    big = t[(t["launch"] == "legacy") & (t["n"] == 640)]
+    for r in big.itertuples():
+        m = median_by_position(points, gaps, r.point, r.run)
+        ax[1].plot(m.index[1:], m.values[1:], lw=1, label=f"legacy | {r.busy} {r.work_us:g} us | {r.record}")
+    ax[1].set(xlabel="position i (layer)", ylabel="median gap before busy_i (us)", title="(b) N=640, legacy stream")
     ax[1].legend(fontsize=7)
-    for rec, d in t[(t["set"] == "work") & (t["rc"] == 0)].groupby("record"):
-        d = d.sort_values("work_us")
-        ax[2].plot(d["busy_us"], d["slope_us_per_layer"], marker="o", label=rec)
-    ax[2].set(xscale="log", xlabel="busy kernel (us)", ylabel="slope (us per layer)",
-              title="(c) slope against the work between records, N=160")
+    c = t[t["launch"] == "created"]
+    ax[2].scatter(c["layer_us"], c["slope_us_per_layer"], s=10, color="grey", label="created stream (all points)")
+    for busy, d in t[t["launch"] == "legacy"].groupby("busy"):
+        ax[2].scatter(d["layer_us"], d["slope_us_per_layer"], s=30, label=f"legacy stream, {busy}")
+    ax[2].set(xscale="log", xlabel="work between records (us)", ylabel="slope of the gap (us per layer)",
+              title="(c) slope against the work between records")
     ax[2].legend(fontsize=7)
-    la = t[t["set"].isin(["launch", "base"]) & (t["rc"] == 0)]
-    ax[3].barh(la["point"].str.replace("launch-", ""), la["slope_us_per_layer"])
-    ax[3].set(xlabel="slope (us per layer)", title="(d) launch variants, N=160, 200 us")
-    ax[3].tick_params(axis="y", labelsize=7)
     dev = points["device"].dropna()
-    fig.suptitle(f"graph_gaps probe matrix, {hw} ({dev.iloc[0] if len(dev) else '?'})", fontsize=10)
+    fig.suptitle(f"graph_gaps probe matrix without PyTorch or NCCL, {hw} ({dev.iloc[0] if len(dev) else '?'}), "
+                 f"{points['run'].nunique()} runs", fontsize=10)
     fig.tight_layout()
     return fig

@@ -21,18 +21,22 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parent / "graph_gaps-repro" / "repro.cu"
 BASE = dict(n=160, work_us=200, record="shared", where="side", join="edge", upload=0, priority=0, grid=0, queued=0,
-            replays=20)
+            replays=20, busy="spin", hidden=2048, tail=0, autofree=0, pdl=0, launch="created")
+ARGS = ("n", "work_us", "record", "where", "join", "upload", "priority", "grid", "queued", "replays", "busy", "hidden",
+        "tail", "autofree", "pdl", "launch")
+# the GEMM base mirrors the PyTorch probe (recorded/graph_gaps-nonccl-h200): tanh(x @ w), 1024 x 2048, fp32
+GEMM = dict(busy="gemm", hidden=2048, tail=1)
 
 
 def points() -> list[tuple[str, str, dict]]:
     """(set, point name, parameters): every set varies one or two factors from BASE."""
     out = []
 
-    def add(group, **kw):
-        p = {**BASE, **kw}
+    def add(group, base=None, **kw):
+        p = {**BASE, **(base or {}), **kw}
         if p["n"] >= 640:
             p["replays"] = min(p["replays"], 10)  # long replays: fewer of them, every one still kept
-        name = "_".join(f"{k}-{v}" for k, v in kw.items()) or "base"
+        name = ("gemm_" if base else "") + ("_".join(f"{k}-{v}" for k, v in kw.items()) or "base")
         out.append((group, f"{group}-{name}", p))
 
     add("base")
@@ -55,7 +59,56 @@ def points() -> list[tuple[str, str, dict]]:
                 add("launch", record=rec, upload=up, priority=pr)
         add("launch", record=rec, queued=1)
         add("launch", record=rec, grid=1)  # one block of busy work: the GPU mostly empty
+        add("spin_torchlike", record=rec, tail=1, autofree=1)  # spin with PyTorch's tail kernel and flag
+        for w in (10, 50, 200, 1000):
+            add("copy_work", record=rec, busy="copy", work_us=w)
+        for pdl in (1, 2, 3):  # programmatic dependent launch: busy, a split-K-reduce-like kernel after it, both
+            add("pdl", record=rec, pdl=pdl)
+        add("pdl", GEMM, record=rec, pdl=2)
+        add("spin_torchlike", record=rec, tail=1, autofree=1, priority=2, pdl=2)  # PyTorch's flags + a reduce
+    for rec in ("none", "shared", "distinct"):  # the stream the graph is replayed into
+        add("launch_stream", record=rec, launch="legacy")
+        add("launch_stream", GEMM, record=rec, launch="legacy")
+        add("launch_stream", record=rec, launch="legacy", grid=128, work_us=50)
+    add("launch_stream", GEMM, record="shared", launch="legacy", hidden=1024)
+    add("launch_stream", record="shared", launch="legacy", n=640)
+    add("gemm_base", GEMM)
+    add("gemm_base", GEMM, rep=1)
+    for rec in ("none", "internal", "shared", "distinct", "node"):
+        for join in ("edge", "none") + (("extwait",) if rec in ("shared", "distinct", "node") else ()):
+            add("gemm_structure", GEMM, record=rec, join=join)
+    for rec in ("none", "internal", "shared", "distinct"):
+        add("gemm_structure", GEMM, record=rec, where="main")
+    for rec in ("none", "shared", "distinct"):
+        for h in (512, 1024, 1536, 2048, 3072, 4096):
+            add("gemm_work", GEMM, record=rec, hidden=h)
+        for n in (10, 40, 160, 640, 1000):
+            add("gemm_layers", GEMM, record=rec, n=n)
+    for rec in ("none", "shared"):
+        for kw in (dict(upload=1), dict(priority=1), dict(autofree=1), dict(queued=1), dict(tail=0)):
+            add("gemm_launch", GEMM, record=rec, **kw)
     return out
+
+
+def build(exe) -> str:
+    """nvcc the repro with cuBLAS; where nvcc does not find cublas_v2.h, look for the headers and library of the
+    CUDA install or of Python's nvidia-cublas wheel. Returns '' or the error."""
+    import glob
+
+    cmd = ["nvcc", "-O2", "-arch=sm_90", "-o", str(exe), str(SRC)]
+    r = subprocess.run(cmd + ["-lcublas"], capture_output=True, text=True)
+    if not r.returncode:
+        return ""
+    roots = ["/usr/local/cuda*", "/usr/include", "/usr/lib/x86_64-linux-gnu"] + [p for p in sys.path if "site-packages" in p]
+    hdr = [h for root in roots for h in glob.glob(f"{root}/**/cublas_v2.h", recursive=True)]
+    lib = [h for root in roots for h in glob.glob(f"{root}/**/libcublas.so*", recursive=True)]
+    if not hdr or not lib:
+        return r.stderr + f"\nno cublas_v2.h / libcublas.so found (headers {hdr[:3]}, libs {lib[:3]})"
+    libdir = os.path.dirname(lib[0])
+    name = sorted(os.path.basename(x) for x in lib if os.path.dirname(x) == libdir)[0]
+    extra = ["-I", os.path.dirname(hdr[0]), "-L", libdir, f"-l:{name}", "-Xlinker", f"-rpath={libdir}"]
+    r = subprocess.run(cmd + extra, capture_output=True, text=True)
+    return "" if not r.returncode else r.stderr + " ".join(extra)
 
 
 def main() -> int:
@@ -65,8 +118,13 @@ def main() -> int:
     ap.add_argument("--only", default="", help="comma-separated sets (default: all)")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per point")
     ap.add_argument("--list", action="store_true", help="print the points and exit")
+    ap.add_argument("--build", action="store_true", help="only build OUT (the executable's path) and exit")
     a = ap.parse_args()
     pts = [p for p in points() if not a.only or p[0] in a.only.split(",")]
+    if a.build:
+        err = build(a.out)
+        print(err or f"built {a.out}", file=sys.stderr if err else sys.stdout)
+        return 2 if err else 0
     if a.list:
         for g, name, p in pts:
             print(g, name, json.dumps(p))
@@ -78,14 +136,14 @@ def main() -> int:
                           "--format=csv"], capture_output=True, text=True)
     nv = subprocess.run(["nvcc", "--version"], capture_output=True, text=True)
     (root / "gpu.txt").write_text(smi.stdout + smi.stderr + nv.stdout.strip().splitlines()[-1] + "\n")
-    b = subprocess.run(["nvcc", "-O2", "-arch=sm_90", "-o", str(exe), str(SRC)], capture_output=True, text=True)
-    if b.returncode:
-        print(b.stdout, b.stderr, file=sys.stderr)
+    err = build(exe)
+    if err:
+        print(err, file=sys.stderr)
         return 2
     with open(root / "points.jsonl", "w") as log:
         for g, name, p in pts:
             args = [str(exe), "--quiet", "1", "--raw", str(root / "raw" / f"{name}.bin")]
-            for k in ("n", "work_us", "record", "where", "join", "upload", "priority", "grid", "queued", "replays"):
+            for k in ARGS:
                 args += [f"--{k.replace('_', '-')}", str(p[k])]
             t0 = time.time()
             try:

@@ -3,7 +3,9 @@
 // PyTorch, no NCCL, no profiler).  Every kernel stamps its own start and end with %globaltimer.
 //
 // Per layer i (captured from stream s0; s1 is a side stream):
-//   s0: busy_i (spins work_us on every SM)        -- "the GEMM"
+//   s0: busy_i (--busy: spin = spins work_us on every SM; copy = copies ~1.5 MB per us of work_us; gemm = cuBLAS
+//       SGEMM 1024 x hidden x hidden, no TF32, after a one-thread stamp kernel that takes slot 2i) -- "the GEMM"
+//       then, with --tail 1, an elementwise tanh over 2M floats (as torch.tanh(x @ w) has)
 //   s1: waits for busy_i, tiny_i (1 thread)         -- "the collective"
 //       then a record (--record):  none | internal (cudaEventRecord: an edge, no node) |
 //       shared (cudaEventRecordWithFlags(E, s1, cudaEventRecordExternal): an EVENT_RECORD node of ONE event) |
@@ -15,7 +17,16 @@
 // A last 'tick' kernel advances the replay counter that every kernel reads to find its stamp slot.
 // Gap of a kernel = its start - the latest end of any kernel that started before it (all streams).
 //
-// build: nvcc -O2 -arch=sm_90 -o repro repro.cu      run: ./repro --n 160 --work-us 200 --record shared
+// --pdl 1 launches busy_i with programmatic stream serialization (PDL, cudaLaunchKernelEx); --pdl 2 adds after busy_i
+// a short 'reduce' kernel on every SM launched so (as cuBLASLt's split-K reduce is); --pdl 3 both.
+// --autofree 1 instantiates with cudaGraphInstantiateFlagAutoFreeOnLaunch (PyTorch's flag), --priority 1 with
+// cudaGraphInstantiateFlagUseNodePriority (side stream at the greatest priority; --priority 2: the flag alone, as
+// PyTorch instantiates), --upload 1 uploads first. --launch legacy replays into the legacy default stream (stream 0,
+// where PyTorch replays unless a stream is current) instead of the created non-blocking stream s0.
+// build: nvcc -O2 -arch=sm_90 -o repro repro.cu -lcublas
+// reproduce (the gap before layer i grows with i):  ./repro --launch legacy --busy gemm --tail 1 --record shared
+// controls (flat):  the same with --launch created (the default), or with --record none
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <algorithm>
 #include <cstdio>
@@ -35,11 +46,17 @@ __device__ __forceinline__ u64 gtime() { u64 t; asm volatile("mov.u64 %0, %%glob
 // st/en: [replay][slot]; slot 2i = busy_i, 2i+1 = tiny_i.  Block starts -> atomicMin, block ends -> atomicMax.
 __global__ void busy(u64* st, u64* en, const volatile unsigned* ctr, int slot, int slots, u64 work_ns) {
   __shared__ u64 t0;
+  cudaGridDependencySynchronize();  // a no-op unless launched with PDL
   if (threadIdx.x == 0) { t0 = gtime(); atomicMin(&st[(u64)(*ctr) * slots + slot], t0); }
   __syncthreads();
   while (gtime() - t0 < work_ns) { }
   __syncthreads();
   if (threadIdx.x == 0) atomicMax(&en[(u64)(*ctr) * slots + slot], gtime());
+}
+
+__global__ void reduce(float* x, size_t n) {  // a split-K reduce stand-in: waits for its primary, then a short pass
+  cudaGridDependencySynchronize();
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) x[i] += 1.0f;
 }
 
 __global__ void tiny(u64* st, u64* en, const volatile unsigned* ctr, int slot, int slots) {
@@ -48,18 +65,40 @@ __global__ void tiny(u64* st, u64* en, const volatile unsigned* ctr, int slot, i
   en[i] = gtime();
 }
 
+__global__ void copyk(u64* st, u64* en, const volatile unsigned* ctr, int slot, int slots, float4* dst,
+                      const float4* src, size_t n) {
+  if (threadIdx.x == 0) atomicMin(&st[(u64)(*ctr) * slots + slot], gtime());
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) dst[i] = src[i];
+  __syncthreads();
+  if (threadIdx.x == 0) atomicMax(&en[(u64)(*ctr) * slots + slot], gtime());
+}
+
+__global__ void tanhk(float* x, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) x[i] = tanhf(x[i]);
+}
+
+__global__ void fill(float* x, size_t n, float scale, unsigned seed) {  // uniform(-scale, scale), hashed
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    unsigned h = (unsigned)i * 2654435761u ^ seed; h ^= h >> 15; h *= 2246822519u; h ^= h >> 13;
+    x[i] = scale * ((h & 0xffffff) / 8388608.0f - 1.0f);
+  }
+}
+
 __global__ void tick(volatile unsigned* ctr) { *ctr = *ctr + 1; }
 
 struct Opt {
-  int n = 160, replays = 20, upload = 0, priority = 0, grid = 0, queued = 0, quiet = 0;
+  int n = 160, replays = 20, upload = 0, priority = 0, grid = 0, queued = 0, quiet = 0, hidden = 2048, tail = 0,
+      autofree = 0, pdl = 0, legacy = 0;
   double work_us = 200;
-  std::string record = "shared", where = "side", join = "edge", raw;
+  std::string record = "shared", where = "side", join = "edge", busy = "spin", raw;
 };
 
 static void usage() {
   fprintf(stderr, "usage: repro [--n N] [--work-us US] [--replays R] [--record none|internal|shared|distinct|node]\n"
-                  "  [--where side|main] [--join edge|extwait|none] [--upload 0|1] [--priority 0|1] [--grid BLOCKS]\n"
-                  "  [--queued 0|1] [--raw FILE] [--quiet 1]\n");
+                  "  [--where side|main] [--join edge|extwait|none] [--upload 0|1] [--priority 0|1|2] [--grid BLOCKS]\n"
+                  "  [--queued 0|1] [--busy spin|copy|gemm] [--hidden H] [--tail 0|1] [--autofree 0|1] [--pdl 0..3] [--raw FILE]\n"
+                  "  [--launch created|legacy]\n"
+                  "  [--quiet 1]\n");
   exit(64);
 }
 
@@ -75,11 +114,16 @@ static Opt parse(int argc, char** argv) {
     else if (k == "--upload") o.upload = atoi(v); else if (k == "--priority") o.priority = atoi(v);
     else if (k == "--grid") o.grid = atoi(v); else if (k == "--queued") o.queued = atoi(v);
     else if (k == "--raw") o.raw = v; else if (k == "--quiet") o.quiet = atoi(v);
+    else if (k == "--busy") o.busy = v; else if (k == "--hidden") o.hidden = atoi(v);
+    else if (k == "--tail") o.tail = atoi(v); else if (k == "--autofree") o.autofree = atoi(v);
+    else if (k == "--pdl") o.pdl = atoi(v);
+    else if (k == "--launch") { o.legacy = std::string(v) == "legacy"; if (!o.legacy && std::string(v) != "created") usage(); }
     else usage();
   }
   const char* recs[] = {"none", "internal", "shared", "distinct", "node"};
   bool ok = o.n >= 1 && o.replays >= 1 && o.work_us >= 0 && (o.where == "side" || o.where == "main") &&
-            (o.join == "edge" || o.join == "extwait" || o.join == "none") &&
+            (o.join == "edge" || o.join == "extwait" || o.join == "none") && o.hidden >= 16 &&
+            (o.busy == "spin" || o.busy == "copy" || o.busy == "gemm") &&
             std::find(std::begin(recs), std::end(recs), o.record) != std::end(recs);
   bool ext = o.record == "shared" || o.record == "distinct" || o.record == "node";
   if (!ok || (o.join == "extwait" && !ext)) usage();  // an external wait needs an external record to wait on
@@ -103,21 +147,50 @@ int main(int argc, char** argv) {
   int lo = 0, hi = 0;
   CK(cudaDeviceGetStreamPriorityRange(&lo, &hi));  // hi = the greatest priority (numerically lowest)
   cudaStream_t s0, s1;
-  CK(cudaStreamCreateWithPriority(&s0, cudaStreamNonBlocking, o.priority ? lo : 0));
-  CK(cudaStreamCreateWithPriority(&s1, cudaStreamNonBlocking, o.priority ? hi : 0));
+  CK(cudaStreamCreateWithPriority(&s0, cudaStreamNonBlocking, o.priority == 1 ? lo : 0));
+  CK(cudaStreamCreateWithPriority(&s1, cudaStreamNonBlocking, o.priority == 1 ? hi : 0));
   cudaEvent_t shared_ev;
   CK(cudaEventCreateWithFlags(&shared_ev, cudaEventDisableTiming));
   std::vector<cudaEvent_t> ev(3 * o.n);  // per layer: fork, join, and the distinct / internal record event
   for (auto& e : ev) CK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   const u64 work_ns = (u64)(o.work_us * 1000.0);
+  const size_t ncopy = o.busy == "copy" ? (size_t)(o.work_us * 1.5e6 / 16) + 1 : 1, ntail = 1 << 21;
+  const size_t nx = (size_t)1024 * o.hidden, nw = (size_t)o.hidden * o.hidden;
+  float4 *csrc, *cdst; float *tailbuf, *xa, *xb, *w;
+  CK(cudaMalloc(&csrc, ncopy * 16)); CK(cudaMalloc(&cdst, ncopy * 16)); CK(cudaMalloc(&tailbuf, ntail * 4));
+  CK(cudaMalloc(&xa, (o.busy == "gemm" ? nx : 1) * 4)); CK(cudaMalloc(&xb, (o.busy == "gemm" ? nx : 1) * 4));
+  CK(cudaMalloc(&w, (o.busy == "gemm" ? nw : 1) * 4));
+  fill<<<1024, 256>>>((float*)csrc, ncopy * 4, 1.0f, 1); fill<<<1024, 256>>>(tailbuf, ntail, 1.0f, 2);
+  if (o.busy == "gemm") { fill<<<1024, 256>>>(xa, nx, 1.0f, 3); fill<<<1024, 256>>>(w, nw, sqrtf(3.0f / o.hidden), 4); }
+  CK(cudaGetLastError()); CK(cudaDeviceSynchronize());
+  cublasHandle_t blas = nullptr; void* ws = nullptr;
+  if (o.busy == "gemm") {  // a fixed workspace: cuBLAS then allocates nothing during capture; default math (no TF32)
+    if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) { fprintf(stderr, "cublasCreate failed\n"); return 2; }
+    CK(cudaMalloc(&ws, 32 << 20));
+    if (cublasSetWorkspace(blas, ws, 32 << 20) || cublasSetStream(blas, s0)) { fprintf(stderr, "cuBLAS setup failed\n"); return 2; }
+  }
+  const float one = 1.0f, zero = 0.0f;
 
   cudaGraph_t graph;
   CK(cudaStreamBeginCapture(s0, cudaStreamCaptureModeThreadLocal));
   cudaStream_t side = o.where == "side" ? s1 : s0;
   if (side != s0) { CK(cudaEventRecord(ev[0], s0)); CK(cudaStreamWaitEvent(s1, ev[0], 0)); }  // s1 joins capture
   for (int i = 0; i < o.n; i++) {
-    busy<<<grid, 128, 0, s0>>>(st, en, ctr, 2 * i, slots, work_ns);
+    cudaLaunchAttribute pa; pa.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    pa.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t lc = {}; lc.blockDim = dim3(128); lc.stream = s0; lc.attrs = &pa; lc.numAttrs = 1;
+    if (o.busy == "spin" && (o.pdl & 1)) { lc.gridDim = dim3(grid); CK(cudaLaunchKernelEx(&lc, busy, st, en, (const volatile unsigned*)ctr, 2 * i, slots, work_ns)); }
+    else if (o.busy == "spin") busy<<<grid, 128, 0, s0>>>(st, en, ctr, 2 * i, slots, work_ns);
+    else if (o.busy == "copy") copyk<<<grid, 256, 0, s0>>>(st, en, ctr, 2 * i, slots, cdst, csrc, ncopy);
+    else {
+      tiny<<<1, 1, 0, s0>>>(st, en, ctr, 2 * i, slots);  // stamps when the layer's work may start
+      float *in = i % 2 ? xb : xa, *out = i % 2 ? xa : xb;  // out(h x 1024) = w(h x h) in(h x 1024), column-major
+      if (cublasSgemm(blas, CUBLAS_OP_N, CUBLAS_OP_N, o.hidden, 1024, o.hidden, &one, w, o.hidden, in, o.hidden, &zero,
+                      out, o.hidden) != CUBLAS_STATUS_SUCCESS) { fprintf(stderr, "cublasSgemm failed\n"); return 2; }
+    }
     CK(cudaGetLastError());
+    if (o.pdl & 2) { lc.gridDim = dim3(sms); CK(cudaLaunchKernelEx(&lc, reduce, tailbuf, ntail)); }
+    if (o.tail) { tanhk<<<2 * sms, 256, 0, s0>>>(o.busy == "gemm" ? (i % 2 ? xa : xb) : tailbuf, o.busy == "gemm" ? nx : ntail); CK(cudaGetLastError()); }
     if (side != s0) { CK(cudaEventRecord(ev[3 * i], s0)); CK(cudaStreamWaitEvent(s1, ev[3 * i], 0)); }
     tiny<<<1, 1, 0, side>>>(st, en, ctr, 2 * i + 1, slots);
     CK(cudaGetLastError());
@@ -141,13 +214,15 @@ int main(int argc, char** argv) {
   size_t nodes = 0;
   CK(cudaGraphGetNodes(graph, nullptr, &nodes));
   cudaGraphExec_t exec;
-  CK(cudaGraphInstantiateWithFlags(&exec, graph, o.priority ? cudaGraphInstantiateFlagUseNodePriority : 0));
+  CK(cudaGraphInstantiateWithFlags(&exec, graph, (o.priority ? cudaGraphInstantiateFlagUseNodePriority : 0) |
+                                                 (o.autofree ? cudaGraphInstantiateFlagAutoFreeOnLaunch : 0)));
   if (o.upload) { CK(cudaGraphUpload(exec, s0)); CK(cudaStreamSynchronize(s0)); }
+  cudaStream_t ls = o.legacy ? cudaStreamLegacy : s0;
   for (int r = 0; r < o.replays; r++) {
-    CK(cudaGraphLaunch(exec, s0));
-    if (!o.queued) CK(cudaStreamSynchronize(s0));
+    CK(cudaGraphLaunch(exec, ls));
+    if (!o.queued) CK(cudaStreamSynchronize(ls));
   }
-  CK(cudaStreamSynchronize(s0));
+  CK(cudaDeviceSynchronize());
   CK(cudaGetLastError());
   std::vector<u64> hs(cells), he(cells);
   CK(cudaMemcpy(hs.data(), st, cells * sizeof(u64), cudaMemcpyDeviceToHost));
@@ -155,7 +230,7 @@ int main(int argc, char** argv) {
 
   // gap of each kernel of each replay (all streams), then per position the median over replays
   std::vector<std::vector<double>> gb(o.n), gt(o.n);  // gap before busy_i / tiny_i, one value per replay
-  std::vector<double> span(o.replays), busy_us;
+  std::vector<double> span(o.replays), busy_us, layer_us;  // layer: start of slot 2i to start of tiny_i
   for (int r = 0; r < o.replays; r++) {
     const u64* s = &hs[(size_t)r * slots]; const u64* e = &he[(size_t)r * slots];
     std::vector<int> idx(slots);
@@ -169,7 +244,7 @@ int main(int argc, char** argv) {
       int k = idx[j];
       if (j > 0) (k % 2 ? gt : gb)[k / 2].push_back(s[k] > last ? (s[k] - last) / 1e3 : 0.0);
       last = std::max(last, e[k]);
-      if (k % 2 == 0) busy_us.push_back((e[k] - s[k]) / 1e3);
+      if (k % 2 == 0) { busy_us.push_back((e[k] - s[k]) / 1e3); layer_us.push_back(((double)s[k + 1] - s[k]) / 1e3); }
     }
     span[r] = (last - first) / 1e3;
   }
@@ -184,11 +259,12 @@ int main(int argc, char** argv) {
   for (int i = 1; i < o.n; i++) { int b = std::min(3, i * 4 / o.n); q[b] += mb[i]; qn[b]++; }
   printf("# device %s  sm_%d%d  SMs %d  driver %d.%d  runtime %d.%d\n", p.name, p.major, p.minor, sms,
          drv / 1000, (drv % 1000) / 10, rt / 1000, (rt % 1000) / 10);
-  printf("# n %d work_us %g record %s where %s join %s upload %d priority %d grid %d queued %d replays %d nodes %zu\n",
-         o.n, o.work_us, o.record.c_str(), o.where.c_str(), o.join.c_str(), o.upload, o.priority, grid, o.queued,
-         o.replays, nodes);
-  printf("# busy kernel median %.1f us; replay span median %.1f us (%.1f us per layer)\n", median(busy_us),
-         median(span), median(span) / o.n);
+  printf("# n %d busy %s work_us %g hidden %d tail %d record %s where %s join %s upload %d priority %d autofree %d "
+         "grid %d queued %d replays %d nodes %zu\n", o.n, o.busy.c_str(), o.work_us, o.hidden, o.tail, o.record.c_str(),
+         o.where.c_str(), o.join.c_str(), o.upload, o.priority, o.autofree, grid, o.queued, o.replays, nodes);
+  printf("# pdl %d launch %s\n", o.pdl, o.legacy ? "legacy" : "created");
+  printf("# busy-slot kernel median %.1f us; busy-slot start to tiny start %.1f us; replay span median %.1f us "
+         "(%.1f us per layer)\n", median(busy_us), median(layer_us), median(span), median(span) / o.n);
   printf("# median gap before busy_i by quarter (i>=1): %.2f %.2f %.2f %.2f us; slope %.4f us per layer\n",
          qn[0] ? q[0] / qn[0] : 0, qn[1] ? q[1] / qn[1] : 0, qn[2] ? q[2] / qn[2] : 0, qn[3] ? q[3] / qn[3] : 0, slope);
   if (!o.quiet) {
@@ -200,8 +276,10 @@ int main(int argc, char** argv) {
     if (!f) { fprintf(stderr, "cannot write %s\n", o.raw.c_str()); return 4; }
     fprintf(f, "{\"n\": %d, \"work_us\": %g, \"record\": \"%s\", \"where\": \"%s\", \"join\": \"%s\", \"upload\": %d, "
                "\"priority\": %d, \"grid\": %d, \"queued\": %d, \"replays\": %d, \"nodes\": %zu, \"device\": \"%s\", "
-               "\"driver\": %d, \"runtime\": %d}\n", o.n, o.work_us, o.record.c_str(), o.where.c_str(), o.join.c_str(),
-            o.upload, o.priority, grid, o.queued, o.replays, nodes, p.name, drv, rt);
+               "\"driver\": %d, \"runtime\": %d, \"busy\": \"%s\", \"hidden\": %d, \"tail\": %d, \"autofree\": %d, \"pdl\": %d, \"launch\": \"%s\"}\n",
+            o.n, o.work_us, o.record.c_str(), o.where.c_str(), o.join.c_str(), o.upload, o.priority, grid, o.queued,
+            o.replays, nodes, p.name, drv, rt, o.busy.c_str(), o.hidden, o.tail, o.autofree, o.pdl,
+            o.legacy ? "legacy" : "created");
     for (size_t c = 0; c < (size_t)o.replays * slots; c++) { fwrite(&hs[c], 8, 1, f); fwrite(&he[c], 8, 1, f); }
     fclose(f);
   }
