@@ -61,7 +61,7 @@ import torch.nn.functional as F
 # --------------------------------------------------------------------------------------------- sizes
 SIZES = {
     "cuda": {"gpt": dict(vocab=8192, d=1024, layers=2, heads=16, seq=256, batch=8),
-             "cnn": dict(width=64, blocks=1, img=64, batch=32, classes=100)},
+             "cnn": dict(width=64, blocks=1, img=64, batch=96, classes=100)},
     "cpu": {"gpt": dict(vocab=2048, d=128, layers=2, heads=4, seq=64, batch=8),
             "cnn": dict(width=16, blocks=1, img=32, batch=8, classes=10)},
 }
@@ -77,6 +77,9 @@ FAULT_PARAMS = {
                   "torch.cuda.synchronize() at step end"},
     "late_rank": {"rank": 1, "sleep_ms": 30.0, "what": "time.sleep before backward (the all-reduce)"},
 }
+PROFILED_STEPS = 3
+"""steps in each trace: the 3 active steps of tb_handler's and kit.capture's schedules, the 3 steps of the no_steps
+span (one traced span: per-span costs are for 3 steps)"""
 RULE = {"none": None, "input_bound": "input_bound", "host_stall": "host_stall", "host_stall_gc": "host_stall",
         "allocator_churn": "allocator_churn", "launch_bound": "launch_bound", "host_sync": "host_sync",
         "late_rank": "late_rank"}
@@ -406,21 +409,21 @@ def profile_steps(job: Job, case: dict, out: Path) -> list[str]:
     opts = {"record_shapes": case["record_shapes"], "with_stack": case["with_stack"]}
     before = set(os.listdir(out))
     if case["profiler"] == "tb_handler":
-        with profile(activities=acts, schedule=schedule(wait=1, warmup=1, active=3),
+        with profile(activities=acts, schedule=schedule(wait=1, warmup=1, active=PROFILED_STEPS),
                      on_trace_ready=tensorboard_trace_handler(str(out), use_gzip=True), **opts) as prof:
-            for _ in range(5):
+            for _ in range(2 + PROFILED_STEPS):
                 job.step()
                 prof.step()
     elif case["profiler"] == "kit.capture":
         from kit import capture
 
-        with capture.profile(out, cuda=(job.dev == "cuda"), **opts) as prof:
+        with capture.profile(out, cuda=(job.dev == "cuda"), active=PROFILED_STEPS, **opts) as prof:
             while not prof.done:
                 job.step()
                 prof.step()
     else:  # no_steps: a span of 3 steps, no prof.step()
         with profile(activities=acts, **opts) as prof:
-            for _ in range(3):
+            for _ in range(PROFILED_STEPS):
                 job.step()
             _sync(job.dev)
         prof.export_chrome_trace(str(out / "trace.json.gz"))
@@ -447,7 +450,8 @@ def _truth(case: dict, dev: str, size: dict, timing: dict, params: dict, files: 
             "model": case["model"], "profiler": case["profiler"], "device": _device_name(dev),
             "torch": torch.__version__, "world_size": case["world_size"], "step_us_unprofiled": timing,
             "control": case["control"], "added_us": None, "fault_params": params,
-            "variant": case["fault"], "record_shapes": case["record_shapes"], "with_stack": case["with_stack"],
+            "profiled_steps": PROFILED_STEPS, "variant": case["fault"], "record_shapes": case["record_shapes"],
+            "with_stack": case["with_stack"],
             "sizes": size, "host_cpu": _host_cpu(), "hostname_at_recording": socket.gethostname(),
             "files": files, "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **extra}
 
@@ -553,6 +557,7 @@ def refresh_added(root: Path) -> None:
     """Recompute every case's ``added_us`` against its control's truth.json (run after all cases exist)."""
     for p in sorted(root.glob("*/truth.json")):
         truth = json.loads(p.read_text())
+        truth["profiled_steps"] = PROFILED_STEPS
         _added(truth, root)
         p.write_text(json.dumps(truth, indent=1) + "\n")
 
@@ -562,7 +567,7 @@ def readme(root: Path) -> str:
     for p in sorted(root.glob("*/truth.json")):
         t = json.loads(p.read_text())
         s = t["step_us_unprofiled"]
-        size = sum(f.stat().st_size for f in p.parent.iterdir())
+        size = sum(f.stat().st_size for f in p.parent.iterdir() if f.is_file())
         added = "--" if t["added_us"] is None else f"{t['added_us'] / 1e3:+.2f}"
         ranks = "" if not t.get("expected_ranks") else f" {t['expected_ranks']}"
         variant = "" if t.get("variant", t["fault"]) == t["fault"] else f" ({t['variant']})"
