@@ -17,10 +17,21 @@ TRACES: rank trace files (.json, .json.gz, .pt.trace.json[.gz]), a directory of 
 ('job/*rank*.json.gz'; quote it). Each rank is parsed by one worker at a time, so memory stays at about one
 rank's trace per worker however many ranks there are.
 
-exit status: 0 every trace analysed; 2 bad input, nothing analysed (every trace unreadable: one line per file;
-a directory or glob matching nothing; the Dask scheduler unreachable); 3 partial result: some rank traces could
-not be read -- they are named (text: 'could not read', --json: "failed": [{"trace", "error"}]) and the others
-were analysed."""
+The traces given must be one job (checked before anything is analysed): one world size, no rank twice, no rank
+outside the world size, one GPU family (H100, A100, V100, ...), recorded at the same time (their spans within
+60 s of each other). Non-fatal problems (events with a negative or zero duration dropped, a zero-duration
+ProfilerStep, a trace without rank taken in file order) are printed once each on stderr as 'warning:' lines.
+
+exit status (the same for every verb):
+  0 every trace analysed, every rank of the job given;
+  2 bad input, nothing analysed: one line per problem on stderr -- a file unreadable, truncated, not UTF-8
+    (the byte offset), without events, not a trace (every one of them: one line per file); traces of more
+    than one job (world sizes, a rank twice, GPU families, times); a directory or glob matching nothing; the
+    Dask scheduler unreachable;
+  3 partial result, printed: some ranks of the job's world size not given ('2 of 8 ranks given; missing 2-7:
+    cross-rank results are partial'; --json: "job": {"missing", "partial", "note"}) or some rank traces could
+    not be read (named: text 'could not read', --json "failed": [{"trace", "error"}]); the others analysed.
+    One trace given to 'gaps' is a per-rank analysis: never partial."""
 
 
 def _positive(v: str) -> int:
@@ -72,8 +83,8 @@ def add_parser(sub) -> None:
 
 
 def _run(verb: str, args, work):
-    """``(result, exit status)``: ``work(paths, jobs)`` on the expanded traces, bad input as one line per
-    file on stderr (exit 2)."""
+    """``(result, exit status)``: ``work(paths, jobs)`` on the expanded traces, bad input (a TraceError; a
+    :class:`kit.traces.jobs.JobError`: not one job) as one line per problem on stderr (exit 2)."""
     from .. import traces
     from ..traces.jobs import expand
 
@@ -86,17 +97,25 @@ def _run(verb: str, args, work):
         return None, 2
 
 
-def _failed(verb: str, failed: list[dict], text: bool = True) -> int:
-    """Name the ranks that could not be read (text: after the result; --json has them in "failed") and say
-    on stderr that the result is partial; 3 when any."""
-    if not failed:
-        return 0
-    if text:
-        print(f"\ncould not read {len(failed)} rank trace(s); the result covers the other ranks:")
-        for f in failed:
-            print(f"  {f['error']}")
-    print(f"kit trace {verb}: partial result, {len(failed)} rank trace(s) could not be read", file=sys.stderr)
-    return 3
+def _finish(verb: str, failed: list[dict], text: bool = True, job: dict | None = None,
+            warnings: list[str] = ()) -> int:
+    """After the result: each warning once on stderr; the ranks that could not be read named (text: after the
+    result; --json has them in "failed"); the missing ranks of the job named on stderr. 3 when the result is
+    partial either way, else 0."""
+    for w in dict.fromkeys(warnings):
+        print(f"kit trace {verb}: warning: {w}", file=sys.stderr)
+    rc = 0
+    if failed:
+        if text:
+            print(f"\ncould not read {len(failed)} rank trace(s); the result covers the other ranks:")
+            for f in failed:
+                print(f"  {f['error']}")
+        print(f"kit trace {verb}: partial result, {len(failed)} rank trace(s) could not be read", file=sys.stderr)
+        rc = 3
+    if job and job.get("partial"):
+        print(f"kit trace {verb}: {job['note']}", file=sys.stderr)
+        rc = 3
+    return rc
 
 
 def cmd_gaps(args) -> int:
@@ -111,7 +130,7 @@ def cmd_gaps(args) -> int:
         print(json.dumps(res, indent=1))
     else:
         print(traces.format_gaps(res))
-    return _failed("gaps", res.get("failed", []), not args.json)
+    return _finish("gaps", res.get("failed", []), not args.json, res.get("job"), res.get("warnings", []))
 
 
 def cmd_collectives(args) -> int:
@@ -127,13 +146,13 @@ def cmd_collectives(args) -> int:
         print()
     else:
         print(traces.format_text(df, s))
-    return _failed("collectives", failed, not args.json)
+    return _finish("collectives", failed, not args.json, df.attrs.get("job"), df.attrs.get("warnings", []))
 
 
 def cmd_merge(args) -> int:
-    from .. import traces
+    from ..nccl_profiler.merge import merge
 
-    info, rc = _run("merge", args, lambda paths, jobs: traces.merge(paths, args.output, **jobs))
+    info, rc = _run("merge", args, lambda paths, jobs: merge(paths, args.output, **jobs))
     if info is None:
         return rc
     offs = ", ".join(f"rank {r}: {o:+.1f} us" for r, o in info["offsets_us"].items())
@@ -141,4 +160,4 @@ def cmd_merge(args) -> int:
     for n in info.get("nccl", []):  # NCCL profiler-plugin dumps found beside the traces
         print(f"  NCCL profiler, rank {n['rank']}: {n['matched']} of {n['plugin_collectives']} collectives under "
               f"the kernels; alignment error {n['gpu_error_us']} us (GPU clock), {n['host_error_us']} us (host)")
-    return _failed("merge", info.get("failed", []))
+    return _finish("merge", info.get("failed", []), True, info.get("job"), info.get("warnings", []))
