@@ -17,6 +17,7 @@ from conftest import ROOT
 from kit import contract, sysinfo, traces
 from kit.nccl_profiler import align, chrome, dump, runtime
 from kit.nccl_profiler import plugin as build
+from kit.nccl_profiler.merge import merge as nccl_merge
 
 DATA = Path(__file__).parent / "data" / "nccl_profiler"
 DUMPS = sorted(DATA.glob("nccl_profiler_*.json.gz"))
@@ -91,7 +92,7 @@ def test_alignment_ignores_extra_and_missing_events():
 
 def test_merge_puts_nccl_events_under_each_rank(tmp_path):
     out = tmp_path / "merged.json.gz"
-    info = traces.merge(DATA, out)  # the dumps beside the traces are found
+    info = nccl_merge(DATA, out)  # the dumps beside the traces are found
     data = json.loads(gzip.decompress(out.read_bytes()))  # valid JSON
     assert info["ranks"] == [0, 1] and len(info["nccl"]) == 2
     for n in info["nccl"]:
@@ -107,7 +108,8 @@ def test_merge_puts_nccl_events_under_each_rank(tmp_path):
         assert any(k["pid"] == c["pid"] and k["ts"] - 1 <= c["ts"] <= k["ts"] + k["dur"] for k in kernels)
     assert {e["cat"] for e in ev if str(e.get("cat", "")).startswith("nccl_")} >= {
         "nccl_group_api", "nccl_coll", "nccl_kernel_launch", "nccl_channel"}
-    assert traces.merge(TRACES, tmp_path / "plain.json", nccl=None).get("nccl") is None
+    assert nccl_merge(TRACES, tmp_path / "plain.json", nccl=None).get("nccl") is None
+    assert traces.merge(DATA, tmp_path / "plain2.json").get("nccl") is None  # the trace layer alone: no dumps
 
 
 def test_truncated_dump_one_clear_error(tmp_path):
@@ -118,7 +120,7 @@ def test_truncated_dump_one_clear_error(tmp_path):
     for t in TRACES:
         (tmp_path / t.name).write_bytes(t.read_bytes())
     with pytest.raises(traces.TraceError, match="truncated"):
-        traces.merge(tmp_path, tmp_path / "m.json")
+        nccl_merge(tmp_path, tmp_path / "m.json")
     p = _kit("nccl-profiler", "convert", str(bad), "-o", str(tmp_path / "c.json"))
     assert p.returncode == 2 and "truncated" in p.stderr and "Traceback" not in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1

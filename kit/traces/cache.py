@@ -35,8 +35,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-    from .frames import Adapter, Trace
-
 VERSION = 3
 """bump when the frames built from a trace change (columns, dtypes, what is kept)"""
 _DIR = ".kitcache"
@@ -59,7 +57,10 @@ def _have_pyarrow() -> bool:
     return importlib.util.find_spec("pyarrow") is not None
 
 
-def key(path: Path, cpu: str, adapter: "Adapter | None") -> str:
+def key(path: Path, cpu: str, parser: str) -> str:
+    """The entry's key: :data:`VERSION`, the CPU mode, ``parser`` (what the caller parses with: the trace
+    layer passes a digest of the adapters in force, so a user's added adapter invalidates old entries), the
+    file's size, mtime and the hash of its two ends."""
     st = path.stat()
     h = hashlib.blake2b(digest_size=16)
     with open(path, "rb") as f:
@@ -67,12 +68,7 @@ def key(path: Path, cpu: str, adapter: "Adapter | None") -> str:
         if st.st_size > 2 * _EDGE:
             f.seek(-_EDGE, os.SEEK_END)
             h.update(f.read(_EDGE))
-    from .frames import ADAPTERS
-
-    # the adapters in force decide what a trace parses into: a user's added adapter invalidates old entries
-    ads = hashlib.blake2b(repr([(a.name, sorted(a.args.items()), sorted(a.cats.items())) for a in
-                                ([adapter] if adapter else ADAPTERS)]).encode(), digest_size=6).hexdigest()
-    return f"v{VERSION}:{cpu}:{ads}:{st.st_size}:{st.st_mtime_ns}:{h.hexdigest()}"
+    return f"v{VERSION}:{cpu}:{parser}:{st.st_size}:{st.st_mtime_ns}:{h.hexdigest()}"
 
 
 def _dirs(path: Path) -> list[Path]:
@@ -98,13 +94,14 @@ def entry(path: Path, cpu: str = "default") -> Path | None:
     return None
 
 
-def read(path: Path, cpu: str, adapter: "Adapter | None") -> "Trace | None":
-    """The cached Trace when an entry with this key exists and reads back whole; None otherwise (a corrupt
-    entry is deleted)."""
+def read(path: Path, cpu: str, parser: str) -> "tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]] | None":
+    """``(gpu frame, cpu frame, metadata)`` when an entry with this key exists and reads back whole (the
+    metadata as :func:`write` was given it); None otherwise (a corrupt entry is deleted). Plain frames: the
+    trace layer makes the Trace."""
     if not path.is_file():
         return None
     try:
-        k = key(path, cpu, adapter)
+        k = key(path, cpu, parser)
     except OSError:
         return None
     for d in _dirs(path):
@@ -118,28 +115,29 @@ def read(path: Path, cpu: str, adapter: "Adapter | None") -> "Trace | None":
             cpu_df, meta_c = _read_frame(c)
             if meta_c.get("key") != k:
                 continue
-            return _trace(path, gpu, cpu_df, meta)
+            return gpu, cpu_df, meta
         except Exception:  # corrupt, truncated, written by an incompatible pyarrow: rebuild
             for f in (g, c):
                 f.unlink(missing_ok=True)
     return None
 
 
-def write(path: Path, cpu: str, adapter: "Adapter | None", trace: "Trace") -> Path | None:
-    """Store the Trace's frames; returns the GPU frame's file, or None when no cache folder is writable (the
-    trace was parsed; only the next open is slower)."""
+def write(path: Path, cpu: str, parser: str, gpu: "pd.DataFrame", cpu_frame: "pd.DataFrame",
+          meta: dict[str, Any]) -> Path | None:
+    """Store a trace's two frames with ``meta`` (JSON-able: what :func:`read` gives back); returns the GPU
+    frame's file, or None when no cache folder is writable (the trace was parsed; only the next open is
+    slower)."""
     try:
-        k = key(path, cpu, adapter)
+        k = key(path, cpu, parser)
     except OSError:
         return None
-    meta = {"key": k, "header": trace.header, "adapter": trace.adapter, "events": trace.info.events,
-            "warnings": list(trace.warnings)}
+    meta = {**meta, "key": k}
     for d in _dirs(path):
         try:
             d.mkdir(parents=True, exist_ok=True)
             g, c = _files(d, path, cpu)
-            _write_frame(trace.cpu, c, meta)
-            _write_frame(trace.gpu, g, meta)
+            _write_frame(cpu_frame, c, meta)
+            _write_frame(gpu, g, meta)
             return g
         except OSError:
             continue
@@ -191,12 +189,3 @@ def _read_frame(src: Path) -> tuple["pd.DataFrame", dict[str, Any]]:
         if c in df.columns and not isinstance(df[c].dtype, pd.CategoricalDtype):
             df[c] = pd.Categorical(df[c].tolist())
     return df, meta
-
-
-def _trace(path: Path, gpu: "pd.DataFrame", cpu: "pd.DataFrame", meta: dict[str, Any]) -> "Trace":
-    from .frames import ADAPTERS, Trace, adapter_for, trace_info
-
-    header = meta.get("header") or {}
-    ad = next((a for a in ADAPTERS if a.name == meta.get("adapter")), None) or adapter_for(header)
-    return Trace(path=path, gpu=gpu, cpu=cpu, info=trace_info(header, ad, int(meta.get("events") or 0)),
-                 adapter=ad.name, header=header, warnings=meta.get("warnings") or ())

@@ -10,6 +10,7 @@ their order included).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,13 @@ CATEGORY_COLUMNS = ("name", "cat")
 
 
 _NUMBERS = frozenset({int, float, type(None)})
+_NCCL = re.compile(r"(^|_Z\d+)nccl(Dev)?Kernel", re.IGNORECASE)
+
+
+def is_nccl_kernel(name: str) -> bool:
+    """NCCL kernels under both the old (``ncclKernel_*``) and the new (``ncclDevKernel_*``) naming, with or
+    without a C++ mangling prefix (``_Z39ncclDevKernel_...``)."""
+    return bool(_NCCL.search(name or "")) or (name or "").startswith("nccl")
 
 
 @dataclass
@@ -90,8 +98,6 @@ def to_columns(cols: dict[str, list], columns: tuple[str, ...]) -> Columns:
     it like strings. Numbers are converted by numpy when every value is an int, a float or None (Kineto's), by
     ``pd.to_numeric(errors="coerce")`` otherwise."""
     import numpy as np
-
-    from .frames import is_nccl_kernel
 
     n = len(cols["name"])
     out: dict[str, Any] = {}

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Mapping
 
 
-from .columns import Columns, to_columns
+from .columns import Columns, is_nccl_kernel, to_columns  # noqa: F401  (kit.traces.frames.is_nccl_kernel)
 from .parse import arg_columns, names
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -56,7 +56,6 @@ CPU_COLUMNS = ("name", "cat", "pid", "tid", "ts", "dur", "end", "correlation", "
                "in_nelems", "out_nelems", "group_size", "dtype", "pg_name", "pg_desc", "pg_ranks", "seq",
                "input_dims", "input_type")
 
-_NCCL = re.compile(r"(^|_Z\d+)nccl(Dev)?Kernel", re.IGNORECASE)
 COMM_OPS = re.compile(r"^(gloo:|nccl:|c10d::|record_param_comms$)")
 """the CPU ops ``cpu="default"`` keeps besides annotations and runtime calls: collectives and c10d ops"""
 
@@ -68,12 +67,6 @@ cpu_op) in PyTorch 1.8-1.9 ones -- read as annotations whatever the trace calls 
 
 def _cat(c: str, name: str) -> str:
     return "user_annotation" if c == "cpu_op" and name.startswith(RECORD_FUNCTIONS) else c
-
-
-def is_nccl_kernel(name: str) -> bool:
-    """NCCL kernels under both the old (``ncclKernel_*``) and the new (``ncclDevKernel_*``) naming, with or
-    without a C++ mangling prefix (``_Z39ncclDevKernel_...``)."""
-    return bool(_NCCL.search(name or "")) or (name or "").startswith("nccl")
 
 
 # ------------------------------------------------------------------------------------------------ adapters
@@ -224,9 +217,9 @@ class Trace:
 
     @cached_property
     def collectives(self) -> "pd.DataFrame":
-        """One row per NCCL kernel or gloo op (:data:`kit.traces.comm.COLLECTIVE_COLUMNS`); empty, with those
+        """One row per NCCL kernel or gloo op (:data:`kit.traces.collective_frame.COLLECTIVE_COLUMNS`); empty, with those
         columns, when the trace has none (:func:`kit.traces.comm.explain_empty` says why)."""
-        from .comm import collective_frame
+        from .collective_frame import collective_frame
 
         return collective_frame(self)
 
@@ -288,9 +281,9 @@ def load_trace(path: str | Path, *, cpu: CpuMode = "default", raw: bool = False,
     p = Path(path)
     use_cache = not raw and _cache.enabled(cache)
     if use_cache:
-        hit = _cache.read(p, cpu, adapter)
+        hit = _cache.read(p, cpu, _parser(adapter))
         if hit is not None:
-            return hit
+            return _cached_trace(p, *hit)
     if raw:  # one generic decode: the dicts are kept, the frames built from them
         data = load(p)
         n = len(data["traceEvents"])
@@ -307,8 +300,27 @@ def load_trace(path: str | Path, *, cpu: CpuMode = "default", raw: bool = False,
         header, n_events, chunks = decode(p, cats)
         t = _build(header, chunks, path=p, adapter=adapter, cpu=cpu, n_events=n_events)
     if use_cache:
-        _cache.write(p, cpu, adapter, t)
+        meta = {"header": t.header, "adapter": t.adapter, "events": t.info.events, "warnings": list(t.warnings)}
+        _cache.write(p, cpu, _parser(adapter), t.gpu, t.cpu, meta)
     return t
+
+
+def _parser(adapter: Adapter | None) -> str:
+    """A digest of the adapters in force (the forced one, else :data:`ADAPTERS`): part of the cache key, so
+    that a changed or added adapter re-parses the traces cached before it."""
+    import hashlib
+
+    ads = [adapter] if adapter else ADAPTERS
+    return hashlib.blake2b(repr([(a.name, sorted(a.args.items()), sorted(a.cats.items())) for a in ads]).encode(),
+                           digest_size=6).hexdigest()
+
+
+def _cached_trace(path: Path, gpu: "pd.DataFrame", cpu: "pd.DataFrame", meta: dict[str, Any]) -> Trace:
+    """The Trace of frames read back from the cache (:func:`kit.traces.cache.read`)."""
+    header = meta.get("header") or {}
+    ad = next((a for a in ADAPTERS if a.name == meta.get("adapter")), None) or adapter_for(header)
+    return Trace(path=path, gpu=gpu, cpu=cpu, info=trace_info(header, ad, int(meta.get("events") or 0)),
+                 adapter=ad.name, header=header, warnings=meta.get("warnings") or ())
 
 
 def keep_predicate(cpu: CpuMode = "default") -> Callable[[dict], bool]:

@@ -21,7 +21,7 @@ import gzip
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 
 import msgspec
 
@@ -93,48 +93,28 @@ def aligned_gpu(traces: Iterable[Trace | str | Path], offsets: dict[int, float] 
     return pd.concat(frames, ignore_index=True)
 
 
-def _split_dumps(items: list[Path], nccl: Any) -> tuple[list[Path], list[Path]]:
-    """``(traces, dump files)``: dumps given among the traces are taken out; with ``nccl="auto"`` the dumps
-    beside the traces are added, with a list those files, with None/False none."""
-    from ..nccl_profiler.dump import MANIFEST, find_dumps, is_dump
+class Source(Protocol):
+    """Events of another tool to write into the merged trace beside each rank's (NCCL's profiler-plugin dumps:
+    :class:`kit.nccl_profiler.merge.NcclDumps`). The trace layer knows no such tool; a caller above it passes
+    the sources to :func:`merge`."""
 
-    given = [p for p in items if is_dump(p)]
-    rest = [p for p in items if not is_dump(p) and p.name != MANIFEST]
-    if nccl in (None, False):
-        return rest, []
-    if nccl == "auto":
-        found = given + [d for parent in dict.fromkeys(p.parent for p in rest) for d in find_dumps(parent)]
-    else:
-        found = given + find_dumps(nccl)
-    return rest, list(dict.fromkeys(found))
+    key: str
+    """``info[key]``: the list of the source's per-rank info dicts"""
+    label: str
+    """how the merged trace names a process the source adds (``rank 0 | 12 (NCCL profiler)``)"""
 
+    def split(self, items: list[Path]) -> list[Path]:
+        """The rank traces among ``items`` (the source keeps its own files: found, read); TraceError, one line,
+        when one of its files cannot be read."""
 
-def _nccl_events(path: Path, rank: int, dumps: list, pid_of,
-                 cache: bool | None = None) -> tuple[list[dict], list[dict]]:
-    """The NCCL events of ``rank`` (its dumps aligned with its trace at ``path``) and one info dict per dump."""
-    from ..nccl_profiler import align, chrome
-    from ..nccl_profiler.dump import collectives
-
-    mine = [d for d in dumps if d.rank == rank]
-    if not mine:
-        return [], []
-    kernels = align.kineto_nccl_kernels(load_trace(path, cache=cache))  # kernels + their launch calls
-    evs, info = [], []
-    for d in mine:
-        a, m = align.align(collectives(d), kernels, rank)
-        info.append({"dump": str(d.path), "comm": str(d.comm), **a.to_json()})
-        if not len(m):
-            continue
-        host = kernels["pid"].dropna()
-        pg = pid_of(rank, int(m["kernel_pid"].iloc[0]))
-        ph = pid_of(rank, int(host.iloc[0])) if len(host) else pg
-        evs += chrome.events(d, m, a.host_offset_us, a.gpu_rel_offset_us, pg, ph, gpu_base_ns=a.gpu_base_ns)
-        evs += chrome.thread_names(pg, ph, d.events["channel"].dropna().unique())
-    return evs, info
+    def events(self, path: Path, rank: int, pid_of: Callable[[int, Any], int],
+               cache: bool | None) -> tuple[list[dict], list[dict]]:
+        """``(events, info dicts)`` of ``rank`` (its trace at ``path``), on that trace's clock; ``pid_of(rank,
+        raw pid)`` is the merged pid of a process of the rank (a new one is named in the merged trace)."""
 
 
 def merge(paths: Iterable[str | Path] | str | Path, out: str | Path, *, workers: int | None = 1,
-          client: Any = None, cache: bool | None = None, nccl: Any = "auto") -> dict[str, Any]:
+          client: Any = None, cache: bool | None = None, sources: Iterable[Source] = ()) -> dict[str, Any]:
     """One Chrome trace with a process per (rank, original process), clocks aligned (:func:`clock_offsets`).
     Returns ``{"ranks", "offsets_us", "sources", "job", "warnings"}`` (+ ``"failed"``: ``[{"trace", "error"}]``
     when some rank could not be read and was left out; TraceError, one line per file, when none could; the
@@ -146,21 +126,18 @@ def merge(paths: Iterable[str | Path] | str | Path, out: str | Path, *, workers:
     ``kit trace collectives`` already parsed the file); (2) the merged file written rank by rank in this
     process, each rank's events decoded a chunk at a time (only their pid and ts: every other value is copied as
     its JSON text), shifted, renumbered and encoded straight to the output (gzipped when ``out`` ends in
-    ``.gz``; written to a temporary file beside it, renamed when complete). ``paths``: rank traces, or a directory/glob of them. ``nccl``: NCCL profiler-plugin dumps to put
-    under the kernels -- ``"auto"`` (those beside the traces or given among them), a list of files or
-    directories, or None; an unreadable dump is a TraceError naming it."""
-    from ..nccl_profiler.dump import DumpError, read_dump
+    ``.gz``; written to a temporary file beside it, renamed when complete). ``paths``: rank traces, or a directory/glob of them. ``sources``: other tools'
+    events to write under each rank's (:class:`Source`; ``kit trace merge`` passes NCCL's profiler-plugin
+    dumps, :func:`kit.nccl_profiler.merge.merge`)."""
     from .jobs import expand
 
+    sources = list(sources)
     items = expand(paths) if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
-    items, dump_files = _split_dumps(items, nccl)
+    for src in sources:
+        items = src.split(items)
     if not items:
-        raise TraceError("no Kineto trace among the files given (only NCCL profiler dumps)")
-    try:
-        dumps = [read_dump(f) for f in dump_files]
-    except DumpError as e:
-        raise TraceError(str(e)) from None
-    nccl_info: list[dict] = []
+        raise TraceError("no Kineto trace among the files given")
+    extra: dict[str, list[dict]] = {src.key: [] for src in sources}
     ranked, offsets, failed, checked = _rank_offsets(items, workers=workers, client=client, cache=cache)
     out = Path(out)
     tmp = out.with_name(f".{out.name}.part")
@@ -170,13 +147,15 @@ def merge(paths: Iterable[str | Path] | str | Path, out: str | Path, *, workers:
             f.write(b'{"traceEvents": [')
             first = True
 
-            def pid_of(r, raw_pid):  # the merged pid of a rank's process; a new one gets its name
-                key = (r, raw_pid)
-                if key not in pid_map:
-                    pid_map[key] = len(pid_map) + 1
-                    new_meta.append({"ph": "M", "name": "process_name", "pid": pid_map[key],
-                                     "args": {"name": f"rank {r} | {raw_pid} (NCCL profiler)"}})
-                return pid_map[key]
+            def pids(label: str) -> Callable[[int, Any], int]:
+                def pid_of(r, raw_pid):  # the merged pid of a rank's process; a new one gets its name
+                    key = (r, raw_pid)
+                    if key not in pid_map:
+                        pid_map[key] = len(pid_map) + 1
+                        new_meta.append({"ph": "M", "name": "process_name", "pid": pid_map[key],
+                                         "args": {"name": f"rank {r} | {raw_pid} ({label})"}})
+                    return pid_map[key]
+                return pid_of
 
             new_meta: list[dict] = []
 
@@ -203,20 +182,19 @@ def merge(paths: Iterable[str | Path] | str | Path, out: str | Path, *, workers:
                         f.write((b"" if first else b",") + msgspec.json.encode(kept)[1:-1])
                         first = False
                     del events, kept
-                if dumps:
-                    evs, inf = _nccl_events(path, r, dumps, pid_of, cache)
+                for src in sources:
+                    evs, inf = src.events(path, r, pids(src.label), cache)
                     evs, new_meta[:] = new_meta + evs, []
                     for e in evs:
                         if "ts" in e:
                             e["ts"] += off
-                    nccl_info += inf
+                    extra[src.key] += inf
                     if evs:
                         f.write((b"" if first else b",") + msgspec.json.encode(evs)[1:-1])
                         first = False
             info: dict[str, Any] = {"ranks": [r for _, r in ranked], "offsets_us": offsets,
                                     "sources": [str(p) for p, _ in ranked]}
-            if dumps:
-                info["nccl"] = nccl_info
+            info.update({k: v for k, v in extra.items()})
             if failed:
                 info["failed"] = [x.to_json() for x in failed]
             info.update(checked)

@@ -45,6 +45,7 @@ from ... import timing, traces
 from ...config import LaunchConfig
 from ...contract import Investigation, Needs
 from ...nccl_profiler import PluginError, find, runtime
+from ...nccl_profiler.merge import merge as merge_with_nccl
 from .analysis import FIGURES, PARTS, TABLES, findings
 from .nccl_events import NCCL_FIGURES, NCCL_TABLES, nccl_findings
 
@@ -297,7 +298,7 @@ def after(cfg: Config, run) -> None:
         paths = [f.path for f in traces.find_traces(run.dir, part=part)]
         if len(paths) > 1:
             try:
-                info = traces.merge(paths, run.dir / f"merged_{part}.json.gz")
+                info = merge_with_nccl(paths, run.dir / f"merged_{part}.json.gz")
             except traces.TraceError as e:
                 print(f"collective_tracing: no merged {part} trace: {e}")
                 continue
