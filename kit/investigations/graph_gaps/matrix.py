@@ -92,7 +92,8 @@ def point_gaps(stamps: "np.ndarray") -> "pd.DataFrame":
 
 def collect(src, dest) -> tuple["pd.DataFrame", "pd.DataFrame"]:
     """A run_matrix.py output (its folder or its .tar.gz) -> ``dest/points.csv`` (one row per point: set, point,
-    factors, rc, seconds, device, driver, runtime, nodes) and ``dest/gaps.parquet`` (every kernel's gap). A point
+    factors, rc, seconds, device, driver, runtime, nodes, and the node census by type where the repro printed one)
+    and ``dest/gaps.parquet`` (every kernel's gap). A point
     name listed twice (one run's list had a clash) has one raw file, the last one's: only the last row is kept."""
     import pandas as pd
 
@@ -111,6 +112,9 @@ def collect(src, dest) -> tuple["pd.DataFrame", "pd.DataFrame"]:
         if last[p["point"]] != i:
             continue
         row = {"point_id": i, **{k: p.get(k, DEFAULTS.get(k)) for k in ["set", "point", *FACTORS, "rc", "seconds"]}}
+        census = [x.split("nodes: ", 1)[1] for x in p.get("summary", []) if "nodes: " in x]  # the repro's node census
+        if census:
+            row["census"] = census[0]
         raw = src / "raw" / f"{p['point']}.bin"
         if p["rc"] == 0 and raw.exists():
             head, st = read_raw(raw)
@@ -356,7 +360,7 @@ def figure(hw: str, root=MATRIX):
     big = t[(t["launch"] == "legacy") & (t["n"] == 640)]
     for r in big.itertuples():
         m = median_by_position(points, gaps, r.point, r.run)
-        ax[1].plot(m.index[1:], m.values[1:], lw=1, label=f"legacy | {r.busy} {r.work_us:g} us | {r.record}")
+        ax[1].plot(m.index[1:], m.values[1:], lw=1, label=f"run {r.run} | {r.busy} {r.work_us:g} us | {r.record}")
     ax[1].set(xlabel="position i (layer)", ylabel="median gap before busy_i (us)", title="(b) N=640, legacy stream")
     ax[1].legend(fontsize=7)
     c = t[t["launch"] == "created"]

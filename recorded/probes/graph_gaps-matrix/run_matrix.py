@@ -72,6 +72,12 @@ def points() -> list[tuple[str, str, dict]]:
         add("launch_stream", record=rec, launch="legacy", grid=128, work_us=50)
     add("launch_stream", GEMM, record="shared", launch="legacy", hidden=1024)
     add("launch_stream", record="shared", launch="legacy", n=640)
+    # the factors varied above on a created stream only, now on the legacy default stream
+    for kw in (dict(record="internal"), dict(record="node"), dict(join="extwait"), dict(join="none"),
+               dict(where="main"), dict(priority=2, autofree=1), dict(pdl=3), dict(upload=1)):
+        add("legacy_more", launch="legacy", **kw)
+    for kw in (dict(record="node"), dict(hidden=512), dict(hidden=1536), dict(hidden=3072)):
+        add("legacy_more", GEMM, launch="legacy", **kw)
     add("gemm_base", GEMM)
     add("gemm_base", GEMM, rep=1)
     for rec in ("none", "internal", "shared", "distinct", "node"):

@@ -213,6 +213,10 @@ int main(int argc, char** argv) {
   CK(cudaStreamEndCapture(s0, &graph));
   size_t nodes = 0;
   CK(cudaGraphGetNodes(graph, nullptr, &nodes));
+  std::vector<cudaGraphNode_t> all(nodes);
+  CK(cudaGraphGetNodes(graph, all.data(), &nodes));
+  int types[32] = {0};  // node census by cudaGraphNodeType
+  for (auto nd : all) { cudaGraphNodeType t; CK(cudaGraphNodeGetType(nd, &t)); types[(int)t & 31]++; }
   cudaGraphExec_t exec;
   CK(cudaGraphInstantiateWithFlags(&exec, graph, (o.priority ? cudaGraphInstantiateFlagUseNodePriority : 0) |
                                                  (o.autofree ? cudaGraphInstantiateFlagAutoFreeOnLaunch : 0)));
@@ -262,7 +266,11 @@ int main(int argc, char** argv) {
   printf("# n %d busy %s work_us %g hidden %d tail %d record %s where %s join %s upload %d priority %d autofree %d "
          "grid %d queued %d replays %d nodes %zu\n", o.n, o.busy.c_str(), o.work_us, o.hidden, o.tail, o.record.c_str(),
          o.where.c_str(), o.join.c_str(), o.upload, o.priority, o.autofree, grid, o.queued, o.replays, nodes);
-  printf("# pdl %d launch %s\n", o.pdl, o.legacy ? "legacy" : "created");
+  printf("# pdl %d launch %s; nodes: kernel %d memcpy %d memset %d event_record %d wait_event %d other %d\n", o.pdl,
+         o.legacy ? "legacy" : "created", types[cudaGraphNodeTypeKernel], types[cudaGraphNodeTypeMemcpy],
+         types[cudaGraphNodeTypeMemset], types[cudaGraphNodeTypeEventRecord], types[cudaGraphNodeTypeWaitEvent],
+         (int)nodes - types[cudaGraphNodeTypeKernel] - types[cudaGraphNodeTypeMemcpy] - types[cudaGraphNodeTypeMemset] -
+             types[cudaGraphNodeTypeEventRecord] - types[cudaGraphNodeTypeWaitEvent]);
   printf("# busy-slot kernel median %.1f us; busy-slot start to tiny start %.1f us; replay span median %.1f us "
          "(%.1f us per layer)\n", median(busy_us), median(layer_us), median(span), median(span) / o.n);
   printf("# median gap before busy_i by quarter (i>=1): %.2f %.2f %.2f %.2f us; slope %.4f us per layer\n",
