@@ -26,25 +26,32 @@ thread, and the stretch is split by what the thread was doing, in this precedenc
    device-to-host copy behind ``.item()``);
 3. ``allocator``  -- in the caching allocator's device calls (:data:`kit.doctor.calls.ALLOC_CALLS`;
    ``empty_cache()`` is a run of ``cudaFree``);
-4. ``host_stall`` -- in a stretch of at least :data:`HOST_STALL_US` without a call that issues GPU work (a
-   launch, copy, memset or graph replay whose activity is in the trace): Python or C++ work that issues nothing
-   (logging, checkpointing, garbage collection, ``time.sleep``, a loop polling ``cudaEventQuery``);
+4. ``host_stall`` -- in a stretch of at least :data:`HOST_STALL_US` in which no thread of the process issued GPU
+   work (a launch, copy, memset or graph replay whose activity is in the trace; the backward's kernels come from
+   the autograd thread while the main thread waits in ``backward()``), outside every recorded op: Python or
+   C++ work that issues nothing (logging, checkpointing, garbage collection, ``time.sleep``, a loop polling
+   ``cudaEventQuery``); inside a long recorded op (kept by the trace layer, :data:`kit.traces.frames.
+   LONG_CPU_OP_US`) it is the op's own host cost of issuing work: ``launch``;
 5. ``launch``     -- anything else: the thread was issuing work (ops, launches, the framework's per-op cost
    between them) and could not keep up with the kernels.
 
 **Catch-up.** A thread that was blocked (1-4) when the GPU ran dry let the queue drain; after it returns it needs
 time to refill the queue, and the GPU idles meanwhile although the thread is "issuing". That catch-up is the
-block's cost (a host that was never blocked would have been ahead): when an idle stretch begins inside a block,
-the stretch's ``launch`` part goes to that block. A block that begins after the GPU already ran dry (a host that
-was behind anyway: launch-bound) keeps only its own time. ``step_start``: a ``launch`` part before the first GPU
+block's cost (a host that was never blocked would have been ahead): from an idle stretch that begins inside a
+block, the ``launch`` time of that stretch and of the stretches that follow while the host stays behind (each
+kernel waiting for the next launch) goes to the block, up to the block's own duration -- a host blocked D us is
+at most D us behind (:func:`catch_up`). A block that begins after the GPU already ran dry (a host that was behind
+anyway: launch-bound) keeps only its own time. ``step_start``: a ``launch`` part before the first GPU
 work a window issued (the host runs a step's Python before issuing anything). ``unexplained``: idle before which
 no issuing call is in the trace (no CUDA runtime events; idle after the last GPU work).
 
 The slices of a window sum to the window (a test checks it on every committed trace).
 
 **CPU-only traces** (gloo jobs): no GPU activity; the main thread (the one holding the step annotations) plays
-the device: ``compute`` = its CPU ops, ``comm`` = its collective ops (``gloo:``, ``c10d::``), and the rest is
-split as above (``launch`` being the framework's time between ops). This needs every CPU op, so such a trace is
+the device, in this precedence: ``input`` (its DataLoader requests), ``compute`` (its CPU ops), ``comm`` (a
+collective running on any thread of the process -- gloo runs it on its own thread while the main thread waits),
+``host_stall`` (>= 1 ms without a recorded op); the main thread's time between ops (Python, dispatch) is compute
+too: on a CPU-only job the host is the device. This needs every CPU op, so such a trace is
 read once more with ``cpu="all"`` (CPU-only traces are small).
 """
 
@@ -54,7 +61,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..traces.gaps import DEFAULT_STALL_US
-from ..traces.intervals import cover, gaps_between, partition, union_np
+from ..traces.intervals import cover, gaps_between, partition, subtract, union_np
 from .calls import ALLOC_CALLS, BLOCKING_COPY_CALLS, DATALOADER, STEP_PREFIX, SYNC_CALLS, base_name
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -183,13 +190,17 @@ def _thread_sets(cpu: "pd.DataFrame", tid, calls: "pd.DataFrame", lo: float, hi:
     alloc = mine[base.isin(ALLOC_CALLS)]
     # a stall is a stretch with neither an issuing call nor a blocking call/annotation: the blocks are their own
     # slices, so a DataLoader wait of 3 ms is input, not a stall around it
-    act = [mine[mine["issues"]], data, sync, alloc]
+    act = [calls[calls["issues"]], data, sync, alloc]  # any thread issuing (the autograd thread's backward)
     ca, cb = union_np(np.concatenate([[lo - 1e-3, hi]] + [x["ts"].to_numpy(dtype=float) for x in act]),
                       np.concatenate([[lo, hi + 1e-3]] + [np.maximum(x["end"].to_numpy(dtype=float),
                                                                      x["ts"].to_numpy(dtype=float) + 1e-3)
                                                           for x in act]))
+    # ... and outside every recorded op: a long op that issues nothing for a while (a foreach op over hundreds of
+    # tensors, a CPU tensor op) is the host's own cost of issuing the step's work, not a stall
+    ops = cpu[cpu["cat"] == "cpu_op"]
+    stall = subtract(gaps_between(ca, cb, HOST_STALL_US), union_np(ops["ts"], ops["end"]))
     return {"input": union_np(data["ts"], data["end"]), "sync": union_np(sync["ts"], sync["end"]),
-            "allocator": union_np(alloc["ts"], alloc["end"]), "host_stall": gaps_between(ca, cb, HOST_STALL_US)}
+            "allocator": union_np(alloc["ts"], alloc["end"]), "host_stall": stall}
 
 
 def _calls(view: "RankView") -> "pd.DataFrame":
@@ -273,22 +284,16 @@ def account(view: "RankView") -> Account:
         for k in reversed(BLOCKING):  # first in precedence wins: assign in reverse
             sub[cover(*host[t][k], ss)] = k
         cls[m] = sub
-    # catch-up: within one idle stretch (same window, same next activity), launch goes to its main block
-    grp = np.where(idle, w * (len(starts) + 1) + nxt, -1)
     dur = e - s
-    df = pd.DataFrame({"grp": grp, "cls": cls, "dur": dur, "s": s})
-    first = df[df["grp"] >= 0].sort_values("s", kind="stable").drop_duplicates("grp").set_index("grp")["cls"]
-    main = first[first.isin(BLOCKING)]  # the host was already blocked when the GPU ran dry: the block drained it
-    if len(main):
-        lm = (df["cls"] == "launch") & df["grp"].isin(main.index)
-        df.loc[lm, "cls"] = df.loc[lm, "grp"].map(main)
-    cls = df["cls"].to_numpy(dtype=object)
     # step_start: launch time before the window's first own GPU work
     cls[(cls == "launch") & (e <= first_own[w])] = "step_start"
-
     per = pd.DataFrame({"w": w, "cls": cls, "dur": dur}).pivot_table(index="w", columns="cls", values="dur",
                                                                          aggfunc="sum", fill_value=0.0)
     per = per.reindex(index=range(len(win)), columns=list(SLICES), fill_value=0.0)
+    grp = np.where(idle, w * (len(starts) + 1) + nxt, -1)
+    for (wi, cause, k), amount in catch_up(grp, w, nxt, cls, dur, s, t_next, host).items():
+        per.loc[wi, k] -= amount
+        per.loc[wi, cause] += amount
     per_step = pd.concat([win.reset_index(drop=True).assign(dur=wb - wa), per.reset_index(drop=True)], axis=1)
 
     in_win = (kw >= 0) & own
@@ -299,7 +304,8 @@ def account(view: "RankView") -> Account:
     launch = {"kernels_per_step": int(k_in.sum()) / max(1, len(win)),
               "kernel_median_us": float(np.median(kdur)) if kdur.size else None,
               "launch_interval_median_us": float(np.median(np.diff(lts))) if lts.size > 1 else None}
-    qd = df[df["cls"] == "queued"].groupby("grp")["dur"].sum()
+    qm = cls == "queued"
+    qd = pd.Series(dur[qm]).groupby(grp[qm]).sum()
     floor = float(qd.median()) if len(qd) >= 3 else 0.0
     above = float((qd - floor).clip(lower=0).sum()) if len(qd) else 0.0
     return Account(rank=view.rank, mode="gpu", per_step=per_step, stalls=_stalls(view, calls, host, s, e, cls),
@@ -308,6 +314,63 @@ def account(view: "RankView") -> Account:
                            "median_us": float(qd.median()) if len(qd) else None,
                            "above_median_share": above / float(qd.sum()) if len(qd) and qd.sum() > 0 else 0.0},
                    threads=len(threads), step_us=view.step_us)
+
+
+def catch_up(grp, w, nxt, cls, dur, s, t_next, host) -> dict[tuple[int, str, str], float]:
+    """The catch-up of every block (module docstring): ``{(window, cause, slice): us}`` to move from another
+    host-caused slice to the block's.
+
+    An idle stretch (``grp``: same window, same next activity) that begins inside a block (the first segment's
+    class is input/sync/allocator/host_stall) was drained by that block: the host, blocked D us, is D us further
+    behind than it would have been. From there, in that stretch and the host-caused stretches that follow (until
+    one whose next work was already queued, or the GPU ran without idling for as long as the host is still
+    behind: it caught up), the host's time -- issuing, or another
+    wait that the drained queue now exposes (a DataLoader request after a ``synchronize``) -- is the block's, up
+    to D in all (its own overlap with the idle time included): a block costs at most its own duration of GPU
+    time. The same kind of block again while the host is behind (a ``.item()`` per parameter) adds its D; what
+    exceeds the budget keeps its own slice.
+    """
+    import numpy as np
+    import pandas as pd
+
+    m = grp >= 0
+    if not m.any():
+        return {}
+    df = pd.DataFrame({"grp": grp[m], "w": w[m], "nxt": nxt[m], "cls": cls[m], "dur": dur[m], "s": s[m],
+                       "t": t_next[m]})
+    tot = df.groupby(["grp", "cls"])["dur"].sum()
+    firsts = df.sort_values("s", kind="stable").drop_duplicates("grp")
+    moves: dict[tuple[int, str, str], float] = {}
+    stretch_end = df.assign(e=df["s"] + df["dur"]).groupby("grp")["e"].max()
+    cause, budget, prev_end = None, 0.0, -np.inf
+    host_classes = ("launch", "step_start") + BLOCKING
+    for g, wi, n, c0, s0, t in zip(firsts["grp"], firsts["w"], firsts["nxt"], firsts["cls"], firsts["s"],
+                                   firsts["t"]):
+        busy = s0 - prev_end  # the GPU ran this long without idling since the previous stretch
+        prev_end = float(stretch_end[g])
+        if c0 not in host_classes or busy >= budget:
+            # the next work was already queued, or the GPU ran as long as the host was behind: caught up
+            cause, budget = None, 0.0
+        if c0 not in host_classes:
+            continue
+        if c0 in BLOCKING:
+            a, b = host[t][c0]
+            i = int(np.searchsorted(a, s0, side="right")) - 1
+            fresh = max(float(b[i] - a[i]) - float(tot.get((g, c0), 0.0)), 0.0)
+            if c0 == cause:  # the same kind again while the host is behind (a .item() per parameter)
+                budget += fresh
+            else:  # a block drained the GPU: its account starts
+                cause, budget = c0, fresh
+        if cause is None:
+            continue
+        for k in host_classes:  # the host is behind because of the block: its time here is the block's
+            if k == cause:
+                continue
+            take = min(float(tot.get((g, k), 0.0)), budget)
+            if take > 0:
+                moves[(int(wi), cause, k)] = moves.get((int(wi), cause, k), 0.0) + take
+                budget -= take
+    return moves
 
 
 def _stalls(view, calls, host, s, e, cls) -> tuple[dict, ...]:
@@ -378,7 +441,8 @@ def account_cpu(view: "RankView", cpu_all: "pd.DataFrame") -> Account:
     mine = cpu[cpu["tid"] == main]
     names = mine["name"].astype(str)
     ops = mine[mine["cat"] == "cpu_op"]
-    comm = mine[names.str.startswith(COMM_OPS)]
+    # the collective runs on the backend's own thread (gloo's) while the main thread waits for it: any thread's
+    comm = cpu[cpu["name"].astype(str).str.startswith(COMM_OPS)]
     data = mine[(mine["cat"] == "user_annotation") & names.str.startswith(DATALOADER)]
     win = windows(view, None)
     if win["start"].isna().all():
@@ -395,10 +459,12 @@ def account_cpu(view: "RankView", cpu_all: "pd.DataFrame") -> Account:
     w = np.searchsorted(wa, s, side="right") - 1
     ok = (w >= 0) & (s < wb[np.clip(w, 0, None)])
     s, e, w = s[ok], e[ok], w[ok]
-    cls = np.full(s.shape, "launch", dtype=object)
+    # precedence: input > compute > comm > host_stall > the rest: the main thread's own time between ops (< 1 ms:
+    # Python and dispatch), which on a CPU-only job is the job's work too -- compute
+    cls = np.full(s.shape, "compute", dtype=object)
     cls[cover(*stall, s)] = "host_stall"
-    cls[cover(*sets["compute"], s)] = "compute"
     cls[cover(*sets["comm"], s)] = "comm"
+    cls[cover(*sets["compute"], s)] = "compute"
     cls[cover(*sets["input"], s)] = "input"
     dur = e - s
     per = pd.DataFrame({"w": w, "cls": cls, "dur": dur}).pivot_table(index="w", columns="cls", values="dur",

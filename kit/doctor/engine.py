@@ -60,12 +60,47 @@ def steps_frame(cpu) -> "Any":
     return out.sort_values("ts", kind="stable").reset_index(drop=True)
 
 
+INFERRED = "inferred"
+
+
+def inferred_steps(cpu) -> "Any":
+    """Steps of a trace without ``ProfilerStep`` annotations, from the loop's own annotations: each step starts
+    where the host asks the DataLoader for a batch (``enumerate(DataLoader)...``) and runs to the next such
+    request; the last one ends with its ``Optimizer.step`` (or lasts the median step). Needs 2+ DataLoader
+    requests; empty otherwise (then the traced span is one step). The frame's ``attrs[INFERRED]`` says so."""
+    import numpy as np
+    import pandas as pd
+
+    cols = ["step", "ts", "end", "dur"]
+    if cpu is None or cpu.empty:
+        return pd.DataFrame(columns=cols)
+    ann = cpu[cpu["cat"] == "user_annotation"]
+    names = ann["name"].astype(str)
+    main = ann[names.str.startswith("enumerate(DataLoader)")]
+    if len(main) < 2:
+        return pd.DataFrame(columns=cols)
+    main = main[main["tid"] == main["tid"].mode().iloc[0]]
+    starts = np.sort(main["ts"].to_numpy(dtype=float))
+    if len(starts) < 2:
+        return pd.DataFrame(columns=cols)
+    opt = ann[names.str.startswith("Optimizer.step#")]["end"].to_numpy(dtype=float)
+    after = opt[opt > starts[-1]]
+    last_end = float(after.min()) if after.size else starts[-1] + float(np.median(np.diff(starts)))
+    ends = np.r_[starts[1:], last_end]
+    out = pd.DataFrame({"step": np.arange(len(starts)), "ts": starts, "end": ends, "dur": ends - starts})
+    out.attrs[INFERRED] = "the DataLoader requests"
+    return out
+
+
 def capture_notes(trace, steps) -> list[str]:
     """What the trace lacks for a full diagnosis, said as what to change in the capture (kit.capture does all)."""
     notes = []
     if trace.gpu.empty:
         notes.append("no GPU activity: profile with ProfilerActivity.CUDA (kit.capture does)")
-    if steps.empty:
+    if steps.attrs.get(INFERRED):
+        notes.append(f"no ProfilerStep annotations: {len(steps)} steps inferred from {steps.attrs[INFERRED]}; call "
+                     f"prof.step() once per training step (kit.capture does) for exact step windows")
+    elif steps.empty:
         notes.append("no ProfilerStep annotations: call prof.step() once per training step (kit.capture does); "
                      "costs are per traced span, not per step")
     if trace.info.rank is None:
@@ -166,6 +201,8 @@ def rank_summary(path: str | Path) -> RankSummary:
 
     t = traces.load_trace(path)
     st = steps_frame(t.cpu)
+    if st.empty:
+        st = inferred_steps(t.cpu)
     rank = t.info.rank
     if rank is None:
         parsed = parse_name(Path(path).name)
@@ -173,8 +210,9 @@ def rank_summary(path: str | Path) -> RankSummary:
     view = RankView(trace=t, steps=st, rank=rank if rank is not None else -1)
     if t.gpu.empty and not t.cpu.empty:  # a CPU-only job: the accounting reads every CPU op (small traces)
         view.memo["cpu_all"] = traces.load_trace(path, cpu="all").cpu
-        if st.empty:
-            st = steps_frame(view.memo["cpu_all"])
+        if st.empty or st.attrs.get(INFERRED):
+            st2 = steps_frame(view.memo["cpu_all"])
+            st = st2 if not st2.empty else (st if not st.empty else inferred_steps(view.memo["cpu_all"]))
             view = replace(view, steps=st)
     view = replace(view, step_us=step_time(view))  # the same memo: what step_time computed is shared
     step_us = view.step_us
@@ -300,9 +338,8 @@ def judge_all(summaries: Sequence[RankSummary], *, sweep=None, flight_recorder=N
     if accounts and want is None:
         from .rules.idle import explain_rest
 
-        for f in explain_rest(accounts, findings, ctx):
-            f = capped(f, step_us)
-            findings.append(replace(f, severity=severity(f.cost_us_per_step, step_us)))
+        findings += explain_rest(accounts, findings, ctx)  # may also set signature rules' costs to their slice
+        findings = [replace(g, severity=severity(g.cost_us_per_step, step_us)) for g in (capped(f, step_us) for f in findings)]
     findings.sort(key=lambda f: -(f.cost_us_per_step or 0))
     return findings, checked, skipped, replace(ctx, notes=tuple(partial))
 

@@ -15,10 +15,19 @@ mtime + the file's two ends catches every rewrite a profiler or copy makes (the 
 mode and ``make`` make).
 
 **Format.** One Parquet file per frame (``<trace name>.<cpu mode>.gpu.parquet`` / ``.cpu.parquet``), written
-with pyarrow; ``name``/``cat`` stay dictionary-encoded (categorical in pandas), numbers keep their widths.
-Object columns (collective names, process-group ranks, input dims -- lists of varying depth) are stored as
-their JSON text and decoded on read. The trace header and the key are the file's schema metadata. Parquet
-rather than Arrow IPC: compressed (a 100 MB trace's frames are a few MB), and readable by every dataframe tool.
+and read with pyarrow alone, from and back to the builder's :class:`~kit.traces.columns.Columns` -- pandas is
+not imported (its import costs more CPU than the write): ``name``/``cat`` stay dictionary-encoded (categorical
+in pandas), numbers keep their widths. Object columns (collective names, process-group ranks, input dims --
+lists of varying depth) are stored as their JSON text and decoded on read. The trace header and the key are the
+file's schema metadata. Parquet rather than Arrow IPC: compressed (a 100 MB trace's frames are a few MB), and
+readable by every dataframe tool.
+
+**On by default, because measured so** (``kit trace gaps`` on the generated 105 MB trace of
+``benchmarks/bench_trace_tools.py``; CPU seconds of the command, the loaded 2-core box's wall time saying
+little; numbers in benchmarks/README.md): with entries written and read through pandas, the first run cost
+~0.4 s more than without the cache (+47%) for a second run ~0.3 s cheaper -- a loss for a trace analysed once.
+Written and read through pyarrow alone, the entry costs the first run little and a second run on the same file
+reads it instead of parsing.
 """
 
 from __future__ import annotations
@@ -30,12 +39,11 @@ import os
 import tempfile
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # pragma: no cover
-    import pandas as pd
+from .columns import Columns, _categorical
 
-VERSION = 3
+VERSION = 4
 """bump when the frames built from a trace change (columns, dtypes, what is kept)"""
 _DIR = ".kitcache"
 _EDGE = 1 << 20
@@ -94,10 +102,10 @@ def entry(path: Path, cpu: str = "default") -> Path | None:
     return None
 
 
-def read(path: Path, cpu: str, parser: str) -> "tuple[pd.DataFrame, pd.DataFrame, dict[str, Any]] | None":
+def read(path: Path, cpu: str, parser: str) -> tuple[Columns, Columns, dict[str, Any]] | None:
     """``(gpu frame, cpu frame, metadata)`` when an entry with this key exists and reads back whole (the
-    metadata as :func:`write` was given it); None otherwise (a corrupt entry is deleted). Plain frames: the
-    trace layer makes the Trace."""
+    frames as :class:`~kit.traces.columns.Columns`, the metadata as :func:`write` was given it); None otherwise
+    (a corrupt entry is deleted). Plain frames: the trace layer makes the Trace."""
     if not path.is_file():
         return None
     try:
@@ -122,7 +130,7 @@ def read(path: Path, cpu: str, parser: str) -> "tuple[pd.DataFrame, pd.DataFrame
     return None
 
 
-def write(path: Path, cpu: str, parser: str, gpu: "pd.DataFrame", cpu_frame: "pd.DataFrame",
+def write(path: Path, cpu: str, parser: str, gpu: Columns, cpu_frame: Columns,
           meta: dict[str, Any]) -> Path | None:
     """Store a trace's two frames with ``meta`` (JSON-able: what :func:`read` gives back); returns the GPU
     frame's file, or None when no cache folder is writable (the trace was parsed; only the next open is
@@ -144,18 +152,29 @@ def write(path: Path, cpu: str, parser: str, gpu: "pd.DataFrame", cpu_frame: "pd
     return None
 
 
-def _write_frame(df: "pd.DataFrame", dest: Path, meta: dict[str, Any]) -> None:
+def _write_frame(cols: Columns, dest: Path, meta: dict[str, Any]) -> None:
+    """One frame's :class:`~kit.traces.columns.Columns` as Parquet, through pyarrow alone (no pandas: its
+    import is 0.18 s of CPU, more than the write): categorical columns as dictionary arrays (codes and
+    categories as they are), numpy columns as they are, list columns as JSON text."""
+    import msgspec
+    import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    d = df.copy()
-    json_cols = [c for c in d.columns if d[c].dtype == object]
-    for c in json_cols:
-        d[c] = [None if v is None or (isinstance(v, float) and v != v) else json.dumps(v) for v in d[c]]
-    table = pa.Table.from_pandas(d, preserve_index=False)
-    m = dict(table.schema.metadata or {})
-    m[b"kit"] = json.dumps({**meta, "json_columns": json_cols}, default=str).encode()
-    table = table.replace_schema_metadata(m)
+    arrays, json_cols = {}, []
+    enc = msgspec.json.encode
+    for c in cols.columns:
+        v = cols.values[c]
+        if c in cols.categories:
+            arrays[c] = pa.DictionaryArray.from_arrays(pa.array(v, pa.int32()), pa.array(cols.categories[c], pa.string()))
+        elif isinstance(v, np.ndarray):
+            arrays[c] = pa.array(v)
+        else:
+            json_cols.append(c)
+            arrays[c] = pa.array([None if x is None else enc(x).decode() for x in v], pa.string())
+    extra = {"json_columns": json_cols, "columns": list(cols.columns), "n": cols.n,
+             "categories": cols.categories if not cols.n else {}}  # an empty dictionary column keeps no values
+    table = pa.table(arrays).replace_schema_metadata({b"kit": json.dumps({**meta, **extra}, default=str).encode()})
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name, suffix=".tmp")
     os.close(fd)
     try:
@@ -166,26 +185,39 @@ def _write_frame(df: "pd.DataFrame", dest: Path, meta: dict[str, Any]) -> None:
             os.unlink(tmp)
 
 
-def _read_frame(src: Path) -> tuple["pd.DataFrame", dict[str, Any]]:
+def _read_frame(src: Path) -> tuple[Columns, dict[str, Any]]:
+    """The :class:`~kit.traces.columns.Columns` :func:`_write_frame` stored, exactly (dtypes, codes and their
+    categories), and the metadata."""
     import msgspec
     import numpy as np
-    import pandas as pd
     import pyarrow.parquet as pq
 
-    from .columns import CATEGORY_COLUMNS
-
-    table = pq.read_table(src)
+    table = pq.ParquetFile(src).read()  # not read_table: that imports pyarrow.dataset, which imports pandas
     meta = json.loads((table.schema.metadata or {})[b"kit"])
-    df = table.to_pandas()
-    for c in meta.get("json_columns", []):
-        v = df[c].to_numpy(dtype=object)
-        mask = df[c].notna().to_numpy()
-        out = np.full(len(v), None, dtype=object)
-        if mask.any():  # mostly empty: only the events that carry it are decoded
-            for i, x in zip(np.flatnonzero(mask), msgspec.json.decode(b"[" + ",".join(v[mask]).encode() + b"]")):
-                out[i] = x  # one by one: values may be lists, which numpy would broadcast
-        df[c] = pd.Series(out, index=df.index, dtype=object)
-    for c in CATEGORY_COLUMNS:  # an empty dictionary column comes back as plain strings
-        if c in df.columns and not isinstance(df[c].dtype, pd.CategoricalDtype):
-            df[c] = pd.Categorical(df[c].tolist())
-    return df, meta
+    n = int(meta["n"])
+    values: dict[str, Any] = {}
+    cats: dict[str, list[str]] = {}
+    for c in meta["columns"]:
+        col = table.column(c)
+        if c in meta["json_columns"]:
+            v = col.to_pylist()
+            idx = [i for i, x in enumerate(v) if x is not None]
+            out: list[Any] = [None] * n
+            if idx:  # mostly empty: only the events that carry it are decoded, in one call
+                for i, x in zip(idx, msgspec.json.decode(("[" + ",".join(v[i] for i in idx) + "]").encode())):
+                    out[i] = x
+            values[c] = out
+        elif str(col.type).startswith("dictionary"):
+            if not n:
+                values[c], cats[c] = np.zeros(0, dtype=np.int32), list(meta["categories"].get(c, []))
+                continue
+            chunks = col.chunks
+            d = chunks[0].dictionary.to_pylist()
+            if all(ch.dictionary.to_pylist() == d for ch in chunks[1:]):
+                values[c] = np.concatenate([ch.indices.to_numpy(zero_copy_only=False) for ch in chunks]).astype(np.int32)
+                cats[c] = d
+            else:  # row groups with their own dictionaries: back to the values, coded again as the builder does
+                values[c], cats[c] = _categorical(col.to_pylist())
+        else:
+            values[c] = col.to_numpy()
+    return Columns(n, tuple(meta["columns"]), values, cats), meta

@@ -65,6 +65,12 @@ RECORD_FUNCTIONS = ("ProfilerStep#", "enumerate(DataLoader)", "Optimizer.step#",
 cpu_op) in PyTorch 1.8-1.9 ones -- read as annotations whatever the trace calls them, and kept by ``cpu="default"``"""
 
 
+LONG_CPU_OP_US = 1000.0
+"""``cpu="default"`` also keeps every CPU op at least this long: what the host did in a long stretch without CUDA
+calls (an op's own host cost -- a foreach op over hundreds of tensors, a CPU tensor op -- is not a stall); a few
+per step, so the frame stays small"""
+
+
 def _cat(c: str, name: str) -> str:
     return "user_annotation" if c == "cpu_op" and name.startswith(RECORD_FUNCTIONS) else c
 
@@ -301,7 +307,7 @@ def load_trace(path: str | Path, *, cpu: CpuMode = "default", raw: bool = False,
         t = _build(header, chunks, path=p, adapter=adapter, cpu=cpu, n_events=n_events)
     if use_cache:
         meta = {"header": t.header, "adapter": t.adapter, "events": t.info.events, "warnings": list(t.warnings)}
-        _cache.write(p, cpu, _parser(adapter), t.gpu, t.cpu, meta)
+        _cache.write(p, cpu, _parser(adapter), t._frames["gpu"], t._frames["cpu"], meta)
     return t
 
 
@@ -315,7 +321,7 @@ def _parser(adapter: Adapter | None) -> str:
                            digest_size=6).hexdigest()
 
 
-def _cached_trace(path: Path, gpu: "pd.DataFrame", cpu: "pd.DataFrame", meta: dict[str, Any]) -> Trace:
+def _cached_trace(path: Path, gpu: Columns, cpu: Columns, meta: dict[str, Any]) -> Trace:
     """The Trace of frames read back from the cache (:func:`kit.traces.cache.read`)."""
     header = meta.get("header") or {}
     ad = next((a for a in ADAPTERS if a.name == meta.get("adapter")), None) or adapter_for(header)
@@ -412,7 +418,8 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
         c_names = names(c_ev)
         if by_name:
             cand = [e for e in events if e.cat in by_name and e.ph == "X"]
-            sel = [(e, n) for e, n in zip(cand, names(cand)) if keep_cpu(ad.cats[e.cat], n)]
+            sel = [(e, n) for e, n in zip(cand, names(cand))
+                   if keep_cpu(ad.cats[e.cat], n) or (cpu == "default" and (e.dur or 0) >= LONG_CPU_OP_US)]
             c_ev += [e for e, _ in sel]
             c_names += [n for _, n in sel]
         a = add(cc, c_ev, c_names)

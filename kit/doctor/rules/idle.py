@@ -205,10 +205,11 @@ def explain_rest(accounts: list[tuple[int, Account]], findings: list[Finding], c
     out = []
     for rid in ("host_sync", "launch_bound"):
         slices = tuple(s for s, r in SLICE_RULE.items() if r == rid)
-        if rid in have:
+        if rid in have:  # the signature rule names it; the accounting's slice is its cost (one us, one cause)
             worst = max((_slices(a, slices) for _, a in accounts), default=0.0)
-            findings[:] = [dataclasses.replace(f, evidence={**f.evidence, "accounted_us_per_step": _r(worst)})
-                           if f.rule == rid else f for f in findings]
+            findings[:] = [dataclasses.replace(f, cost_us_per_step=round(worst, 1), evidence={
+                **f.evidence, "rule_estimate_us_per_step": f.cost_us_per_step, "accounted_us_per_step": _r(worst)})
+                if f.rule == rid else f for f in findings]
             continue
         out += slice_finding(rid, slices, accounts, ctx)
     out += must_speak(accounts, findings + out, ctx)
