@@ -163,6 +163,7 @@ def test_cli_bad_traces(tmp_path):
             assert p.returncode == 2 and "Traceback" not in p.stderr, (name, verb, p.stderr)
 
 
+@pytest.mark.slow
 def test_kit_run_collective_tracing_cpu_smoke(tmp_path):
     p = _kit("run", "collective_tracing", "--config", "configs/cpu-smoke.yaml", "--results-root", str(tmp_path))
     assert p.returncode == 0, p.stdout + p.stderr

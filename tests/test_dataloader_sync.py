@@ -103,6 +103,7 @@ def test_config_is_typed():
 
 
 # ------------------------------------------------------------------------------------------------ runs on gloo
+@pytest.mark.slow
 def test_run_two_gloo_ranks(tmp_path):
     cfg = INV.config({**SMALL, "world_size": 2, "results_root": str(tmp_path)})
     run = contract.execute("dataloader_sync", cfg)
@@ -230,6 +231,7 @@ def test_recorded_tables():
 
 
 # ------------------------------------------------------------------------------------------------ notebook
+@pytest.mark.slow
 def test_kit_run_dataloader_sync_cpu_smoke(tmp_path):
     p = subprocess.run([sys.executable, "-m", "kit", "run", "dataloader_sync", "--config", "configs/cpu-smoke.yaml",
                         "--results-root", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=400)

@@ -438,6 +438,7 @@ def test_one_rank_cannot_run_and_says_why(tmp_path):
     assert cfg.check_world(1) and not cfg.check_world(2)  # torchrun jobs are not asked `needs` first
 
 
+@pytest.mark.slow
 def test_kit_run_cpu_smoke(tmp_path):
     p = subprocess.run([sys.executable, "-m", "kit", "run", "p2p_transports", "--config", "configs/cpu-smoke.yaml",
                         "--results-root", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
