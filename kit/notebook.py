@@ -210,16 +210,22 @@ def explore(inv: contract.Investigation, runs: results.RunSet, interactive: bool
     def on_col(_):
         t = tables[w_table.value]
         w_val.options = ["(all)"] + sorted(map(str, t[w_col.value].dropna().unique())) if w_col.value else ["(all)"]
+        w_val.value = "(all)"
 
     w_table.observe(on_table, "value")
     w_col.observe(on_col, "value")
     on_col(None)
+    w_val.value = "(all)"
 
     def view(table, column, value):
+        import pandas as pd
+
         t = tables[table]
         if column and value not in (None, "(all)"):
             t = t[t[column].astype(str) == value]
-        _display(t.round(3))
+        print(f"{table}: {len(t)} of {len(tables[table])} rows -- {runs.source or runs.title}")
+        with pd.option_context("display.max_rows", 200, "display.min_rows", 50):
+            _display(t.round(3))
 
     _display(W.interactive(view, table=w_table, column=w_col, value=w_val))
 

@@ -39,6 +39,8 @@ def test_notebook_parameters_match_config(name):
     for k in own:
         assert ns[k] == defaults[k], k
     assert not any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), "commit notebooks without outputs"
+    raw = json.loads((ROOT / "notebooks" / f"{name}.ipynb").read_text())  # nbformat would add missing ids quietly
+    assert all("id" in c for c in raw["cells"]), "every cell has an id (nbformat's MissingIDFieldWarning otherwise)"
 
 
 @pytest.mark.slow
