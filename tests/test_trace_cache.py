@@ -152,3 +152,31 @@ def test_chunked_and_preselected_decoding_give_the_same_frames(monkeypatch):
 def test_no_hand_written_scanner_left():
     src = "".join(p.read_text() for p in (Path(traces.__file__).parent).glob("*.py"))
     assert "raw_decode" not in src and "JSONDecoder" not in src and "import json\n" not in parse.__loader__.get_source("kit.traces.parse")
+
+
+def test_gaps_writes_and_reads_the_cache_without_pandas(trace):
+    """``kit trace gaps``' path (cpu="none": arrays, no DataFrame) writes its entry and reads it back through
+    pyarrow's buffers: pandas (0.18 s of CPU to import) is never imported, and the entry holds the frames
+    exactly (codes, categories, dtypes, list columns)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from kit import traces; t = traces.load_trace(sys.argv[1], cpu={cpu!r}); "
+            "print(type(t._frames['gpu']).__name__, 'pandas' in sys.modules)")
+    for cpu in ("none", "comm"):
+        for _ in range(2):  # write, then read
+            out = subprocess.run([sys.executable, "-c", code.format(cpu=cpu), str(trace)], capture_output=True,
+                                 text=True, timeout=60)
+            assert out.stdout.split() == ["Columns", "False"], out.stderr
+        assert cache.entry(trace, cpu).read_bytes()[:4] == b"PAR1"
+    for cpu in ("none", "comm", "default", "all"):
+        parsed = traces.load_trace(trace, cpu=cpu, cache=False)
+        traces.load_trace(trace, cpu=cpu)
+        again = traces.load_trace(trace, cpu=cpu)
+        for w in ("gpu", "cpu"):
+            a, b = parsed._frames[w], again._frames[w]
+            assert (a.n, a.columns, a.categories) == (b.n, b.columns, b.categories), (cpu, w)
+            for c in a.columns:
+                x, y = a.values[c], b.values[c]
+                assert type(x) is type(y) and (getattr(x, "dtype", None) == getattr(y, "dtype", None)), (cpu, w, c)
+                assert (list(x) == list(y)) if isinstance(x, list) else bool(((x == y) | (x != x) & (y != y)).all())

@@ -23,11 +23,11 @@ file's schema metadata. Parquet rather than Arrow IPC: compressed (a 100 MB trac
 readable by every dataframe tool.
 
 **On by default, because measured so** (``kit trace gaps`` on the generated 105 MB trace of
-``benchmarks/bench_trace_tools.py``; CPU seconds of the command, the loaded 2-core box's wall time saying
-little; numbers in benchmarks/README.md): with entries written and read through pandas, the first run cost
-~0.4 s more than without the cache (+47%) for a second run ~0.3 s cheaper -- a loss for a trace analysed once.
-Written and read through pyarrow alone, the entry costs the first run little and a second run on the same file
-reads it instead of parsing.
+``benchmarks/bench_trace_tools.py``, CPU seconds of each command -- the shared 2-core box's wall time said
+little; the table is in benchmarks/README.md): writing the entry adds about a tenth to a first run, and a second
+run on the same file reads it instead of parsing, for about a third of the first's CPU. Entries written and
+read through pandas, as before, cost a first run about half again (its import) for a second run only a third
+cheaper: a loss for a trace analysed once, hence pyarrow's buffers here.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from typing import Any
 
 from .columns import Columns, _categorical
 
-VERSION = 4
+VERSION = 5
 """bump when the frames built from a trace change (columns, dtypes, what is kept)"""
 _DIR = ".kitcache"
 _EDGE = 1 << 20
@@ -152,10 +152,66 @@ def write(path: Path, cpu: str, parser: str, gpu: Columns, cpu_frame: Columns,
     return None
 
 
+# pyarrow imports pandas (0.18 s of CPU) the first time it converts a Python or numpy object (pa.array,
+# to_numpy, to_pylist): the arrays are made from and read back as buffers, which it does not.
+def _arrow(v: Any, n: int) -> Any:
+    """A numpy array (numbers, bools) or a list of str/None as an Arrow array, through its buffers."""
+    import numpy as np
+    import pyarrow as pa
+
+    if isinstance(v, np.ndarray):
+        if v.dtype == bool:
+            return pa.Array.from_buffers(pa.bool_(), n, [None, pa.py_buffer(np.packbits(v, bitorder="little"))])
+        v = np.ascontiguousarray(v)
+        return pa.Array.from_buffers(pa.from_numpy_dtype(v.dtype), n, [None, pa.py_buffer(v)])
+    enc = [b"" if x is None else x.encode() for x in v]
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, enc), dtype=np.int64, count=n), out=offsets[1:])
+    valid = np.fromiter((x is not None for x in v), dtype=bool, count=n)
+    nulls = n - int(valid.sum())
+    bits = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
+    return pa.Array.from_buffers(pa.large_string(), n, [bits, pa.py_buffer(offsets), pa.py_buffer(b"".join(enc))],
+                                 null_count=nulls)
+
+
+def _numpy(chunks: list, dtype: Any) -> "Any":
+    """Arrow chunks of numbers or bools (no nulls) as one numpy array, from their buffers."""
+    import numpy as np
+
+    out = []
+    for ch in chunks:
+        buf = ch.buffers()[1]
+        if dtype == bool:
+            bits = np.frombuffer(buf, dtype=np.uint8)
+            out.append(np.unpackbits(bits, count=ch.offset + len(ch), bitorder="little")[ch.offset:].astype(bool))
+        else:
+            out.append(np.frombuffer(buf, dtype=dtype, count=len(ch), offset=ch.offset * np.dtype(dtype).itemsize))
+    return np.concatenate(out) if out else np.zeros(0, dtype=dtype)
+
+
+def _strings(chunks: list) -> list[str | None]:
+    """Arrow chunks of (large) strings as str/None, from their buffers."""
+    import numpy as np
+
+    out: list[str | None] = []
+    for ch in chunks:
+        n = len(ch)
+        if not n:
+            continue
+        bits, offs, data = ch.buffers()[:3]
+        wide = np.int64 if str(ch.type) == "large_string" else np.int32
+        o = np.frombuffer(offs, dtype=wide, count=n + 1, offset=ch.offset * np.dtype(wide).itemsize).tolist()
+        raw = data.to_pybytes() if data is not None else b""
+        valid = (np.unpackbits(np.frombuffer(bits, dtype=np.uint8), count=ch.offset + n, bitorder="little")[ch.offset:]
+                 .astype(bool).tolist() if bits is not None and ch.null_count else [True] * n)
+        out += [raw[o[i]:o[i + 1]].decode() if valid[i] else None for i in range(n)]
+    return out
+
+
 def _write_frame(cols: Columns, dest: Path, meta: dict[str, Any]) -> None:
-    """One frame's :class:`~kit.traces.columns.Columns` as Parquet, through pyarrow alone (no pandas: its
-    import is 0.18 s of CPU, more than the write): categorical columns as dictionary arrays (codes and
-    categories as they are), numpy columns as they are, list columns as JSON text."""
+    """One frame's :class:`~kit.traces.columns.Columns` as Parquet, through pyarrow alone and without pandas
+    (:func:`_arrow`): categorical columns as dictionary arrays (codes and categories as they are), numpy
+    columns as they are, list columns as JSON text."""
     import msgspec
     import numpy as np
     import pyarrow as pa
@@ -163,18 +219,23 @@ def _write_frame(cols: Columns, dest: Path, meta: dict[str, Any]) -> None:
 
     arrays, json_cols = {}, []
     enc = msgspec.json.encode
+    n = cols.n
     for c in cols.columns:
         v = cols.values[c]
         if c in cols.categories:
-            arrays[c] = pa.DictionaryArray.from_arrays(pa.array(v, pa.int32()), pa.array(cols.categories[c], pa.string()))
+            codes = _arrow(np.asarray(v, dtype=np.int32), n)
+            arrays[c] = pa.DictionaryArray.from_arrays(codes, _arrow(cols.categories[c], len(cols.categories[c])))
         elif isinstance(v, np.ndarray):
-            arrays[c] = pa.array(v)
+            arrays[c] = _arrow(v, n)
         else:
             json_cols.append(c)
-            arrays[c] = pa.array([None if x is None else enc(x).decode() for x in v], pa.string())
-    extra = {"json_columns": json_cols, "columns": list(cols.columns), "n": cols.n,
-             "categories": cols.categories if not cols.n else {}}  # an empty dictionary column keeps no values
-    table = pa.table(arrays).replace_schema_metadata({b"kit": json.dumps({**meta, **extra}, default=str).encode()})
+            arrays[c] = _arrow([None if x is None else enc(x).decode() for x in v], n)
+    extra = {"json_columns": json_cols, "columns": list(cols.columns), "n": n,
+             "dtypes": {c: str(v.dtype) for c, v in cols.values.items() if isinstance(v, np.ndarray)
+                        and c not in cols.categories},
+             "categories": cols.categories if not n else {}}  # an empty dictionary column keeps no values
+    table = pa.Table.from_arrays(list(arrays.values()), names=list(arrays))
+    table = table.replace_schema_metadata({b"kit": json.dumps({**meta, **extra}, default=str).encode()})
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name, suffix=".tmp")
     os.close(fd)
     try:
@@ -187,7 +248,7 @@ def _write_frame(cols: Columns, dest: Path, meta: dict[str, Any]) -> None:
 
 def _read_frame(src: Path) -> tuple[Columns, dict[str, Any]]:
     """The :class:`~kit.traces.columns.Columns` :func:`_write_frame` stored, exactly (dtypes, codes and their
-    categories), and the metadata."""
+    categories), and the metadata; without pandas."""
     import msgspec
     import numpy as np
     import pyarrow.parquet as pq
@@ -198,26 +259,25 @@ def _read_frame(src: Path) -> tuple[Columns, dict[str, Any]]:
     values: dict[str, Any] = {}
     cats: dict[str, list[str]] = {}
     for c in meta["columns"]:
-        col = table.column(c)
+        chunks = [ch for ch in table.column(c).chunks if len(ch)]
         if c in meta["json_columns"]:
-            v = col.to_pylist()
+            v = _strings(chunks)
             idx = [i for i, x in enumerate(v) if x is not None]
             out: list[Any] = [None] * n
             if idx:  # mostly empty: only the events that carry it are decoded, in one call
                 for i, x in zip(idx, msgspec.json.decode(("[" + ",".join(v[i] for i in idx) + "]").encode())):
                     out[i] = x
             values[c] = out
-        elif str(col.type).startswith("dictionary"):
-            if not n:
-                values[c], cats[c] = np.zeros(0, dtype=np.int32), list(meta["categories"].get(c, []))
-                continue
-            chunks = col.chunks
-            d = chunks[0].dictionary.to_pylist()
-            if all(ch.dictionary.to_pylist() == d for ch in chunks[1:]):
-                values[c] = np.concatenate([ch.indices.to_numpy(zero_copy_only=False) for ch in chunks]).astype(np.int32)
+        elif c in meta["dtypes"]:
+            values[c] = _numpy(chunks, np.dtype(meta["dtypes"][c]).type if meta["dtypes"][c] != "bool" else bool).copy()
+        elif not n:
+            values[c], cats[c] = np.zeros(0, dtype=np.int32), list(meta["categories"].get(c, []))
+        else:
+            d = _strings([chunks[0].dictionary])
+            if all(_strings([ch.dictionary]) == d for ch in chunks[1:]):
+                values[c] = _numpy([ch.indices for ch in chunks], np.int32).astype(np.int32)
                 cats[c] = d
             else:  # row groups with their own dictionaries: back to the values, coded again as the builder does
-                values[c], cats[c] = _categorical(col.to_pylist())
-        else:
-            values[c] = col.to_numpy()
+                values[c], cats[c] = _categorical([d_[i] for ch in chunks for d_ in [_strings([ch.dictionary])]
+                                                   for i in _numpy([ch.indices], np.int32).tolist()])
     return Columns(n, tuple(meta["columns"]), values, cats), meta
