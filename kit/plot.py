@@ -1,4 +1,5 @@
-"""One way to plot: a shared style, hardware-labelled titles, and one place figures are saved.
+"""One way to plot: a shared style and one place figures are saved (hardware-labelled titles:
+:func:`kit.results.describe` with ``title=True``).
 
 :func:`save` writes ``<name>.png`` into ``$KIT_FIGURES_DIR`` (set by ``kit run`` to the report's figures
 folder, prefixed with the notebook name) or else ``figures/`` at the repository root.
@@ -9,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from . import results, sysinfo
+from . import results
 
 
 def style() -> None:
@@ -26,12 +27,6 @@ def style() -> None:
     import seaborn as sns
 
     sns.set_theme(style="whitegrid", context="notebook")
-
-
-def hardware_title(meta: dict) -> str:
-    """'2x NVIDIA H200 (NV18) | torch 2.11 | NCCL 2.28.9 | 2026-11-22' from a run's meta.json."""
-    when = (meta.get("start_time") or "")[:10]
-    return f"{sysinfo.summary(meta.get('sysinfo') or {})}\n{meta.get('experiment', '')} run {when}"
 
 
 def save(fig, name: str) -> Path:
@@ -103,18 +98,23 @@ def size_curves(summary, y: str = "busbw_gbps", hue: str = "method", col: str = 
             ax.set_yscale("log")
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
-    for ax in list(axes.flat)[:n]:  # each panel names its own lines (a hue may exist in one panel only)
-        if ax.get_lines():
-            ax.legend(fontsize=8)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
+    drawn = {ln.get_label() for ax in list(axes.flat)[:n] for ln in ax.get_lines()}
+    seen = {h: palette[h] for h in hues if str(h) in drawn}
+    if seen:  # one legend for every panel, outside the data (a hue may exist in one panel only)
+        from matplotlib.lines import Line2D
+
+        fig.legend(handles=[Line2D([], [], color=c, marker="o", ms=3, label=str(h)) for h, c in seen.items()],
+                   title=hue, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 0.95))
     return fig
 
 
-def timeline(events, ax=None, title: str = "", t0: float | None = None):
+def timeline(events, ax=None, title: str = "", t0: float | None = None, legend: bool = True):
     """Kernel timeline: one row per (device, stream), a bar per GPU activity; NCCL kernels in red, other
-    kernels blue, memcpy/memset grey. ``events``: kit.traces.gpu_events rows (times in us)."""
+    kernels blue, memcpy/memset grey, said by a colour legend right of the panel. ``events``:
+    kit.traces.gpu_events rows (times in us)."""
     import matplotlib.pyplot as plt
 
     if ax is None:
@@ -126,8 +126,14 @@ def timeline(events, ax=None, title: str = "", t0: float | None = None):
         color = "#d62728" if e.nccl else ("#1f77b4" if e.cat == "kernel" else "#999999")
         ax.barh(y[(e.device, e.stream)], e.dur, left=e.ts - t0, height=0.6, color=color)
     ax.set_yticks(range(len(lanes)))
-    ax.set_yticklabels([f"GPU{d} s{s}" for d, s in lanes], fontsize=8)
+    ax.set_yticklabels([f"GPU {d} · stream {s}" for d, s in lanes], fontsize=8)
     ax.set_xlabel("time (us)")
+    if legend:
+        from matplotlib.patches import Patch
+
+        ax.legend(handles=[Patch(color="#d62728", label="NCCL kernel"), Patch(color="#1f77b4", label="other kernel"),
+                           Patch(color="#999999", label="memcpy / memset")], fontsize=7, loc="upper left",
+                  bbox_to_anchor=(1.01, 1), frameon=False)
     if title:
         ax.set_title(title, fontsize=9)
     return ax

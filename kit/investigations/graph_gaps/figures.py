@@ -10,7 +10,7 @@ from .analysis import (census_table, forward_table, gaps_table, kept_trace_gaps,
 
 
 def _against_layers(runs, d, by: list[str], y: str, ylabel: str, scale: float = 1.0, logy: bool = False,
-                    style=None, figsize=(7.5, 4), legend: int = 8):
+                    style=None, figsize=(7.5, 4), legend: int = 8, what: str = ""):
     """One line per ``by`` group: ``y / scale`` against N (log x), labelled ``a | b | ...``."""
     import matplotlib.pyplot as plt
 
@@ -22,8 +22,9 @@ def _against_layers(runs, d, by: list[str], y: str, ylabel: str, scale: float = 
         ax.set_yscale("log")
     ax.set_xlabel("layers N")
     ax.set_ylabel(ylabel)
-    ax.legend(fontsize=legend)
-    ax.set_title(runs.title, fontsize=9)
+    ax.legend(fontsize=legend, title=" | ".join(by), title_fontsize=legend, loc="upper left",
+              bbox_to_anchor=(1.01, 1))  # outside the data
+    ax.set_title((what + "\n" if what else "") + runs.title, fontsize=9)
     return fig
 
 
@@ -34,7 +35,7 @@ def forward_time(runs):
         return plot.message("no timing rows in these runs", runs.title)
     return _against_layers(runs, ft, ["mode", "label", "model"], "time_us_median", "time per forward (ms)", scale=1e3,
                            logy=True, style=lambda k: "-" if k[2] == "allreduce" else ":", figsize=(7.5, 4.5),
-                           legend=7)
+                           legend=7, what="time per forward vs layers, eager and graph replay (dotted: matmuls only)")
 
 
 def gap_vs_layers(runs):
@@ -44,7 +45,8 @@ def gap_vs_layers(runs):
     if gp.empty:
         return plot.message("no gaps before NCCL kernels: needs profiler rows from CUDA GPUs and 2+ ranks "
                             "(with one rank NCCL launches no kernel)", runs.title)
-    return _against_layers(runs, gp, ["mode", "label"], "gap_nccl_median_us", "median gap before NCCL kernel (us)")
+    return _against_layers(runs, gp, ["mode", "label"], "gap_nccl_median_us", "median gap before NCCL kernel (us)",
+                           what="median idle gap before each NCCL kernel vs layers")
 
 
 def gap_distribution(runs):
@@ -59,8 +61,10 @@ def gap_distribution(runs):
     fig, ax = plt.subplots(figsize=(8, 4))
     sns.boxplot(data=kg, x="mode", y="gap_us", hue=kg["label"] + " / before " + kg["before"], ax=ax, fliersize=2)
     ax.set_ylabel("gap before kernel (us)")
-    ax.set_title(f"kept traces (N={sorted(set(kg.layers))}), all ranks\n" + runs.title, fontsize=9)
-    ax.legend(fontsize=7)
+    ax.set_title(f"idle gap before each kernel, kept traces (N={sorted(set(kg.layers))}), all ranks\n" + runs.title,
+                 fontsize=9)
+    ax.legend(fontsize=7, title="run / kernel after the gap", title_fontsize=7, loc="upper left",
+              bbox_to_anchor=(1.01, 1))
     return fig
 
 
@@ -82,7 +86,9 @@ def timeline(runs):
             ax.axis("off")
             ax.text(0.5, 0.5, f"{f.path.name}: no GPU activity", ha="center", va="center")
             continue
-        plot.timeline(one_layer_window(ev, threshold(runs)), ax=ax, title=f"{f.path.name} ({lab})")
+        what = ", ".join(f"{k} {v}" for k, v in f.tags.items() if k not in ("rank", "model"))
+        plot.timeline(one_layer_window(ev, threshold(runs)), ax=ax,
+                      title=f"one layer on rank 0's GPU timeline: {what} ({lab})")
     fig.tight_layout()
     return fig
 
@@ -98,7 +104,9 @@ def census(runs):
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ct.drop(index=[i for i in ct.index if i == "edges"]).plot.bar(ax=ax)
     ax.set_ylabel("nodes in captured graph")
-    ax.set_title(f"N={','.join(map(str, n))} layers\n" + runs.title, fontsize=9)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.set_title(f"nodes of the captured CUDA graph by type, N={','.join(map(str, n))} layers\n" + runs.title,
+                 fontsize=9)
     return fig
 
 
@@ -117,7 +125,7 @@ def launch_speedup(runs):
     ax.set_xlabel("batch size")
     ax.set_ylabel("speedup of graph over eager")
     ax.legend()
-    ax.set_title(runs.title, fontsize=9)
+    ax.set_title("what a CUDA graph buys: speedup of graph replay over eager launches\n" + runs.title, fontsize=9)
     return fig
 
 
