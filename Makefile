@@ -41,10 +41,12 @@ lab: $(VENV)/.lab-installed   ## JupyterLab on the notebooks (JupyterLab install
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(ARGS)
 
 $(VENV)/.browser-installed: $(VENV)/.installed
-	$(PY) -m pip install playwright
+	$(PY) -m pip install selenium
 	touch $@
 
-test-browser: $(VENV)/.browser-installed  ## open the last report in headless Chromium (apt-get install chromium); not in CI
+# the newest report in headless Chromium (apt-get install -y chromium chromium-driver); not part of make test / CI
+# make test-browser ARGS="results/reports/<run-id> --screenshots docs/screenshots"
+test-browser: $(VENV)/.browser-installed  ## every page of the last report: images load, no error cell
 	$(PY) tests/browser/check_report.py $(ARGS)
 
 wheelhouse: setup             ## wheels for an offline node: make wheelhouse ARGS="wheels --python-version 3.12"

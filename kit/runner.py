@@ -105,6 +105,9 @@ def _export_html(nb_path: Path, html_path: Path, no_input: bool) -> None:
     nb = nbformat.read(nb_path, as_version=4)
     exporter = HTMLExporter(exclude_input=no_input, exclude_input_prompt=no_input, exclude_output_prompt=no_input)
     body, _ = exporter.from_notebook_node(nb)
+    # a wide table scrolls inside its output instead of running off the page's right edge
+    body = body.replace("</head>", "<style>.jp-OutputArea-output table{display:block;overflow-x:auto;max-width:100%}"
+                                   "</style></head>", 1)
     html_path.write_text(body)
 
 
@@ -204,6 +207,9 @@ def write_index(report_dir: Path, entries: list[dict], config_path: Path | None)
     for e in entries:
         link = f'<a href="{e["html"]}">{e["name"]}</a>' if e["html"] else e["name"]
         word, color = _STATUS_STYLE.get(e["status"], (e["status"], "#b00"))
+        shows = list((e.get("shows") or {}).values())
+        if e["status"] == "ok" and shows and not any(s.startswith("this machine") for s in shows):
+            word = "ran here; its figures draw the recorded runs"
         status = f'<b style="color:{color}">{html.escape(word)}</b>'
         why = "".join(f"<li>{html.escape(r)}</li>" for r in e.get("missing") or [])
         why = f"<ul>{why}</ul>" if why else ""
