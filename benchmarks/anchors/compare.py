@@ -25,12 +25,14 @@ import argparse
 import contextlib
 import glob
 import gzip
+import hashlib
 import io
 import json
 import re
 import subprocess
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,7 +80,11 @@ def ranks_of(files: list[Path]) -> dict[int, Path]:
 
 
 def _err(exc: BaseException) -> str:
+    """The exception's first line; for a bare assert, the asserting source line and where it is."""
     line = (str(exc).strip().splitlines() or [""])[0]
+    if not line and exc.__traceback__ is not None:
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        line = f"{frame.line} ({Path(frame.filename).name}:{frame.lineno})"
     return f"failed: {type(exc).__name__}: {line[:200]}"
 
 
@@ -341,9 +347,14 @@ def _tracked(paths: list[Path]) -> bool:
     return r.returncode == 0
 
 
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def run_job(job: Path) -> dict:
     ranks = ranks_of(trace_files(job))
-    res = {"job": str(job), "ranks": {str(r): str(p) for r, p in ranks.items()}}
+    res = {"job": str(job), "ranks": {str(r): str(p) for r, p in ranks.items()},
+           "sha256": {str(r): _sha256(p) for r, p in ranks.items()}}
     for name, fn in (("traceinsight", run_traceinsight), ("tb_plugin", run_tb_plugin), ("tracelens", run_tracelens)):
         try:
             res[name] = fn(ranks)
@@ -389,7 +400,14 @@ def _print_row(res: dict, s: dict) -> None:
     """A Markdown row: case (ranks) | traceinsight | tb_plugin | TraceLens | kit doctor (left empty)."""
     job = res["job"].replace(".scratch/public/", "public: ")
     n = len(res["ranks"])
-    print(f"| `{job}` ({n} rank{'s' if n > 1 else ''}) | {s['traceinsight']} | {s['tb_plugin']} | "
+    truth = Path(res["job"]) / "truth.json"  # a planted-fault corpus case says what was planted
+    planted = ""
+    if truth.is_file():
+        t = json.loads(truth.read_text())
+        added = f", +{t['added_us'] / 1000:.1f} ms" if t.get("added_us") is not None else ""
+        step = t["step_us_unprofiled"]["median"] / 1000
+        planted = f"; planted: {t.get('variant') or t.get('fault')}{added}; step {step:.1f} ms"
+    print(f"| `{job}` ({n} rank{'s' if n > 1 else ''}{planted}) | {s['traceinsight']} | {s['tb_plugin']} | "
           f"{s['tracelens']} | |", flush=True)
 
 
@@ -403,17 +421,27 @@ def write_temporal(results: list[dict], dest: Path) -> None:
         files = [Path(p) for p in res["ranks"].values()]
         if not _tracked(files) or "error" in res["traceinsight"]:
             continue
+        shas = res.get("sha256", {})
+        if any(shas.get(r) not in (None, _sha256(Path(p))) for r, p in res["ranks"].items()):
+            print(f"compare.py: {res['job']} changed since it was run; left out of {dest}", file=sys.stderr)
+            continue
         ti = res["traceinsight"]
         job = res["job"] if "*" in res["job"] else str(Path(res["job"]).resolve().relative_to(REPO))
         for label in ("default", "all_steps"):
             for r, v in ti.get(label, {}).get("temporal", {}).items():
                 rel = str(Path(res["ranks"][r]).resolve().relative_to(REPO))
-                traces.setdefault(rel, {"rank": int(r), "job": job})[label] = v
+                entry = traces.setdefault(rel, {"rank": int(r), "job": job})
+                entry[label] = v
+                if r in shas:
+                    entry["sha256"] = shas[r]
             err = ti.get(label, {}).get("error")
             if err:
                 for r, p in res["ranks"].items():
                     rel = str(Path(p).resolve().relative_to(REPO))
-                    traces.setdefault(rel, {"rank": int(r), "job": job})[label] = {"error": err}
+                    entry = traces.setdefault(rel, {"rank": int(r), "job": job})
+                    entry[label] = {"error": err}
+                    if r in shas:
+                        entry["sha256"] = shas[r]
     doc = {
         "tool": "traceinsight",
         "version": version("traceinsight"),
