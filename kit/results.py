@@ -212,13 +212,16 @@ def recorded(experiment: str, root: str | Path | None = None) -> list[Path]:
     return sorted(p.parent for p in base.glob("*/meta.json"))
 
 
-def describe(run_dir: str | Path) -> str:
-    """'2x NVIDIA H200 (NV18) | ... | recorded 2026-11-22' for labelling recorded results."""
+def describe(run: str | Path | dict, title: bool = False) -> str:
+    """A run (its directory or its meta.json as a dict) in one line for labelling recorded results,
+    '2x NVIDIA H200 (NV18) | ... | recorded 2026-11-22', or with ``title`` as a figure's two-line title,
+    '2x NVIDIA H200 (NV18) | ... \\n collectives run 2026-11-22'."""
     from . import sysinfo
 
-    meta = read_meta(run_dir)
+    meta = run if isinstance(run, dict) else read_meta(run)
     when = (meta.get("start_time") or "")[:10]
-    return f"{sysinfo.summary(meta.get('sysinfo') or {})} | recorded {when}"
+    hardware = sysinfo.summary(meta.get("sysinfo") or {})
+    return f"{hardware}\n{meta.get('experiment', '')} run {when}" if title else f"{hardware} | recorded {when}"
 
 
 RECORD_MAX_FILE = 2 * 2**20  # files larger than this stay behind (keep the repository small)
@@ -327,9 +330,7 @@ class RunSet:
 
     @property
     def title(self) -> str:
-        from . import plot
-
-        return plot.hardware_title(self.meta) if self.dirs else "no runs"
+        return describe(self.meta, title=True) if self.dirs else "no runs"
 
     def files(self, pattern: str) -> list[Path]:
         """Files matching ``pattern`` (a glob) in every run directory, sorted."""

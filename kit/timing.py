@@ -12,8 +12,8 @@ samples after ``warmup`` untimed calls and keeps every sample (rows carry ``samp
   kernels and the gaps the graph itself contains.
 * Every sample starts barrier-aligned across ranks (:meth:`kit.launch.Ctx.barrier`: all ranks arrive and the
   device is idle), so a collective's time is not inflated by a peer that started late.
-* :func:`profile_gpu` -- the GPU activity of ``calls`` calls from a torch.profiler (CUPTI) trace, as
-  kit.traces.gpu_events rows, cut to the window after an aligned start (see its docstring).
+* :func:`trace_steps` -- ``calls`` calls under torch.profiler, the Chrome trace written to a file (read as GPU
+  events by :func:`kit.gpu_profile.profile_gpu`, a layer up: timing does not read traces).
 * :class:`PhaseTimer` -- named phases on their streams (CUDA events), read after the work.
 
 Statistics over the samples live in :mod:`kit.stats`.
@@ -161,31 +161,6 @@ def trace_steps(step: Callable[[], object], ctx, steps: int, path, record_shapes
         ctx.sync()
     prof.export_chrome_trace(str(path))
     return path
-
-
-def profile_gpu(fn: Callable[[], object], ctx, calls: int, export: str | None = None):
-    """GPU events (the ``gpu`` frame of kit.traces.load_trace) of ``calls`` calls of ``fn`` on this rank's device.
-
-    Two things keep the window honest across ranks: the profiler is started once beforehand (CUPTI's first
-    start-up takes long and would land inside a peer's collective, seen as a 290 ms "kernel" on 2xH200), and
-    the ranks align with a barrier *inside* the profiled window, whose own NCCL kernel -- the first on the
-    device -- and everything before it are cut away. ``export``: also keep the trace there (``.gz`` allowed).
-    """
-    import tempfile
-    from pathlib import Path
-
-    from . import traces
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = export or str(Path(tmp) / "trace.json")
-        trace_steps(fn, ctx, calls, path, record_shapes=False)
-        ev = traces.load_trace(path, cpu="none").gpu
-    if (ev["device"] == ctx.local_rank).any():
-        ev = ev[ev["device"] == ctx.local_rank]
-    if ctx.world_size > 1 and ev["nccl"].any():
-        barrier_end = ev[ev["nccl"]].sort_values("ts")["end"].iloc[0]
-        ev = ev[ev["ts"] >= barrier_end]
-    return ev.reset_index(drop=True)
 
 
 class PhaseTimer:

@@ -103,11 +103,11 @@ def test_old_rows_get_a_kind():
 
 def test_kernel_durations_without_nccl_kernels(monkeypatch):
     """One rank: NCCL launches no kernel, the profile is empty -- no KeyError (issue 19)."""
-    from kit import timing
+    from kit import gpu_profile
 
     for empty in (pd.DataFrame(), pd.DataFrame(columns=["name", "nccl", "dur"]),
                   pd.DataFrame({"name": ["gemm"], "nccl": [False], "dur": [3.0]})):
-        monkeypatch.setattr(timing, "profile_gpu", lambda fn, ctx, n, e=empty: e)
+        monkeypatch.setattr(gpu_profile, "profile_gpu", lambda fn, ctx, n, e=empty: e)
         assert C.kernel_durations(lambda: None, None, 3) == []
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from ... import stats, timing
+from ... import gpu_profile, stats, timing
 from ...collective_ops import SWEEPABLE, bus_factor
 from ...config import LaunchConfig
 
@@ -81,9 +81,9 @@ def _make_op(collective: str, nbytes: int, ctx, dtype):
 
 
 def kernel_durations(fn, ctx, iters: int) -> list[float]:
-    """Seconds per NCCL kernel over one profiled loop of ``iters`` calls (kit.timing.profile_gpu); ``[]`` when
+    """Seconds per NCCL kernel over one profiled loop of ``iters`` calls (kit.gpu_profile.profile_gpu); ``[]`` when
     the trace has no NCCL kernel (one rank: NCCL launches none)."""
-    ev = timing.profile_gpu(fn, ctx, iters)
+    ev = gpu_profile.profile_gpu(fn, ctx, iters)
     if ev.empty or "nccl" not in ev.columns or "dur" not in ev.columns:
         return []
     return (ev[ev["nccl"].astype(bool)]["dur"] / 1e6).tolist()

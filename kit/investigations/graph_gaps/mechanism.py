@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ... import stats, timing, traces
+from ... import gpu_profile, stats, timing, traces
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -50,9 +50,9 @@ def gap_stats(g, calls: int) -> dict:
 
 
 def profile_gaps(fn, ctx, calls: int, threshold_us: float, export: str | None = None):
-    """The GPU events of ``calls`` calls of ``fn`` and their gaps (kit.timing.profile_gpu, kit.traces.gaps);
+    """The GPU events of ``calls`` calls of ``fn`` and their gaps (kit.gpu_profile.profile_gpu, kit.traces.gaps);
     ``export``: also keep the trace there."""
-    ev = timing.profile_gpu(fn, ctx, calls, export=export)
+    ev = gpu_profile.profile_gpu(fn, ctx, calls, export=export)
     return ev, traces.gaps(ev, threshold_us)
 
 
