@@ -80,7 +80,7 @@ def with_preset(inv: contract.Investigation, namespace: Mapping[str, Any]) -> tu
             shown = ", ".join(f"{k}={v}" for k, v in list(taken.items())[:6]) + (", ..." if len(taken) > 6 else "")
             line = (f"parameters: {_short(path)} preset ({machine} here) for {len(taken)} left at the notebook's "
                     f"defaults ({shown})" + (f"; yours: {', '.join(mine)}" if mine else "")
-                    + " -- KIT_PRESET=none to run the notebook's own values")
+                    + " -- `%env KIT_PRESET=none` runs the notebook's own values")
     root = values.get("results_root")
     if isinstance(root, str) and not os.path.isabs(root):  # JupyterLab starts the kernel in notebooks/
         values["results_root"] = str(results.REPO_ROOT / root)
