@@ -24,6 +24,13 @@ the first timed command kit is imported once and the first two traces are read o
 byte-compilation or a cold disk. Peak RSS: every process of the run (the command, its worker processes, the
 Dask workers) is sampled every 20 ms with psutil; the table gives the largest single process.
 
+**As a user runs it**: ``kit trace gaps`` with its defaults (the trace cache on) on a fresh copy of rank 0's
+file, then again on the same file (the second reads the cache entry the first wrote). Every row also gives the
+CPU seconds of the command (user + system, its waited-for children included).
+
+**traceinsight** (``--traceinsight-python PATH``: HTA's successor on PyPI, 0.6.1, same ``hta`` module): the
+same script as HTA's below, with each of its parser backends (``json``, ``ijson_batch_and_compress``).
+
 **HTA** (``--hta-python PATH``: an interpreter where ``import hta`` works; HTA 0.5.0 crashes on these traces
 with pandas 3, so ``python3 -m venv /tmp/hta-venv && /tmp/hta-venv/bin/pip install holistictraceanalysis
 'pandas<3'``): ``TraceAnalysis(trace_dir=D)`` (parses every rank trace in D) followed by
@@ -33,7 +40,7 @@ each kernel's predecessor). On 1 rank it is compared with ``kit trace gaps``; on
 gaps`` and ``kit trace collectives`` on the same 2 files.
 
     python benchmarks/bench_trace_tools.py [--mb 100] [--ranks 64] [--workdir DIR] [--hta-python PATH]
-                                           [--skip-job]   # only the 1- and 2-rank rows
+                                           [--traceinsight-python PATH] [--skip-job]   # --skip-job: 1-2 ranks
 
 Prints a markdown table (for the README) and the targets of issue 18 with PASS/FAIL; exit 1 when a target
 fails.
@@ -163,6 +170,10 @@ class Row:
     processes: int
     rc: int
     out: str = ""
+    cpu_s: float = float("nan")
+    """CPU seconds (user + system) of the command and the children it waited for: on a shared box the wall time
+    moves with the load, this much less. Pool workers are the forkserver's children, not the command's: a row
+    with several processes gives only its main process's CPU"""
 
 
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
@@ -175,16 +186,21 @@ def run(what: str, cmd: list[str], ranks: int, mb: float, stdout: Path | None = 
     """Run ``cmd`` in a fresh process; wall time, the largest peak RSS of its process tree (and of any other
     descendant of the benchmark alive meanwhile, e.g. Dask workers). ``ok``: the exit statuses that mean it
     worked (``Row.rc`` is 0 for those)."""
+    import resource
+
     t = time.perf_counter()
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     with TreeRSS() as rss, open(stdout or os.devnull, "w") as out:
         p = subprocess.run(cmd, cwd=ROOT, stdout=out, stderr=subprocess.PIPE, text=True,
                            env={**ENV, **(env or {})})
     dt = time.perf_counter() - t
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     rc = 0 if p.returncode in ok else p.returncode
     if rc:
         print(f"  {what}: exit {p.returncode}: {p.stderr.strip()[-600:]}", file=sys.stderr)
-    row = Row(what, ranks, mb, dt, rss.max_mb, len(rss.peak), rc, p.stderr.strip()[-300:])
-    print(f"  {what:<48} {ranks:>3} x {mb:>4.0f} MB  {dt:7.2f} s  peak {row.peak_mb:7.0f} MB "
+    row = Row(what, ranks, mb, dt, rss.max_mb, len(rss.peak), rc, p.stderr.strip()[-300:], cpu)
+    print(f"  {what:<48} {ranks:>3} x {mb:>4.0f} MB  {dt:7.2f} s  cpu {cpu:6.2f} s  peak {row.peak_mb:7.0f} MB "
           f"({row.processes} processes)  rc {p.returncode}", flush=True)
     return row
 
@@ -192,6 +208,19 @@ def run(what: str, cmd: list[str], ranks: int, mb: float, stdout: Path | None = 
 KIT = [sys.executable, "-m", "kit"]
 HTA = """
 import sys, time
+from hta.trace_analysis import TraceAnalysis
+t = time.perf_counter()
+a = TraceAnalysis(trace_dir=sys.argv[1])
+t1 = time.perf_counter()
+a.get_idle_time_breakdown(visualize=False)
+print(f"parse {t1 - t:.2f} s, idle time breakdown {time.perf_counter() - t1:.2f} s")
+"""
+TRACEINSIGHT = """
+import sys, time
+from hta.configs.parser_config import ParserBackend, ParserConfig
+cfg = ParserConfig.get_default_cfg()
+cfg.set_parser_backend(ParserBackend(sys.argv[2]))
+ParserConfig.set_default_cfg(cfg)
 from hta.trace_analysis import TraceAnalysis
 t = time.perf_counter()
 a = TraceAnalysis(trace_dir=sys.argv[1])
@@ -227,12 +256,12 @@ def doctor_flags() -> list[str] | None:
     return [f for f in ("--json", "--no-cache") if f in p.stdout]
 
 
-def merge_row(job: Path, n: int, mb: float, out: Path, nc: list[str]) -> Row:
+def merge_row(job: Path, n: int, mb: float, out: Path, nc: list[str], ok=(0,)) -> Row:
     """``kit trace merge`` of the ranks in ``job`` into one plain-JSON trace under ``out`` (deleted after: 64
     ranks make ~6.5 GB), with the default workers for its first pass (the clock offsets)."""
     merged = out / "merged.json"
     row = run(f"kit trace merge (default: {os.cpu_count()} workers)",
-              KIT + ["trace", "merge", str(job), "-o", str(merged)] + nc, n, mb)
+              KIT + ["trace", "merge", str(job), "-o", str(merged)] + nc, n, mb, ok=ok)
     if merged.exists():
         print(f"    merged trace: {merged.stat().st_size / 2**30:.2f} GiB", flush=True)
         merged.unlink()
@@ -246,6 +275,8 @@ def main() -> int:
     ap.add_argument("--ranks", type=int, default=64, help="ranks of the job run (default 64)")
     ap.add_argument("--workdir", default="/tmp/kit-bench-traces", help="where the generated traces are kept")
     ap.add_argument("--hta-python", default=None, help="a Python where holistictraceanalysis is installed")
+    ap.add_argument("--traceinsight-python", default=None,
+                    help="a Python where traceinsight (HTA's successor, module hta) is installed: both parser backends")
     ap.add_argument("--skip-job", action="store_true", help="only the 1- and 2-rank rows")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="kit-bench-out-") as out:  # the commands' outputs (0.5 GB each)
@@ -275,17 +306,33 @@ def measure(a: argparse.Namespace, out: Path) -> int:
             while fh.read(1 << 24):
                 pass
     rows["gaps1"] = run("kit trace gaps", KIT + ["trace", "gaps", str(files[0]), "--json"] + nc, 1, mb)
+    # as a user runs it: defaults (the cache on), a fresh copy of the file (no entry yet), then again
+    fresh = work / "fresh" / files[0].name
+    shutil.rmtree(fresh.parent, ignore_errors=True)
+    fresh.parent.mkdir(parents=True)
+    shutil.copy(files[0], fresh)
+    rows["gaps1_first"] = run("kit trace gaps (defaults, fresh file)", KIT + ["trace", "gaps", str(fresh), "--json"],
+                              1, mb)
+    rows["gaps1_second"] = run("kit trace gaps (defaults, again)", KIT + ["trace", "gaps", str(fresh), "--json"],
+                               1, mb)
+    shutil.rmtree(fresh.parent, ignore_errors=True)
     t = time.perf_counter()
     p = subprocess.run([sys.executable, "-c", REOPEN, str(files[0])], cwd=ROOT, capture_output=True, text=True)
     reopen = float(p.stdout.strip() or "nan")
     print(f"  load_trace re-opened from the cache: {reopen:.3f} s")
-    rows["gaps2"] = run("kit trace gaps", KIT + ["trace", "gaps", str(two), "--json"] + nc, 2, mb)
-    rows["coll2"] = run("kit trace collectives", KIT + ["trace", "collectives", str(two), "--json"] + nc, 2, mb)
-    rows["merge2"] = merge_row(two, 2, mb, out, nc)
+    part = (0, 3)  # 2 of the job's ranks: a partial result, named (exit 3)
+    rows["gaps2"] = run("kit trace gaps", KIT + ["trace", "gaps", str(two), "--json"] + nc, 2, mb, ok=part)
+    rows["coll2"] = run("kit trace collectives", KIT + ["trace", "collectives", str(two), "--json"] + nc, 2, mb,
+                        ok=part)
+    rows["merge2"] = merge_row(two, 2, mb, out, nc, ok=part)
     flags = doctor_flags()
     if flags is not None:
-        rows["doctor1"] = run("kit doctor", KIT + ["doctor", str(files[0])] + flags, 1, mb, ok=(0, 4),
+        rows["doctor1"] = run("kit doctor", KIT + ["doctor", str(files[0])] + flags, 1, mb, ok=(0, 3, 4),  # 3: 1 of 64
                               env={"KIT_TRACE_CACHE": "0"})
+    if a.traceinsight_python:
+        for backend in ("json", "ijson_batch_and_compress"):
+            rows[f"ti1_{backend}"] = run(f"traceinsight parse ({backend}) + idle time breakdown",
+                                         [a.traceinsight_python, "-c", TRACEINSIGHT, str(one), backend], 1, mb)
     if a.hta_python:
         rows["hta1"] = run("HTA parse + idle time breakdown", [a.hta_python, "-c", HTA, str(one)], 1, mb)
         rows["hta2"] = run("HTA parse + idle time breakdown", [a.hta_python, "-c", HTA, str(two)], 2, mb)
@@ -316,13 +363,17 @@ def measure(a: argparse.Namespace, out: Path) -> int:
         # last: writing ~6.5 GB pushes the rank traces out of the page cache, which would slow any row after it
         rows["mergeN"] = merge_row(Path(job), n, mb, out, nc)
 
-    print("\n| command | ranks x MB | wall s | peak RSS, largest process (MB) | processes |")
-    print("|---|---|---|---|---|")
+    print("\n| command | ranks x MB | wall s | CPU s | peak RSS, largest process (MB) | processes |")
+    print("|---|---|---|---|---|---|")
     for r in rows.values():
-        print(f"| {r.what} | {r.ranks} x {r.mb_per_rank:.0f} | {r.wall_s:.1f} | {r.peak_mb:.0f} | {r.processes} |")
+        print(f"| {r.what} | {r.ranks} x {r.mb_per_rank:.0f} | {r.wall_s:.2f} | {r.cpu_s:.2f} | {r.peak_mb:.0f} | "
+              f"{r.processes} |")
     print(f"| kit.traces.load_trace re-opened from the cache | 1 x {mb:.0f} | {reopen:.2f} | | |")
 
+    first, second = rows["gaps1_first"], rows["gaps1_second"]
     checks = [("gaps, 1 rank <= 1.5 s", rows["gaps1"].wall_s <= 1.5 and rows["gaps1"].rc == 0),
+              ("(issue 30) gaps with the defaults: a second run on the file under half the first's CPU",
+               first.rc == second.rc == 0 and second.cpu_s < first.cpu_s / 2),
               ("re-open from the cache <= 0.2 s", reopen <= 0.2)]
     if "hta1" in rows:
         h1, h2 = rows["hta1"], rows["hta2"]

@@ -189,23 +189,28 @@ def _numpy(chunks: list, dtype: Any) -> "Any":
     return np.concatenate(out) if out else np.zeros(0, dtype=dtype)
 
 
-def _strings(chunks: list) -> list[str | None]:
-    """Arrow chunks of (large) strings as str/None, from their buffers."""
+def _strings(chunks: list) -> tuple["Any", list[str]]:
+    """Arrow chunks of (large) strings, from their buffers: ``(positions of the non-null values, those values)``
+    -- the JSON columns are mostly null, and only their values are sliced and decoded."""
     import numpy as np
 
-    out: list[str | None] = []
+    where, out, base = [], [], 0
     for ch in chunks:
         n = len(ch)
-        if not n:
-            continue
         bits, offs, data = ch.buffers()[:3]
         wide = np.int64 if str(ch.type) == "large_string" else np.int32
-        o = np.frombuffer(offs, dtype=wide, count=n + 1, offset=ch.offset * np.dtype(wide).itemsize).tolist()
+        o = np.frombuffer(offs, dtype=wide, count=n + 1, offset=ch.offset * np.dtype(wide).itemsize)
+        if bits is not None and ch.null_count:
+            valid = np.unpackbits(np.frombuffer(bits, dtype=np.uint8), count=ch.offset + n, bitorder="little")
+            idx = np.flatnonzero(valid[ch.offset:])
+        else:
+            idx = np.arange(n)
         raw = data.to_pybytes() if data is not None else b""
-        valid = (np.unpackbits(np.frombuffer(bits, dtype=np.uint8), count=ch.offset + n, bitorder="little")[ch.offset:]
-                 .astype(bool).tolist() if bits is not None and ch.null_count else [True] * n)
-        out += [raw[o[i]:o[i + 1]].decode() if valid[i] else None for i in range(n)]
-    return out
+        starts, ends = o[idx].tolist(), o[idx + 1].tolist()
+        out += [raw[a:b].decode() for a, b in zip(starts, ends)]
+        where.append(idx + base)
+        base += n
+    return (np.concatenate(where) if where else np.zeros(0, dtype=np.int64)), out
 
 
 def _write_frame(cols: Columns, dest: Path, meta: dict[str, Any]) -> None:
@@ -261,11 +266,10 @@ def _read_frame(src: Path) -> tuple[Columns, dict[str, Any]]:
     for c in meta["columns"]:
         chunks = [ch for ch in table.column(c).chunks if len(ch)]
         if c in meta["json_columns"]:
-            v = _strings(chunks)
-            idx = [i for i, x in enumerate(v) if x is not None]
+            idx, v = _strings(chunks)
             out: list[Any] = [None] * n
-            if idx:  # mostly empty: only the events that carry it are decoded, in one call
-                for i, x in zip(idx, msgspec.json.decode(("[" + ",".join(v[i] for i in idx) + "]").encode())):
+            if v:  # mostly empty: only the events that carry it are decoded, in one call
+                for i, x in zip(idx.tolist(), msgspec.json.decode(("[" + ",".join(v) + "]").encode())):
                     out[i] = x
             values[c] = out
         elif c in meta["dtypes"]:
@@ -273,11 +277,11 @@ def _read_frame(src: Path) -> tuple[Columns, dict[str, Any]]:
         elif not n:
             values[c], cats[c] = np.zeros(0, dtype=np.int32), list(meta["categories"].get(c, []))
         else:
-            d = _strings([chunks[0].dictionary])
-            if all(_strings([ch.dictionary]) == d for ch in chunks[1:]):
+            d = _strings([chunks[0].dictionary])[1]
+            if all(_strings([ch.dictionary])[1] == d for ch in chunks[1:]):
                 values[c] = _numpy([ch.indices for ch in chunks], np.int32).astype(np.int32)
                 cats[c] = d
             else:  # row groups with their own dictionaries: back to the values, coded again as the builder does
-                values[c], cats[c] = _categorical([d_[i] for ch in chunks for d_ in [_strings([ch.dictionary])]
+                values[c], cats[c] = _categorical([d_[i] for ch in chunks for d_ in [_strings([ch.dictionary])[1]]
                                                    for i in _numpy([ch.indices], np.int32).tolist()])
     return Columns(n, tuple(meta["columns"]), values, cats), meta
