@@ -5,22 +5,26 @@ Works on any trace ``torch.profiler`` (Kineto) writes, not only the kit's: point
 The layer, bottom up:
 
 * :mod:`~kit.traces.parse` -- the only JSON decoding: msgspec, into structs that hold only the declared fields,
-  a chunk of events at a time (a 100 MB trace: ~0.8 s, ~240 MB peak for ``kit trace gaps``; the frames are
-  numpy columns, :mod:`~kit.traces.columns`, until a DataFrame is asked for).
-* :mod:`~kit.traces.cache` -- the parsed frames in Parquet beside the trace (``.kitcache/``), keyed by the file
-  and the kit's trace-layer version; a re-opened 100 MB trace's GPU frame comes back in ~0.06 s.
-* :mod:`~kit.traces.jobs` -- many ranks: ``check_job(rank_identity(t) for t in ...)`` (one job: world size,
-  no rank twice, one GPU family, overlapping spans; missing ranks named), ``expand(files|dirs|globs)``, ``map_ranks(paths, fn, workers=, client=)``:
-  per-rank work in a local process pool or on a Dask cluster, one rank's events per worker at a time, a bad file
-  named and left out; ``collectives``/``trace_gaps``/``merge``/``clock_offsets`` take ``workers=``/``client=``.
+  a chunk of events at a time (a 100 MB trace: ~0.8 s, ~240 MB peak for ``kit trace gaps``); fatal problems
+  (not UTF-8, no events, not a trace) are one-line :class:`TraceError`\ s.
+* :mod:`~kit.traces.columns` -- the frames as numpy columns until a DataFrame is asked for.
+* :mod:`~kit.traces.cache` -- those columns in Parquet beside the trace (``.kitcache/``), keyed by the file and
+  the kit's trace-layer version, written and read without pandas; it knows nothing of the layers above.
 * :mod:`~kit.traces.frames` -- ``load_trace(path) -> Trace``: each file parsed **once** into typed frames
   ``gpu`` (kernels/memcpy/memset), ``cpu`` (annotations, runtime launches with correlation, c10d ops),
-  ``collectives`` (one row per NCCL kernel or gloo op) and ``info`` (rank, world size, backend, NCCL
-  version), through a declared :class:`Adapter` per trace format -- the one place raw ``args`` keys are named.
+  ``collectives`` (one row per NCCL kernel or gloo op, :mod:`~kit.traces.collective_frame`) and ``info`` (rank,
+  world size, backend, NCCL version), through a declared :class:`Adapter` per trace format, picked by the
+  events' categories -- the one place raw ``args`` keys are named; ``Trace.warnings``: what was dropped, and a
+  trace that looks subsampled.
+* :mod:`~kit.traces.jobs` -- many ranks: ``check_job(rank_identity(t) for t in ...)`` (one job: world size,
+  no rank twice, one GPU family, overlapping spans -- else :class:`JobError`; missing ranks named, the result
+  partial), ``expand(files|dirs|globs)``, ``map_ranks(paths, fn, workers=, client=)``: per-rank work in a local
+  process pool or on a Dask cluster, one rank's events per worker at a time, a bad file named and left out;
+  ``collectives``/``trace_gaps``/``merge``/``clock_offsets`` take ``workers=``/``client=`` and check the job.
 * analyses on the frames: :mod:`~kit.traces.gaps` (idle GPU time before kernels), :mod:`~kit.traces.comm`
   (collectives matched across ranks, bandwidth, summary), :mod:`~kit.traces.overlap` (communication hidden by
   compute), :mod:`~kit.traces.merge` (one clock for all ranks, one merged trace), :mod:`~kit.traces.census`
-  (CUDA-graph node types), :mod:`~kit.traces.flight_recorder`.
+  (CUDA-graph node types), :mod:`~kit.traces.flight_recorder`. Imports point down this list, never up (no cycle).
 * :mod:`~kit.traces.names` -- ``trace_path(ctx, **tags)`` names the traces an investigation keeps and
   ``find_traces(dirs, **tags)`` finds them again (old names in ``recorded/`` included).
 
