@@ -1,12 +1,13 @@
 """`make test-browser`: open a `kit run` report in headless Chromium and fail on what a reader would see broken.
 
-    python tests/browser/check_report.py [REPORT_DIR] [--screenshots DIR]
+    python tests/browser/check_report.py [REPORT_DIR] [--screenshots DIR] [--lab NOTEBOOK]
 
 REPORT_DIR defaults to the newest ``results/reports/<run-id>/``. The index and every page it links are opened in
 the system's Chromium (``apt-get install chromium chromium-driver``) through Selenium; a page fails on an image
 that did not load (naturalWidth 0), on an error output of its executed notebook (``<name>.ipynb`` beside the page)
 or on a Python traceback in its text. ``--screenshots`` saves the index and every page as PNG (full width,
-first 2400 px). Exit 0 when every page is clean, 1 with one line per problem, 2 on bad input. Not part of
+first 2400 px). ``--lab collectives`` also starts JupyterLab (as ``make lab`` does), opens that notebook, runs
+all its cells and drives the explorer's widgets (a value picked in a dropdown must change the table). Exit 0 when every page is clean, 1 with one line per problem, 2 on bad input. Not part of
 ``make test``: it needs a browser and a report.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -69,10 +71,87 @@ def check_page(d, path: Path, shots: Path | None) -> list[str]:
     return problems
 
 
+def check_lab(d, name: str, shots: Path | None, timeout_s: float = 600) -> list[str]:
+    """JupyterLab on notebooks/ (a free port, a token), ``name`` opened, Run > Run All Cells, then the explorer:
+    its 'column' dropdown set to another column must re-draw the table (the line 'N of M rows' changes)."""
+    import os
+    import secrets
+    import socket
+    import subprocess
+    import time
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    token = secrets.token_hex(8)
+    cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
+           f"--IdentityProvider.token={token}", "--LabApp.expose_app_in_browser=True", "--notebook-dir", str(ROOT / "notebooks")]
+    if os.getuid() == 0:
+        cmd.append("--allow-root")
+    lab = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    problems = []
+    try:
+        d.set_window_size(1400, 1000)
+        url = f"http://127.0.0.1:{port}/lab/tree/{name}.ipynb?token={token}"
+        for _ in range(60):
+            try:
+                d.get(url)
+                break
+            except Exception:
+                time.sleep(1)
+        wait = WebDriverWait(d, 120)
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".jp-Notebook .jp-Cell"))
+        time.sleep(5)  # the kernel starts
+        # Run > Run All Cells, through the app's command registry (exposed by --LabApp.expose_app_in_browser)
+        wait.until(lambda d: d.execute_script("return !!(window.jupyterapp && window.jupyterapp.commands)"))
+        d.execute_script("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        WebDriverWait(d, timeout_s).until(lambda d: d.find_elements(By.CSS_SELECTOR, ".widget-dropdown select"))
+        time.sleep(3)
+        errors = d.find_elements(By.CSS_SELECTOR, ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']")
+        tracebacks = [e.text[:200] for e in errors
+                      if "Traceback" in e.text or re.search(r"^\w+(Error|Exception|Interrupt)\b", e.text, re.M)]
+        problems += [f"lab {name}: error output: {t}" for t in tracebacks]
+        selects = d.find_elements(By.CSS_SELECTOR, ".widget-dropdown select")
+        if len(selects) < 3:
+            return problems + [f"lab {name}: the explorer shows {len(selects)} dropdown(s), expected 3"]
+        out = selects[0].find_element(By.XPATH, "ancestor::div[contains(@class,'widget-interact')]")
+        before = out.text
+        col, val = Select(selects[1]), Select(selects[2])
+        if val.first_selected_option.text != "(all)":
+            problems.append(f"lab {name}: the value dropdown starts at {val.first_selected_option.text!r}, not (all)")
+        for i in range(len(col.options)):  # a column with more than one value, so that a pick filters rows
+            col.select_by_index(i)
+            time.sleep(2)
+            val = Select(out.find_elements(By.CSS_SELECTOR, ".widget-dropdown select")[2])
+            if len(val.options) > 2:
+                break
+        before = out.text
+        if len(val.options) > 2:
+            val.select_by_index(1)
+            time.sleep(3)
+            if out.text == before:
+                problems.append(f"lab {name}: picking a value did not re-draw the table")
+        if shots is not None:
+            d.execute_script("arguments[0].scrollIntoView();", out)
+            d.save_screenshot(str(shots / f"lab-{name}.png"))
+        print(f"lab {name}: ran all cells, explorer: {len(col.options)} columns, table re-drawn on a pick")
+    finally:
+        lab.terminate()
+        try:
+            lab.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            lab.kill()
+    return problems
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("report", nargs="?", help="a report directory (default: the newest under results/reports/)")
     ap.add_argument("--screenshots", metavar="DIR", help="save a PNG of the index and of every page here")
+    ap.add_argument("--lab", metavar="NOTEBOOK", help="also run this notebook in JupyterLab and drive its widgets")
     a = ap.parse_args(argv)
     report = Path(a.report) if a.report else newest_report()
     if report is None or not (report / "index.html").exists():
@@ -97,6 +176,8 @@ def main(argv=None) -> int:
         problems += [f"index.html: links {p.name}, which does not exist" for p in pages if not p.exists()]
         for p in (p for p in pages if p.exists()):
             problems += check_page(d, p, shots)
+        if a.lab:
+            problems += check_lab(d, a.lab, shots)
     finally:
         d.quit()
     for line in problems:
