@@ -81,8 +81,12 @@ def cmd_exp(args) -> int:
     mapping = {**(data.get("defaults") or {}), **(data.get(args.name) or {}), **dict(_overrides(args.param))}
     cfg = contract.make_config(args.name, mapping)
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) if launched_externally() else 0
-    try:
-        runs = contract.execute_all(args.name, cfg, verbose=args.verbose)
+    from ..progress import rows_bar
+
+    try:  # a bar over the rows as they arrive (stderr; silent when stderr is not a terminal)
+        with rows_bar(f"kit exp {args.name}", notebook=False) as on_row:
+            runs = contract.execute_all(args.name, cfg, verbose=args.verbose,
+                                        **({} if launched_externally() else {"on_row": on_row}))
     except contract.Skipped as e:
         print(f"kit exp {args.name}: cannot run on this machine:\n  " + "\n  ".join(e.reasons), file=sys.stderr)
         return 3
