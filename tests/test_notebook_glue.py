@@ -1,0 +1,87 @@
+"""What a notebook does before and around a run: the machine's preset for parameters left alone, where runs land,
+the progress count of `kit run`, the report index's caption per figure."""
+
+import json
+import os
+import time
+
+import pytest
+
+from conftest import ROOT
+from kit import contract, notebook, progress, runner
+
+
+def _defaults(name):
+    import dataclasses
+
+    return dataclasses.asdict(contract.get(name).Config())
+
+
+@pytest.fixture
+def no_kit_env(monkeypatch):
+    for k in ("KIT_PARAMS", "KIT_PRESET", "KIT_FIGURES_DIR", "KIT_FIGURE_PREFIX"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setattr(runner, "default_config", lambda: ROOT / "configs" / "cpu-smoke.yaml")
+
+
+def test_parameters_left_alone_take_the_preset_and_the_first_line_says_so(no_kit_env):
+    inv = contract.get("collectives")
+    ns = {**_defaults("collectives"), "iters": 7, "interactive": True, "analyse": "auto"}
+    values, line = notebook.with_preset(inv, ns)
+    # cpu-smoke.yaml: defaults world_size 2, backend gloo; collectives max_bytes 65536, repeats 5
+    assert (values["world_size"], values["backend"], values["max_bytes"], values["repeats"]) == (2, "gloo", 65536, 5)
+    assert values["iters"] == 7  # the user's own value stays
+    assert values["min_bytes"] == 1024  # same in both: untouched
+    assert line.startswith("parameters: configs/cpu-smoke.yaml preset") and "yours: iters" in line
+    assert values["results_root"] == str(ROOT / "results")  # the repository's results/, wherever the kernel runs
+    assert inv.config(values).max_bytes == 65536
+
+
+def test_kit_run_and_kit_preset_none_keep_the_values_as_given(no_kit_env, monkeypatch):
+    inv = contract.get("collectives")
+    ns = _defaults("collectives")
+    monkeypatch.setenv("KIT_PRESET", "none")
+    values, line = notebook.with_preset(inv, ns)
+    assert values["max_bytes"] == 2**30 and line == "parameters: as set in the notebook (no preset)"
+    monkeypatch.delenv("KIT_PRESET")
+    monkeypatch.setenv("KIT_PARAMS", "configs/gpu.yaml -p iters=3")
+    values, line = notebook.with_preset(inv, ns)
+    assert values["max_bytes"] == 2**30 and line == "parameters: configs/gpu.yaml -p iters=3 (kit run)"
+
+
+def test_kit_run_progress_counts_rows_of_runs_written_meanwhile(tmp_path):
+    old = tmp_path / "20200101-old"
+    old.mkdir()
+    (old / "rows.csv").write_text("kind,rank\na,0\n")
+    since = time.time() + 1
+    os.utime(old / "rows.csv", (since - 100, since - 100))
+    new = tmp_path / "20260101-new"
+    new.mkdir()
+    (new / "rows.csv").write_text("kind,rank\na,0\na,1\nb,0\n")
+    os.utime(new / "rows.csv", (since + 1, since + 1))
+    assert progress._rows_so_far(tmp_path, since) == 3
+    with progress.rows_bar("t", notebook=False) as on_row:
+        for _ in range(4):
+            on_row({"kind": "sample"})
+
+
+def test_index_caption_names_the_runs_each_figure_shows(tmp_path):
+    figs = tmp_path / "figures"
+    figs.mkdir()
+    notes = [{"t": 100.0, "source": "this run", "hardware": "CPU only (2 cores)", "dates": ["2026-11-25"]},
+             {"t": 200.0, "source": "recorded: 2x NVIDIA H200 ...", "hardware": "2x NVIDIA H200 (NV18)",
+              "dates": ["2026-11-23"]}]
+    (figs / "x.provenance.jsonl").write_text("".join(json.dumps(n) + "\n" for n in notes))
+    a, b, c = figs / "x-a.png", figs / "x-b.png", figs / "x-c.png"
+    for f, t in ((a, 150), (b, 250), (c, 50)):
+        f.write_bytes(b"png")
+        os.utime(f, (t, t))
+    shows = runner.figure_sources(figs, "x", [a, b, c])
+    assert shows == {"figures/x-a.png": "this machine, CPU only (2 cores), 2026-11-25",
+                     "figures/x-b.png": "recorded, 2x NVIDIA H200 (NV18), 2026-11-23"}
+
+
+def test_an_interrupted_run_is_one_line_in_jupyter():
+    e = notebook.Interrupted("collectives: interrupted; the ranks are stopped")
+    assert isinstance(e, KeyboardInterrupt)
+    assert e._render_traceback_() == ["KeyboardInterrupt: collectives: interrupted; the ranks are stopped"]
