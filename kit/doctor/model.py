@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping
 
+from .calls import GRAPH_LAUNCH
+
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
     import pandas as pd
@@ -129,10 +131,6 @@ class RankView:
         if key not in self.memo:
             self.memo[key] = build(self)
         return self.memo[key]
-
-
-GRAPH_LAUNCH = ("cudaGraphLaunch", "cuGraphLaunch")
-"""host calls that replay a CUDA graph (prefixes: ``cudaGraphLaunch_v10000`` etc. included)"""
 
 
 def _issued(view: RankView) -> "pd.DataFrame":

@@ -1,0 +1,55 @@
+"""``exposed_comm``: communication time during which no compute ran (what overlap would hide), counted on the rank
+that arrived last at each collective (its transfer part: waiting for a late peer is ``late_rank``'s)."""
+
+from __future__ import annotations
+
+from ..model import Finding, Rule, Skip, rule
+from ..texts import TEXT
+from .comm import collected, exposed_parts, finding, gpu_extract, per_step_divisor, windows
+from .evidence import excerpt, num
+
+
+def judge_exposed(summaries, ctx) -> list[Finding] | Skip:
+    tl_of = dict(summaries)
+    df = collected(summaries, "nccl")
+    if df is None:
+        return []
+    df = exposed_parts(df, tl_of)
+    steps = any(tl.steps for tl in tl_of.values())
+    df = df[df["step"].notna()] if steps else df
+    n = max(per_step_divisor(tl) for tl in tl_of.values())
+    multi = bool(df["ranks_seen"].max() > 1)
+    per_rank = {}
+    for rank, tl in summaries:
+        d = df[df["rank"] == rank]
+        a, b = windows(d, "transfer")
+        tr, ex = float((b - a).sum()) / n, float(d["exposed_transfer_us"].sum()) / n
+        per_rank[str(rank)] = {"comm_us_per_step": num(d["dur_us"].sum() / n), "transfer_us_per_step": num(tr),
+                               "exposed_transfer_us_per_step": num(ex),
+                               "exposed_wait_us_per_step": num(d["exposed_wait_us"].sum() / n),
+                               "hidden_share": num(1 - ex / tr, 3) if tr else None}
+    # the job's cost: per collective instance, the exposure on the rank that arrived last (the others were
+    # waiting for it anyway); collectives seen on one rank only (point-to-point) count on their own rank
+    m = df[df["ranks_seen"] > 1]
+    last = m.loc[m.groupby(["match_key", "instance"])["dur_us"].idxmin()] if len(m) else m
+    single = df[df["ranks_seen"] <= 1].groupby("rank")["exposed_transfer_us"].sum()
+    cost = (float(last["exposed_transfer_us"].sum()) + float(single.max() if len(single) else 0.0)) / n
+    if cost <= 0:
+        return []
+    worst = int(max(per_rank, key=lambda r: per_rank[r]["exposed_transfer_us_per_step"] or 0.0))
+    d = df[df["rank"] == worst]
+    step_d = d[d["step"] == d["step"].min()] if steps else d
+    w = per_rank[str(worst)]
+    ev = {"exposed_us_per_step": num(cost), "rank": worst, **w, "per_rank": per_rank, "matched_across_ranks": multi,
+          "excerpt": excerpt(worst, float(step_d["start_us"].min()), float(step_d["end_us"].max()))}
+    summary = (f"{cost:.0f} us per step of communication ran with no compute beside it on the rank that arrived "
+               f"last; rank {worst} hid {100 * (w['hidden_share'] or 0):.0f}% of its "
+               f"{w['transfer_us_per_step']:.0f} us "
+               f"of transfers per step"
+               + ("" if multi else " (one rank only: waiting for peers is not separated from the transfer)"))
+    ranks = tuple(sorted(int(r) for r, v in per_rank.items() if (v["exposed_transfer_us_per_step"] or 0) > 0))
+    return finding("exposed_comm", cost, ranks, ev, summary)
+
+
+rule(Rule(id="exposed_comm", title="communication not hidden behind compute", judge=judge_exposed,
+          extract=gpu_extract("exposed_comm"), **TEXT["exposed_comm"]))

@@ -1,0 +1,77 @@
+"""``graph_mixing_gap``: NCCL kernels replayed from a CUDA graph wait far longer before they start than the graph's
+other kernels -- NCCL's graph-mixing support puts extra dependencies in front of each."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..model import RankView, Rule, rule
+from ..texts import TEXT
+from .evidence import num
+from .host import EXCERPT_PAD_US, HostSummary, HostTimeline, host_extract, judge_fired, median
+
+MIN_GRAPH_NCCL = 3
+"""graph-replayed NCCL kernels a rank needs before ``graph_mixing_gap`` judges its gaps"""
+MIXING_RATIO, MIXING_EXCESS_US = 1.5, 1.0
+"""``graph_mixing_gap`` fires when the median gap before graph-replayed NCCL kernels is at least 1.5x the median
+gap before the same graphs' other kernels and at least 1 us above it. Measured on the recorded 2xH200 runs
+(recorded/graph_gaps, NCCL 2.28): mixing on, 5.6-6.9 us vs 2.4-2.7 us at 10 layers (2.3-2.6x) and 50-62 us vs
+2.6-2.9 us at 160 layers; mixing off (``NCCL_GRAPH_MIXING_SUPPORT=0``), 2.3 us vs 3.1-3.4 us (0.7x)."""
+
+
+@dataclass(frozen=True)
+class GraphGaps(HostSummary):
+    graph_launches: int
+    nccl: int
+    """NCCL kernels replayed from graphs, inside the steps"""
+    gap_nccl_us: float | None
+    """median idle time before them"""
+    baseline_us: float | None
+    """median idle time before the other kernels of the graphs (eager kernels when the graphs hold none)"""
+    baseline_of: str
+    excess_us: float
+    """sum over those NCCL kernels of (gap - baseline), clipped at 0"""
+
+    @property
+    def fires(self) -> bool:
+        return (self.nccl >= MIN_GRAPH_NCCL and self.gap_nccl_us is not None and self.baseline_us is not None
+                and self.gap_nccl_us >= MIXING_RATIO * self.baseline_us
+                and self.gap_nccl_us - self.baseline_us >= MIXING_EXCESS_US)
+
+    @property
+    def cost(self) -> float:
+        return self.per_step(self.excess_us)
+
+    def evidence(self) -> dict[str, Any]:
+        return {"graph_nccl_kernels_per_step": num(self.nccl / self.steps),
+                "gap_before_graph_nccl_median_us": num(self.gap_nccl_us, 2),
+                "gap_before_other_median_us": num(self.baseline_us, 2), "baseline": self.baseline_of,
+                "excess_idle_us_per_step": num(self.cost)}
+
+    def sentence(self, who: str) -> str:
+        return (f"{self.nccl / self.steps:.0f} NCCL kernels per step replayed from CUDA graphs wait a median "
+                f"{self.gap_nccl_us:.1f} us before they start, against {self.baseline_us:.1f} us before "
+                f"{self.baseline_of}: {self.cost:.0f} us of idle GPU per step on {who}")
+
+
+@host_extract("graph_mixing_gap", "graph replays are recognised by their cudaGraphLaunch")
+def graph_extract(view: RankView, h: HostTimeline) -> GraphGaps:
+    k = h.kernels[h.kernels["in_step"] & ~h.kernels["stall"].astype(bool)]
+    g = k[k["graph"]]
+    gn, go = g[g["nccl"]], g[~g["nccl"]]
+    if len(go) >= MIN_GRAPH_NCCL:
+        base, of = median(go["gap_us"]), "the other kernels of the same graphs"
+    else:
+        base, of = median(k.loc[~k["graph"] & ~k["nccl"], "gap_us"]), "kernels launched outside graphs"
+    excess = float((gn["gap_us"] - (base or 0.0)).clip(lower=0).sum()) if base is not None else 0.0
+    med, window = median(gn["gap_us"]), None
+    if len(gn):  # the NCCL kernel whose gap is the median one, with the kernel before it
+        x = gn.iloc[int((gn["gap_us"] - med).abs().to_numpy().argmin())]
+        window = (float(x["ts"] - x["gap_us"]) - EXCERPT_PAD_US, float(x["end"]) + EXCERPT_PAD_US)
+    return GraphGaps(graph_launches=h.graph_launches, nccl=len(gn), gap_nccl_us=med, baseline_us=base,
+                     baseline_of=of, excess_us=excess, steps=view.n_steps, window=window)
+
+
+rule(Rule(id="graph_mixing_gap", title="idle gap before NCCL kernels replayed from CUDA graphs", extract=graph_extract,
+          judge=judge_fired("graph_mixing_gap"), **TEXT["graph_mixing_gap"]))

@@ -1,0 +1,149 @@
+"""``late_rank``: the rank every other rank waits for at the collectives, what it cost the others (their waiting
+beyond the next-latest arrival that no compute hid) and, when the rank's own excess over its peers explains it,
+what the rank was doing (:mod:`.late_arrival`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..model import Finding, RankView, Rule, Skip, rule
+from ..texts import FIX_BY_REASON, TEXT
+from .comm import Timeline, collected, exposed_parts, finding, per_step_divisor, timeline
+from .evidence import excerpt, num
+from .same_kernels import KERNEL_TOP, SLOW_GPU, gpu_speed, kernel_speeds
+from .late_arrival import activity, attribute
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+MIN_LATE, LATE_MIN_US, LATE_STEP_SHARE = 2, 20.0, 0.01
+"""late_rank needs the rank to be last at 2+ collective instances by at least 20 us, 5% of the transfer and 1% of
+the step: two ranks running the same step drift apart by less than that (0.4 ms in a 57 ms DDP step, 2xH200)"""
+LATE_PATTERN = 0.10
+"""... and materially late at this share of the matched instances or more: a rank late at 3 of 231 all-reduces
+(the first one of each step, 2xH200 per-parameter example) is a once-per-step hiccup, not a late rank; the
+planted late rank (a sleep before the step) is late at 21 of 33, collective_tracing's slow host at 22 of 25"""
+LATE_EXPLAINED = 0.5
+"""late_rank names a reason only when the rank's own excess over its peers (host activity, GPU still busy)
+explains at least this share of the lateness it added; otherwise it says the lateness is not visible"""
+LATE_DOMINANCE = 2 / 3
+"""late_rank names a rank only when the waiting it caused is at least this share of all waiting for late ranks"""
+
+
+@dataclass(frozen=True)
+class Before:
+    """``late_rank``'s extract: a :class:`~kit.doctor.rules.comm.Timeline` and, per collective row, the rank's
+    cumulative host time in each of :data:`kit.doctor.rules.late_arrival.HOST` at the row's launch and at its end
+    (:func:`kit.doctor.rules.late_arrival.activity`)."""
+
+    tl: Timeline
+    cum: "pd.DataFrame"
+    """same index as ``tl.rows``: ``<activity>@launch`` and ``<activity>@end`` (us since the trace began)"""
+    kernels: "pd.DataFrame | None" = None
+    """the rank's heaviest compute kernels (:data:`~kit.doctor.rules.same_kernels.KERNEL_TOP` by total time): per
+    name ``median_us`` and ``total_us`` (:func:`~kit.doctor.rules.same_kernels.kernel_speeds`) -- to tell a slower
+    GPU from more work"""
+
+
+def extract_late(view: RankView) -> Before:
+    tl = timeline(view)
+    return Before(tl, activity(view, tl), kernel_speeds(view))
+
+
+REASON_TEXT = {"data_wait": "waiting for its DataLoader", "host_sync": "blocked in synchronising calls",
+               "host_idle": "on the host without issuing any GPU work", "host_busy": "issuing work more slowly on "
+               "the host", "gpu_busy": "with its GPU still busy (longer compute) when it launched the collective"}
+
+
+def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip:
+    import numpy as np
+    import pandas as pd
+
+    tls = [(r, b.tl) for r, b in summaries]
+    df = collected(tls)
+    if df is None:
+        return []
+    cum = pd.concat([b.tl.rows[["stream", "start_us"]].assign(rank=r).join(b.cum) for r, b in summaries
+                     if len(b.tl.rows)], ignore_index=True)
+    df = df.merge(cum, on=["rank", "stream", "start_us"], how="left")
+    df = df[df["ranks_seen"] > 1]
+    if df.empty:
+        return Skip("late_rank", "no collective instance was found on 2+ ranks (different process groups, or "
+                                 "traces of different windows of the job)")
+    tl_of = dict(tls)
+    df = exposed_parts(df, tl_of)  # per kernel, the waiting part that no compute hid
+    keys = ["match_key", "instance"]
+    last = df.loc[df.groupby(keys)["dur_us"].idxmin()]
+    inst = last[keys + ["rank", "start_us", "end_us"]].assign(
+        rank=last["rank"].astype(int), dur_min_us=last["dur_us"].to_numpy(dtype=float))
+    inst = inst.merge(df.groupby(keys)["wait_us"].max().rename("late_by_us").reset_index(), on=keys)
+    # what the last rank alone cost: how much later it arrived than the next-latest rank (the smallest wait of the
+    # other ranks); the rest of the others' waiting was for the next-latest one too
+    lead = df[df["wait_us"] > 0].groupby(keys)["wait_us"].min().rename("lead_us").reset_index()
+    inst = inst.merge(lead, on=keys, how="left").fillna({"lead_us": 0.0})
+    # late enough to be more than jitter: LATE_MIN_US, 5% of the transfer, LATE_STEP_SHARE of the step
+    floor = np.maximum(np.maximum(LATE_MIN_US, 0.05 * inst["dur_min_us"]), LATE_STEP_SHARE * (ctx.step_us or 0.0))
+    inst["material"] = inst["lead_us"] >= floor
+    # what each rank's lateness cost the others: their exposed waiting at the instances it was materially last at
+    if any(tl.steps for tl in tl_of.values()):
+        df = df.assign(exposed_wait_us=df["exposed_wait_us"].where(df["step"].notna(), 0.0))
+    df = df.merge(inst[keys + ["lead_us"]], on=keys, how="left")
+    df["charged_us"] = np.minimum(df["exposed_wait_us"], df["lead_us"].fillna(0.0))
+    waits = df.pivot_table(index=keys, columns="rank", values="charged_us", aggfunc="sum", fill_value=0.0)
+    inst = inst.join(waits, on=keys)
+    cost_of = {}
+    for rank, g in inst[inst["material"]].groupby("rank"):
+        cost_of[int(rank)] = max((float(g[r].sum()) / per_step_divisor(tl_of[int(r)]) for r in waits.columns
+                                  if int(r) != int(rank)), default=0.0)
+    total = sum(cost_of.values())
+    if total <= 0:
+        return []
+    late = max(cost_of, key=cost_of.get)
+    cost = cost_of[late]
+    if cost < LATE_DOMINANCE * total:  # ranks take turns arriving last: jitter, not one late rank
+        return []
+    mine = inst[inst["rank"] == late]
+    if mine["material"].sum() < max(MIN_LATE, LATE_PATTERN * len(inst)):
+        return []  # late once or rarely (e.g. the first collective after start-up): no pattern
+    excess, explained = attribute(df, inst, late)
+    added = excess.pop("_added", 0.0)
+    seen = sum(excess.values())
+    visible = added > 0 and seen >= LATE_EXPLAINED * added
+    reason = max(excess, key=excess.get) if explained and visible and max(excess.values()) > 0 else None
+    n = per_step_divisor(tl_of[late])
+    late_at = mine[mine["material"]]
+    worst = late_at.loc[late_at["late_by_us"].idxmax()]
+    ev = {"late_rank": late, "last_at": len(mine), "late_at": len(late_at), "instances": len(inst),
+          "late_floor_us": num(float(floor.min())), "late_by_us_median": num(late_at["late_by_us"].median()),
+          "late_by_us_max": num(late_at["late_by_us"].max()), "others_wait_us_per_step": num(cost),
+          "after_next_latest_us_median": num(late_at["lead_us"].median()),
+          "cost_by_late_rank": {str(r): num(v) for r, v in cost_of.items()}, "reason": reason,
+          "explained_instances": explained, "reason_us_per_step": {c: num(v / n) for c, v in excess.items()},
+          "excerpt": excerpt(late, float(worst["start_us"]) - 2 * float(worst["late_by_us"]), float(worst["end_us"]),
+                              ranks=sorted(tl_of))}
+    slower = gpu_speed(late, {r: b.kernels for r, b in summaries})
+    ev["same_kernels_slower_pct"] = num(100 * slower) if slower is not None else None
+    ev["lateness_explained_share"] = num(seen / added, 3) if added > 0 else None
+    why = (f"; {REASON_TEXT[reason]} ({100 * excess[reason] / added:.0f}% of its lateness)" if reason else
+           f"; what made it late is not visible in the trace (its own activity explains "
+           f"{100 * seen / added if added else 0:.0f}% of its lateness: it may have begun before the traced "
+           f"window, or lie in work the trace does not record)")
+    if reason == "gpu_busy" and slower is not None:
+        reason = "gpu_slow" if slower >= SLOW_GPU else reason
+        why += (f": its GPU ran the same kernels {100 * slower:.1f}% slower than the other ranks' (its "
+                f"{KERNEL_TOP} heaviest, median durations) -- the same work taking longer on that GPU (its "
+                f"clocks, power or thermal limits, or other work on it), not more work" if slower >= SLOW_GPU
+                else f": its GPU ran the same kernels at the others' speed ({100 * slower:+.1f}%) -- more work")
+    ev["reason"] = reason
+    summary = (f"rank {late} arrived last, by more than {ev['late_floor_us']:.0f} us, at {len(late_at)} of "
+               f"{len(inst)} collectives (median {ev['late_by_us_median']:.0f} us, max {ev['late_by_us_max']:.0f} "
+               f"us after the first rank; median {ev['after_next_latest_us_median']:.0f} us after the next-latest)"
+               f"{why}; the other ranks waited {cost:.0f} us per step for it alone with nothing else to do")
+    fix = TEXT["late_rank"]["fix"]
+    return finding("late_rank", cost, [late], ev, summary, fix=f"{FIX_BY_REASON[reason]} {fix}"
+                   if reason else None)
+
+
+rule(Rule(id="late_rank", title="one rank arrives late at the collectives", extract=extract_late, judge=judge_late,
+          needs_ranks=2, **TEXT["late_rank"]))

@@ -1,0 +1,59 @@
+"""``pageable_h2d``: host-to-device copies from pageable memory -- the host is blocked for each."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..model import RankView, Rule, rule
+from ..texts import TEXT
+from .evidence import num
+from .host import EXCERPT_PAD_US, HostSummary, HostTimeline, host_extract, judge_fired, pageable_h2d_mask
+
+
+@dataclass(frozen=True)
+class PageableCopies(HostSummary):
+    copies: int
+    host_us: float
+    """host time in the calls that issued them (the host is blocked for the whole call)"""
+    gpu_us: float
+    without_call: int
+    """copies whose host call is not in the trace (their host time is missing from host_us)"""
+    calls: dict[str, int]
+
+    @property
+    def fires(self) -> bool:
+        return self.copies > 0
+
+    @property
+    def cost(self) -> float:
+        return self.per_step(self.host_us)
+
+    def evidence(self) -> dict[str, Any]:
+        return {"copies_per_step": num(self.copies / self.steps), "host_blocked_us_per_step": num(self.cost),
+                "gpu_copy_us_per_step": num(self.gpu_us / self.steps), "host_calls": dict(self.calls),
+                "copies_without_host_call": self.without_call}
+
+    def sentence(self, who: str) -> str:
+        return (f"{self.copies / self.steps:.1f} host-to-device copies per step from pageable memory block the "
+                f"host {self.cost:.0f} us per step (their GPU time: {self.gpu_us / self.steps:.0f} us) on {who}")
+
+
+@host_extract("pageable_h2d", "the host time blocked in a copy is the issuing call's")
+def pageable_extract(view: RankView, h: HostTimeline) -> PageableCopies:
+    c = h.copies[h.copies["in_step"] & pageable_h2d_mask(h.copies)]
+    known = c[c["call"] != ""]
+    blocked = known["call_end"] - known["call_ts"]
+    window = None
+    if len(known):  # the copy that blocked the host longest: its call and the copy
+        x = known.loc[blocked.idxmax()]
+        window = (float(min(x["call_ts"], x["ts"])) - EXCERPT_PAD_US,
+                  float(max(x["call_end"], x["end"])) + EXCERPT_PAD_US)
+    return PageableCopies(copies=len(c), host_us=float(blocked.sum()), gpu_us=float(c["dur"].sum()),
+                          without_call=int(len(c) - len(known)),
+                          calls={str(k): int(v) for k, v in known["call"].value_counts().items()},
+                          steps=view.n_steps, window=window)
+
+
+rule(Rule(id="pageable_h2d", title="host-to-device copies from pageable memory", extract=pageable_extract,
+          judge=judge_fired("pageable_h2d"), **TEXT["pageable_h2d"]))

@@ -1,0 +1,102 @@
+"""``per_param_allreduce``: many small all-reduces per step, each paying the collective's latency; the saving
+of bucketing them is estimated from the trace's own bandwidth at large sizes (else the sweep's)."""
+
+from __future__ import annotations
+
+import math
+
+from ...collective_ops import bus_factor
+from ..model import Finding, Rule, Skip, rule
+from ..texts import TEXT
+from .comm import Timeline, collected, extract_timeline, finding, in_steps, per_step_divisor
+from .evidence import MiB, excerpt, num, size_text
+
+SMALL_BYTES = 1 * MiB
+"""all-reduces below this are latency-bound on any NVLink/InfiniBand link: their time is mostly fixed cost"""
+BUCKET_BYTES = 25 * MiB
+"""DDP's default ``bucket_cap_mb``: the size the bucketing estimate packs small gradients into"""
+MANY_SMALL_PER_STEP = 8
+"""small all-reduces per step from which ``per_param_allreduce`` speaks (DDP issues a handful of buckets)"""
+LARGE_BYTES = 16 * MiB
+"""all-reduces at or above this size give the trace's own bandwidth for the bucketing estimate"""
+
+
+def judge_per_param(summaries: list[tuple[int, Timeline]], ctx) -> list[Finding] | Skip:
+    import numpy as np
+
+    df = collected(summaries)
+    ar = df[df["collective"] == "all_reduce"] if df is not None else None
+    if ar is None or ar.empty:
+        return []
+    if ar["bytes"].isna().all():
+        return Skip("per_param_allreduce", "the all-reduces carry no collective metadata (bytes unknown: torch < "
+                                           "2.3 or a trace without record_shapes?); sizes cannot be judged")
+    ar = ar[ar["bytes"].notna()]
+    tl_of = dict(summaries)
+    dur = ar["instance_min_us"].where(ar["instance_min_us"].notna(), ar["dur_us"]).astype(float)
+    ar = ar.assign(t_us=dur, bytes=ar["bytes"].astype(float))
+    # the link's reference: the trace's own large all-reduces, else the sweep at the bucket size, else the
+    # trace's largest all-reduce (a lower bound on what bucketing gives back)
+    group = float(ar["group_size"].dropna().median()) if ar["group_size"].notna().any() else 2.0
+    big = ar[ar["bytes"] >= LARGE_BYTES]
+    if len(big):
+        algbw, bw_source = float(np.median(big["bytes"] / big["t_us"])), "trace"  # bytes/us = MB/s
+    elif ctx.sweep is not None and _sweep_algbw(ctx.sweep, BUCKET_BYTES, group):
+        algbw, bw_source = _sweep_algbw(ctx.sweep, BUCKET_BYTES, group), "sweep"
+    else:
+        top = ar[ar["bytes"] == ar["bytes"].max()]
+        algbw, bw_source = float(np.median(top["bytes"] / top["t_us"])), "trace (largest all-reduce)"
+    tiny = ar[ar["bytes"] <= 64 * 1024]
+    latency = float(np.median(tiny["t_us"])) if len(tiny) else float(ar["t_us"].min())
+    per_rank, fired = {}, []
+    for rank, g in ar.groupby("rank", sort=True):
+        tl = tl_of[int(rank)]
+        g = in_steps(g, tl)
+        n = per_step_divisor(tl)
+        small = g[g["bytes"] < SMALL_BYTES]
+        sub = g[g["bytes"] < BUCKET_BYTES]
+        actual = float(sub["t_us"].sum()) / n
+        sub_bytes = float(sub["bytes"].sum()) / n
+        buckets = math.ceil(sub_bytes / BUCKET_BYTES) if sub_bytes else 0
+        bucketed = buckets * latency + sub_bytes / algbw if algbw > 0 else actual
+        ev = {"all_reduces_per_step": num(len(g) / n), "small_per_step": num(len(small) / n),
+              "time_us_per_step": num(g["t_us"].sum() / n), "small_time_us_per_step": num(small["t_us"].sum() / n),
+              "latency_bound_share": num(small["t_us"].sum() / g["t_us"].sum(), 3) if g["t_us"].sum() else None,
+              "bytes_p10": num(np.percentile(g["bytes"], 10), 0) if len(g) else None,
+              "bytes_p50": num(np.median(g["bytes"]), 0) if len(g) else None,
+              "bytes_p90": num(np.percentile(g["bytes"], 90), 0) if len(g) else None,
+              "below_bucket_us_per_step": num(actual), "bucketed_estimate_us_per_step": num(bucketed),
+              "saving_us_per_step": num(max(actual - bucketed, 0.0))}
+        per_rank[str(int(rank))] = ev
+        if len(small) / n >= MANY_SMALL_PER_STEP:
+            fired.append(int(rank))
+    if not fired:
+        return []
+    worst = max(fired, key=lambda r: per_rank[str(r)]["saving_us_per_step"] or 0.0)
+    w = per_rank[str(worst)]
+    g0 = in_steps(ar[(ar["rank"] == worst) & (ar["bytes"] < SMALL_BYTES)], tl_of[worst]).sort_values("start_us")
+    first_step = g0[g0["step"] == g0["step"].min()] if tl_of[worst].steps else g0
+    first_step = first_step.iloc[:2 * MANY_SMALL_PER_STEP]  # a run of them, readable on a timeline
+    ev = {**w, "latency_us": num(latency, 2), "reference_algbw_gbps": num(algbw / 1e3, 1),
+          "reference_source": bw_source, "bucket_bytes": BUCKET_BYTES, "small_bytes": SMALL_BYTES,
+          "per_rank": per_rank,
+          "excerpt": excerpt(worst, float(first_step["start_us"].min()), float(first_step["end_us"].max()))}
+    summary = (f"{w['all_reduces_per_step']:g} all-reduces per step, {w['small_per_step']:g} of them below "
+               f"{size_text(SMALL_BYTES)} (median {size_text(w['bytes_p50'])}): {w['small_time_us_per_step']:.0f} us "
+               f"per step at ~{latency:.0f} us each, {100 * (w['latency_bound_share'] or 0):.0f}% of the all-reduce "
+               f"time; {size_text(BUCKET_BYTES)} buckets would take ~{w['bucketed_estimate_us_per_step']:.0f} us "
+               f"instead of {w['below_bucket_us_per_step']:.0f} us")
+    return finding("per_param_allreduce", w["saving_us_per_step"] or 0.0, fired, ev, summary)
+
+
+def _sweep_algbw(sweep, nbytes: float, group: float) -> float | None:
+    """The sweep's all_reduce algbw at ``nbytes`` in bytes/us (= MB/s), from its busbw and the bus factor."""
+    from ..sweep import attainable
+
+    bw = attainable(sweep, "all_reduce", nbytes)
+    f = bus_factor("all_reduce", int(group)) if group else 1.0
+    return bw * 1e3 / f if bw and f else None
+
+
+rule(Rule(id="per_param_allreduce", title="many small all-reduces per step", extract=extract_timeline,
+          judge=judge_per_param, **TEXT["per_param_allreduce"]))

@@ -1,0 +1,54 @@
+"""Does a rank run the same compute kernels more slowly than the others? Per rank, the heaviest compute kernels'
+median durations (:func:`kernel_speeds`, kept by ``late_rank``'s extract); across ranks, the time-weighted ratio
+(:func:`gpu_speed`) -- a slower GPU (clocks, power, temperature) rather than more work."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..model import RankView
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+KERNEL_TOP = 20
+"""late_rank compares the late rank's GPU with the others' on its 20 heaviest compute kernels (by total time):
+enough to cover most of a step's compute, few enough to travel with the summary"""
+SLOW_GPU = 0.02
+"""the same kernels >= 2% slower (time-weighted geometric mean of median ratios) = the late rank's GPU is slower
+at the same work. Between the two H200s of the example job's runs (recorded/doctor/h200x2-20261123) the ratio
+was within +-0.9% in 5 of 10 runs (clean, tiny-kernels, contention, both graph cases), and rank 0 was 2.6-8.3%
+slower in the others (item, pageable, p2p-disabled, h2d-on-compute-stream, per-param-allreduce): a difference
+of that machine from run to run, which the doctor then names (see that folder's README)"""
+
+
+def kernel_speeds(view: RankView) -> "pd.DataFrame | None":
+    """Median and total duration per compute-kernel name (NCCL kernels and copies left out), the heaviest
+    :data:`KERNEL_TOP`; None when the trace has no compute kernel."""
+    g = view.trace.gpu
+    k = g[(g["cat"] == "kernel") & ~g["nccl"].astype(bool)] if not g.empty else g
+    if k.empty:
+        return None
+    agg = k.groupby(k["name"].astype(str), observed=True)["dur"].agg(median_us="median", total_us="sum")
+    return agg.nlargest(KERNEL_TOP, "total_us")
+
+
+def gpu_speed(late: int, kernels: dict[int, "pd.DataFrame | None"]) -> float | None:
+    """How much slower the late rank ran the same compute kernels than the other ranks: the geometric mean,
+    weighted by the late rank's time in each kernel, of (its median) / (the other ranks' median of medians),
+    minus 1. None when fewer than 3 kernel names are shared."""
+    import numpy as np
+
+    mine = kernels.get(late)
+    others = [k["median_us"] for r, k in kernels.items() if r != late and k is not None]
+    if mine is None or not others:
+        return None
+    import pandas as pd
+
+    ref = pd.concat(others, axis=1).median(axis=1)
+    both = mine.join(ref.rename("ref"), how="inner")
+    both = both[(both["ref"] > 0) & (both["median_us"] > 0)]
+    if len(both) < 3:
+        return None
+    w = both["total_us"] / both["total_us"].sum()
+    return float(np.exp((w * np.log(both["median_us"] / both["ref"])).sum()) - 1)
