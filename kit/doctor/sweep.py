@@ -4,14 +4,14 @@
 
 * a **kit collectives run** (``kit run collectives`` / ``kit exp collectives``: a run directory with
   ``rows.csv[.gz]``, or a folder of such runs) -- read with :func:`kit.results.load` and summarised with
-  :func:`kit.investigations.collectives.summarize` (the per-sample conventions live there: kernel durations are
-  the minimum over ranks, eager/graph the maximum). Per (collective, bytes) one method is kept, in the order
+  :func:`kit.sweeps.summarize` (the per-sample conventions live there: kernel durations are the minimum over
+  ranks, eager/graph the maximum). Per (collective, bytes) one method is kept, in the order
   ``kernel`` (NCCL kernel durations from the profiler: the same measurement as a trace's kernels), then
   ``nccl-tests`` (out-of-place), ``nccl-tests-graph``, ``graph``, ``eager``;
 * **nccl-tests output** (``all_reduce_perf ... > out.txt``; one file may hold several tests, as the kit's
-  ``nccl-tests.log`` does): its table is parsed by
-  :func:`kit.investigations.collectives.nccl_tests.parse_nccl_tests`, out-of-place busbw; the collective comes
-  from the ``# Collective test starting: <binary>`` line (else the file name, ``all_reduce_perf.txt``).
+  ``nccl-tests.log`` does): its table is parsed by :func:`kit.sweeps.parse_nccl_tests`, out-of-place busbw; the
+  collective comes from the ``# Collective test starting: <binary>`` line (else the file name,
+  ``all_reduce_perf.txt``).
 
 The result is a frame ``collective, bytes, busbw_gbps, source`` (``source``: the method, or ``nccl-tests``).
 Between the sweep's sizes busbw is interpolated on log-log axes (:func:`attainable`); outside them there is no
@@ -59,7 +59,7 @@ def _from_run(p: Path) -> "pd.DataFrame":
     import pandas as pd
 
     from .. import results
-    from ..investigations.collectives import summarize
+    from ..sweeps import summarize
 
     dirs = [d for d in results.run_dirs(p) if results.read_meta(d).get("experiment") in (None, "collectives")]
     if not dirs:
@@ -91,7 +91,7 @@ def _from_run(p: Path) -> "pd.DataFrame":
 def _from_nccl_tests(p: Path) -> "pd.DataFrame":
     import pandas as pd
 
-    from ..investigations.collectives.nccl_tests import parse_nccl_tests
+    from ..sweeps import parse_nccl_tests
 
     try:
         text = p.read_bytes().decode("utf-8")

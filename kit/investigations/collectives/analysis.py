@@ -7,68 +7,14 @@ table / a figure that says what is missing for runs without the rows it needs --
 from __future__ import annotations
 
 from ... import plot, stats
-from ...collective_ops import SWEEPABLE, bus_factor
-from ...contract import Finding
+from ...collective_ops import SWEEPABLE
+from ...contract import Observation
+from ...sweeps import rows, summarize
 from .sweep import NO_KERNEL
 
 _human = stats.human_bytes
 
 MiB = 1 << 20
-
-
-def rows(df):
-    """The rows with ``kind`` filled where a run recorded before rows had one left it empty (nccl-tests rows by
-    their ``method``, the rest are samples) and ``placement`` present."""
-    import pandas as pd
-
-    if df is None or df.empty or "method" not in df.columns:
-        return pd.DataFrame(columns=["kind", "collective", "bytes", "method", "sample", "time_us", "placement"])
-    df = df.copy()
-    external = df["method"].astype(str).str.startswith("nccl-tests")
-    default = external.map({True: "nccl-tests", False: "sample"})
-    df["kind"] = df["kind"].fillna(default) if "kind" in df.columns else default
-    if "placement" not in df.columns:
-        df["placement"] = None
-    return df
-
-
-def _keys(df) -> list[str]:
-    return [k for k in ("label", "collective", "bytes", "method") if k in df.columns]
-
-
-def summarize(df):
-    """One row per (label, collective, bytes, method): per sample one time over ranks, then kit.stats.
-
-    ``eager``/``graph``: a collective is finished when its slowest rank is, so a sample's time is the max over
-    ranks (samples are barrier-aligned: sample i is the same round on every rank). ``kernel``: the min over
-    ranks, the duration on the rank that arrived last (the others include waiting for it). nccl-tests rows
-    are taken as printed (out-of-place). busbw/algbw come from the median time; ``host_us_median`` is the
-    median host enqueue time of one call (eager). Empty in, empty out (with the columns).
-    """
-    import pandas as pd
-
-    df = rows(df)
-    keys = _keys(df)
-    cols = keys + [f"time_us_{k}" for k in stats.STAT_KEYS] + ["host_us_median", "algbw_gbps", "busbw_gbps"]
-    d = df[df["kind"] == "sample"]
-    kern = d["method"] == "kernel"
-    per = pd.concat([stats.per_sample(d[~kern], keys, how="max"), stats.per_sample(d[kern], keys, how="min")])
-    s = stats.summarize(per, keys)
-    if "host_us" in d.columns and not s.empty:
-        host = d.groupby(keys, dropna=False)["host_us"].median().rename("host_us_median").reset_index()
-        s = s.merge(host, on=keys, how="left")
-    nt = df[(df["kind"] == "nccl-tests") & (df["placement"].fillna("out-of-place") == "out-of-place")]
-    if not nt.empty:
-        nts = nt.groupby(keys, dropna=False)["time_us"].agg(["median", "size"]).reset_index()
-        s = pd.concat([s, nts.rename(columns={"median": "time_us_median", "size": "time_us_n"})], ignore_index=True)
-    if s.empty:
-        return pd.DataFrame(columns=cols)
-    s = s.reindex(columns=cols)
-    world = d.groupby("label")["world_size"].first() if {"label", "world_size"} <= set(d.columns) else {}
-    n = s["label"].map(world) if "label" in s.columns and len(world) else pd.Series(2, index=s.index)
-    s["algbw_gbps"] = stats.gbps(s["bytes"].astype(float), s["time_us_median"])
-    s["busbw_gbps"] = s["algbw_gbps"] * [bus_factor(c, w) for c, w in zip(s["collective"], n.fillna(2))]
-    return s.sort_values(keys).reset_index(drop=True)
 
 
 def busbw_table(runs):
@@ -135,7 +81,7 @@ def _gbps(v: float) -> str:
     return f"{v:.0f}" if v >= 100 else f"{v:.3g}"
 
 
-def _size_findings(a, tag: str, sfx: str) -> list[Finding]:
+def _size_findings(a, tag: str, sfx: str) -> list[Observation]:
     """busbw of all_reduce at 64 MiB and 1 GiB (else the largest size), graph and eager against nccl-tests."""
     big = [b for b in (64 * MiB, 1 << 30) if b in set(a["bytes"])] or [int(a["bytes"].max())]
     out = []
@@ -146,13 +92,13 @@ def _size_findings(a, tag: str, sfx: str) -> list[Finding]:
             if m not in at or at[m] != at[m]:
                 continue
             vs = f" ({100 * (at[m] / ref - 1):+.1f}% vs nccl-tests {ref:.0f})" if ref and m != "nccl-tests" else ""
-            out.append(Finding(f"all_reduce_busbw_{_human(b).replace(' ', '')}_{m}{sfx}",
+            out.append(Observation(f"all_reduce_busbw_{_human(b).replace(' ', '')}_{m}{sfx}",
                                f"{tag}all_reduce busbw at {_human(b)}, {what}: {_gbps(at[m])} GB/s{vs}",
                                float(at[m]), "GB/s"))
     return out
 
 
-def _small_findings(a, tag: str, sfx: str) -> list[Finding]:
+def _small_findings(a, tag: str, sfx: str) -> list[Observation]:
     """Where one all_reduce call's time goes at 1 MiB, and the host enqueue time over all sizes."""
     out = []
     one = _at_1mib(a).set_index("method")
@@ -160,28 +106,28 @@ def _small_findings(a, tag: str, sfx: str) -> list[Finding]:
     for m, w in what.items():
         if m in one.index:
             v = float(one.loc[m, "time_us_median"])
-            out.append(Finding(f"all_reduce_1MiB_{m}_us{sfx}", f"{tag}all_reduce at 1 MiB, {w}: {v:.1f} us per call",
+            out.append(Observation(f"all_reduce_1MiB_{m}_us{sfx}", f"{tag}all_reduce at 1 MiB, {w}: {v:.1f} us per call",
                                v, "us"))
     host = a[a["method"] == "eager"].set_index("bytes")["host_us_median"].dropna()
     if "eager" in one.index and host.get(MiB) == host.get(MiB):
         v = float(host[MiB])
-        out.append(Finding(f"all_reduce_1MiB_host_us{sfx}", f"{tag}all_reduce at 1 MiB, host enqueue of one call: "
+        out.append(Observation(f"all_reduce_1MiB_host_us{sfx}", f"{tag}all_reduce at 1 MiB, host enqueue of one call: "
                            f"{v:.1f} us", v, "us"))
     if len(host):
         q1, med, q3 = host.quantile([0.25, 0.5, 0.75])
-        out.append(Finding(f"all_reduce_host_us{sfx}", f"{tag}host enqueue per all_reduce call over {len(host)} sizes: "
+        out.append(Observation(f"all_reduce_host_us{sfx}", f"{tag}host enqueue per all_reduce call over {len(host)} sizes: "
                            f"median {med:.1f} us (quartiles {q1:.1f}-{q3:.1f} us)", float(med), "us"))
         graph = a[a["method"] == "graph"].set_index("bytes")["time_us_median"]
         bound = [b for b in host.index if b in graph.index and host[b] >= graph[b]]
         if bound:
-            out.append(Finding(f"all_reduce_host_bound_up_to_bytes{sfx}",
+            out.append(Observation(f"all_reduce_host_bound_up_to_bytes{sfx}",
                                f"{tag}the host's enqueue time is at least the device time (graph replay) up to "
                                f"{_human(max(bound))}: there eager measures Python and ProcessGroupNCCL, not the "
                                f"link", float(max(bound)), "bytes"))
     return out
 
 
-def findings(runs) -> list[Finding]:
+def findings(runs) -> list[Observation]:
     """The measured statements: all_reduce busbw at 64 MiB / 1 GiB (graph, eager, nccl-tests), the 1 MiB
     per-call times (eager, graph, kernel, host enqueue), host enqueue over sizes, and what could not be
     measured (one rank: no NCCL kernel)."""
@@ -197,7 +143,7 @@ def findings(runs) -> list[Finding]:
         tag, sfx = (f"[{label}] ", f"[{label}]") if len(labels) > 1 else ("", "")
         out += _size_findings(a, tag, sfx) + _small_findings(a, tag, sfx)
     for r in notes_table(runs).itertuples():
-        out.append(Finding("no_kernel" if r.note == NO_KERNEL else "note", f"{r.collective}: {r.note}"))
+        out.append(Observation("no_kernel" if r.note == NO_KERNEL else "note", f"{r.collective}: {r.note}"))
     return out + (regime_findings(runs) if getattr(runs, "dirs", None) else [])
 
 
@@ -234,7 +180,7 @@ def regimes_figure(runs):
                             title="one node (NVLink) vs emulated nodes (NCCL NET/Socket over loopback)")
 
 
-def regime_findings(runs) -> list[Finding]:
+def regime_findings(runs) -> list[Observation]:
     """all_reduce busbw at 64 MiB and 1 GiB across emulated nodes against one node, per method measured in
     both (graph replay, NCCL kernel, eager, nccl-tests: on emulated nodes its ``MPI=1`` build under ``mpirun``,
     one process per rank with its agent's ``NCCL_HOSTID``, the same network variables and NCCL)."""
@@ -257,7 +203,7 @@ def regime_findings(runs) -> list[Finding]:
                     continue
                 ref = "graph" if "graph" in a else parts[0].split()[0]
                 ratio = n[ref].iloc[0] / a[ref].iloc[0]
-                out.append(Finding(f"regime_busbw_{_human(b).replace(' ', '')}",
+                out.append(Observation(f"regime_busbw_{_human(b).replace(' ', '')}",
                                    f"all_reduce busbw at {_human(b)}, {e} vs {o}: " + "; ".join(parts) +
                                    f" ({ratio:.0f}x less across the emulated nodes, {ref})",
                                    float(a[ref].iloc[0]), "GB/s"))

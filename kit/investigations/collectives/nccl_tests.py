@@ -10,6 +10,7 @@ import shutil
 import subprocess
 
 from ...collective_ops import SWEEPABLE, nccl_tests_binary
+from ...sweeps import parse_nccl_tests
 from .sweep import Config
 
 _NCCL_TESTS_DTYPE = {"float32": "float", "float16": "half", "bfloat16": "bfloat16", "float64": "double",
@@ -38,30 +39,6 @@ def find_nccl_tests(setting: str) -> dict[str, str]:
         if hit:
             found[coll] = hit
     return found
-
-
-_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\S+)\s+(\S+)\s+(-?\d+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)")
-
-
-def parse_nccl_tests(text: str, collective: str) -> list[dict]:
-    """Rows (``kind="nccl-tests"``) from nccl-tests' table: size, count, type, redop, root, then out-of-place
-    and in-place (time us, algbw GB/s, busbw GB/s, #wrong). Both placements are kept (``placement`` column)."""
-    rows = []
-    for line in text.splitlines():
-        if line.lstrip().startswith("#"):
-            continue
-        m = _ROW.match(line)
-        if not m:
-            continue
-        size = int(m.group(1))
-        for placement, (t, a, b) in (("out-of-place", m.group(6, 7, 8)), ("in-place", m.group(10, 11, 12))):
-            try:
-                t, a, b = float(t), float(a), float(b)
-            except ValueError:
-                continue
-            rows.append(dict(kind="nccl-tests", collective=collective, bytes=size, method="nccl-tests",
-                             placement=placement, sample=0, time_us=t, algbw_gbps=a, busbw_gbps=b, rank=-1))
-    return rows
 
 
 _VERSIONS = re.compile(r"nccl-headers=(\d+)\s+nccl-library=(\d+)")
