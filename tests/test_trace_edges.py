@@ -279,3 +279,18 @@ def test_cli_negative_durations_and_zero_step_are_warnings_once(tmp_path):
     gaps = _kit("trace", "gaps", TP[0], bad, "--json")
     assert json.loads(gaps.stdout)["warnings"] == [
         "tp_rank1.json.gz: 1 GPU event(s) dropped, 1 with a negative duration (lost or corrupt timestamps)"]
+
+
+def test_gpu_event_outside_the_profilers_window_is_dropped(tmp_path):
+    """Every GPU event of a real trace lies inside Kineto's 'PyTorch Profiler' window; one moved an hour later
+    (a corrupt timestamp) would stretch every span it falls in."""
+    src = traces.load_trace(TP[0], cache=False)
+
+    def corrupt(evs):
+        next(e for e in evs if e.get("cat") == "kernel")["ts"] += 3.6e9
+    p = _events_changed(tmp_path, "late_rank0.json.gz", corrupt)
+    for cpu in ("none", "default"):
+        t = traces.load_trace(p, cpu=cpu, cache=False)
+        assert len(t.warnings) == 1 and t.warnings[0].startswith(
+            "late_rank0.json.gz: 1 GPU event(s) wholly outside the profiler's window (")
+        assert len(t.gpu) == len(src.gpu) - 1 and t.gpu.end.max() == src.gpu.end.max()

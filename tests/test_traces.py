@@ -380,25 +380,31 @@ def test_find_traces_new_and_old_names(tmp_path):
     assert all(f.run_dir == tmp_path for f in found)
     assert len(traces.find_traces(tmp_path)) == 4 and len(traces.find_traces(tmp_path, rank=1)) == 2
     assert len(traces.find_traces([tmp_path], part=["ddp", "tp"], rank=[0])) == 2
-    # the names already in recorded/, with the tags today's writers use
-    rec = RECORDED  # the 2026-11-22 runs: written before the trace layer's naming scheme existed
-    old = {"collective_tracing": rec / "collective_tracing" / "20261122-132904-vm-8b9407",
-           "graph_gaps": [rec / "graph_gaps" / "20261122-132502-vm-68627f", rec / "graph_gaps" / "20261122-132602-vm-c64914"],
-           "dataloader_sync": rec / "dataloader_sync" / "20261122-134536-vm-8b8065",
-           "p2p_transports": rec / "p2p_transports" / "20261122-145624-vm-d3e657"}
-    ct = traces.find_traces(old["collective_tracing"], part="ddp")
+    # the names the kit wrote before the naming scheme (runs of 2026-11-22 in recorded/), with today's tags: the
+    # files are made here, so the check does not depend on which recorded runs the repository keeps
+    old = tmp_path / "old"
+    names = {"ct": ["trace_ddp_rank0.json.gz", "trace_ddp_rank1.json.gz", "merged_ddp.json.gz"],
+             "gg": [f"trace_{m}_N{n}_{mode}_rank{r}.json.gz" for m in ("allreduce", "matmul-only") for n in (10, 160)
+                    for mode in ("eager", "graph") for r in (0, 1)],
+             "dl": ["trace_pageable_per_param_rank0.json.gz", "trace_pageable_per_param_rank1.json.gz"],
+             "p2p": ["traces/comm_compute-nccl-rank0.json.gz", "traces/comm_compute-nccl-rank1.json.gz"]}
+    for run, files in names.items():
+        (old / run).mkdir(parents=True)
+        (old / run / "meta.json").write_text("{}")
+        for n in files:
+            (old / run / n).parent.mkdir(exist_ok=True)
+            (old / run / n).write_text("{}")
+    ct = traces.find_traces(old / "ct", part="ddp")
     assert [f.rank for f in ct] == [0, 1] and ct[0].path.name == "trace_ddp_rank0.json.gz"
-    assert ct[0].run_dir.parent.name == "collective_tracing"
-    new = traces.find_traces(rec / "dataloader_sync" / "20261123-023337-vm-5b27c3", h2d="pageable", sync="per_param")
-    assert [f.path.name for f in new] == [f"trace_h2d=pageable_sync=per_param_rank{r}.json.gz" for r in (0, 1)]
-    gg = traces.find_traces(old["graph_gaps"], model="allreduce", layers=10, mode="graph")
-    assert len(gg) == 4 and gg[0].path.name == "trace_allreduce_N10_graph_rank0.json.gz"
-    assert traces.find_traces(old["graph_gaps"], model="matmul-only", layers=160, mode="eager", rank=1)
-    dl = traces.find_traces(old["dataloader_sync"], h2d="pageable", sync="per_param")
+    assert ct[0].run_dir == old / "ct"
+    gg = traces.find_traces(old / "gg", model="allreduce", layers=10, mode="graph")
+    assert len(gg) == 2 and gg[0].path.name == "trace_allreduce_N10_graph_rank0.json.gz"
+    assert traces.find_traces(old / "gg", model="matmul-only", layers=160, mode="eager", rank=1)
+    dl = traces.find_traces(old / "dl", h2d="pageable", sync="per_param")
     assert [f.path.name for f in dl] == ["trace_pageable_per_param_rank0.json.gz", "trace_pageable_per_param_rank1.json.gz"]
-    p2p = traces.find_traces(old["p2p_transports"], experiment="comm_compute", transport="nccl")
-    assert [f.rank for f in p2p] == [0, 1] and p2p[0].path.parent.name == "traces"
-    assert not traces.find_traces(rec, name="merged_tp")  # merged traces and FR dumps are not rank traces
+    p2p = traces.find_traces(old / "p2p", experiment="comm_compute", transport="nccl")
+    assert [f.rank for f in p2p] == [0, 1] and p2p[0].path.parent.name == "traces" and p2p[0].run_dir == old / "p2p"
+    assert not traces.find_traces(old, name="merged_ddp")  # merged traces and FR dumps are not rank traces
     data = traces.find_traces(DATA, name="tp")
     assert [f.rank for f in data] == [0, 1]
     assert traces.find_traces(tmp_path / "nowhere") == []

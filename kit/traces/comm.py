@@ -37,6 +37,7 @@ from .collective_frame import (COLLECTIVE_COLUMNS, bandwidth, collective_frame, 
 from .flight_recorder import dump_flight_recorder, fr_entries, fr_mismatches  # noqa: F401  (kit.traces.comm.*)
 from .frames import Trace, load_trace
 from .jobs import JobCheck, RankIdentity, rank_identity
+from .overlap import overlap  # noqa: F401  (kit.traces.comm.overlap)
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
