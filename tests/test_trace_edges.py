@@ -294,3 +294,25 @@ def test_gpu_event_outside_the_profilers_window_is_dropped(tmp_path):
         assert len(t.warnings) == 1 and t.warnings[0].startswith(
             "late_rank0.json.gz: 1 GPU event(s) wholly outside the profiler's window (")
         assert len(t.gpu) == len(src.gpu) - 1 and t.gpu.end.max() == src.gpu.end.max()
+
+
+def test_cli_legacy_categories_and_subsampled_trace(tmp_path):
+    """A schemaVersion-1 trace with PyTorch 1.9's categories is read (its kernels counted), and a subsampled
+    trace is said once on stderr -- exit 0 for both (one trace each: per-rank analyses), no traceback."""
+    legacy = tmp_path / "worker0.1623143089861.pt.trace.json"
+    legacy.write_text(json.dumps({"schemaVersion": 1, "traceEvents": [
+        {"ph": "X", "cat": "Kernel", "name": "volta_sgemm_128x64_nn", "pid": 0, "tid": 7, "ts": 100 + 20 * i,
+         "dur": 10, "args": {"device": 0, "stream": 7, "correlation": i, "external id": i}} for i in range(5)] + [
+        {"ph": "X", "cat": "Runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 95 + 20 * i, "dur": 2,
+         "args": {"correlation": i, "external id": i}} for i in range(5)] + [
+        {"ph": "X", "cat": "Operator", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 90, "dur": 100, "args": {}}]}))
+    p = _kit("trace", "gaps", legacy, "--no-cache")
+    assert p.returncode == 0 and p.stdout.startswith(f"{legacy}: 5 kernels (0 NCCL)") and not p.stderr, p.stderr
+    sampled = tmp_path / "s_rank0.json"
+    sampled.write_text(json.dumps({"schemaVersion": 1, "traceEvents": [
+        {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 10.5 * i, "dur": 2.5,
+         "args": {"device": 0, "stream": 7, "External id": 1000 + 200 * i, "correlation": i}} for i in range(300)]}))
+    p = _kit("trace", "gaps", sampled, "--no-cache")
+    lines = p.stderr.splitlines()
+    assert p.returncode == 0 and len(lines) == 1 and lines[0].startswith(
+        "kit trace gaps: warning: s_rank0.json: looks subsampled: its GPU events come from 300 of the 59801 ops"), p.stderr
