@@ -6,7 +6,7 @@ The layer, bottom up:
 
 * :mod:`~kit.traces.parse` -- the only JSON decoding: msgspec, into structs that hold only the declared fields,
   a chunk of events at a time (a 100 MB trace: ~0.8 s, ~240 MB peak for ``kit trace gaps``); fatal problems
-  (not UTF-8, no events, not a trace) are one-line :class:`TraceError`\ s.
+  (not UTF-8, no events, not a trace) raise a one-line :class:`TraceError`.
 * :mod:`~kit.traces.columns` -- the frames as numpy columns until a DataFrame is asked for.
 * :mod:`~kit.traces.cache` -- those columns in Parquet beside the trace (``.kitcache/``), keyed by the file and
   the kit's trace-layer version, written and read without pandas; it knows nothing of the layers above.
