@@ -81,10 +81,25 @@ def with_preset(inv: contract.Investigation, namespace: Mapping[str, Any]) -> tu
             line = (f"parameters: {_short(path)} preset ({machine} here) for {len(taken)} left at the notebook's "
                     f"defaults ({shown})" + (f"; yours: {', '.join(mine)}" if mine else "")
                     + " -- `%env KIT_PRESET=none` runs the notebook's own values")
+        line += _long_run_warning(inv, values)
     root = values.get("results_root")
     if isinstance(root, str) and not os.path.isabs(root):  # JupyterLab starts the kernel in notebooks/
         values["results_root"] = str(results.REPO_ROOT / root)
     return values, line
+
+
+def _long_run_warning(inv: contract.Investigation, values: Mapping[str, Any]) -> str:
+    """Without a CUDA GPU: a second line naming the sizes well above the CPU preset's (a long run ahead)."""
+    from .config import load_yaml
+    from .launch import cuda_device_count
+
+    if inv.run is None or cuda_device_count():
+        return ""
+    cpu = load_yaml(results.REPO_ROOT / "configs" / "cpu-smoke.yaml").get(inv.name) or {}
+    big = [f"{k}={values[k]} (CPU preset {v})" for k, v in cpu.items()
+           if isinstance(v, (int, float)) and not isinstance(v, bool) and isinstance(values.get(k), (int, float))
+           and values[k] > 4 * max(v, 1)]
+    return f"\nno CUDA GPU: {', '.join(big)} -- a long run on CPU; the progress bar shows it" if big else ""
 
 
 def execute(inv: contract.Investigation, cfg) -> list[results.Run]:
@@ -176,7 +191,7 @@ def show(inv: contract.Investigation, name: str, runs: results.RunSet, round_to:
 
 
 def findings(inv: contract.Investigation, runs: results.RunSet) -> None:
-    """Print the measured statements (``inv.findings(runs)`` gives the Finding objects)."""
+    """Print the measured statements (``inv.findings(runs)`` gives the Observation objects)."""
     fs = inv.findings(runs)
     if not fs:
         print("no findings: these runs have no rows the findings are computed from")

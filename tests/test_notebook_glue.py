@@ -22,6 +22,9 @@ def no_kit_env(monkeypatch):
     for k in ("KIT_PARAMS", "KIT_PRESET", "KIT_FIGURES_DIR", "KIT_FIGURE_PREFIX"):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setattr(runner, "default_config", lambda: ROOT / "configs" / "cpu-smoke.yaml")
+    import kit.launch
+
+    monkeypatch.setattr(kit.launch, "cuda_device_count", lambda: 0)  # the same lines on a GPU node
 
 
 def test_parameters_left_alone_take_the_preset_and_the_first_line_says_so(no_kit_env):
@@ -42,7 +45,7 @@ def test_kit_run_and_kit_preset_none_keep_the_values_as_given(no_kit_env, monkey
     ns = _defaults("collectives")
     monkeypatch.setenv("KIT_PRESET", "none")
     values, line = notebook.with_preset(inv, ns)
-    assert values["max_bytes"] == 2**30 and line == "parameters: as set in the notebook (no preset)"
+    assert values["max_bytes"] == 2**30 and line.startswith("parameters: as set in the notebook (no preset)\n")
     monkeypatch.delenv("KIT_PRESET")
     monkeypatch.setenv("KIT_PARAMS", "configs/gpu.yaml -p iters=3")
     values, line = notebook.with_preset(inv, ns)
@@ -85,3 +88,9 @@ def test_an_interrupted_run_is_one_line_in_jupyter():
     e = notebook.Interrupted("collectives: interrupted; the ranks are stopped")
     assert isinstance(e, KeyboardInterrupt)
     assert e._render_traceback_() == ["KeyboardInterrupt: collectives: interrupted; the ranks are stopped"]
+
+
+def test_gpu_sizes_without_a_gpu_say_a_long_run_is_ahead(no_kit_env, monkeypatch):
+    monkeypatch.setenv("KIT_PRESET", "none")
+    _, line = notebook.with_preset(contract.get("collectives"), _defaults("collectives"))
+    assert "no CUDA GPU: max_bytes=1073741824 (CPU preset 65536)" in line and "a long run on CPU" in line
