@@ -53,7 +53,7 @@ flag                               rule                         what changes
 them and the mixing gap does not show (2xH200: gap 0); with ``--per-param-allreduce`` too, the captured
 all-reduces are serialised with the compute and it does (median 1.60 us before each NCCL kernel vs 0.45 us with
 ``NCCL_GRAPH_MIXING_SUPPORT=0``). ``--contention`` lengthened the contended all-reduce only 1.07x on 2xH200
-(NVLink; see ``recorded/doctor/h200x2-20261123/README.md``).
+(NVLink; see ``recorded/h200x2/doctor/README.md``).
 ``low_busbw`` is planted from outside, by the environment: ``NCCL_P2P_DISABLE=1`` makes NCCL move the
 all-reduces through host shared memory instead of NVLink (compare with a collectives sweep of the same machine).
 Flags that need CUDA say so and are ignored on CPU.

@@ -14,7 +14,7 @@ An investigation is one :class:`Investigation` value, ``INVESTIGATION`` in its m
   as one DataFrame, their directories and metadata): ``tables[name](runs) -> DataFrame``,
   ``figures[name](runs) -> matplotlib Figure``. An analysis given rows that lack what it needs (no CUDA
   rows, one rank, an empty run) returns an empty DataFrame / a figure that says so -- never raises.
-* ``findings(runs) -> list[Finding]`` -- the measured statements the notebook prints, each with its value,
+* ``findings(runs) -> list[Observation]`` -- the measured statements the notebook prints, each with its value,
   so tests can check them on the recorded runs.
 * ``after(cfg, run)`` -- optional launcher-side step once the ranks are done (e.g. nccl-tests).
 
@@ -55,7 +55,7 @@ REGISTRY: dict[str, str] = {
 
 # ------------------------------------------------------------------------------------------------ values
 @dataclass(frozen=True)
-class Finding:
+class Observation:
     """One measured statement: ``text`` for people, ``key``/``value``/``unit`` for tests and JSON."""
 
     key: str
@@ -148,7 +148,7 @@ class Investigation:
     columns: tuple[str, ...]
     tables: Mapping[str, Analysis]
     figures: Mapping[str, Analysis]
-    findings: Callable[["RunSet"], list[Finding]]
+    findings: Callable[["RunSet"], list[Observation]]
     needs: Callable[[Any, Machine], list[str]] = Needs()
     after: Callable[[Any, "Run"], None] | None = None
     question: str = ""
@@ -327,5 +327,5 @@ def execute_all(name: str, cfg: LaunchConfig, **kw) -> list["Run"]:
     return runs
 
 
-__all__ = ["Finding", "Investigation", "Machine", "Needs", "REGISTRY", "Skipped", "execute", "execute_all", "get",
+__all__ = ["Observation", "Investigation", "Machine", "Needs", "REGISTRY", "Skipped", "execute", "execute_all", "get",
            "missing", "names", "registry"]

@@ -10,8 +10,13 @@ from typing import Callable
 
 from . import results
 
-RECORDED = results.RECORDED_ROOT / "h200x2-emulated"
-"""committed runs on emulated nodes (2x H200, 2 agents x 1 GPU), ``<experiment>/<run-id>/``"""
+EMULATED = "emulated"
+"""the recorded sets on emulated nodes are ``<experiment>@emulated`` in :data:`kit.results.RECORDED_SETS`"""
+
+
+def recorded(experiment: str, emulated: bool = False) -> results.RunSet:
+    """The recorded runs of ``experiment`` on one node, or on emulated nodes (:func:`kit.results.choose`)."""
+    return results.choose(experiment, None, "recorded", set_name=f"{experiment}@{EMULATED}" if emulated else None)
 
 
 def is_emulated(meta: dict) -> bool:
@@ -27,9 +32,9 @@ def beside(experiment: str, runs: results.RunSet) -> results.RunSet:
     emu = [d for d in mine if is_emulated(results.read_meta(d))]
     dirs = list(mine)
     if not mine or len(emu) < len(mine):
-        dirs += results.recorded_set(experiment, RECORDED)
+        dirs += recorded(experiment, emulated=True).dirs
     if not mine or emu:
-        dirs += results.recorded_set(experiment)
+        dirs += recorded(experiment).dirs
     dirs = list(dict.fromkeys(dirs))
     return results.RunSet(dirs, "one node (NVLink) beside emulated nodes (NET/Socket)")
 
@@ -71,12 +76,12 @@ def per_regime(table: Callable, runs: results.RunSet):
 def per_regime_findings(findings: Callable, runs: results.RunSet) -> list:
     """``findings(runs)`` per regime (:func:`split`), each statement prefixed with it, when the runs hold more
     than one; otherwise the findings as they are."""
-    from .contract import Finding
+    from .contract import Observation
 
     groups = split(runs)
     if len(groups) < 2:
         return findings(runs)
-    return [Finding(f"{f.key}[{label}]", f"[{label}] {f.text}", f.value, f.unit)
+    return [Observation(f"{f.key}[{label}]", f"[{label}] {f.text}", f.value, f.unit)
             for label, sub in groups.items() for f in findings(sub)]
 
 

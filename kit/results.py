@@ -10,7 +10,8 @@ A run is a directory ``<root>/<experiment>/<run-id>/`` holding
 
 Run ids (``YYYYmmdd-HHMMSS-<host>-<random>``) are created with ``mkdir(exist_ok=False)``: they never
 collide and nothing is overwritten. Runs recorded on real GPUs and committed as evidence live under
-``recorded/<experiment>/<run-id>/`` in the repository; :func:`recorded` finds them.
+``recorded/<machine>/<experiment>/<run-id>/`` in the repository (``recorded/probes/<name>/``: probe scripts with
+their outputs); :data:`RECORDED_SETS` names the ones the notebooks show, :func:`recorded` lists a machine's runs.
 """
 
 from __future__ import annotations
@@ -28,6 +29,28 @@ from typing import Any, Iterable
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RECORDED_ROOT = REPO_ROOT / "recorded"
+MACHINE = "h200x2"
+"""the machine whose recorded runs the notebooks show by default: 2x H200 (NV18)"""
+
+RECORDED_SETS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    # name: (machine, experiment, run ids) under recorded/<machine>/<experiment>/ -- every recorded set a notebook
+    # may show (results.choose(..., recorded=name); the name defaults to the experiment's own)
+    "collectives": ("h200x2", "collectives", ("20261123-022931-vm-d798f8",)),
+    "collective_tracing": ("h200x2", "collective_tracing", ("20261123-023252-vm-44640d",)),
+    "collective_tracing_fr": ("h200x2", "collective_tracing_fr", ("20261122-132914-vm-628776",)),
+    "dataloader_sync": ("h200x2", "dataloader_sync", ("20261123-023337-vm-5b27c3",)),
+    "graph_gaps": ("h200x2", "graph_gaps", ("20261123-075215-vm-1b7e8a", "20261123-075348-vm-47e57f")),
+    "p2p_transports": ("h200x2", "p2p_transports", ("20261123-104157-vm-baaf23",)),
+    # the same investigations on 2 emulated nodes of that machine (kit.regimes.beside)
+    "collectives@emulated": ("h200x2-emulated", "collectives", ("20261123-102933-vm-8196f6",)),
+    "dataloader_sync@emulated": ("h200x2-emulated", "dataloader_sync", ("20261123-073806-vm-4e24fb",)),
+    "p2p_transports@emulated": ("h200x2-emulated", "p2p_transports", ("20261123-073915-vm-d25db4",)),
+    # collective_tracing with NCCL's profiler plugin (plugin off and on), one node and emulated nodes
+    "collective_tracing@nccl-profiler": ("h200x2", "collective_tracing",
+                                         ("20261123-075111-vm-fab588", "20261123-075124-vm-8b9d89")),
+    "collective_tracing@nccl-profiler-emulated": ("h200x2-emulated", "collective_tracing",
+                                                  ("20261123-102040-vm-5e8da6",)),
+}
 
 
 def new_run_dir(root: str | Path, experiment: str) -> Path:
@@ -207,8 +230,9 @@ def run_label(meta: dict) -> str:
 
 
 def recorded(experiment: str, root: str | Path | None = None) -> list[Path]:
-    """Committed GPU runs of ``experiment`` (newest last)."""
-    base = Path(root or RECORDED_ROOT) / experiment
+    """Committed GPU runs of ``experiment`` on one machine (newest last): under ``root`` (a folder of
+    ``<experiment>/<run-id>/``), by default ``recorded/<MACHINE>/``."""
+    base = Path(root or RECORDED_ROOT / MACHINE) / experiment
     return sorted(p.parent for p in base.glob("*/meta.json"))
 
 
@@ -227,9 +251,20 @@ def describe(run: str | Path | dict, title: bool = False) -> str:
 RECORD_MAX_FILE = 2 * 2**20  # files larger than this stay behind (keep the repository small)
 
 
+def machine_name(meta: dict) -> str:
+    """The folder a run's machine gets under ``recorded/``: ``h200x2`` (2x NVIDIA H200), ``h100x1``, with
+    ``-emulated`` for runs on emulated nodes; ``cpu`` without GPUs."""
+    gpus = (meta.get("sysinfo") or {}).get("gpus") or []
+    if not gpus:
+        return "cpu"
+    model = gpus[0].get("name", "gpu").split()[-1].lower()
+    return f"{model}x{len(gpus)}" + ("-emulated" if meta.get("emulated") else "")
+
+
 def record(run_dir: str | Path, root: str | Path | None = None) -> Path:
-    """Copy a run into ``recorded/<experiment>/<run-id>/`` for committing: meta.json, rows gzipped, small
-    files (logs, traces already gzipped, graph dumps) up to 2 MiB each. Returns the new directory."""
+    """Copy a run into ``recorded/<machine>/<experiment>/<run-id>/`` (:func:`machine_name`) for committing:
+    meta.json, rows gzipped, small files (logs, traces already gzipped, graph dumps) up to 2 MiB each. Returns the
+    new directory; name it in :data:`RECORDED_SETS` for the notebooks to show it."""
     import gzip
     import shutil
 
@@ -237,7 +272,7 @@ def record(run_dir: str | Path, root: str | Path | None = None) -> Path:
     meta = read_meta(src)
     if not meta:
         raise FileNotFoundError(f"{src} is not a run directory (no meta.json)")
-    dest = Path(root or RECORDED_ROOT) / meta.get("experiment", src.parent.name) / src.name
+    dest = Path(root or RECORDED_ROOT) / machine_name(meta) / meta.get("experiment", src.parent.name) / src.name
     dest.mkdir(parents=True, exist_ok=False)
     for f in sorted(src.rglob("*")):
         if not f.is_file():
@@ -350,20 +385,30 @@ def _empty_frame():
     return pd.DataFrame()
 
 
-def recorded_set(experiment: str, root: str | Path | None = None) -> list[Path]:
-    """The newest recorded run per label (one per env setting of an ``env_sets`` comparison)."""
+def recorded_set(name: str, root: str | Path | None = None) -> list[Path]:
+    """The recorded runs a notebook shows: the runs :data:`RECORDED_SETS` names for ``name`` (those present);
+    with ``root`` (a folder of ``<experiment>/<run-id>/``), the newest run per label of experiment ``name`` there
+    (one per env setting of an ``env_sets`` comparison)."""
+    if root is None and name in RECORDED_SETS:
+        machine, experiment, ids = RECORDED_SETS[name]
+        base = Path(RECORDED_ROOT) / machine / experiment
+        return [base / i for i in ids if (base / i / "meta.json").exists()]
+    if root is None:
+        return []
     latest: dict[str, Path] = {}
-    for d in recorded(experiment, root):
+    for d in recorded(name, root):
         latest[run_label(read_meta(d)) or d.name] = d
     return sorted(latest.values())
 
 
-def choose(experiment: str, this=None, analyse: Any = "auto", root: str | Path | None = None) -> RunSet:
+def choose(experiment: str, this=None, analyse: Any = "auto", root: str | Path | None = None,
+           set_name: str | None = None) -> RunSet:
     """The one rule every notebook uses to pick the runs it analyses.
 
     ``this``: the Run(s) just made (or None/[] when the investigation could not run here). ``analyse``:
-    ``"auto"`` -- this run when it ran on CUDA GPUs, else the newest recorded GPU runs (``recorded/``), else
-    this run; ``"this"``; ``"recorded"``; or a list of run directories to analyse instead.
+    ``"auto"`` -- this run when it ran on CUDA GPUs, else the recorded GPU runs (:func:`recorded_set`), else
+    this run; ``"this"``; ``"recorded"``; or a list of run directories to analyse instead. ``set_name``: which
+    of :data:`RECORDED_SETS` (default: the experiment's own); ``root``: a folder of recorded runs instead.
     """
     if isinstance(this, Run):
         this = [this]
@@ -375,7 +420,7 @@ def choose(experiment: str, this=None, analyse: Any = "auto", root: str | Path |
         return RunSet([Path(d) for p in analyse for d in run_dirs(Path(p))], "given")
     if analyse not in ("auto", "this", "recorded"):
         raise ValueError(f"analyse must be 'auto', 'this', 'recorded' or a list of run directories, not {analyse!r}")
-    rec = recorded_set(experiment, root)
+    rec = recorded_set(experiment, root) if root is not None else recorded_set(set_name or experiment)
     rec_set = RunSet(rec, f"recorded: {describe(rec[0])}" if rec else "recorded (none)")
     if analyse == "recorded":
         return rec_set

@@ -96,9 +96,10 @@ def pow2_sizes(min_bytes: int, max_bytes: int) -> list[int]:
     return out
 
 
-def human_bytes(n: int) -> str:
-    """'64 MiB', '1 GiB', '512 B'."""
+def human_bytes(n: float, digits: int | None = None) -> str:
+    """'64 MiB', '1 GiB', '512 B'; with ``digits``, that many significant digits ('32 MiB' for 33.6e6 at 3). The
+    kit's one byte formatter: binary units everywhere."""
     for unit, div in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if n >= div:
-            return f"{n / div:g} {unit}"
+            return f"{n / div:.{digits}g} {unit}" if digits else f"{n / div:g} {unit}"
     return f"{int(n)} B"

@@ -187,7 +187,7 @@ def _runtime(t, name: str):
 
 
 def test_gpu_traces_carry_what_the_doctor_needs():
-    """The committed 2xH200 excerpts (recorded/doctor/h200x2-20261123, cut by its make_test_data.py): two ranks of
+    """The committed 2xH200 excerpts (recorded/h200x2/doctor, cut by tests/data/doctor/make_test_data.py): two ranks of
     one NCCL job, the capture facts in the header and the sidecar, the recorded steps the cut kept."""
     for case in ("clean", "late-rank", "cuda-graph-per-param"):
         for r, t in enumerate(_gpu_case(case)):

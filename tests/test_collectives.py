@@ -139,7 +139,7 @@ def test_recorded_gpu_run_findings():
     """The committed 2xH200 run: the README's numbers (busbw vs nccl-tests at 64 MiB and 1 GiB; the 1 MiB
     per-call times; the host's enqueue time), from old rows without `kind`."""
     dirs = [d for d in results.recorded("collectives") if d.name == "20261122-132357-vm-53269d"]
-    assert dirs, "the 2026-11-22 2xH200 run under recorded/collectives"
+    assert dirs, "the 2026-11-22 2xH200 run under recorded/h200x2/collectives"
     runs = results.RunSet(dirs)
     assert "kind" not in pd.read_csv(dirs[-1] / "rows.csv.gz", nrows=1).columns  # old rows: analyses fill kind
     f = {x.key: x.value for x in C.findings(runs)}

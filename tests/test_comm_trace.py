@@ -181,10 +181,10 @@ def _recorded():
 
 
 def test_findings_on_the_recorded_2xh200_run():
-    """README: DDP's 33.5 MB gradient buckets reach ~232 GB/s busbw; ~25% of their kernel time ran beside
+    """README: DDP's 33.5 MB (32 MiB) gradient buckets reach ~232 GB/s busbw; ~25% of their kernel time ran beside
     backward; one rank's all_reduce took 403 us of which 258 us waiting; FR names rank 1."""
     fs = {f.key: f for f in contract.get("collective_tracing").findings(_recorded())}
-    assert fs["ddp_bucket_busbw"].value == pytest.approx(232, abs=3) and "24 x all_reduce of 33.6 MB" in fs[
+    assert fs["ddp_bucket_busbw"].value == pytest.approx(232, abs=3) and "24 x all_reduce of 32 MiB" in fs[
         "ddp_bucket_busbw"].text
     assert fs["tp_all_gather_busbw"].value == pytest.approx(184, abs=3)
     assert fs["tp_reduce_scatter_busbw"].value == pytest.approx(180, abs=3)

@@ -23,7 +23,7 @@ from typing import Literal
 
 from kit import stats, timing
 from kit.config import LaunchConfig
-from kit.contract import Finding, Investigation, Needs
+from kit.contract import Observation, Investigation, Needs
 
 
 @dataclass
@@ -61,7 +61,7 @@ def findings(runs):
     if t.empty:
         return []
     r = t.iloc[0]
-    return [Finding("median_us", f"all_reduce of {int(r.numel)} floats: {r.time_us_median:.1f} us (median)",
+    return [Observation("median_us", f"all_reduce of {int(r.numel)} floats: {r.time_us_median:.1f} us (median)",
                     float(r.time_us_median), "us")]
 
 

@@ -21,7 +21,7 @@ from kit.config import ConfigError
 from kit.investigations import dataloader_sync as D
 from kit.launch import launch
 
-RECORDED = ROOT / "recorded" / "dataloader_sync" / "20261122-134536-vm-8b8065"
+RECORDED = ROOT / "recorded" / "h200x2" / "dataloader_sync" / "20261122-134536-vm-8b8065"
 INV = contract.get("dataloader_sync")
 SMALL = {"backend": "gloo", "samples": 32, "image_size": 32, "width": 8, "batch": 4, "num_workers": 1, "steps": 2,
          "warmup": 1, "profile_steps": 1, "bucket_caps_mb": [1.0]}
@@ -46,7 +46,7 @@ def _every_analysis(runs):
         INV.figure(n, runs, save=False)
         plt.close("all")
     fs = INV.findings(runs)
-    assert all(isinstance(f, contract.Finding) and f.text for f in fs)
+    assert all(isinstance(f, contract.Observation) and f.text for f in fs)
     return tables, {f.key: f for f in fs}
 
 

@@ -182,7 +182,7 @@ def test_host_sync_counts_the_lead_a_sync_destroys(pageable, prefetch):
 def job(case: str):
     """examples/train_ddp.py on 2xH200 (2026-11-23, torch 2.11, NCCL 2.28.9), one planted problem per case
     (tests/data/doctor/<case>/: kit.capture's trace of each rank). Wall-clock step without the profiler
-    (summary_rank<r>.json in recorded/doctor/h200x2-20261123/<case>): clean 54.2 ms, pageable 54.2,
+    (summary_rank<r>.json in recorded/h200x2/doctor/<case>): clean 54.2 ms, pageable 54.2,
     h2d-on-compute-stream 54.1, item 55.1-55.3, tiny-kernels 93.3-94.9, cuda-graph 55.5-55.7 (mixing off 55.6-56.8)."""
     return run(traces(case, "trace_rank*.json.gz"))
 
@@ -427,7 +427,7 @@ def test_unknown_rule_and_empty_directory_exit_2(tmp_path, capsys):
 def test_flight_recorder_dumps(tmp_path, capsys):
     """Two ranks' dumps from a real run, cut to their last 5 entries; rank 1's last collective removed: the
     statement names it (what a hang waits for)."""
-    src = DATA.parent.parent / "recorded/collective_tracing/20261123-023252-vm-44640d"
+    src = DATA.parent.parent / "recorded/h200x2/collective_tracing/20261123-023252-vm-44640d"
     paths = []
     for r in (0, 1):
         dump = json.loads((src / f"fr_run_rank{r}.json").read_text())

@@ -23,7 +23,7 @@ from kit.doctor.sweep import SweepError, attainable, load_sweep
 DATA = Path(__file__).resolve().parent / "data"
 DOC = DATA / "doctor"
 ROOT = DATA.parent.parent
-SWEEP_RUN = ROOT / "recorded/collectives/20261123-022931-vm-d798f8"  # 2xH200, same machine kind as the traces
+SWEEP_RUN = ROOT / "recorded/h200x2/collectives/20261123-022931-vm-d798f8"  # 2xH200, same machine kind as the traces
 COMM_RULES = ("per_param_allreduce", "exposed_comm", "late_rank", "comm_compute_contention", "low_busbw")
 
 
@@ -223,7 +223,7 @@ def test_low_busbw_skips_what_the_sweep_does_not_cover():
 
 
 # ------------------------------------------------------------------------------------------- the example job
-# examples/train_ddp.py on 2xH200 (recorded/doctor/h200x2-20261123, trimmed to its last step(s) by that folder's
+# examples/train_ddp.py on 2xH200 (recorded/h200x2/doctor, trimmed to its last step(s) by that folder's
 # make_test_data.py): clean, and one planted problem per case; a collectives sweep of the same machine.
 EXAMPLE_SWEEP = DOC / "sweep_h200x2"
 
@@ -376,7 +376,7 @@ def test_load_sweep_kit_run_and_nccl_tests():
 
 @pytest.mark.parametrize("bad, says", [
     ("missing-dir", "no such file or directory"),
-    ("recorded/dataloader_sync/20261123-023337-vm-5b27c3", "no kit collectives run"),
+    ("recorded/h200x2/dataloader_sync/20261123-023337-vm-5b27c3", "no kit collectives run"),
     ("kit/doctor/sweep.py", "no nccl-tests table"),
     ("tests/data/tp_rank0.json.gz", "not nccl-tests output"),
 ])

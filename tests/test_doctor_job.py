@@ -13,7 +13,7 @@ import pytest
 from kit.doctor import diagnose
 
 ROOT = Path(__file__).resolve().parent.parent
-CASES = ROOT / "recorded" / "doctor" / "h200x2-20261123"
+CASES = ROOT / "recorded" / "h200x2" / "doctor"
 SWEEP = ROOT / "tests" / "data" / "doctor" / "sweep_h200x2"
 
 

@@ -210,7 +210,7 @@ def test_recorded_mechanism_rows_take_the_gap_apart():
 
 
 def test_graph_edges_from_a_dot_dump():
-    dot = (ROOT / "recorded/graph_gaps/20261123-075215-vm-1b7e8a/graph_N4_rank0.dot").read_text()
+    dot = (ROOT / "recorded/h200x2/graph_gaps/20261123-075215-vm-1b7e8a/graph_N4_rank0.dot").read_text()
     e = traces.graph_edges(dot)
     assert len(e) == traces.graph_census(dot)["edges"] == 19
     assert {"src": 4, "dst": 7, "src_type": "EVENT_RECORD", "dst_type": "KERNEL:nccl"} in e
@@ -240,7 +240,7 @@ def _close_figures():
 def test_census_capture_leaves_debug_mode_off(monkeypatch, tmp_path):
     """CUDAGraph.enable_debug_mode() is process-wide in PyTorch: under it every later capture leaks its captured
     graph, and a leaked graph that captured NCCL keeps destroy_process_group waiting forever (graph_gaps' teardown
-    hang on 2xH200, recorded/graph_gaps-teardown-probe-h200x2/). The census dump uses keep_graph=True instead;
+    hang on 2xH200, recorded/probes/graph_gaps-teardown-h200x2/). The census dump uses keep_graph=True instead;
     only a torch without keep_graph falls back to debug mode."""
     import torch
 

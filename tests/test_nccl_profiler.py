@@ -293,7 +293,7 @@ def test_recorded_emulated_run_proxy_steps():
     one_node = _recorded()
     assert one_node.dirs and not any("emulated" in str(d) for d in one_node.dirs)
     runs = ne.proxy_runs(one_node)  # NVLink runs have no proxy steps: the recorded emulated run instead
-    assert [d.parent.parent.name for d in runs.dirs] == ["emulated"]
+    assert [d.parent.parent.name for d in runs.dirs] == ["h200x2-emulated"]
     t = inv.table("nccl_proxy", runs)
     assert len(t) == 462 and sorted(t["rank"].unique()) == [0, 1]
     assert t["proxy_ops"].sum() == 1740 and (t["send_steps"] + t["recv_steps"]).sum() == 9016

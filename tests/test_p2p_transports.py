@@ -28,7 +28,7 @@ from kit.launch import launch
 SMALL = dict(max_bytes=65536, iters=3, repeats=3, warmup=1, flow_bytes=1 << 20, small_bytes=1024, compute_n=32,
              compute_matmuls=2, overlap_bytes=4096, overlap_messages=3, semantics_bytes=[1024], recv_delay_ms=30.0,
              pipeline_hidden=32, pipeline_batch=8, pipeline_steps=2, pipeline_micro_batches=4)
-RECORDED = ROOT / "recorded" / "p2p_transports" / "20261122-145624-vm-d3e657"
+RECORDED = ROOT / "recorded" / "h200x2" / "p2p_transports" / "20261122-145624-vm-d3e657"
 INV = experiments.get("p2p_transports")
 
 
@@ -538,7 +538,7 @@ def test_findings_of_the_recorded_gpu_run(recorded):
     assert not [k for k in f if k.startswith("skipped")]
 
 
-RECORDED_DRIVERS = ROOT / "recorded" / "p2p_transports" / "20261123-104157-vm-baaf23"
+RECORDED_DRIVERS = ROOT / "recorded" / "h200x2" / "p2p_transports" / "20261123-104157-vm-baaf23"
 
 
 def test_pipeline_drivers_model_and_timeline_of_the_recorded_gpu_run():

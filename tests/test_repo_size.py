@@ -38,3 +38,11 @@ def test_no_large_file_without_a_reason():
 def test_tracked_tree_travels():
     total = sum(p.stat().st_size for p in _tracked())
     assert total < MAX_TREE, f"tracked files hold {total / 1e6:.1f} MB (limit {MAX_TREE / 1e6:g} MB)"
+
+
+def test_version_is_pyprojects():
+    import tomllib
+
+    import kit
+
+    assert kit.__version__ == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]

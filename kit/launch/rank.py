@@ -183,7 +183,7 @@ def destroy_pg(log=None, wait_s: float = 5.0, failed: bool = False) -> None:
     die"), and not every such graph is a Python object :func:`release_graphs` can reach: on 2xH200 (NCCL
     2.28.9, torch 2.11) graph_gaps' ranks hung there because ``CUDAGraph.enable_debug_mode()`` -- a process-wide
     flag -- made PyTorch leak the captured graph of every later capture (found with a native stack, fixed in
-    graph_gaps: ``recorded/graph_gaps-teardown-probe-h200x2/``). Results are complete by then: the rank exits
+    graph_gaps: ``recorded/probes/graph_gaps-teardown-h200x2/``). Results are complete by then: the rank exits
     after ``wait_s`` on its own and says so, instead of costing the run ``teardown_s`` and a kill. (A communicator not destroyed writes no NCCL profiler-plugin dump: the
     collective_tracing analyses name a missing or unreadable dump and go on.)"""
     import gc

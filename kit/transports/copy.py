@@ -208,11 +208,10 @@ class CopyTransport(Transport):
         current stream with its two-way barrier (see the module docstring), which here orders exactly the
         two streams the caller posted from. The Works only order a *different* current stream after those.
         At 1 KiB the host's bookkeeping is the message's whole cost: every Python-level CUDA call costs
-        microseconds (on 2xH200 the same transfer built from events and a ctypes memcpy took 47 us per message
-        where the bare ``copy_`` loop took 13 us), so the streams are kept as the ids
-        ``torch.cuda.current_stream`` is built from, and a Stream object is made only when a wait needs one (on
-        an H200 host: 0.14 us per id, 1.52 us per Stream; this path's two Works and their waits 2.7 us, 7.7 with
-        Stream objects -- ``recorded/notes/host-cost-h200/``)."""
+        microseconds (the same transfer built from events and a ctypes memcpy cost several times the bare
+        ``copy_`` loop), so the streams are kept as the ids ``torch.cuda.current_stream`` is built from, and a
+        Stream object is made only when a wait needs one (an id is an order of magnitude cheaper than a Stream;
+        the measured costs: ``recorded/probes/host-cost-h200/``)."""
         import torch
 
         if len(ops) != 2:

@@ -44,10 +44,10 @@ What changes against ``ipc`` (and ``copy``):
 * Buffers from ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` cannot be shared by ``cuIpcGetMemHandle``:
   such a receive is one clear error.
 
-Seen on 2xH200 (p2p_transports run 20261123-102641): 16 messages of 64 MiB took 3.13 ms alone and 3.19 ms
-beside the matmuls (``ipc``: 3.05 -> 5.49 ms, its copy-out competing with them); 256 MiB both ways at once
-374 GB/s each way (``ipc`` 319); but 1 KiB both ways at once 110 us a round (``ipc`` 72): each rank's send
-now waits for the peer's announce, so the host work of both ends adds up on every round.
+What to expect (measured numbers: FINDINGS.md, P2P transports, and ``recorded/NOTES.md``): beside compute it keeps
+its time where ``ipc``'s copy-out competes for SMs, and both directions at once it keeps the bandwidth of one; small
+messages both ways at once cost more per round than ``ipc``: each rank's send waits for the peer's announce, so the
+host work of both ends adds up on every round.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ... import plot, results, stats, traces
 from ...collective_ops import bus_factor
-from ...contract import Finding
+from ...contract import Observation
 
 PARTS = ("ddp", "tp")
 
@@ -89,7 +89,7 @@ def _sweep(runs):
     import pandas as pd
 
     gpu = (runs.meta.get("sysinfo") or {}).get("gpus") or [{}]
-    rec = [d for d in results.recorded_set("collectives")
+    rec = [d for d in results.choose("collectives", None, "recorded").dirs
            if ((results.read_meta(d).get("sysinfo") or {}).get("gpus") or [{}])[0].get("name") == gpu[0].get("name")]
     df = results.load(*rec) if rec and gpu[0].get("name") else pd.DataFrame()
     if df.empty:
@@ -240,38 +240,34 @@ def overlap_figure(runs):
 
 
 # ------------------------------------------------------------------------------------------------ findings
-def late_peer(df) -> Finding | None:
+def late_peer(df) -> Observation | None:
     """The instance that waited longest for a late peer, as a statement (None with one rank)."""
     if df.empty or "wait_us" not in df.columns or not df["wait_us"].notna().any():
         return None
     r = df.loc[df["wait_us"].astype(float).idxmax()]
-    return Finding("late_peer_wait",
+    return Observation("late_peer_wait",
                    f"In a raw trace one rank's {r['collective']} took {r['dur_us']:.0f} us: it waited "
                    f"{r['wait_us']:.0f} us for its peer; the transfer itself, on the rank that arrived last, took "
                    f"{r['instance_min_us']:.0f} us", float(r["wait_us"]), "us")
 
 
-def _size(b: float) -> str:
-    return f"{b / 1e6:.1f} MB" if b >= 1e6 else f"{b / 1e3:.1f} KB" if b >= 1e3 else f"{b:.0f} B"
-
-
-def _busbw(s, part: str, coll: str, key: str, what: str) -> list[Finding]:
+def _busbw(s, part: str, coll: str, key: str, what: str) -> list[Observation]:
     q = s[(s["part"] == part) & (s["collective"] == coll) & s["bytes"].notna()] if len(s) else s
     q = q[q["busbw_gbps_p50"].notna()] if len(q) else q
     if q.empty:
         return []
     b = q.sort_values("bytes").iloc[-1]
-    return [Finding(key, f"{what}: {int(b['count'])} x {coll} of {_size(float(b['bytes']))} reach "
+    return [Observation(key, f"{what}: {int(b['count'])} x {coll} of {stats.human_bytes(float(b['bytes']), 3)} reach "
                          f"{b['busbw_gbps_p50']:.3g} GB/s busbw (p50; each instance timed on the rank that arrived "
                          f"last)", float(b["busbw_gbps_p50"]), "GB/s")]
 
 
-def findings(runs) -> list[Finding]:
+def findings(runs) -> list[Observation]:
     s, c = summary_table(runs), collectives_table(runs)
-    out: list[Finding] = []
+    out: list[Observation] = []
     if s.empty:
         why = traces.explain_empty(c) if c.attrs.get("traces") else "no traces kept"
-        out.append(Finding("no_collectives", f"no collective in these runs' traces: {why}"))
+        out.append(Observation("no_collectives", f"no collective in these runs' traces: {why}"))
     out += _busbw(s, "ddp", "all_reduce", "ddp_bucket_busbw", "DDP gradient buckets")
     out += _busbw(s, "tp", "all_gather", "tp_all_gather_busbw", "TP forward")
     out += _busbw(s, "tp", "reduce_scatter", "tp_reduce_scatter_busbw", "TP forward")
@@ -279,7 +275,7 @@ def findings(runs) -> list[Finding]:
     q = tvs[(tvs["part"] == "ddp") & tvs["traced_vs_kernel"].notna()] if len(tvs) else tvs
     if len(q):
         r = q.sort_values("bytes").iloc[-1]
-        out.append(Finding("ddp_vs_sweep", f"the DDP buckets reach {r['traced_vs_kernel']:.0%} of the bandwidth "
+        out.append(Observation("ddp_vs_sweep", f"the DDP buckets reach {r['traced_vs_kernel']:.0%} of the bandwidth "
                                            f"sweep's kernel busbw at that size ({r['sweep_kernel_busbw_gbps']:.0f} GB/s)",
                            float(r["traced_vs_kernel"]), ""))
     ov = overlap_table(runs)
@@ -287,7 +283,7 @@ def findings(runs) -> list[Finding]:
         o = ov[ov["part"] == part] if len(ov) else ov
         if len(o):
             share = o["overlapped_us"].sum() / o["comm_us"].sum() if o["comm_us"].sum() else float("nan")
-            out.append(Finding(f"{part}_overlap_share",
+            out.append(Observation(f"{part}_overlap_share",
                                f"{part.upper()}: {share:.0%} of the communication-kernel time ran beside {what} "
                                f"({o['overlapped_us'].mean() / 1e3:.2f} of {o['comm_us'].mean() / 1e3:.2f} ms per "
                                f"rank over the profiled steps); {o['exposed_us'].mean() / 1e3:.2f} ms exposed",
@@ -297,11 +293,11 @@ def findings(runs) -> list[Finding]:
         out.append(wait)
     st = steps_table(runs)
     if len(st):
-        out.append(Finding("step_ms", "time per step (median, slowest rank): " + ", ".join(
+        out.append(Observation("step_ms", "time per step (median, slowest rank): " + ", ".join(
             f"{r.part} {r.time_us_median / 1e3:.2f} ms" for r in st.itertuples()), float(st["time_us_median"].iloc[0]) / 1e3, "ms"))
     mm = fr_table(runs)
     for text, (_, r) in zip(traces.fr_statements(mm), mm[mm["problem"] != ""].iterrows()):
-        out.append(Finding("fr_missing_rank", "Flight Recorder: " + text,
+        out.append(Observation("fr_missing_rank", "Flight Recorder: " + text,
                            float(r["missing"][0]) if r["missing"] else None, "rank"))
     return out
 

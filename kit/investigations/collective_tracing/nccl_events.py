@@ -4,7 +4,8 @@ Read from the run directories: each rank's plugin dump (``nccl_profiler_<commHas
 with that rank's Kineto trace of each part (``trace_part=<part>_rank<r>.json.gz``): a dump holds both parts and
 the cost timings, and the alignment keeps the collectives of the part's traced steps (those that match a
 kernel of its trace). Runs without dumps (any run made without ``nccl_profiler``) fall back to the recorded
-runs with them, ``recorded/h200x2-nccl-profiler/``, the way the FR table falls back to its demo run.
+runs with them (the set ``collective_tracing@nccl-profiler`` of kit.results.RECORDED_SETS), the way the FR table
+falls back to its demo run.
 
 Per collective, the phases on one clock (the Kineto trace's; µs):
 
@@ -31,7 +32,7 @@ consuming it). A channel keeps up to ``NCCL_STEPS`` = 8 steps in flight (``src/i
 states of consecutive steps overlap: a step's ``RecvWait`` includes the steps queued before it, and the per-step
 times do not add up to the kernel's. The example plugin keeps the last 1024 steps per collective
 (``MAX_STEPS``, its ``event.h``).
-Runs without such events fall back to the recorded emulated-nodes run, ``recorded/h200x2-nccl-profiler/emulated/``.
+Runs without such events fall back to the recorded emulated-nodes run (``collective_tracing@nccl-profiler-emulated``).
 """
 
 from __future__ import annotations
@@ -39,12 +40,13 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from ... import plot, results, traces
-from ...contract import Finding
+from ... import plot, results, stats, traces
+from ...contract import Observation
 from ...nccl_profiler import align as al
 from ...nccl_profiler import dump as ncd
 
-RECORDED_DIR = "h200x2-nccl-profiler"
+RECORDED_SET = "collective_tracing@nccl-profiler"
+"""the recorded runs with the plugin (off and on) that runs without it fall back to (kit.results.RECORDED_SETS)"""
 DTYPE_BYTES = {"ncclInt8": 1, "ncclUint8": 1, "ncclFloat8e4m3": 1, "ncclFloat8e5m2": 1, "ncclFloat16": 2,
                "ncclBfloat16": 2, "ncclInt32": 4, "ncclUint32": 4, "ncclFloat32": 4, "ncclInt64": 8,
                "ncclUint64": 8, "ncclFloat64": 8}
@@ -55,14 +57,12 @@ PARTS = ("ddp", "tp")
 def with_dumps(runs) -> "results.RunSet":
     """``runs`` when one of them holds plugin dumps (with the plugin-off launch of the same comparison beside
     it); else, for runs on NCCL (GPUs) made without the plugin, the recorded runs of
-    ``recorded/h200x2-nccl-profiler/``; for CPU (gloo) runs, none: gloo has no NCCL."""
+    ``collective_tracing@nccl-profiler`` (kit.results.RECORDED_SETS); for CPU (gloo) runs, none: gloo has no NCCL."""
     if any(ncd.find_dumps(d) for d in runs.dirs):
         return runs
     if not runs.cuda:
         return results.RunSet([], "no NCCL runs")
-    base = Path(results.RECORDED_ROOT) / RECORDED_DIR
-    rec = sorted(p.parent for p in base.glob("collective_tracing/*/meta.json"))  # one node; emulated/: proxy_runs
-    return results.RunSet(rec, f"recorded: {results.describe(rec[0])}" if rec else "recorded (none)")
+    return results.choose("collective_tracing", None, "recorded", set_name=RECORDED_SET)
 
 
 def _dump_dirs(runs) -> list[Path]:
@@ -222,8 +222,8 @@ def cost_table(runs):
 
 
 # ------------------------------------------------------------------------------------------------ network proxy
-EMULATED_DIR = "emulated"
-"""under RECORDED_DIR: the collective_tracing run on 2 emulated nodes (NCCL NET/Socket) with every event on"""
+EMULATED_SET = "collective_tracing@nccl-profiler-emulated"
+"""the collective_tracing run on 2 emulated nodes (NCCL NET/Socket) with every event on (kit.results.RECORDED_SETS)"""
 SEND_STATES = ("SendGpuWait", "SendPeerWait", "SendWait")
 RECV_STATES = ("RecvWait", "RecvFlushWait", "RecvGpuWait")
 
@@ -232,9 +232,7 @@ def proxy_runs(runs) -> "results.RunSet":
     """``runs`` when a dump of theirs holds proxy steps; else the recorded emulated-nodes run with them."""
     if any(_has_steps(f) for d in runs.dirs for f in ncd.find_dumps(d)):
         return runs
-    base = Path(results.RECORDED_ROOT) / RECORDED_DIR / EMULATED_DIR
-    rec = sorted(p.parent for p in base.glob("collective_tracing/*/meta.json"))
-    return results.RunSet(rec, f"recorded: {results.describe(rec[0])}" if rec else "recorded (none)")
+    return results.choose("collective_tracing", None, "recorded", set_name=EMULATED_SET)
 
 
 def _has_steps(path) -> bool:
@@ -325,7 +323,7 @@ def proxy_figure(runs):
         ax.barh(y + i * h, s[f"{st}_us"].clip(lower=0.1).fillna(0.1), height=h, label=st,
                 hatch="//" if st.startswith("Recv") else None)
     ax.set_yticks(y + 0.4 - h / 2)
-    ax.set_yticklabels([f"{r.part} {r.name} {_size(r.bytes)}\n{r.protocol}, {r.n_channels} ch, "
+    ax.set_yticklabels([f"{r.part} {r.name} {stats.human_bytes(r.bytes, 3)}\n{r.protocol}, {r.n_channels} ch, "
                         f"{r.send_steps:.0f} send steps" for r in s.itertuples()], fontsize=8)
     ax.invert_yaxis()
     ax.set_xscale("log")
@@ -335,14 +333,14 @@ def proxy_figure(runs):
     return fig
 
 
-def proxy_findings(runs) -> list[Finding]:
+def proxy_findings(runs) -> list[Observation]:
     """How many proxy operations and steps the dumps hold, and for the largest traced collective where the
     time of a step goes."""
     s = proxy_summary_table(runs)
     if s.empty:
         return []
     t = proxy_table(runs)
-    out = [Finding("nccl_proxy_events", f"network proxy: {int(t['proxy_ops'].sum())} proxy operations and "
+    out = [Observation("nccl_proxy_events", f"network proxy: {int(t['proxy_ops'].sum())} proxy operations and "
                                         f"{int(t['send_steps'].sum() + t['recv_steps'].sum())} network steps "
                                         f"(send + receive) in {len(t)} collective instances x ranks",
                    float(t["send_steps"].sum() + t["recv_steps"].sum()), "steps")]
@@ -350,9 +348,9 @@ def proxy_findings(runs) -> list[Finding]:
     r = q.sort_values("bytes").iloc[-1]
     send = ", ".join(f"{st} {r[f'{st}_us']:.0f}" for st in SEND_STATES)
     recv = ", ".join(f"{st} {r[f'{st}_us']:.0f}" for st in RECV_STATES)
-    out.append(Finding("nccl_proxy_steps",
-                       f"{r['part']} {r['name']} {_size(r['bytes'])} ({r['protocol']}, {int(r['n_channels'])} channels): "
-                       f"{r['send_steps']:.0f} send + {r['recv_steps']:.0f} receive steps of {_size(r['step_bytes'])} "
+    out.append(Observation("nccl_proxy_steps",
+                       f"{r['part']} {r['name']} {stats.human_bytes(r['bytes'], 3)} ({r['protocol']}, {int(r['n_channels'])} channels): "
+                       f"{r['send_steps']:.0f} send + {r['recv_steps']:.0f} receive steps of {stats.human_bytes(r['step_bytes'], 3)} "
                        f"per rank, from posting to the last step {r['proxy_us'] / 1e3:.2f} ms (kernel "
                        f"{r['kernel_us'] / 1e3:.2f} ms); µs per step (median): send {send}; receive {recv}; one send in "
                        f"flight moves {r['send_gbps']:.1f} GB/s", float(r["proxy_us"]), "µs"))
@@ -377,7 +375,7 @@ def phases_figure(runs):
     for i, ph in enumerate(PHASES):
         ax.barh(y + i * h, s[ph].clip(lower=0.1).fillna(0.1), height=h, label=ph.replace("_us", ""))
     ax.set_yticks(y + 0.4 - h / 2)
-    ax.set_yticklabels([f"{r.part} {r.name} {_size(r.bytes)}\n{r.algorithm}/{r.protocol}, {r.n_channels} ch"
+    ax.set_yticklabels([f"{r.part} {r.name} {stats.human_bytes(r.bytes, 3)}\n{r.algorithm}/{r.protocol}, {r.n_channels} ch"
                         for r in s.itertuples()], fontsize=8)
     ax.invert_yaxis()
     ax.set_xscale("log")
@@ -411,36 +409,36 @@ def cost_figure(runs):
 
 
 # ------------------------------------------------------------------------------------------------ findings
-def nccl_findings(runs) -> list[Finding]:
-    out: list[Finding] = []
+def nccl_findings(runs) -> list[Observation]:
+    out: list[Observation] = []
     a = alignment_table(runs)
     if a.empty:
         return out
     if (a["matched"] > 0).any():
         m = a[a["matched"] > 0]
-        out.append(Finding("nccl_alignment", f"NCCL profiler dumps aligned with the Kineto traces: {int(m['matched'].sum())} "
+        out.append(Observation("nccl_alignment", f"NCCL profiler dumps aligned with the Kineto traces: {int(m['matched'].sum())} "
                                              f"collectives matched over {len(m)} (part, rank) traces; largest residual "
                                              f"{m['gpu_error_us'].max():.2f} µs on the GPU clock, "
                                              f"{m['host_error_us'].max():.2f} µs on the host clock",
                            float(max(m["gpu_error_us"].max(), m["host_error_us"].max())), "µs"))
     if "error" in a.columns:
         for e in a["error"].dropna():
-            out.append(Finding("nccl_dump_unreadable", f"NCCL profiler dump left out: {e}"))
+            out.append(Observation("nccl_dump_unreadable", f"NCCL profiler dump left out: {e}"))
     t = collectives_table(runs)
     if len(t):
         ch = t.groupby(["name", "bytes", "protocol"])["n_channels"].agg(lambda x: sorted(set(int(v) for v in x)))
-        text = "; ".join(f"{n} {_size(b)} {p}: {'/'.join(map(str, v))}" for (n, b, p), v in ch.items())
-        out.append(Finding("nccl_channels", f"channels NCCL used per traced collective: {text}"))
+        text = "; ".join(f"{n} {stats.human_bytes(b, 3)} {p}: {'/'.join(map(str, v))}" for (n, b, p), v in ch.items())
+        out.append(Observation("nccl_channels", f"channels NCCL used per traced collective: {text}"))
         out += _protocol_vs_name(t)
         med = t[list(PHASES)].median()
-        out.append(Finding("nccl_phases", "median phases over all traced collectives: " + ", ".join(
+        out.append(Observation("nccl_phases", "median phases over all traced collectives: " + ", ".join(
             f"{p.replace('_us', '')} {med[p]:.1f} µs" for p in PHASES), float(med["channels_us"]), "µs"))
     out += _late_peer(late_peer_table(runs, top=1))
     c = cost_table(runs)
     for r in (c.itertuples() if len(c) else ()):
         if r.on_vs_idle == r.on_vs_idle:
-            what = r.what if r.what != "all_reduce" else f"all_reduce {_size(r.bytes)}"
-            out.append(Finding(f"nccl_cost_{what.replace(' ', '_')}",
+            what = r.what if r.what != "all_reduce" else f"all_reduce {stats.human_bytes(r.bytes, 3)}"
+            out.append(Observation(f"nccl_cost_{what.replace(' ', '_')}",
                                f"plugin cost, {what}: {r.on_minus_idle_us:+.1f} µs per call with every event on vs "
                                f"loaded and idle ({r.idle_us:.1f} -> {r.on_us:.1f} µs, {r.on_vs_idle:.2f}x; 'on' "
                                f"samples spread {r.on_iqr_us:.1f} µs IQR); not loaded: {r.off_us:.1f} µs",
@@ -448,7 +446,7 @@ def nccl_findings(runs) -> list[Finding]:
     return out
 
 
-def _protocol_vs_name(t) -> list[Finding]:
+def _protocol_vs_name(t) -> list[Observation]:
     """Kernels whose name's protocol suffix is not the protocol NCCL ran (NCCL names the kernel it launches,
     one per collective and type -- ``best_kernel`` in its ``src/device/generate.py`` -- and runs the chosen
     algorithm/protocol inside it)."""
@@ -459,11 +457,11 @@ def _protocol_vs_name(t) -> list[Finding]:
     r = diff.iloc[0]
     text = (f"{len(diff)} of {len(named)} traced kernels ran another protocol than their name says: e.g. "
             f"{r['kernel']} ran {r['algorithm']}/{r['protocol']} on {int(r['n_channels'])} channels "
-            f"({_size(r['bytes'])}) -- the name is the kernel NCCL launched; only NCCL's events say what ran")
-    return [Finding("nccl_protocol_vs_name", text, float(len(diff)), "")]
+            f"({stats.human_bytes(r['bytes'], 3)}) -- the name is the kernel NCCL launched; only NCCL's events say what ran")
+    return [Observation("nccl_protocol_vs_name", text, float(len(diff)), "")]
 
 
-def _late_peer(lp) -> list[Finding]:
+def _late_peer(lp) -> list[Observation]:
     if not len(lp):
         return []
     r = lp.iloc[0]
@@ -471,11 +469,7 @@ def _late_peer(lp) -> list[Finding]:
             f"after its peer's; the early rank's wait shows inside its channels ({r['early_channels_us']:.0f} µs vs "
             f"{r['late_channels_us']:.0f} µs on the late rank), not before them (launch to first channel "
             f"{r['early_launch_to_gpu_us']:.1f} µs)")
-    return [Finding("nccl_late_peer", text, float(r["late_us"]), "µs")]
-
-
-def _size(b: float) -> str:
-    return f"{b / 2**20:.3g} MiB" if b >= 2**20 else f"{b / 2**10:.3g} KiB" if b >= 2**10 else f"{b:.0f} B"
+    return [Observation("nccl_late_peer", text, float(r["late_us"]), "µs")]
 
 
 NCCL_TABLES = {"nccl_collectives": collectives_table, "nccl_summary": summary_table,

@@ -26,7 +26,7 @@ caller sees per byte of its buffer.
 
 Needs two ranks: with one, nothing crosses a link (all_reduce's bus factor is 0) and NCCL launches no kernel.
 The analyses (:func:`summarize` and the ``tables`` / ``figures`` / ``findings``) read runs recorded before rows
-had a ``kind`` (``recorded/collectives/``) by filling it from ``method`` (:func:`rows`).
+had a ``kind`` (``recorded/h200x2/collectives/``) by filling it from ``method`` (:func:`rows`).
 
 Package layout: :mod:`.sweep` (Config, the rank function), :mod:`.nccl_tests` (the launcher-side reference),
 :mod:`.analysis` (summary, tables, figure, findings).

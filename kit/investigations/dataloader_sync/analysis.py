@@ -170,7 +170,7 @@ def _sweep_rows(nbytes: int, emulated_nodes: bool = False) -> list[dict]:
     from kit.investigations.collectives.analysis import summarize
     from kit import regimes as kit_regimes
 
-    rec = results.recorded_set("collectives", kit_regimes.RECORDED if emulated_nodes else None)
+    rec = kit_regimes.recorded("collectives", emulated=emulated_nodes).dirs
     s = summarize(results.load(*rec)) if rec else None
     if s is None or s.empty:
         return []

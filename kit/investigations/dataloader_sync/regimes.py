@@ -7,7 +7,7 @@ Each analysis is the investigation's own (:mod:`.analysis`) applied to each regi
 
 from __future__ import annotations
 
-from kit.contract import Finding
+from kit.contract import Observation
 from kit import regimes
 
 from .analysis import _axes, table_breakdown, table_buckets, table_event_vs_kernel
@@ -78,7 +78,7 @@ def fig_regimes(runs):
     return fig
 
 
-def regime_findings(runs) -> list[Finding]:
+def regime_findings(runs) -> list[Observation]:
     """The sync modes' step times per regime (prefetch H2D), and what the DDP bucket sweep spans in each."""
     b = table_regime_breakdown(runs)
     if b.empty or b["regime"].nunique() < 2:
@@ -87,13 +87,13 @@ def regime_findings(runs) -> list[Finding]:
     for name, g in b[b["h2d"] == "prefetch"].groupby("regime", sort=False):
         st = g.set_index("sync")["step_ms"]
         parts = ", ".join(f"{s} {st[s]:.1f}" for s in ("per_param", "flat", "ddp", "ddp_one_bucket") if s in st)
-        out.append(Finding(f"regime_sync_modes[{name}]", f"[{name}] step per sync mode (prefetch H2D, ms): {parts}; "
+        out.append(Observation(f"regime_sync_modes[{name}]", f"[{name}] step per sync mode (prefetch H2D, ms): {parts}; "
                            f"DDP saves {st['per_param'] - st['ddp']:.1f} ms over per-parameter all-reduces "
                            f"({100 * (1 - st['ddp'] / st['per_param']):.0f}%)", float(st["per_param"] - st["ddp"]), "ms"))
     k = table_regime_buckets(runs)
     for name, g in k[k["sync"] == "ddp"].groupby("regime", sort=False):
         lo, hi = g.loc[g["step_ms"].idxmin()], g.loc[g["step_ms"].idxmax()]
-        out.append(Finding(f"regime_buckets[{name}]", f"[{name}] DDP buckets {g['bucket_cap_mb'].min():g}–"
+        out.append(Observation(f"regime_buckets[{name}]", f"[{name}] DDP buckets {g['bucket_cap_mb'].min():g}–"
                            f"{g['bucket_cap_mb'].max():g} MB: fastest {lo['bucket_cap_mb']:g} MB {lo['step_ms']:.2f} ms, "
                            f"slowest {hi['bucket_cap_mb']:g} MB {hi['step_ms']:.2f} ms "
                            f"({100 * (hi['step_ms'] / lo['step_ms'] - 1):.1f}% apart)",

@@ -4,7 +4,7 @@ graphs give where launches dominate. Runs without CUDA or with one rank get a st
 
 from __future__ import annotations
 
-from ...contract import Finding
+from ...contract import Observation
 from .analysis import NO_NCCL, census_table, forward_table, gaps_table, launch_table, rows
 from .mechanism import edges_table, launch_profile_table, position_table, replay_table, work_table
 
@@ -24,24 +24,24 @@ def _ordered(groups, labels: list[str]) -> list:
     return sorted(groups, key=order)
 
 
-def _gap_findings(df, labels: list[str]) -> list[Finding]:
+def _gap_findings(df, labels: list[str]) -> list[Observation]:
     out = []
     gp = gaps_table(df)
     if gp.empty:
         return out
     if not (gp["nccl_kernels"].fillna(0) > 0).any():
-        return [Finding("no_nccl_kernel", NO_NCCL + "; launch overhead and graph replay above are measured")]
+        return [Observation("no_nccl_kernel", NO_NCCL + "; launch overhead and graph replay above are measured")]
     for (label, mode), d in _ordered(gp[gp["nccl_kernels"].fillna(0) > 0].groupby(["label", "mode"]), labels):
         d = d.sort_values("layers")
         per_n = ", ".join(f"{_fmt(g)} us at N={n}" for n, g in zip(d["layers"], d["gap_nccl_median_us"]))
         med = float(d["gap_nccl_median_us"].median())
-        out.append(Finding(f"gap_before_nccl_us[{mode}, {label}]",
+        out.append(Observation(f"gap_before_nccl_us[{mode}, {label}]",
                            f"{mode} | {label}: median gap before NCCL kernels {per_n} (median over N: {med:.2f} us)",
                            med, "us"))
     return out
 
 
-def _ratio_findings(df, labels: list[str]) -> list[Finding]:
+def _ratio_findings(df, labels: list[str]) -> list[Observation]:
     ft = forward_table(df)
     out = []
     if ft.empty:
@@ -50,47 +50,47 @@ def _ratio_findings(df, labels: list[str]) -> list[Finding]:
     for label, d in _ordered(g.groupby("label"), labels):
         top = d[d["layers"] == d["layers"].max()].iloc[0]
         if top["graph_over_eager"] == top["graph_over_eager"]:
-            out.append(Finding(f"graph_over_eager[{label}]",
+            out.append(Observation(f"graph_over_eager[{label}]",
                                f"graph | {label}: time per forward graph/eager at N={int(top['layers'])}: "
                                f"{top['graph_over_eager']:.2f}", float(top["graph_over_eager"])))
     if g.empty:  # no graph mode (CPU): the eager time per forward at the largest N
         e = ft[(ft["model"] == "allreduce") & (ft["mode"] == "eager")]
         for label, d in _ordered(e.groupby("label"), labels):
             top = d[d["layers"] == d["layers"].max()].iloc[0]
-            out.append(Finding(f"eager_forward_us[{label}]",
+            out.append(Observation(f"eager_forward_us[{label}]",
                                f"eager | {label}: time per forward at N={int(top['layers'])}: "
                                f"{top['time_us_median']:.0f} us (no CUDA graph without CUDA)",
                                float(top["time_us_median"]), "us"))
     return out
 
 
-def _census_findings(df, labels: list[str]) -> list[Finding]:
+def _census_findings(df, labels: list[str]) -> list[Observation]:
     ct = census_table(df)
     out = []
     for label in sorted(ct.columns, key=lambda x: labels.index(x) if x in labels else len(labels)):
         c = ct[label]
         ev = int(c.get("EVENT_RECORD", 0) + c.get("EVENT_WAIT", 0))
         nccl = int(c.get("KERNEL:nccl", 0))
-        out.append(Finding(f"census_event_nodes[{label}]",
+        out.append(Observation(f"census_event_nodes[{label}]",
                            f"census | {label}: {nccl} captured NCCL kernels bring {int(c.get('EVENT_RECORD', 0))} "
                            f"EVENT_RECORD + {int(c.get('EVENT_WAIT', 0))} EVENT_WAIT nodes", float(ev)))
     return out
 
 
-def _launch_findings(df) -> list[Finding]:
+def _launch_findings(df) -> list[Observation]:
     lt = launch_table(df)
     out = []
     for bench, d in lt.groupby("bench"):
         d = d.sort_values("batch")
         first = d.iloc[0]
-        out.append(Finding(f"launch_speedup[{bench}, batch={int(first['batch'])}]",
+        out.append(Observation(f"launch_speedup[{bench}, batch={int(first['batch'])}]",
                            f"launch | {bench}: graph {first['speedup']:.1f}x faster than eager at batch "
                            f"{int(first['batch'])} ({d['speedup'].min():.1f}-{d['speedup'].max():.1f}x over batches "
                            f"{', '.join(map(str, d['batch']))})", float(first["speedup"]), "x"))
     return out
 
 
-def _mechanism_findings(df, labels: list[str]) -> list[Finding]:
+def _mechanism_findings(df, labels: list[str]) -> list[Observation]:
     """Gap along the replay (first vs last quarter, slope) at the largest N; the work variants' gaps in graph
     mode against their GEMM time; first/queued replays; what each NCCL kernel waits for in the census graph;
     the launch benchmark's slowest batch and its heaviest kernel."""
@@ -99,7 +99,7 @@ def _mechanism_findings(df, labels: list[str]) -> list[Finding]:
     g = pt[pt["mode"] == "graph"]
     for label, d in _ordered(g.groupby("label"), labels):
         top = d[d["layers"] == d["layers"].max()].iloc[0]
-        out.append(Finding(f"gap_by_position[{label}]",
+        out.append(Observation(f"gap_by_position[{label}]",
                            f"position | {label}: at N={int(top['layers'])} the gap before NCCL kernels is "
                            f"{_fmt(top['q1_us'])} us in the first quarter of the replay and {_fmt(top['q4_us'])} us "
                            f"in the last ({top['slope_us_per_layer']:.2f} us more per layer)",
@@ -110,20 +110,20 @@ def _mechanism_findings(df, labels: list[str]) -> list[Finding]:
             d = d.sort_values("compute_kernel_median_us")
             parts = ", ".join(f"{r.variant} {_fmt(r.gap_nccl_graph_us)} us (GEMM {_fmt(r.compute_kernel_median_us)} "
                               f"us, {int(r.nccl_nodes)} NCCL nodes)" for r in d.itertuples())
-            out.append(Finding(f"gap_vs_work[{label}]", f"work | {label}: median gap before NCCL kernels in graph "
+            out.append(Observation(f"gap_vs_work[{label}]", f"work | {label}: median gap before NCCL kernels in graph "
                                                         f"replay per variant: {parts}",
                                float(d["gap_nccl_graph_us"].max()), "us"))
     rt = replay_table(df)
     if not rt.empty and "gap_nccl_median_us" in rt.columns:
         for label, d in _ordered(rt.groupby("label"), labels):
             v = dict(zip(d["how"], d["gap_nccl_median_us"]))
-            out.append(Finding(f"replay_gaps[{label}]", f"replays | {label}: gap before NCCL kernels "
+            out.append(Observation(f"replay_gaps[{label}]", f"replays | {label}: gap before NCCL kernels "
                                + ", ".join(f"{h} {_fmt(x)} us" for h, x in v.items()), float(max(v.values())), "us"))
     et = edges_table(df)
     for label in et.columns:
         n = int(et[label].get("EVENT_RECORD -> KERNEL:nccl", 0))
         direct = int(et[label].get("KERNEL:nccl -> KERNEL:nccl", 0))
-        out.append(Finding(f"edges[{label}]", f"edges | {label}: {n} NCCL kernels wait for an EVENT_RECORD node "
+        out.append(Observation(f"edges[{label}]", f"edges | {label}: {n} NCCL kernels wait for an EVENT_RECORD node "
                                               f"of the previous NCCL call, {direct} directly for the previous NCCL "
                                               f"kernel", float(n)))
     lp = launch_profile_table(df)
@@ -134,7 +134,7 @@ def _mechanism_findings(df, labels: list[str]) -> list[Finding]:
         k = lp[(lp["batch"] == int(worst["batch"])) & (lp["mode"] == "graph")]
         if len(k):
             k = k.iloc[0]
-            out.append(Finding(f"launch_outlier[batch={int(worst['batch'])}]",
+            out.append(Observation(f"launch_outlier[batch={int(worst['batch'])}]",
                                f"launch | chain: smallest speedup {worst['speedup']:.2f}x at batch "
                                f"{int(worst['batch'])}: {k['kernels_per_forward']:.0f} kernels per forward summing "
                                f"to {k['compute_sum_us']:.0f} us; heaviest {k['heaviest_kernel']} "
@@ -143,7 +143,7 @@ def _mechanism_findings(df, labels: list[str]) -> list[Finding]:
     return out
 
 
-def findings(runs) -> list[Finding]:
+def findings(runs) -> list[Observation]:
     df = rows(runs.df)
     if df.empty:
         return []
@@ -151,6 +151,6 @@ def findings(runs) -> list[Finding]:
     out = _gap_findings(df, labels) + _ratio_findings(df, labels) + _census_findings(df, labels) + _launch_findings(df)
     out += _mechanism_findings(df, labels)
     if not (df["kind"] == "profile").any():
-        out.append(Finding("no_profile", "no profiler rows: these runs had no CUDA, so no gaps, census or launch "
+        out.append(Observation("no_profile", "no profiler rows: these runs had no CUDA, so no gaps, census or launch "
                                          "benchmark (see the recorded GPU runs)"))
     return out

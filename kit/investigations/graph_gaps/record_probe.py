@@ -1,7 +1,7 @@
 """The no-NCCL control of the mechanism: does the growing gap need NCCL, or only the graph structure NCCL's
 mixing support builds?
 
-A standalone probe (``recorded/graph_gaps-nonccl-h200/gg_nonccl.py``, run once on one H200 -- it needs one GPU and
+A standalone probe (``recorded/probes/graph_gaps-nonccl-h200/gg_nonccl.py``, run once on one H200 -- it needs one GPU and
 no communicator) captures N layers of ``tanh(x @ W)`` (fp32, TF32 off) where, after each GEMM, a side stream
 runs one tiny kernel (the stand-in for the collective) and is joined back. In the ``ext`` graphs the side stream
 also records *one shared* external event after every tiny kernel -- what ``ncclStrongStreamRelease`` adds with
@@ -20,9 +20,8 @@ from pathlib import Path
 from ... import traces
 from ...results import RECORDED_ROOT
 
-# the one-H200 probe of 2026-11-23 (recorded/probes/ is where the probes are being moved)
-PROBE = next((p for p in (RECORDED_ROOT / "probes" / "graph_gaps-nonccl-h200", RECORDED_ROOT / "graph_gaps-nonccl-h200")
-              if p.exists()), RECORDED_ROOT / "graph_gaps-nonccl-h200")
+# the one-H200 probe of 2026-11-23
+PROBE = RECORDED_ROOT / "probes" / "graph_gaps-nonccl-h200"
 # the same probe and its bisection on one H100 (issue 31): <hw>/{probe,bisect,stream}/
 TORCH = RECORDED_ROOT / "probes" / "graph_gaps-torch"
 _NAME = re.compile(r"h(?P<hidden>\d+)_n(?P<layers>\d+)_(?P<graph>ext|plain)\.json\.gz$")

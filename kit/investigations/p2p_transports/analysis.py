@@ -15,7 +15,7 @@ import math
 import pandas as pd
 
 from ... import stats, traces, transports
-from ...contract import Finding
+from ...contract import Observation
 from .bandwidth import BARE
 
 _human = stats.human_bytes
@@ -244,29 +244,29 @@ def traced(runs, experiment: str = "comm_compute", by: tuple[str, ...] = ("trans
 
 
 # ------------------------------------------------------------------------------------------------ findings
-def findings(data) -> list[Finding]:
+def findings(data) -> list[Observation]:
     """What the rows show, one statement each (the old notebook's closing cell, measured)."""
     df = frame(data)
-    out: list[Finding] = []
+    out: list[Observation] = []
     for t, r in at_size(df, AT, "one").iterrows():
-        out.append(Finding(f"bandwidth.one.{t}", f"{t}: {_human(int(r.bytes))} one way: {r.gbps:.1f} GB/s",
+        out.append(Observation(f"bandwidth.one.{t}", f"{t}: {_human(int(r.bytes))} one way: {r.gbps:.1f} GB/s",
                            float(r.gbps), "GB/s"))
     for t, r in at_size(df, AT, "both").iterrows():
-        out.append(Finding(f"bandwidth.both.{t}", f"{t}: {_human(int(r.bytes))} each way at once: "
+        out.append(Observation(f"bandwidth.both.{t}", f"{t}: {_human(int(r.bytes))} each way at once: "
                                                   f"{r.total_gbps:.1f} GB/s total", float(r.total_gbps), "GB/s"))
     for r in comm_compute(df).itertuples():
-        out.append(Finding(f"comm_compute.{r.transport}.overlapped_vs_serial",
+        out.append(Observation(f"comm_compute.{r.transport}.overlapped_vs_serial",
                            f"{r.transport}: compute + transfers overlapped {r.overlapped_us / 1e3:.2f} ms vs "
                            f"serial sum {r.serial_sum_us / 1e3:.2f} ms ({r.overlapped_vs_serial:.2f}); compute slowed "
                            f"{r.compute_slowdown:.3f}x", float(r.overlapped_vs_serial)))
-        out.append(Finding(f"comm_compute.{r.transport}.comm_in_overlap_ms",
+        out.append(Observation(f"comm_compute.{r.transport}.comm_in_overlap_ms",
                            f"{r.transport}: transfers {r.comm_alone_us / 1e3:.2f} ms alone, "
                            f"{r.comm_in_overlap_us / 1e3:.2f} ms overlapped with compute",
                            float(r.comm_in_overlap_us / 1e3), "ms"))
     lat = latency(df)
     for t, r in lat.iterrows() if "vs_copy_loop" in lat.columns else []:
         if t != BARE:
-            out.append(Finding(f"latency.{t}", f"{t}: {_human(int(r.bytes))} one way {r.time_us_median:.1f} us per "
+            out.append(Observation(f"latency.{t}", f"{t}: {_human(int(r.bytes))} one way {r.time_us_median:.1f} us per "
                                                f"message, {r.vs_copy_loop:.2f}x the bare copy_ loop's "
                                                f"{lat.loc[BARE, 'time_us_median']:.1f} us", float(r.vs_copy_loop)))
     out += _semantics_findings(df)
@@ -274,22 +274,22 @@ def findings(data) -> list[Finding]:
     for (t, sc, mode), g in cc.groupby(["transport", "scenario", "mode"], sort=False) if len(cc) else []:
         f = g.set_index("flow")["time_us_median"]
         f0, f1 = f.get(0, math.nan), f.get(1, math.nan)
-        out.append(Finding(f"comm_comm.{t}.{sc}.{mode}", f"{t} {sc} {mode}: flow 0 done at {f0:.1f} us, "
+        out.append(Observation(f"comm_comm.{t}.{sc}.{mode}", f"{t} {sc} {mode}: flow 0 done at {f0:.1f} us, "
                                                           f"flow 1 at {f1:.1f} us", float(f1), "us"))
     for r in skipped(df).itertuples():
         what = "" if r.experiment == "all" else f" ({r.experiment})"
-        out.append(Finding(f"skipped.{r.transport}" + ("" if r.experiment == "all" else f".{r.experiment}"),
+        out.append(Observation(f"skipped.{r.transport}" + ("" if r.experiment == "all" else f".{r.experiment}"),
                            f"{r.transport}{what} not measured: {r.reason}"))
     return out
 
 
-def _semantics_findings(df) -> list[Finding]:
+def _semantics_findings(df) -> list[Observation]:
     se = semantics(df)
     out = []
     for r in se[se["role"] != "recv"].itertuples() if len(se) else []:
         late = getattr(r, "peer_delay_ms", 0.0)
         late = f" (receiver {late:g} ms late)" if late and late > 0 else ""
-        out.append(Finding(f"semantics.{r.transport}.{r.api}.{int(r.bytes)}",
+        out.append(Observation(f"semantics.{r.transport}.{r.api}.{int(r.bytes)}",
                            f"{r.transport} {r.api} {_human(int(r.bytes))}: host in call {r.call_us:.1f} us, in wait "
                            f"{r.wait_us:.1f} us, until done {r.done_us / 1e3:.2f} ms{late}", float(r.call_us), "us"))
     return out

@@ -103,7 +103,7 @@ def join(T, ctx, flows) -> None:
     time the whole transfer). One event per device, reused: each is recorded and waited for at once, in this
     thread, so no wait can see a later record (a fresh event per round -- ``Stream.wait_stream`` -- adds its
     creation and destruction to every 1 KiB message: 4.7 us per join on an H200 host, 3.2 reused --
-    ``recorded/notes/host-cost-h200/``)."""
+    ``recorded/probes/host-cost-h200/``)."""
     import torch
 
     if T.caps.in_process and ctx.is_cuda:

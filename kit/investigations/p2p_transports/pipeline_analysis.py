@@ -26,7 +26,7 @@ import pandas as pd
 
 from ... import plot, stats
 from ...traces.overlap import length, union
-from ...contract import Finding
+from ...contract import Observation
 from . import analysis as A
 from .analysis import frame, rows_of
 
@@ -259,14 +259,14 @@ def _shade_host_gaps(ax, ev, t0, y) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ findings
-def findings(df) -> list[Finding]:
+def findings(df) -> list[Observation]:
     pp = pipeline(df)
-    out = [Finding(f"pipeline.{r.transport}.{r.driver}.ms",
+    out = [Observation(f"pipeline.{r.transport}.{r.driver}.ms",
                    f"{r.transport} ({r.driver}-driven{'' if r.how in ('host', r.driver) else ', ' + r.how}): 1F1B "
                    f"pipeline {r.time_ms_median:.2f} ms / iteration, loss {r.loss:.5f}", float(r.time_ms_median), "ms")
            for r in pp.itertuples()]
     for r in model(df).itertuples():
-        out.append(Finding(f"pipeline.{r.transport}.{r.driver}.vs_model",
+        out.append(Observation(f"pipeline.{r.transport}.{r.driver}.vs_model",
                            f"{r.transport} ({r.driver}): measured {r.measured_ms:.2f} ms vs 1F1B model "
                            f"{r.predicted_ms:.2f} ms ({r.measured_vs_model:.2f}x; p={r.stages}, m={r.micro_batches}, "
                            f"bubble {r.bubble_fraction:.0%}, slowest stage F+B {r.stage_f_plus_b_ms:.3f} ms, "
@@ -279,17 +279,17 @@ def findings(df) -> list[Finding]:
             how = f"relative spread {spread:.1e}, gradient norms {same} across transports and drivers"
         else:
             how = "one run, nothing to compare"
-        out.append(Finding("pipeline.loss", f"pipeline loss {losses.median():.5f} over "
+        out.append(Observation("pipeline.loss", f"pipeline loss {losses.median():.5f} over "
                                             f"{', '.join(f'{t}/{d}' for t, d in zip(pp['transport'], pp['driver']))}: {how}",
                            float(losses.median())))
     return out
 
 
-def idle_findings(runs) -> list[Finding]:
+def idle_findings(runs) -> list[Observation]:
     out = []
     i = idle(runs)
     for (t, drv), g in i.groupby(["transport", "driver"], sort=False) if len(i) else []:
-        out.append(Finding(f"pipeline.{t}.{drv}.host_idle_ms",
+        out.append(Observation(f"pipeline.{t}.{drv}.host_idle_ms",
                            f"{t} ({drv}): profiled iteration {g['span_us'].max() / 1e3:.2f} ms, GPUs busy "
                            + ", ".join(f"{b:.0%}" + (f" ({c:.0%} without NCCL kernels)" if c < b else "")
                                        for b, c in zip(g["busy_share"], g["busy_no_nccl_share"]))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ... import plot
-from ...contract import Finding
+from ...contract import Observation
 from ... import regimes
 from . import analysis as A
 from . import pipeline_analysis
@@ -62,24 +62,24 @@ def _in_every_regime(t: pd.DataFrame) -> list[str]:
     return [x for x in A._ordered(set.intersection(*per))] if len(per) > 1 else []
 
 
-def regime_findings(runs) -> list[Finding]:
+def regime_findings(runs) -> list[Observation]:
     """Each transport measured in both regimes (across the emulated nodes and on one node): 256 MiB one way,
     the overlapped iteration and the pipeline."""
     bw, ov, pp = table_regime_256mib(runs), table_regime_overlap(runs), table_regime_pipeline(runs)
     out = []
     for t in _in_every_regime(bw):
         n = bw[bw["transport"] == t].set_index("regime")["one_way_gbps"]
-        out.append(Finding(f"regime_256mib.{t}", f"{t} at 256 MiB one way: " +
+        out.append(Observation(f"regime_256mib.{t}", f"{t} at 256 MiB one way: " +
                            "; ".join(f"{r} {v:.3g} GB/s" for r, v in n.items()), float(n.min()), "GB/s"))
     for t in _in_every_regime(ov):
         o = ov[ov["transport"] == t].set_index("regime")
-        out.append(Finding(f"regime_overlap.{t}", f"{t} transfers overlapped with matmuls: " + "; ".join(
+        out.append(Observation(f"regime_overlap.{t}", f"{t} transfers overlapped with matmuls: " + "; ".join(
             f"{r}: transfers {q['comm_alone_us'] / 1e3:.1f} ms alone, {q['comm_in_overlap_us'] / 1e3:.1f} ms "
             f"overlapped, matmuls {q['compute_alone_us'] / 1e3:.1f} ms alone (x{q['compute_slowdown']:.2f} "
             f"overlapped), iteration {q['overlapped_vs_serial']:.2f} of the serial sum" for r, q in o.iterrows()),
             float(o["comm_in_overlap_us"].max() / 1e3), "ms"))
     for t in _in_every_regime(pp):
         p = pp[(pp["transport"] == t) & (pp["driver"] == "host")].set_index("regime")["time_ms_median"]
-        out.append(Finding(f"regime_pipeline.{t}", f"1F1B pipeline over {t} (host-driven), ms per iteration: " +
+        out.append(Observation(f"regime_pipeline.{t}", f"1F1B pipeline over {t} (host-driven), ms per iteration: " +
                            "; ".join(f"{r} {v:.1f}" for r, v in p.items()), float(p.max()), "ms"))
     return out

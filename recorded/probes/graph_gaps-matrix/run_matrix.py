@@ -24,7 +24,7 @@ BASE = dict(n=160, work_us=200, record="shared", where="side", join="edge", uplo
             replays=20, busy="spin", hidden=2048, tail=0, autofree=0, pdl=0, launch="created")
 ARGS = ("n", "work_us", "record", "where", "join", "upload", "priority", "grid", "queued", "replays", "busy", "hidden",
         "tail", "autofree", "pdl", "launch")
-# the GEMM base mirrors the PyTorch probe (recorded/graph_gaps-nonccl-h200): tanh(x @ w), 1024 x 2048, fp32
+# the GEMM base mirrors the PyTorch probe (recorded/probes/graph_gaps-nonccl-h200): tanh(x @ w), 1024 x 2048, fp32
 GEMM = dict(busy="gemm", hidden=2048, tail=1)
 
 

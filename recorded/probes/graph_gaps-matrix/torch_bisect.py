@@ -1,4 +1,4 @@
-"""Bisect the PyTorch probe (recorded/graph_gaps-nonccl-h200/gg_nonccl.py, same body): which part of PyTorch's graph
+"""Bisect the PyTorch probe (recorded/probes/graph_gaps-nonccl-h200/gg_nonccl.py, same body): which part of PyTorch's graph
 makes the gap before each GEMM grow along a replay, where the CUDA C++ repro's cublasSgemm does not? At N = 160,
 hidden 2048, fp32: the BLAS library PyTorch calls (cuBLAS / cuBLASLt, torch.backends.cuda.preferred_blas_library) x
 TF32 x the shared external record (ext) or not (plain). Per graph: time per layer (CUDA events, median of 5 replays)

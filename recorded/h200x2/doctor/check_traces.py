@@ -1,6 +1,6 @@
 """Facts per case and rank of the train_ddp traces (what each doctor rule needs), as one table.
 
-python3 recorded/doctor/h200x2-20261123/check_traces.py DIR [--json OUT]   (DIR: one folder per case, e.g. this one)
+python3 recorded/h200x2/doctor/check_traces.py DIR [--json OUT]   (DIR: one folder per case, e.g. this one)
 """
 import json
 import sys

@@ -1,6 +1,7 @@
-"""Derive ``tests/data/doctor/`` (small traces for the CPU tests of ``kit doctor``) from the runs in this folder.
+"""Derive ``tests/data/doctor/`` (small traces for the CPU tests of ``kit doctor``) from the runs in
+``recorded/h200x2/doctor/``.
 
-    python recorded/doctor/h200x2-20261123/make_test_data.py
+    python tests/data/doctor/make_test_data.py
 
 Each case keeps its **last** ``KEEP[case]`` recorded steps: every event (host and GPU, all streams) from the
 start of the first kept ``ProfilerStep#N`` on -- the trace the profiler would have written had its window begun
@@ -19,9 +20,10 @@ import json
 import shutil
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[2]
-OUT = ROOT / "tests" / "data" / "doctor"
+OUT = Path(__file__).resolve().parent
+ROOT = OUT.parents[2]
+HERE = ROOT / "recorded" / "h200x2" / "doctor"
+"""the full recorded traces (the source)"""
 KEEP = {"contention": 2,  # a contended and an uncontended step: the all-reduce alone and beside the matmuls
         "cuda-graph-per-param": 3, "cuda-graph-per-param-mixing0": 3}  # graph replays: small already
 """recorded steps kept per case (default 1)"""
