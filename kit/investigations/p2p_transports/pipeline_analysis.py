@@ -228,7 +228,10 @@ def fig_timeline(runs):
     shown = traced(runs)
     if not shown:
         return plot.message("no profiled pipeline iterations in these runs (CUDA transports only)", _title(runs))
-    fig, axes = plt.subplots(len(shown), 1, figsize=(12, 1.6 + 1.2 * len(shown) * 1.4), squeeze=False)
+    # each panel as tall as its lanes (a device-bound run has a lane per stream): row names never overlap
+    lanes_of = [max(ev[ev["dur"] > 0][["device", "stream"]].drop_duplicates().shape[0], 1) for ev in shown.values()]
+    fig, axes = plt.subplots(len(shown), 1, figsize=(12, 1.0 + sum(0.9 + 0.28 * n for n in lanes_of)), squeeze=False,
+                             gridspec_kw={"height_ratios": [0.9 + 0.28 * n for n in lanes_of]})
     for ax, ((t, drv), ev) in zip(axes[:, 0], shown.items()):
         ev = ev[ev["dur"] > 0]
         if ev.groupby("device")["rank"].nunique().max() > 1:  # one GPU per rank: tell them apart by rank
