@@ -430,10 +430,16 @@ def test_flight_recorder_dumps(tmp_path, capsys):
     src = DATA.parent.parent / "recorded/h200x2/collective_tracing/20261123-023252-vm-44640d"
     paths = []
     for r in (0, 1):
-        dump = json.loads((src / f"fr_run_rank{r}.json").read_text())
+        with gzip.open(src / f"fr_run_rank{r}.json.gz", "rt") as f:
+            dump = json.load(f)
         dump["entries"] = dump["entries"][-5:] if r == 0 else dump["entries"][-5:-1]
-        (tmp_path / f"fr_rank{r}.json").write_text(json.dumps(dump))
-        paths.append(str(tmp_path / f"fr_rank{r}.json"))
+        if r == 0:  # a dump as written, and one gzipped: both read
+            (tmp_path / f"fr_rank{r}.json").write_text(json.dumps(dump))
+            paths.append(str(tmp_path / f"fr_rank{r}.json"))
+        else:
+            with gzip.open(tmp_path / f"fr_rank{r}.json.gz", "wt") as f:
+                json.dump(dump, f)
+            paths.append(str(tmp_path / f"fr_rank{r}.json.gz"))
     rc = kit_main(["doctor", *traces("recorded-graph_gaps-mix0"), "--workers", "1", "--rules", "host_sync",
                    "--fr", *paths, "--json"])
     out = json.loads(capsys.readouterr().out)

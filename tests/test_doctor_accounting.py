@@ -50,11 +50,13 @@ def planted():
 def test_planted_step_is_split_by_the_precedence():
     a = account(_view(planted()))
     got = {s: round(a.per_step_us(s), 3) for s in SLICES if a.per_step_us(s)}
-    # compute: 1000 + 1000 + 300 + 950 + 300; input: idle 1100-3900 inside the DataLoader + the catch-up to the
-    # next launch's end (3900-4010); sync: 5100-5110 + catch-up to 5610; host_stall: 6000-8010 (no issuing call
-    # 5610-8000); allocator: 9000-9500 in cudaFree + catch-up to 9610; queued: the launch had returned
-    # (60-100, 4010-4100, 5610-5700, 8010-8050, 9610-9700); step_start: 0-60, before the step's first kernel
-    assert got == {"compute": 3550, "input": 2910, "sync": 510, "host_stall": 2010, "allocator": 610,
+    # compute: 1000 + 1000 + 300 + 950 + 300. input: idle 1100-3900 inside the 3000 us DataLoader wait + its
+    # catch-up to the next launch (3900-4010; the wait's budget: 3000 - 2800 = 200). sync: 5100-5110 inside the
+    # 110 us synchronize + 100 us of catch-up (a host blocked 110 us is at most 110 us behind); the other 400 us
+    # to the next launch are the host's own issuing pace: launch. host_stall: 6000-8010 (no issuing call
+    # 5610-8000). allocator: 9000-9500 in cudaFree (its whole 500 us: no budget left), then 9500-9610 launch.
+    # queued: the launch had returned (60-100, 4010-4100, 5610-5700, 8010-8050, 9610-9700). step_start: 0-60.
+    assert got == {"compute": 3550, "input": 2910, "sync": 110, "launch": 510, "host_stall": 2010, "allocator": 500,
                    "queued": 350, "step_start": 60}
     assert sum(got.values()) == 10000 and a.window_us == 10000
 
@@ -121,9 +123,9 @@ def test_gpu_idle_agrees_with_traceinsight_within_2_points():
     """traceinsight 0.6.1's temporal breakdown (recorded by benchmarks/anchors/compare.py) against the doctor's
     accounting over the same span (the traced GPU span, one window). Compared where traceinsight kept every GPU
     event of the trace (it drops GPU events whose launching CPU op is not in the trace: on the trimmed doctor
-    traces it keeps 692 of 1729 and reports 59% idle on a job whose GPU is busy 98% of its span) and where kernels
-    last >= 2 us (it holds times in whole us: below that the truncation itself moves the idle share, see the next
-    test)."""
+    traces it keeps 692 of 1729 and reports 59% idle on a job whose GPU is busy 98% of its span) and where its
+    whole-us times cannot move the share by a point (GPU events x 1 us <= 1% of the span; below that the
+    truncation itself moves the idle share, see the next test)."""
     import numpy as np
     import pandas as pd
 
@@ -132,10 +134,14 @@ def test_gpu_idle_agrees_with_traceinsight_within_2_points():
     compared = 0
     for path, e in _ti().items():
         p = DATA.parent.parent / path
+        if not p.exists():
+            continue
         t = traces.load_trace(p)
         ti = e["all_steps"]
-        if ti["gpu_events"] != len(t.gpu) or np.median(t.gpu["dur"]) < 2.0:
+        if "error" in ti:  # traceinsight failed on it (CPU-only traces: no GPU kernel to index)
             continue
+        if ti["gpu_events"] != len(t.gpu) or len(t.gpu) * 1.0 > 0.01 * ti["span_us"]:
+            continue  # it dropped events, or its whole-us times move the idle share by up to ~1 us per event
         v = RankView(trace=t, steps=pd.DataFrame(columns=["step", "ts", "end", "dur"]), rank=0)
         a = account(v)
         assert abs(100 * sum(a.share(s) for s in IDLE) - 100 * ti["idle_share"]) <= 2.0, path

@@ -66,8 +66,9 @@ INFERRED = "inferred"
 def inferred_steps(cpu) -> "Any":
     """Steps of a trace without ``ProfilerStep`` annotations, from the loop's own annotations: each step starts
     where the host asks the DataLoader for a batch (``enumerate(DataLoader)...``) and runs to the next such
-    request; the last one ends with its ``Optimizer.step`` (or lasts the median step). Needs 2+ DataLoader
-    requests; empty otherwise (then the traced span is one step). The frame's ``attrs[INFERRED]`` says so."""
+    request; the last one ends with its ``Optimizer.step``. Only for a loop that reads as one batch and one
+    optimizer step per iteration (as many DataLoader requests as ``Optimizer.step`` annotations, 2+): gradient
+    accumulation or a span cut mid-step stays one traced span. The frame's ``attrs[INFERRED]`` says so."""
     import numpy as np
     import pandas as pd
 
@@ -84,6 +85,8 @@ def inferred_steps(cpu) -> "Any":
     if len(starts) < 2:
         return pd.DataFrame(columns=cols)
     opt = ann[names.str.startswith("Optimizer.step#")]["end"].to_numpy(dtype=float)
+    if len(opt) != len(starts):  # not one batch and one optimizer step per iteration (accumulation, a cut span)
+        return pd.DataFrame(columns=cols)
     after = opt[opt > starts[-1]]
     last_end = float(after.min()) if after.size else starts[-1] + float(np.median(np.diff(starts)))
     ends = np.r_[starts[1:], last_end]
@@ -398,6 +401,14 @@ def load_flight_recorder(paths: Iterable[str | Path]) -> "Any":
         except OSError as e:
             bad.append(f"{p}: cannot read ({e.strerror or e})")
             continue
+        if raw[:2] == b"\x1f\x8b":  # gzipped (fr_rank0.json.gz)
+            import gzip
+
+            try:
+                raw = gzip.decompress(raw)
+            except (OSError, EOFError) as e:
+                bad.append(f"{p}: a truncated or corrupt gzip file ({e})")
+                continue
         if raw[:1] == b"\x80":
             bad.append(f"{p}: a pickled Flight Recorder dump; give the JSON one (TORCH_FR_DUMP as JSON, or "
                        f"json.dump(pickle.load(f)) where you trust the file)")
