@@ -407,12 +407,11 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
         return arg_columns(evs, keys)
 
     seen = 0
-    window = None
+    windows: list[tuple[float, float]] = []
     for events in chunks:
         seen += len(events)
-        if window is None:
-            w = [e for e in events if e.cat == WINDOW_CAT and e.ph == "X" and e.ts is not None and e.dur]
-            window = next(((e.ts, e.ts + e.dur) for e, n in zip(w, names(w)) if n.startswith(WINDOW_NAME)), None)
+        w = [e for e in events if e.cat == WINDOW_CAT and e.ph == "X" and e.ts is not None and e.dur]
+        windows += [(e.ts, e.ts + e.dur) for e, n in zip(w, names(w)) if n.startswith(WINDOW_NAME)]
         g_ev = [e for e in events if e.cat in gpu_raw and e.ph == "X"]
         a = add(g, g_ev, names(g_ev))
         g["device"] += [e.pid if d is None else d for e, d in zip(g_ev, arg(a, "device", len(g_ev)))]
@@ -439,7 +438,7 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
 
         cpu_cols = cpu_cols.take(np.argsort(cpu_cols.values["ts"], kind="stable"))
     name = path.name if path else "(trace)"
-    (gpu_cols, cpu_cols), warnings = _valid(to_columns(g, GPU_COLUMNS), cpu_cols, name, window)
+    (gpu_cols, cpu_cols), warnings = _valid(to_columns(g, GPU_COLUMNS), cpu_cols, name, windows)
     return Trace(path=path, gpu=gpu_cols, cpu=cpu_cols, info=trace_info(header, ad, seen if n_events is None else n_events),
                  adapter=ad.name, header=header, warnings=warnings)
 
@@ -451,13 +450,13 @@ WINDOW_SLACK_US = 1.0
 
 
 def _valid(gpu: Columns, cpu: Columns, name: str,
-           window: tuple[float, float] | None = None) -> tuple[tuple[Columns, Columns], list[str]]:
+           windows: list[tuple[float, float]] = ()) -> tuple[tuple[Columns, Columns], list[str]]:
     """The frames without the events no analysis can use, and one warning line per kind dropped: GPU activity
     with a negative duration, or zero in a trace whose times have sub-us digits (a GPU kernel takes time: a
     lost or corrupt timestamp, that would count as idle time or more than 100% of a step; in traces of whole us
     -- PyTorch <= 1.9 -- a zero is a kernel shorter than 1 us, and kept), CPU events with a negative duration,
     ``ProfilerStep#N`` annotations of zero duration (a step without length would divide its costs by zero),
-    GPU activity wholly outside the profiler's window (``window``: its ``Trace`` event; a corrupt timestamp
+    GPU activity wholly outside the profiler's windows (``windows``: its ``Trace`` events; a corrupt timestamp
     would stretch every span and step it falls in; CPU ops are not checked: a long one may straddle the
     window's edges)."""
     import numpy as np
@@ -486,12 +485,20 @@ def _valid(gpu: Columns, cpu: Columns, name: str,
             warnings.append(f"{name}: {int(zero_steps.sum())} ProfilerStep annotation(s) of zero duration dropped "
                             f"({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}): a step without length")
             drop = drop | zero_steps
-    if window is not None:  # GPU activity only: a long CPU op may straddle the window's edges
-        lo, hi = window[0] - WINDOW_SLACK_US, window[1] + WINDOW_SLACK_US
-        g_out = (gpu.values["end"] < lo) | (gpu.values["ts"] > hi)
+    if len(windows) and gpu.n:  # GPU activity only: a long CPU op may straddle the window's edges
+        merged: list[list[float]] = []
+        for lo, hi in sorted(windows):
+            if merged and lo <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], hi)
+            else:
+                merged.append([lo, hi])
+        los = np.array([m[0] for m in merged]) - WINDOW_SLACK_US
+        his = np.array([m[1] for m in merged]) + WINDOW_SLACK_US
+        k = np.searchsorted(los, gpu.values["end"], side="right") - 1  # the last window starting before the end
+        g_out = (k < 0) | (his[np.maximum(k, 0)] < gpu.values["ts"])
         if g_out.any():
             warnings.append(f"{name}: {int(g_out.sum())} GPU event(s) wholly outside the profiler's window "
-                            f"({window[1] - window[0]:.0f} us) dropped (corrupt timestamps)")
+                            f"({merged[0][1] - merged[0][0]:.0f} us) dropped (corrupt timestamps)")
             gpu = gpu.take(np.flatnonzero(~g_out))
     if drop.any():
         cpu = cpu.take(np.flatnonzero(~drop))
