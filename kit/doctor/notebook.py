@@ -254,13 +254,14 @@ def _draw(paths: dict[int, str], ranks: list[int], clock_rank: int, t0: float, t
 def _host_bars(cpu: "pd.DataFrame") -> list[tuple[float, float, str]]:
     """The host events an excerpt shows: DataLoader waits, synchronising calls, other long runtime calls (a
     pageable copy, a launch into a full queue), collective calls."""
-    from .rules.comm import DATALOADER, SYNC_CALLS
+    from .calls import BLOCKING_COPY_CALLS, DATALOADER, SYNC_CALLS, base_name
 
     names = cpu["name"].astype(str)
     runtime = cpu["cat"].isin(["cuda_runtime", "cuda_driver"])
+    sync = names.map(base_name).isin(SYNC_CALLS | BLOCKING_COPY_CALLS)
     kinds = [(cpu["cat"].eq("user_annotation") & names.str.startswith(DATALOADER), DATA_COLOR),
-             (runtime & names.isin(SYNC_CALLS), SYNC_COLOR),
-             (runtime & ~names.isin(SYNC_CALLS) & (cpu["dur"] > LONG_CALL_US), CALL_COLOR),
+             (runtime & sync, SYNC_COLOR),
+             (runtime & ~sync & (cpu["dur"] > LONG_CALL_US), CALL_COLOR),
              (cpu["cat"].eq("user_annotation") & names.str.match(r"^(nccl|gloo):"), COMM_COLOR)]
     out = []
     for mask, color in kinds:
