@@ -34,7 +34,8 @@ How (``KIT_NODES=K`` in the config's ``env`` or the launching process's environm
   their NCCL_HOSTID and GPUs, the network variables) and ``meta["nccl"]`` (the transport per peer).
 
 Faults: a rank's own watchdog (``timeout_s``) ends a hang (see :mod:`kit.launch.inplace`); once one agent
-has failed the others get ``_PEER_GRACE_S`` to end before they are stopped; the error names the agent and
+has failed the others get ``_PEER_GRACE_S`` to end before they are stopped (the agents are supervised on
+:class:`kit.launch.procs.ProcessSupervisor`'s template, stopped by its one escalation); the error names the agent and
 shows the tail of the failing rank's log; each worker dies with its agent. nccl-tests built with ``MPI=0``
 cannot play two hosts (one process holds every rank and NCCL computes one host hash per process); the
 collectives investigation runs an ``MPI=1`` build under ``mpirun`` with one ``NCCL_HOSTID`` per rank instead
@@ -58,6 +59,7 @@ from typing import Callable
 from .. import results
 from ..config import ConfigError
 from . import meta as run_meta
+from .procs import ProcessSupervisor, exit_code
 from .node import cuda_device_count, free_port, resolve
 from .rank import die_with_parent, log_path, tail
 
@@ -156,17 +158,9 @@ def launch_emulated(fn, cfg, experiment: str, nodes: int, on_row: Callable[[dict
     (run_dir / "logs").mkdir()
     payload = run_dir / "launch.pkl"
     payload.write_bytes(pickle.dumps((fn, cfg, experiment)))
-    port = free_port()
-    agents: list[subprocess.Popen] = []
     try:
-        for i in range(p.nodes):
-            with open(run_dir / "logs" / f"agent{i}.log", "wb") as out:
-                agents.append(subprocess.Popen(agent_cmd(p, port, payload), env=agent_env(cfg, p, i, run_dir),
-                                               stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                               preexec_fn=_die_with_launcher))
-        codes = _wait(agents, verbose)
-    except BaseException:
-        _stop(agents)
+        codes = _Agents(verbose).supervise(p, cfg, run_dir, payload)
+    except BaseException:  # the agents were stopped on the way out (ProcessSupervisor._close)
         _finish_meta(run_dir, p, cfg, "interrupted", "launcher interrupted; every agent was stopped")
         raise
     finally:
@@ -183,40 +177,41 @@ def launch_emulated(fn, cfg, experiment: str, nodes: int, on_row: Callable[[dict
     return run
 
 
-def _wait(agents: list[subprocess.Popen], verbose: bool) -> list[int]:
-    """Every agent's exit code; once one fails, the others get ``_PEER_GRACE_S`` and are then stopped."""
-    failed_at = None
-    while True:
-        codes = [a.poll() for a in agents]
-        if all(c is not None for c in codes):
-            return codes
-        if failed_at is None and any(c not in (None, 0) for c in codes):
-            failed_at = time.monotonic()
-            if verbose:
-                print(f"[kit] agent(s) {[i for i, c in enumerate(codes) if c not in (None, 0)]} failed", flush=True)
-        if failed_at is not None and time.monotonic() - failed_at > _PEER_GRACE_S:
-            _stop(agents)
-            return [a.poll() if a.poll() is not None else -signal.SIGKILL for a in agents]
-        time.sleep(_POLL_S)
+class _Agents(ProcessSupervisor):
+    """The K torchrun agents of one run, on :class:`kit.launch.procs.ProcessSupervisor`'s template: each in its
+    own session; stopping one is SIGTERM to the agent (it stops its workers), then SIGKILL to its session."""
 
+    kill_grace_s = _KILL_GRACE_S
+    kill_session = True
 
-def _stop(agents: list[subprocess.Popen]) -> None:
-    """SIGTERM to each live agent (it stops its workers), then SIGKILL to its session (workers included)."""
-    live = [a for a in agents if a.poll() is None]
-    for a in live:
-        a.terminate()
-    deadline = time.monotonic() + _KILL_GRACE_S
-    for a in live:
-        try:
-            a.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-    for a in agents:
-        try:
-            os.killpg(a.pid, signal.SIGKILL)  # the agent's session; its workers die with it (_worker)
-        except (ProcessLookupError, PermissionError):
-            pass
-        a.wait()
+    def __init__(self, verbose: bool = False):
+        super().__init__()
+        self.verbose = verbose
+
+    def _start(self, p: Plan, cfg, run_dir: Path, payload: Path) -> None:
+        port = free_port()
+        for i in range(p.nodes):
+            with open(run_dir / "logs" / f"agent{i}.log", "wb") as out:
+                self.procs.append(subprocess.Popen(agent_cmd(p, port, payload), env=agent_env(cfg, p, i, run_dir),
+                                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                                   preexec_fn=_die_with_launcher))
+
+    def _poll(self) -> list[int]:
+        """Every agent's exit code; once one fails, the others get ``_PEER_GRACE_S`` and are then stopped."""
+        failed_at = None
+        while True:
+            codes = [exit_code(a) for a in self.procs]
+            if all(c is not None for c in codes):
+                return codes
+            if failed_at is None and any(c not in (None, 0) for c in codes):
+                failed_at = time.monotonic()
+                if self.verbose:
+                    print(f"[kit] agent(s) {[i for i, c in enumerate(codes) if c not in (None, 0)]} failed",
+                          flush=True)
+            if failed_at is not None and time.monotonic() - failed_at > _PEER_GRACE_S:
+                self.stop_all()
+                return [c if (c := exit_code(a)) is not None else -signal.SIGKILL for a in self.procs]
+            time.sleep(_POLL_S)
 
 
 def _failure(run_dir: Path, codes: list[int]) -> str:

@@ -16,9 +16,11 @@ crashes at its largest size keeps the smaller ones). Between messages it checks
   ``error``; an init error because the rendezvous port was taken starts a new attempt on another port.
 
 Every failure first **drains** the queue (rows the other ranks already sent are saved) and only *then* kills
-the ranks (SIGTERM, SIGKILL ``_KILL_GRACE_S`` later): a rank killed while writing to the queue can leave half
-a message in the pipe, so the queue is never read after a kill. Once every rank is done, teardown is bounded
-by ``cfg.teardown_s``; a rank still alive then is killed and the run is still ``ok`` (with a warning).
+the ranks (:func:`kit.launch.procs.stop`: SIGTERM, SIGKILL ``_KILL_GRACE_S`` later): a rank killed while writing
+to the queue can leave half a message in the pipe, so the queue is never read after a kill. The run follows
+:class:`kit.launch.procs.ProcessSupervisor`'s template (``_start`` the ranks, ``_poll`` them, ``_close``).
+Once every rank is done, teardown is bounded by ``cfg.teardown_s``; a rank still alive then is killed and the
+run is still ``ok`` (with a warning).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any, Callable, NoReturn
 
 from .. import results
 from . import hang, meta as run_meta
+from .procs import ProcessSupervisor
 from .messages import Done, Error, Log, Message, Ready, Row, Step, SysInfo
 from .rank import DESTROY_STUCK, ExperimentFn, log_path, rank_main, tail
 
@@ -79,12 +82,15 @@ class RankState:
         return self.proc.pid
 
 
-class Supervisor:
+class Supervisor(ProcessSupervisor):
     """One spawn-mode run. Creating it creates the run directory and writes the start meta; :meth:`launch`
     runs the ranks to the end and returns the :class:`~kit.results.Run` or raises :class:`LaunchError`."""
 
+    kill_grace_s = _KILL_GRACE_S
+
     def __init__(self, fn: ExperimentFn, cfg, experiment: str, world: int, backend: str, *,
                  on_row: Callable[[dict], None] | None = None, verbose: bool = False):
+        super().__init__()
         self.fn, self.cfg, self.world, self.backend = fn, cfg, world, backend
         self.on_row, self.verbose = on_row, verbose
         self.run_dir = results.new_run_dir(cfg.results_root, experiment)
@@ -132,6 +138,9 @@ class Supervisor:
     # ----------------------------------------------------------------------------------------- one attempt
     def _attempt(self, port: int) -> list[str]:
         """Start the ranks on ``port`` and supervise them. Returns warnings; raises LaunchError, _PortTaken."""
+        return self.supervise(port)
+
+    def _start(self, port: int) -> None:
         import torch.multiprocessing as mp
 
         ctx = mp.get_context("spawn")
@@ -143,26 +152,29 @@ class Supervisor:
                             args=(self.fn, self.cfg, r, self.world, self.backend, port, str(self.run_dir), self.q,
                                   os.getpid()))
             p.start()
+            self.procs.append(p)
             self.states[r] = RankState(p, now)
-        try:
-            while not all(s.done for s in self.states.values()):
-                try:
-                    msg = self.q.get(timeout=_POLL_S)
-                except queue_mod.Empty:
-                    msg = None
-                if msg is not None:
-                    err = self._handle(msg)
-                    if err is not None:
-                        self._on_error(err)
-                    continue  # drain quickly while messages flow
-                t = time.monotonic()
-                self._check_exits(t)
-                self._watchdog(t)
-            return self._teardown()
-        except BaseException:
-            self._kill_all()
-            raise
-        finally:
+
+    def _poll(self) -> list[str]:
+        while not all(s.done for s in self.states.values()):
+            try:
+                msg = self.q.get(timeout=_POLL_S)
+            except queue_mod.Empty:
+                msg = None
+            if msg is not None:
+                err = self._handle(msg)
+                if err is not None:
+                    self._on_error(err)
+                continue  # drain quickly while messages flow
+            t = time.monotonic()
+            self._check_exits(t)
+            self._watchdog(t)
+        return self._teardown()
+
+    def _close(self) -> None:
+        """Kill what still runs (any way out), then close the queue (never read after a kill)."""
+        self.stop_all()
+        if self.q is not None:
             self.q.close()
 
     def _handle(self, msg: Message) -> Error | None:
@@ -206,7 +218,7 @@ class Supervisor:
     # ----------------------------------------------------------------------------------------- fault rules
     def _on_error(self, err: Error) -> None:
         if err.port_taken:
-            self._kill_all()
+            self.stop_all()
             raise _PortTaken()
         log_tail = tail(log_path(self.run_dir, err.rank))
         self._fail(f"rank {err.rank} raised in {err.phase} (step {self.states[err.rank].step!r}): {err.summary}\n\n"
@@ -246,7 +258,7 @@ class Supervisor:
     def _fail(self, message: str, rank: int | None, kind: str) -> NoReturn:
         """Save what the other ranks already sent, *then* kill them (see the module docstring)."""
         self._drain()
-        self._kill_all()
+        self.stop_all()
         raise LaunchError(message, self.run, rank, kind)
 
     def _teardown(self) -> list[str]:
@@ -260,27 +272,9 @@ class Supervisor:
                  f"finish in time; their logs say how long): results are complete"] if gave_up else []
         if not stuck:
             return notes
-        self._kill_all()
+        self.stop_all()
         return notes + [f"rank(s) {stuck} did not exit within teardown_s={self.cfg.teardown_s:g} s after finishing "
                         f"(stuck in destroy_process_group or interpreter exit); killed. Results are complete."]
-
-    def _kill_all(self, grace: float = _KILL_GRACE_S) -> None:
-        procs = [s.proc for s in self.states.values() if s.proc.is_alive()]
-        for p in procs:
-            try:
-                p.terminate()
-            except Exception:
-                pass
-        deadline = time.monotonic() + grace
-        for p in procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-        for p in procs:
-            if p.is_alive():
-                try:
-                    p.kill()
-                except Exception:
-                    pass
-                p.join(1.0)
 
 
 def _gave_up_destroy(path) -> bool:
