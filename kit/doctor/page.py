@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from ..config import LaunchConfig
 from ..contract import Investigation
 
-DEFAULT_TRACES = ["recorded/doctor/h200x2-20261123/late-rank/trace_rank*.json.gz"]
+DEFAULT_TRACES = ["recorded/h200x2/doctor/late-rank/trace_rank*.json.gz"]
 """the example job's recorded 2xH200 traces (examples/train_ddp.py): the page a plain ``kit run`` renders"""
 
 
