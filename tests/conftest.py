@@ -86,3 +86,47 @@ def _trace_cache(tmp_path_factory):
         os.environ.pop("KIT_TRACE_CACHE", None)
     else:
         os.environ["KIT_TRACE_CACHE"] = old
+
+
+# ------------------------------------------------------------------------------------------------ shared helpers
+def make_run(path, rows, experiment, **meta):
+    """A run directory at ``path`` (created) holding ``rows`` as rows.csv and a meta.json for ``experiment``."""
+    import json
+
+    import pandas as pd
+
+    d = Path(path)
+    d.mkdir(parents=True)
+    (d / "meta.json").write_text(json.dumps({"experiment": experiment, "status": "ok", **meta}))
+    pd.DataFrame(rows).to_csv(d / "rows.csv", index=False)
+    return d
+
+
+def kit_cli(*args, env=None, timeout=120, cwd=None):
+    """``python -m kit ARGS`` from the repository root: the CompletedProcess, output as text."""
+    import subprocess
+
+    return subprocess.run([sys.executable, "-m", "kit", *map(str, args)], cwd=cwd or ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def figure_says(fig) -> str:
+    """What a figure of an analysis shows: ``"data"`` when a panel has data, else the text of the message figure
+    (:func:`kit.plot.message`) that says why there is nothing to draw. Fails on a figure with neither."""
+    assert fig.axes, "a figure without axes"
+    if any(ax.has_data() for ax in fig.axes):
+        return "data"
+    said = " ".join(t.get_text() for ax in fig.axes for t in ax.texts).strip()
+    assert said, "an empty figure that does not say why"
+    return said
+
+
+def wait_for(condition, timeout=60.0, every=0.05):
+    """Poll ``condition()`` until it is true (returns its value) or ``timeout`` s pass (returns the last value):
+    a test waits for the event it needs, not for a fixed time."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = condition()
+        if got or time.monotonic() >= deadline:
+            return got
+        time.sleep(every)

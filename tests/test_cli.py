@@ -2,9 +2,8 @@
 
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT, kit_cli
 
 
 def test_closed_pipe_is_quiet():
@@ -20,8 +19,7 @@ def test_closed_pipe_is_quiet():
 def test_mistake_under_defaults_reported_once(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("defaults:\n  bogus_key: 1\n")
-    p = subprocess.run([sys.executable, "-m", "kit", "run", "collectives", "--config", str(bad),
-                        "--results-root", str(tmp_path / "r")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    p = kit_cli("run", "collectives", "--config", bad, "--results-root", tmp_path / "r")
     assert p.returncode == 2
     assert p.stderr.count("bogus_key") == 1, p.stderr
     assert "Traceback" not in p.stderr

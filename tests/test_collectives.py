@@ -1,26 +1,18 @@
 """The collective-bandwidth investigation: sizes, the gloo sweep, the summary, nccl-tests parsing, the analyses on
 empty / one-rank / old recorded rows, and the findings of the recorded 2xH200 run."""
 
-import json
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from conftest import figure_says, make_run
 from kit import contract, results, stats
 from kit.config import ConfigError
 from kit.investigations import collectives as C
 
 DATA = Path(__file__).parent / "data"
 MiB = 1 << 20
-
-
-def _run_dir(tmp_path, rows, name="r"):
-    d = tmp_path / name
-    d.mkdir()
-    (d / "meta.json").write_text(json.dumps({"experiment": "collectives", "status": "ok"}))
-    pd.DataFrame(rows).to_csv(d / "rows.csv", index=False)
-    return d
 
 
 def test_sizes_and_alignment():
@@ -117,13 +109,21 @@ ONE_RANK = ([dict(kind="sample", collective="all_reduce", bytes=b, method=m, sam
                     note=C.NO_KERNEL) for b in (1024, MiB)])
 
 
-@pytest.mark.parametrize("rows", [[], ONE_RANK], ids=["empty", "one-rank"])
-def test_analyses_never_raise(tmp_path, rows):
-    runs = results.RunSet([_run_dir(tmp_path, rows)] if rows else [])
-    for name in C.INVESTIGATION.tables:
-        assert C.INVESTIGATION.table(name, runs) is not None
-    for name in C.INVESTIGATION.figures:
-        assert C.INVESTIGATION.figures[name](runs) is not None
+@pytest.mark.parametrize("rows, sizes, drawn", [
+    ([], {"busbw": 0, "times": 0, "at_1mib": 0, "notes": 0, "regimes": 0, "nccl_transports": 0},
+     {"busbw": "no collective samples in these runs", "busbw-regimes": "no all_reduce samples in these runs"}),
+    (ONE_RANK, {"busbw": 4, "times": 2, "at_1mib": 2, "notes": 1, "regimes": 2, "nccl_transports": 0},
+     {"busbw": "data", "busbw-regimes": "data"}),
+], ids=["empty", "one-rank"])
+def test_analyses_never_raise(tmp_path, rows, sizes, drawn):
+    """Every table and figure on empty and one-rank (CPU) input: rows per table, and each figure drawn or saying
+    why not."""
+    runs = results.RunSet([make_run(tmp_path / "r", rows, "collectives")] if rows else [])
+    assert {name: len(C.INVESTIGATION.table(name, runs)) for name in C.INVESTIGATION.tables} == sizes
+    assert {name: figure_says(fig(runs)) for name, fig in C.INVESTIGATION.figures.items()} == drawn
+    if rows:
+        assert list(C.INVESTIGATION.table("times", runs).columns[:3]) == ["label", "collective", "bytes"]
+        assert C.INVESTIGATION.table("notes", runs)["note"].iloc[0] == C.NO_KERNEL
     fs = C.findings(runs)
     if not rows:
         assert fs == [] and C.busbw_table(runs).empty and C.times_table(runs).empty

@@ -4,14 +4,12 @@ and `kit run` on gloo; one this machine cannot run gets a page that says why. Pl
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import nbformat
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, kit_cli
 from kit import contract, results, stats
 from kit.collective_ops import COLLECTIVES, bus_factor, canonical, from_kernel
 from kit.config import ConfigError
@@ -107,8 +105,7 @@ def toy_env(tmp_path):
 
 
 def _kit(args, env, timeout=300):
-    return subprocess.run([sys.executable, "-m", "kit", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return kit_cli(*args, env=env, timeout=timeout)
 
 
 @pytest.mark.slow

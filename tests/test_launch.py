@@ -13,7 +13,7 @@ import time
 import pytest
 
 import exps
-from conftest import ROOT, pids_of, wait_dead
+from conftest import ROOT, pids_of, wait_dead, wait_for
 from kit import launch as L
 from kit.launch import LaunchError, launch
 
@@ -148,14 +148,14 @@ def test_parent_signal_leaves_no_rank_behind(tmp_path, sig):
     script = tmp_path / "parent.py"
     script.write_text(PARENT.format(tests=str(ROOT / "tests"), root=str(ROOT), res=str(res)))
     p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    pids = []
-    while time.monotonic() < deadline and len(pids) < 2:
+    def started():  # both ranks in their sleep, and the supervisor has taken their first rows
         dirs = list(res.glob("signal/*"))
-        pids = pids_of(dirs[0]) if dirs else []
-        time.sleep(0.2)
-    assert len(pids) == 2, p.stdout.read().decode() if p.poll() is not None else "ranks did not start"
-    time.sleep(0.5)
+        rows = dirs[0] / "rows.csv" if dirs else None
+        return dirs and len(pids_of(dirs[0])) == 2 and rows.exists() and rows.read_text().count("\n") == 3
+
+    assert wait_for(lambda: started() or p.poll() is not None) and started(), \
+        p.stdout.read().decode() if p.poll() is not None else "ranks did not start"
+    pids = pids_of(next(res.glob("signal/*")))
     p.send_signal(sig)
     p.wait(timeout=20)
     assert wait_dead(pids, 10) == [], f"ranks left behind after {sig.name}"
@@ -269,18 +269,16 @@ def test_killed_supervisor_reads_died_and_keeps_rows(tmp_path):
     res = tmp_path / "res"
     p = subprocess.Popen([sys.executable, "-c", KILLED.format(tests=str(ROOT / "tests"), root=str(ROOT), res=str(res))],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline, run_dir = time.monotonic() + 60, None
-    while time.monotonic() < deadline:
+    def saved():  # both ranks started and their six rows on disk
         dirs = list(res.glob("killed/*"))
-        run_dir = dirs[0] if dirs else None
-        if run_dir and len(pids_of(run_dir)) == 2 and (run_dir / "rows.csv").exists() \
-                and (run_dir / "rows.csv").read_text().count("\n") == 7:
-            break
-        assert p.poll() is None, p.stdout.read().decode()
-        time.sleep(0.2)
-    else:
+        d = dirs[0] if dirs else None
+        return d if d and len(pids_of(d)) == 2 and (d / "rows.csv").exists() \
+            and (d / "rows.csv").read_text().count("\n") == 7 else None
+
+    run_dir = wait_for(lambda: saved() or p.poll() is not None)
+    if not isinstance(run_dir, type(res)):
         p.kill()
-        pytest.fail("the run did not write its rows in 60 s")
+        pytest.fail(p.stdout.read().decode() if p.poll() is not None else "the run did not write its rows in 60 s")
     meta = results.read_meta(run_dir)
     assert meta["status"] == "running" and results.run_status(meta) == "running"
     assert meta["supervisor"]["pid"] == p.pid and meta["supervisor"]["role"] == "launcher"

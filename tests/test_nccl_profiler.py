@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, figure_says
 from kit import contract, sysinfo, traces
 from kit.nccl_profiler import align, chrome, dump, runtime
 from kit.nccl_profiler import plugin as build
@@ -271,8 +271,10 @@ def test_analyses_without_dumps_are_empty_not_errors(tmp_path, monkeypatch):
     assert nccl_events.with_dumps(runs).dirs == []
     for name in nccl_events.NCCL_TABLES:
         assert len(nccl_events.NCCL_TABLES[name](runs)) == 0
-    for fig in nccl_events.NCCL_FIGURES.values():
-        assert fig(runs) is not None
+    said = {name: figure_says(fig(runs)) for name, fig in nccl_events.NCCL_FIGURES.items()}
+    assert set(said) == {"nccl-phases", "nccl-cost", "nccl-proxy-steps"} and "data" not in said.values()
+    assert said["nccl-phases"] == "no NCCL profiler dumps in these runs"
+    assert said["nccl-cost"].startswith("no plugin cost rows")
     assert nccl_events.nccl_findings(runs) == []
 
 
