@@ -74,7 +74,8 @@ def gaps_table(df) -> "pd.DataFrame":
     import pandas as pd
 
     p = rows(df)
-    p = p[(p["kind"] == "profile") & (p["model"] == "allreduce")]
+    p = p[p["kind"] == "profile"]
+    p = p[p["model"] == "allreduce"] if "model" in p.columns else p.iloc[0:0]
     if p.empty:
         return pd.DataFrame(columns=BY + GAP_COLUMNS + ["nccl_kernels", "note"])
     p = p.assign(layers=p["layers"].astype(int))
