@@ -19,6 +19,10 @@ Two modes, the same experiment code:
   ``SLURM_PROCID``/``SLURM_NTASKS``; :mod:`kit.launch.inplace`): no spawn; this process is one rank. Rank 0
   writes the run directory, streaming its own rows and gathering the other ranks' rows at the end.
 
+The modes that start processes (spawn's ranks, the emulated nodes' agents) supervise them on one template,
+:class:`kit.launch.procs.ProcessSupervisor` (start, poll until the run ends, close), and stop them one way
+(:func:`kit.launch.procs.stop`: SIGTERM, then SIGKILL after a grace period; every child reaped).
+
 Env overrides (``cfg.env``) are put into ``os.environ`` of each rank before ``init_process_group``, i.e.
 before any NCCL communicator exists (NCCL reads most variables once, at its first initialisation), and are
 recorded in ``meta.json`` (:mod:`kit.launch.meta`), with the supervisor's pid and host so that a reader can
