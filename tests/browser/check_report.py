@@ -6,7 +6,7 @@ REPORT_DIR defaults to the newest ``results/reports/<run-id>/``. The index and e
 the system's Chromium (``apt-get install chromium chromium-driver``) through Selenium; a page fails on an image
 that did not load (naturalWidth 0), on an error output of its executed notebook (``<name>.ipynb`` beside the page)
 or on a Python traceback in its text. ``--screenshots`` saves the index and every page as PNG (full width,
-first 2400 px). ``--lab collectives`` also starts JupyterLab (as ``make lab`` does), opens that notebook, runs
+up to 2400 px: the index from its top, a page from its run cell down). ``--lab collectives`` also starts JupyterLab (as ``make lab`` does), opens that notebook, runs
 all its cells and drives the explorer's widgets (a value picked in a dropdown must change the table). Exit 0 when every page is clean, 1 with one line per problem, 2 on bad input. Not part of
 ``make test``: it needs a browser and a report.
 """
@@ -63,9 +63,13 @@ def check_page(d, path: Path, shots: Path | None) -> list[str]:
     if "Traceback (most recent call last)" in text:
         problems.append(f"{path.name}: a Python traceback on the page")
     problems += [f"{path.name}: error output, {e}" for e in error_cells(path.with_suffix(".ipynb"))]
-    if shots is not None:
+    if shots is not None:  # the index from its top; a page from the run's cell down to its first figures
         height = min(d.execute_script("return document.body.scrollHeight") or 1000, 2400)
         d.set_window_size(1400, height)
+        if path.name != "index.html":
+            d.execute_script("""const c = Array.from(document.querySelectorAll('.jp-Cell'))
+                                  .find(c => c.textContent.includes('analysing'));
+                                if (c) { c.scrollIntoView(); window.scrollBy(0, -10); }""")
         d.save_screenshot(str(shots / f"{path.stem}.png"))
         d.set_window_size(1400, 1000)
     return problems
