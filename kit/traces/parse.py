@@ -203,11 +203,55 @@ CHUNK = 65536
 """events decoded at a time: the structs of one chunk (~20 MB) live at once, not those of the whole file"""
 
 
-def raw_events(path: str | Path) -> tuple[dict[str, Any], msgspec.Raw, list[msgspec.Raw]]:
+class _Top(msgspec.Struct, gc=False):
+    """A trace's top level as one pass sees it: the events as raw views, every other key skipped."""
+
+    traceEvents: list[msgspec.Raw]
+
+
+def _one_pass(p: Path, buf: bytes) -> tuple[dict[str, Any], Any, list[msgspec.Raw]] | None:
+    """:func:`raw_events` in one pass over the file instead of two (the top level, then the events array:
+    0.09 s of CPU per 100 MB saved): the events as raw views straight from the top level, the header decoded
+    from the file with the events array cut out -- the views point into ``buf``, so the array's bounds are those
+    of its first and last event. None where that does not hold (an empty array, a bare array, views that are
+    copies), and the caller takes the two passes."""
+    if _first_char(buf) != "{":
+        return None
+    try:
+        raws = msgspec.json.decode(buf, type=_Top).traceEvents
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None  # the two-pass path says what is wrong
+    if not raws:
+        return None
+    import numpy as np
+
+    base = np.frombuffer(buf, np.uint8).ctypes.data
+    first = np.frombuffer(raws[0], np.uint8).ctypes.data - base
+    last = np.frombuffer(raws[-1], np.uint8).ctypes.data - base + len(raws[-1])
+    if not (0 <= first < last <= len(buf)) or buf[first:first + len(raws[0])] != bytes(raws[0]) \
+            or buf[last - len(raws[-1]):last] != bytes(raws[-1]):
+        return None
+    lb = buf.rfind(b"[", 0, first)
+    rb = buf.find(b"]", last)
+    if lb < 0 or rb < 0 or buf[lb + 1:first].strip() or buf[last:rb].strip():
+        return None
+    try:
+        top = msgspec.json.decode(buf[:lb] + b"[]" + buf[rb + 1:], type=dict[str, msgspec.Raw])
+        top.pop("traceEvents", None)
+        header = {k: msgspec.json.decode(v) for k, v in top.items()}
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    return header, memoryview(buf)[lb:rb + 1], raws
+
+
+def raw_events(path: str | Path) -> tuple[dict[str, Any], Any, list[msgspec.Raw]]:
     """``(header, the traceEvents array raw, one raw view per event)``: the file split, nothing decoded yet.
     Raises TraceError."""
     p = Path(path)
     buf = read_bytes(p)
+    done = _one_pass(p, buf)
+    if done is not None:
+        return done
     header, raw = _split(p, buf)
     try:
         raws = msgspec.json.decode(raw, type=list[msgspec.Raw])
