@@ -60,7 +60,7 @@ def findings(runs):
         return []
     r = t.iloc[0]
     return [Observation("median_us", f"all_reduce of {int(r.numel)} floats: {r.time_us_median:.1f} us (median)",
-                    float(r.time_us_median), "us")]
+                        float(r.time_us_median), "us")]
 
 
 INVESTIGATION = Investigation(name=NAME, Config=Config, run=run, columns=("kind", "sample", "time_us"),

@@ -246,9 +246,9 @@ def late_peer(df) -> Observation | None:
         return None
     r = df.loc[df["wait_us"].astype(float).idxmax()]
     return Observation("late_peer_wait",
-                   f"In a raw trace one rank's {r['collective']} took {r['dur_us']:.0f} us: it waited "
-                   f"{r['wait_us']:.0f} us for its peer; the transfer itself, on the rank that arrived last, took "
-                   f"{r['instance_min_us']:.0f} us", float(r["wait_us"]), "us")
+                       f"In a raw trace one rank's {r['collective']} took {r['dur_us']:.0f} us: it waited "
+                       f"{r['wait_us']:.0f} us for its peer; the transfer itself, on the rank that arrived last, took "
+                       f"{r['instance_min_us']:.0f} us", float(r["wait_us"]), "us")
 
 
 def _busbw(s, part: str, coll: str, key: str, what: str) -> list[Observation]:
@@ -277,17 +277,17 @@ def findings(runs) -> list[Observation]:
         r = q.sort_values("bytes").iloc[-1]
         out.append(Observation("ddp_vs_sweep", f"the DDP buckets reach {r['traced_vs_kernel']:.0%} of the bandwidth "
                                            f"sweep's kernel busbw at that size ({r['sweep_kernel_busbw_gbps']:.0f} GB/s)",
-                           float(r["traced_vs_kernel"]), ""))
+                               float(r["traced_vs_kernel"]), ""))
     ov = overlap_table(runs)
     for part, what in (("ddp", "backward compute"), ("tp", "the matmuls")):
         o = ov[ov["part"] == part] if len(ov) else ov
         if len(o):
             share = o["overlapped_us"].sum() / o["comm_us"].sum() if o["comm_us"].sum() else float("nan")
             out.append(Observation(f"{part}_overlap_share",
-                               f"{part.upper()}: {share:.0%} of the communication-kernel time ran beside {what} "
-                               f"({o['overlapped_us'].mean() / 1e3:.2f} of {o['comm_us'].mean() / 1e3:.2f} ms per "
-                               f"rank over the profiled steps); {o['exposed_us'].mean() / 1e3:.2f} ms exposed",
-                               float(share), ""))
+                                   f"{part.upper()}: {share:.0%} of the communication-kernel time ran beside {what} "
+                                   f"({o['overlapped_us'].mean() / 1e3:.2f} of {o['comm_us'].mean() / 1e3:.2f} ms per "
+                                   f"rank over the profiled steps); {o['exposed_us'].mean() / 1e3:.2f} ms exposed",
+                                   float(share), ""))
     wait = late_peer(c)
     if wait is not None:
         out.append(wait)
@@ -298,7 +298,7 @@ def findings(runs) -> list[Observation]:
     mm = fr_table(runs)
     for text, (_, r) in zip(traces.fr_statements(mm), mm[mm["problem"] != ""].iterrows()):
         out.append(Observation("fr_missing_rank", "Flight Recorder: " + text,
-                           float(r["missing"][0]) if r["missing"] else None, "rank"))
+                               float(r["missing"][0]) if r["missing"] else None, "rank"))
     return out
 
 

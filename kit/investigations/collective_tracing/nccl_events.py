@@ -343,17 +343,17 @@ def proxy_findings(runs) -> list[Observation]:
     out = [Observation("nccl_proxy_events", f"network proxy: {int(t['proxy_ops'].sum())} proxy operations and "
                                         f"{int(t['send_steps'].sum() + t['recv_steps'].sum())} network steps "
                                         f"(send + receive) in {len(t)} collective instances x ranks",
-                   float(t["send_steps"].sum() + t["recv_steps"].sum()), "steps")]
+                       float(t["send_steps"].sum() + t["recv_steps"].sum()), "steps")]
     q = s[s["part"] != "other"] if (s["part"] != "other").any() else s
     r = q.sort_values("bytes").iloc[-1]
     send = ", ".join(f"{st} {r[f'{st}_us']:.0f}" for st in SEND_STATES)
     recv = ", ".join(f"{st} {r[f'{st}_us']:.0f}" for st in RECV_STATES)
     out.append(Observation("nccl_proxy_steps",
-                       f"{r['part']} {r['name']} {stats.human_bytes(r['bytes'], 3)} ({r['protocol']}, {int(r['n_channels'])} channels): "
-                       f"{r['send_steps']:.0f} send + {r['recv_steps']:.0f} receive steps of {stats.human_bytes(r['step_bytes'], 3)} "
-                       f"per rank, from posting to the last step {r['proxy_us'] / 1e3:.2f} ms (kernel "
-                       f"{r['kernel_us'] / 1e3:.2f} ms); µs per step (median): send {send}; receive {recv}; one send in "
-                       f"flight moves {r['send_gbps']:.1f} GB/s", float(r["proxy_us"]), "µs"))
+                           f"{r['part']} {r['name']} {stats.human_bytes(r['bytes'], 3)} ({r['protocol']}, {int(r['n_channels'])} channels): "
+                           f"{r['send_steps']:.0f} send + {r['recv_steps']:.0f} receive steps of {stats.human_bytes(r['step_bytes'], 3)} "
+                           f"per rank, from posting to the last step {r['proxy_us'] / 1e3:.2f} ms (kernel "
+                           f"{r['kernel_us'] / 1e3:.2f} ms); µs per step (median): send {send}; receive {recv}; one send in "
+                           f"flight moves {r['send_gbps']:.1f} GB/s", float(r["proxy_us"]), "µs"))
     return out
 
 
@@ -420,7 +420,7 @@ def nccl_findings(runs) -> list[Observation]:
                                              f"collectives matched over {len(m)} (part, rank) traces; largest residual "
                                              f"{m['gpu_error_us'].max():.2f} µs on the GPU clock, "
                                              f"{m['host_error_us'].max():.2f} µs on the host clock",
-                           float(max(m["gpu_error_us"].max(), m["host_error_us"].max())), "µs"))
+                               float(max(m["gpu_error_us"].max(), m["host_error_us"].max())), "µs"))
     if "error" in a.columns:
         for e in a["error"].dropna():
             out.append(Observation("nccl_dump_unreadable", f"NCCL profiler dump left out: {e}"))
@@ -439,10 +439,10 @@ def nccl_findings(runs) -> list[Observation]:
         if r.on_vs_idle == r.on_vs_idle:
             what = r.what if r.what != "all_reduce" else f"all_reduce {stats.human_bytes(r.bytes, 3)}"
             out.append(Observation(f"nccl_cost_{what.replace(' ', '_')}",
-                               f"plugin cost, {what}: {r.on_minus_idle_us:+.1f} µs per call with every event on vs "
-                               f"loaded and idle ({r.idle_us:.1f} -> {r.on_us:.1f} µs, {r.on_vs_idle:.2f}x; 'on' "
-                               f"samples spread {r.on_iqr_us:.1f} µs IQR); not loaded: {r.off_us:.1f} µs",
-                               float(r.on_vs_idle), "x"))
+                                   f"plugin cost, {what}: {r.on_minus_idle_us:+.1f} µs per call with every event on vs "
+                                   f"loaded and idle ({r.idle_us:.1f} -> {r.on_us:.1f} µs, {r.on_vs_idle:.2f}x; 'on' "
+                                   f"samples spread {r.on_iqr_us:.1f} µs IQR); not loaded: {r.off_us:.1f} µs",
+                                   float(r.on_vs_idle), "x"))
     return out
 
 

@@ -93,8 +93,8 @@ def _size_findings(a, tag: str, sfx: str) -> list[Observation]:
                 continue
             vs = f" ({100 * (at[m] / ref - 1):+.1f}% vs nccl-tests {ref:.0f})" if ref and m != "nccl-tests" else ""
             out.append(Observation(f"all_reduce_busbw_{_human(b).replace(' ', '')}_{m}{sfx}",
-                               f"{tag}all_reduce busbw at {_human(b)}, {what}: {_gbps(at[m])} GB/s{vs}",
-                               float(at[m]), "GB/s"))
+                                   f"{tag}all_reduce busbw at {_human(b)}, {what}: {_gbps(at[m])} GB/s{vs}",
+                                   float(at[m]), "GB/s"))
     return out
 
 
@@ -107,23 +107,23 @@ def _small_findings(a, tag: str, sfx: str) -> list[Observation]:
         if m in one.index:
             v = float(one.loc[m, "time_us_median"])
             out.append(Observation(f"all_reduce_1MiB_{m}_us{sfx}", f"{tag}all_reduce at 1 MiB, {w}: {v:.1f} us per call",
-                               v, "us"))
+                                   v, "us"))
     host = a[a["method"] == "eager"].set_index("bytes")["host_us_median"].dropna()
     if "eager" in one.index and host.get(MiB) == host.get(MiB):
         v = float(host[MiB])
         out.append(Observation(f"all_reduce_1MiB_host_us{sfx}", f"{tag}all_reduce at 1 MiB, host enqueue of one call: "
-                           f"{v:.1f} us", v, "us"))
+                               f"{v:.1f} us", v, "us"))
     if len(host):
         q1, med, q3 = host.quantile([0.25, 0.5, 0.75])
         out.append(Observation(f"all_reduce_host_us{sfx}", f"{tag}host enqueue per all_reduce call over {len(host)} sizes: "
-                           f"median {med:.1f} us (quartiles {q1:.1f}-{q3:.1f} us)", float(med), "us"))
+                               f"median {med:.1f} us (quartiles {q1:.1f}-{q3:.1f} us)", float(med), "us"))
         graph = a[a["method"] == "graph"].set_index("bytes")["time_us_median"]
         bound = [b for b in host.index if b in graph.index and host[b] >= graph[b]]
         if bound:
             out.append(Observation(f"all_reduce_host_bound_up_to_bytes{sfx}",
-                               f"{tag}the host's enqueue time is at least the device time (graph replay) up to "
-                               f"{_human(max(bound))}: there eager measures Python and ProcessGroupNCCL, not the "
-                               f"link", float(max(bound)), "bytes"))
+                                   f"{tag}the host's enqueue time is at least the device time (graph replay) up to "
+                                   f"{_human(max(bound))}: there eager measures Python and ProcessGroupNCCL, not the "
+                                   f"link", float(max(bound)), "bytes"))
     return out
 
 
@@ -204,7 +204,7 @@ def regime_findings(runs) -> list[Observation]:
                 ref = "graph" if "graph" in a else parts[0].split()[0]
                 ratio = n[ref].iloc[0] / a[ref].iloc[0]
                 out.append(Observation(f"regime_busbw_{_human(b).replace(' ', '')}",
-                                   f"all_reduce busbw at {_human(b)}, {e} vs {o}: " + "; ".join(parts) +
-                                   f" ({ratio:.0f}x less across the emulated nodes, {ref})",
-                                   float(a[ref].iloc[0]), "GB/s"))
+                                       f"all_reduce busbw at {_human(b)}, {e} vs {o}: " + "; ".join(parts) +
+                                       f" ({ratio:.0f}x less across the emulated nodes, {ref})",
+                                       float(a[ref].iloc[0]), "GB/s"))
     return out

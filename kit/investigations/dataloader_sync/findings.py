@@ -28,29 +28,29 @@ def _range(values, fmt=_ms) -> str:
 def _h2d(main, cuda: bool) -> list[Observation]:
     if not cuda:
         return [Observation("pageable_h2d_host_ms", "Without CUDA a copy to the device is a copy within CPU memory: host "
-                        "blocking by a pageable copy and the pinned / side-stream / prefetch modes need a GPU "
-                        "(the recorded GPU run shows them).")]
+                            "blocking by a pageable copy and the pinned / side-stream / prefetch modes need a GPU "
+                            "(the recorded GPU run shows them).")]
     out = []
     pg = main[main["h2d"] == "pageable"]
     fast = main[main["h2d"].isin(CUDA_ONLY_H2D)]
     if len(pg) and "h2d_host_us" in pg:
         ms = pg["h2d_host_us"] / 1e3
         out.append(Observation("pageable_h2d_host_ms", f"A pageable `.to(device)` on the default stream blocks the host "
-                           f"{_range(ms)} ms per step (it waits for the previous step's GPU work; median of the "
-                           f"slowest rank, over {len(ms)} sync modes).", float(ms.median()), "ms"))
+                               f"{_range(ms)} ms per step (it waits for the previous step's GPU work; median of the "
+                               f"slowest rank, over {len(ms)} sync modes).", float(ms.median()), "ms"))
     if len(fast) and "h2d_host_us" in fast:
         ms = fast["h2d_host_us"] / 1e3
         modes = [m.replace("_", "-") for m in ("pinned", "side_stream", "prefetch") if m in set(fast["h2d"])]
         modes = ", ".join(modes[:-1]) + " and " + modes[-1] if len(modes) > 1 else modes[0]
         out.append(Observation("async_h2d_host_ms", f"{modes[0].upper() + modes[1:]} copies block it {_range(ms)} ms "
-                           "per step.",
-                           float(ms.max()), "ms"))
+                               "per step.",
+                               float(ms.max()), "ms"))
     if len(pg) and len(fast) and "step_host_us" in main:
         per = [f"{h} {_range(main[main['h2d'] == h]['step_host_us'] / 1e3)} ms"
                for h in ("pinned", "side_stream", "prefetch") if h in set(fast["h2d"])]
         ms = pg["step_host_us"] / 1e3
         out.append(Observation("host_step_ms", f"Host time per step (median): pageable {_range(ms)} ms; "
-                           + "; ".join(per) + ".", float(ms.median()), "ms"))
+                               + "; ".join(per) + ".", float(ms.median()), "ms"))
     return out
 
 
@@ -61,9 +61,9 @@ def _ddp(runs, main, n: int, cuda: bool) -> list[Observation]:
     if len(d):
         share = d["overlap_share"]
         out.append(Observation("ddp_overlap_share", f"DDP ({DDP_DEFAULT_BUCKET_MB:g} MB buckets) hides "
-                           f"{_range(share * 100, lambda x: f'{x:.0f}')}% of its communication behind backward (NCCL "
-                           f"kernel time overlapped by compute in the profiler trace; median over ranks, per H2D "
-                           f"mode).", float(share.median())))
+                               f"{_range(share * 100, lambda x: f'{x:.0f}')}% of its communication behind backward (NCCL "
+                               f"kernel time overlapped by compute in the profiler trace; median over ranks, per H2D "
+                               f"mode).", float(share.median())))
     elif "ddp" in set(main["sync"]):
         why = (f"needs 2+ ranks: {ONE_RANK}" if n < 2 else
                "is read from the CUDA profiler trace: these runs ran on CPU" if not cuda else
@@ -76,8 +76,8 @@ def _ddp(runs, main, n: int, cuda: bool) -> list[Observation]:
         pp = main[(main["h2d"] == h) & (main["sync"] == "per_param")].iloc[0]
         total = (ddp["backward_us"] + ddp["sync_us"]) / 1e3
         out.append(Observation("ddp_backward_sync_ms", f"Backward + sync: {_ms(total)} ms with DDP (its all-reduces run "
-                           f"inside backward) vs {_ms(pp['backward_us'] / 1e3)} + {_ms(pp['sync_us'] / 1e3)} ms with "
-                           f"per-parameter all-reduces after it ({h} H2D).", float(total), "ms"))
+                               f"inside backward) vs {_ms(pp['backward_us'] / 1e3)} + {_ms(pp['sync_us'] / 1e3)} ms with "
+                               f"per-parameter all-reduces after it ({h} H2D).", float(total), "ms"))
     return out
 
 
@@ -89,8 +89,8 @@ def _buckets(runs) -> list[Observation]:
     one = dd[dd["sync"] == "ddp_one_bucket"]
     tail = f"; one bucket (no overlap with backward): {one['step_ms'].iloc[0]:.2f} ms" if len(one) else ""
     return [Observation("bucket_step_ms", f"DDP bucket sizes {x['bucket_cap_mb'].min():g}–{x['bucket_cap_mb'].max():g} MB: "
-                    f"step {_range(x['step_ms'], lambda v: f'{v:.2f}')} ms on the device ({x['h2d'].iloc[0]} H2D)"
-                    f"{tail}.", float(x["step_ms"].max() - x["step_ms"].min()), "ms")]
+                        f"step {_range(x['step_ms'], lambda v: f'{v:.2f}')} ms on the device ({x['h2d'].iloc[0]} H2D)"
+                        f"{tail}.", float(x["step_ms"].max() - x["step_ms"].min()), "ms")]
 
 
 def _event_vs_kernel(runs, n: int, cuda: bool) -> list[Observation]:
@@ -99,7 +99,7 @@ def _event_vs_kernel(runs, n: int, cuda: bool) -> list[Observation]:
         if cuda:
             return []
         return [Observation("event_vs_kernel", "Per-parameter all-reduces are timed with CUDA events: these runs "
-                        "ran on CPU.")]
+                            "ran on CPU.")]
     big = evk.sort_values("bytes").iloc[-1]
     head = (f"Largest gradient ({big['bytes'] / 1e6:.0f} MB): its all-reduce timed with events on the default "
             f"stream (the report's way) {big['event_us'] / 1e3:.3f} ms")
@@ -108,10 +108,10 @@ def _event_vs_kernel(runs, n: int, cuda: bool) -> list[Observation]:
         verdict = ("the event timing is the all-reduce" if abs(big["event_us"] / k - 1) < 0.1 else
                    f"the events count {(big['event_us'] - k) / 1e3:.3f} ms of other work queued before it")
         return [Observation("event_vs_kernel", f"{head} vs its NCCL kernel {k / 1e3:.3f} ms: {verdict}.",
-                        float(big["event_us"] / 1e3), "ms")]
+                            float(big["event_us"] / 1e3), "ms")]
     why = ONE_RANK if n < 2 else "no pageable+per_param trace kept"
     return [Observation("event_vs_kernel", f"{head}; no NCCL kernel to compare it with ({why}).",
-                    float(big["event_us"] / 1e3), "ms")]
+                        float(big["event_us"] / 1e3), "ms")]
 
 
 def _grad_sync(runs, n: int) -> list[Observation]:
@@ -125,8 +125,8 @@ def _grad_sync(runs, n: int) -> list[Observation]:
     cmp = (f" vs {ref['busbw_gbps'].iloc[0]:.3g} GB/s for the NCCL kernel in the recorded collectives sweep "
            f"({ref['h2d'].iloc[0].split('@')[1].strip()})" if len(ref) else "")
     return [Observation("grad_sync_busbw", f"The flat all-reduce of every gradient ({int(mine['bytes'].iloc[0]) / 1e6:.0f} "
-                    f"MB) reaches busbw {_range(mine['busbw_gbps'], lambda v: f'{v:.3g}')} GB/s in training "
-                    f"(events on the default stream, over H2D modes){cmp}.", float(mine["busbw_gbps"].max()), "GB/s")]
+                        f"MB) reaches busbw {_range(mine['busbw_gbps'], lambda v: f'{v:.3g}')} GB/s in training "
+                        f"(events on the default stream, over H2D modes){cmp}.", float(mine["busbw_gbps"].max()), "GB/s")]
 
 
 def findings(runs) -> list[Observation]:

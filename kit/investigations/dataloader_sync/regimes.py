@@ -88,14 +88,14 @@ def regime_findings(runs) -> list[Observation]:
         st = g.set_index("sync")["step_ms"]
         parts = ", ".join(f"{s} {st[s]:.1f}" for s in ("per_param", "flat", "ddp", "ddp_one_bucket") if s in st)
         out.append(Observation(f"regime_sync_modes[{name}]", f"[{name}] step per sync mode (prefetch H2D, ms): {parts}; "
-                           f"DDP saves {st['per_param'] - st['ddp']:.1f} ms over per-parameter all-reduces "
-                           f"({100 * (1 - st['ddp'] / st['per_param']):.0f}%)", float(st["per_param"] - st["ddp"]), "ms"))
+                               f"DDP saves {st['per_param'] - st['ddp']:.1f} ms over per-parameter all-reduces "
+                               f"({100 * (1 - st['ddp'] / st['per_param']):.0f}%)", float(st["per_param"] - st["ddp"]), "ms"))
     k = table_regime_buckets(runs)
     for name, g in k[k["sync"] == "ddp"].groupby("regime", sort=False):
         lo, hi = g.loc[g["step_ms"].idxmin()], g.loc[g["step_ms"].idxmax()]
         out.append(Observation(f"regime_buckets[{name}]", f"[{name}] DDP buckets {g['bucket_cap_mb'].min():g}–"
-                           f"{g['bucket_cap_mb'].max():g} MB: fastest {lo['bucket_cap_mb']:g} MB {lo['step_ms']:.2f} ms, "
-                           f"slowest {hi['bucket_cap_mb']:g} MB {hi['step_ms']:.2f} ms "
-                           f"({100 * (hi['step_ms'] / lo['step_ms'] - 1):.1f}% apart)",
-                           float(hi["step_ms"] - lo["step_ms"]), "ms"))
+                               f"{g['bucket_cap_mb'].max():g} MB: fastest {lo['bucket_cap_mb']:g} MB {lo['step_ms']:.2f} ms, "
+                               f"slowest {hi['bucket_cap_mb']:g} MB {hi['step_ms']:.2f} ms "
+                               f"({100 * (hi['step_ms'] / lo['step_ms'] - 1):.1f}% apart)",
+                               float(hi["step_ms"] - lo["step_ms"]), "ms"))
     return out

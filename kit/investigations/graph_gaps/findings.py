@@ -36,8 +36,8 @@ def _gap_findings(df, labels: list[str]) -> list[Observation]:
         per_n = ", ".join(f"{_fmt(g)} us at N={n}" for n, g in zip(d["layers"], d["gap_nccl_median_us"]))
         med = float(d["gap_nccl_median_us"].median())
         out.append(Observation(f"gap_before_nccl_us[{mode}, {label}]",
-                           f"{mode} | {label}: median gap before NCCL kernels {per_n} (median over N: {med:.2f} us)",
-                           med, "us"))
+                               f"{mode} | {label}: median gap before NCCL kernels {per_n} (median over N: {med:.2f} us)",
+                               med, "us"))
     return out
 
 
@@ -51,16 +51,16 @@ def _ratio_findings(df, labels: list[str]) -> list[Observation]:
         top = d[d["layers"] == d["layers"].max()].iloc[0]
         if top["graph_over_eager"] == top["graph_over_eager"]:
             out.append(Observation(f"graph_over_eager[{label}]",
-                               f"graph | {label}: time per forward graph/eager at N={int(top['layers'])}: "
-                               f"{top['graph_over_eager']:.2f}", float(top["graph_over_eager"])))
+                                   f"graph | {label}: time per forward graph/eager at N={int(top['layers'])}: "
+                                   f"{top['graph_over_eager']:.2f}", float(top["graph_over_eager"])))
     if g.empty:  # no graph mode (CPU): the eager time per forward at the largest N
         e = ft[(ft["model"] == "allreduce") & (ft["mode"] == "eager")]
         for label, d in _ordered(e.groupby("label"), labels):
             top = d[d["layers"] == d["layers"].max()].iloc[0]
             out.append(Observation(f"eager_forward_us[{label}]",
-                               f"eager | {label}: time per forward at N={int(top['layers'])}: "
-                               f"{top['time_us_median']:.0f} us (no CUDA graph without CUDA)",
-                               float(top["time_us_median"]), "us"))
+                                   f"eager | {label}: time per forward at N={int(top['layers'])}: "
+                                   f"{top['time_us_median']:.0f} us (no CUDA graph without CUDA)",
+                                   float(top["time_us_median"]), "us"))
     return out
 
 
@@ -72,8 +72,8 @@ def _census_findings(df, labels: list[str]) -> list[Observation]:
         ev = int(c.get("EVENT_RECORD", 0) + c.get("EVENT_WAIT", 0))
         nccl = int(c.get("KERNEL:nccl", 0))
         out.append(Observation(f"census_event_nodes[{label}]",
-                           f"census | {label}: {nccl} captured NCCL kernels bring {int(c.get('EVENT_RECORD', 0))} "
-                           f"EVENT_RECORD + {int(c.get('EVENT_WAIT', 0))} EVENT_WAIT nodes", float(ev)))
+                               f"census | {label}: {nccl} captured NCCL kernels bring {int(c.get('EVENT_RECORD', 0))} "
+                               f"EVENT_RECORD + {int(c.get('EVENT_WAIT', 0))} EVENT_WAIT nodes", float(ev)))
     return out
 
 
@@ -84,9 +84,9 @@ def _launch_findings(df) -> list[Observation]:
         d = d.sort_values("batch")
         first = d.iloc[0]
         out.append(Observation(f"launch_speedup[{bench}, batch={int(first['batch'])}]",
-                           f"launch | {bench}: graph {first['speedup']:.1f}x faster than eager at batch "
-                           f"{int(first['batch'])} ({d['speedup'].min():.1f}-{d['speedup'].max():.1f}x over batches "
-                           f"{', '.join(map(str, d['batch']))})", float(first["speedup"]), "x"))
+                               f"launch | {bench}: graph {first['speedup']:.1f}x faster than eager at batch "
+                               f"{int(first['batch'])} ({d['speedup'].min():.1f}-{d['speedup'].max():.1f}x over batches "
+                               f"{', '.join(map(str, d['batch']))})", float(first["speedup"]), "x"))
     return out
 
 
@@ -100,10 +100,10 @@ def _mechanism_findings(df, labels: list[str]) -> list[Observation]:
     for label, d in _ordered(g.groupby("label"), labels):
         top = d[d["layers"] == d["layers"].max()].iloc[0]
         out.append(Observation(f"gap_by_position[{label}]",
-                           f"position | {label}: at N={int(top['layers'])} the gap before NCCL kernels is "
-                           f"{_fmt(top['q1_us'])} us in the first quarter of the replay and {_fmt(top['q4_us'])} us "
-                           f"in the last ({top['slope_us_per_layer']:.2f} us more per layer)",
-                           float(top["slope_us_per_layer"]), "us/layer"))
+                               f"position | {label}: at N={int(top['layers'])} the gap before NCCL kernels is "
+                               f"{_fmt(top['q1_us'])} us in the first quarter of the replay and {_fmt(top['q4_us'])} us "
+                               f"in the last ({top['slope_us_per_layer']:.2f} us more per layer)",
+                               float(top["slope_us_per_layer"]), "us/layer"))
     wt = work_table(df)
     if not wt.empty and "gap_nccl_graph_us" in wt.columns:
         for label, d in _ordered(wt.groupby("label"), labels):
@@ -112,13 +112,13 @@ def _mechanism_findings(df, labels: list[str]) -> list[Observation]:
                               f"us, {int(r.nccl_nodes)} NCCL nodes)" for r in d.itertuples())
             out.append(Observation(f"gap_vs_work[{label}]", f"work | {label}: median gap before NCCL kernels in graph "
                                                         f"replay per variant: {parts}",
-                               float(d["gap_nccl_graph_us"].max()), "us"))
+                                   float(d["gap_nccl_graph_us"].max()), "us"))
     rt = replay_table(df)
     if not rt.empty and "gap_nccl_median_us" in rt.columns:
         for label, d in _ordered(rt.groupby("label"), labels):
             v = dict(zip(d["how"], d["gap_nccl_median_us"]))
             out.append(Observation(f"replay_gaps[{label}]", f"replays | {label}: gap before NCCL kernels "
-                               + ", ".join(f"{h} {_fmt(x)} us" for h, x in v.items()), float(max(v.values())), "us"))
+                                   + ", ".join(f"{h} {_fmt(x)} us" for h, x in v.items()), float(max(v.values())), "us"))
     et = edges_table(df)
     for label in et.columns:
         n = int(et[label].get("EVENT_RECORD -> KERNEL:nccl", 0))
@@ -135,11 +135,11 @@ def _mechanism_findings(df, labels: list[str]) -> list[Observation]:
         if len(k):
             k = k.iloc[0]
             out.append(Observation(f"launch_outlier[batch={int(worst['batch'])}]",
-                               f"launch | chain: smallest speedup {worst['speedup']:.2f}x at batch "
-                               f"{int(worst['batch'])}: {k['kernels_per_forward']:.0f} kernels per forward summing "
-                               f"to {k['compute_sum_us']:.0f} us; heaviest {k['heaviest_kernel']} "
-                               f"({k['heaviest_median_us']:.1f} us each, {k['heaviest_per_forward']:.0f} per forward)",
-                               float(worst["speedup"]), "x"))
+                                   f"launch | chain: smallest speedup {worst['speedup']:.2f}x at batch "
+                                   f"{int(worst['batch'])}: {k['kernels_per_forward']:.0f} kernels per forward summing "
+                                   f"to {k['compute_sum_us']:.0f} us; heaviest {k['heaviest_kernel']} "
+                                   f"({k['heaviest_median_us']:.1f} us each, {k['heaviest_per_forward']:.0f} per forward)",
+                                   float(worst["speedup"]), "x"))
     return out
 
 

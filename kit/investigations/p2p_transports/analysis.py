@@ -250,19 +250,19 @@ def findings(data) -> list[Observation]:
     out: list[Observation] = []
     for t, r in at_size(df, AT, "one").iterrows():
         out.append(Observation(f"bandwidth.one.{t}", f"{t}: {_human(int(r.bytes))} one way: {r.gbps:.1f} GB/s",
-                           float(r.gbps), "GB/s"))
+                               float(r.gbps), "GB/s"))
     for t, r in at_size(df, AT, "both").iterrows():
         out.append(Observation(f"bandwidth.both.{t}", f"{t}: {_human(int(r.bytes))} each way at once: "
                                                   f"{r.total_gbps:.1f} GB/s total", float(r.total_gbps), "GB/s"))
     for r in comm_compute(df).itertuples():
         out.append(Observation(f"comm_compute.{r.transport}.overlapped_vs_serial",
-                           f"{r.transport}: compute + transfers overlapped {r.overlapped_us / 1e3:.2f} ms vs "
-                           f"serial sum {r.serial_sum_us / 1e3:.2f} ms ({r.overlapped_vs_serial:.2f}); compute slowed "
-                           f"{r.compute_slowdown:.3f}x", float(r.overlapped_vs_serial)))
+                               f"{r.transport}: compute + transfers overlapped {r.overlapped_us / 1e3:.2f} ms vs "
+                               f"serial sum {r.serial_sum_us / 1e3:.2f} ms ({r.overlapped_vs_serial:.2f}); compute slowed "
+                               f"{r.compute_slowdown:.3f}x", float(r.overlapped_vs_serial)))
         out.append(Observation(f"comm_compute.{r.transport}.comm_in_overlap_ms",
-                           f"{r.transport}: transfers {r.comm_alone_us / 1e3:.2f} ms alone, "
-                           f"{r.comm_in_overlap_us / 1e3:.2f} ms overlapped with compute",
-                           float(r.comm_in_overlap_us / 1e3), "ms"))
+                               f"{r.transport}: transfers {r.comm_alone_us / 1e3:.2f} ms alone, "
+                               f"{r.comm_in_overlap_us / 1e3:.2f} ms overlapped with compute",
+                               float(r.comm_in_overlap_us / 1e3), "ms"))
     lat = latency(df)
     for t, r in lat.iterrows() if "vs_copy_loop" in lat.columns else []:
         if t != BARE:
@@ -279,7 +279,7 @@ def findings(data) -> list[Observation]:
     for r in skipped(df).itertuples():
         what = "" if r.experiment == "all" else f" ({r.experiment})"
         out.append(Observation(f"skipped.{r.transport}" + ("" if r.experiment == "all" else f".{r.experiment}"),
-                           f"{r.transport}{what} not measured: {r.reason}"))
+                               f"{r.transport}{what} not measured: {r.reason}"))
     return out
 
 
@@ -290,8 +290,8 @@ def _semantics_findings(df) -> list[Observation]:
         late = getattr(r, "peer_delay_ms", 0.0)
         late = f" (receiver {late:g} ms late)" if late and late > 0 else ""
         out.append(Observation(f"semantics.{r.transport}.{r.api}.{int(r.bytes)}",
-                           f"{r.transport} {r.api} {_human(int(r.bytes))}: host in call {r.call_us:.1f} us, in wait "
-                           f"{r.wait_us:.1f} us, until done {r.done_us / 1e3:.2f} ms{late}", float(r.call_us), "us"))
+                               f"{r.transport} {r.api} {_human(int(r.bytes))}: host in call {r.call_us:.1f} us, in wait "
+                               f"{r.wait_us:.1f} us, until done {r.done_us / 1e3:.2f} ms{late}", float(r.call_us), "us"))
     return out
 
 

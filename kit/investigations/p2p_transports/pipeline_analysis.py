@@ -265,15 +265,15 @@ def _shade_host_gaps(ax, ev, t0, y) -> None:
 def findings(df) -> list[Observation]:
     pp = pipeline(df)
     out = [Observation(f"pipeline.{r.transport}.{r.driver}.ms",
-                   f"{r.transport} ({r.driver}-driven{'' if r.how in ('host', r.driver) else ', ' + r.how}): 1F1B "
-                   f"pipeline {r.time_ms_median:.2f} ms / iteration, loss {r.loss:.5f}", float(r.time_ms_median), "ms")
+                       f"{r.transport} ({r.driver}-driven{'' if r.how in ('host', r.driver) else ', ' + r.how}): 1F1B "
+                       f"pipeline {r.time_ms_median:.2f} ms / iteration, loss {r.loss:.5f}", float(r.time_ms_median), "ms")
            for r in pp.itertuples()]
     for r in model(df).itertuples():
         out.append(Observation(f"pipeline.{r.transport}.{r.driver}.vs_model",
-                           f"{r.transport} ({r.driver}): measured {r.measured_ms:.2f} ms vs 1F1B model "
-                           f"{r.predicted_ms:.2f} ms ({r.measured_vs_model:.2f}x; p={r.stages}, m={r.micro_batches}, "
-                           f"bubble {r.bubble_fraction:.0%}, slowest stage F+B {r.stage_f_plus_b_ms:.3f} ms, "
-                           f"transfer {r.transfer_ms:.3f} ms)", float(r.measured_vs_model)))
+                               f"{r.transport} ({r.driver}): measured {r.measured_ms:.2f} ms vs 1F1B model "
+                               f"{r.predicted_ms:.2f} ms ({r.measured_vs_model:.2f}x; p={r.stages}, m={r.micro_batches}, "
+                               f"bubble {r.bubble_fraction:.0%}, slowest stage F+B {r.stage_f_plus_b_ms:.3f} ms, "
+                               f"transfer {r.transfer_ms:.3f} ms)", float(r.measured_vs_model)))
     losses = pp["loss"].dropna() if len(pp) else pd.Series(dtype=float)
     if len(losses):
         spread = float((losses.max() - losses.min()) / abs(losses.median())) if losses.median() else float("nan")
@@ -284,7 +284,7 @@ def findings(df) -> list[Observation]:
             how = "one run, nothing to compare"
         out.append(Observation("pipeline.loss", f"pipeline loss {losses.median():.5f} over "
                                             f"{', '.join(f'{t}/{d}' for t, d in zip(pp['transport'], pp['driver']))}: {how}",
-                           float(losses.median())))
+                               float(losses.median())))
     return out
 
 
@@ -293,13 +293,13 @@ def idle_findings(runs) -> list[Observation]:
     i = idle(runs)
     for (t, drv), g in i.groupby(["transport", "driver"], sort=False) if len(i) else []:
         out.append(Observation(f"pipeline.{t}.{drv}.host_idle_ms",
-                           f"{t} ({drv}): profiled iteration {g['span_us'].max() / 1e3:.2f} ms, GPUs busy "
-                           + ", ".join(f"{b:.0%}" + (f" ({c:.0%} without NCCL kernels)" if c < b else "")
+                               f"{t} ({drv}): profiled iteration {g['span_us'].max() / 1e3:.2f} ms, GPUs busy "
+                               + ", ".join(f"{b:.0%}" + (f" ({c:.0%} without NCCL kernels)" if c < b else "")
                                        for b, c in zip(g["busy_share"], g["busy_no_nccl_share"]))
-                           + "; idle because the host had not launched the next work yet (at least): "
-                           + ", ".join(f"{h / 1e3:.2f} of {i / 1e3:.2f} ms idle"
+                               + "; idle because the host had not launched the next work yet (at least): "
+                               + ", ".join(f"{h / 1e3:.2f} of {i / 1e3:.2f} ms idle"
                                        for h, i in zip(g["host_idle_us"], g["idle_us"])),
-                           float(g["host_idle_us"].max() / 1e3), "ms"))
+                               float(g["host_idle_us"].max() / 1e3), "ms"))
     return out
 
 

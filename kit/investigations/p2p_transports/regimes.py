@@ -70,7 +70,7 @@ def regime_findings(runs) -> list[Observation]:
     for t in _in_every_regime(bw):
         n = bw[bw["transport"] == t].set_index("regime")["one_way_gbps"]
         out.append(Observation(f"regime_256mib.{t}", f"{t} at 256 MiB one way: " +
-                           "; ".join(f"{r} {v:.3g} GB/s" for r, v in n.items()), float(n.min()), "GB/s"))
+                               "; ".join(f"{r} {v:.3g} GB/s" for r, v in n.items()), float(n.min()), "GB/s"))
     for t in _in_every_regime(ov):
         o = ov[ov["transport"] == t].set_index("regime")
         out.append(Observation(f"regime_overlap.{t}", f"{t} transfers overlapped with matmuls: " + "; ".join(
@@ -81,5 +81,5 @@ def regime_findings(runs) -> list[Observation]:
     for t in _in_every_regime(pp):
         p = pp[(pp["transport"] == t) & (pp["driver"] == "host")].set_index("regime")["time_ms_median"]
         out.append(Observation(f"regime_pipeline.{t}", f"1F1B pipeline over {t} (host-driven), ms per iteration: " +
-                           "; ".join(f"{r} {v:.1f}" for r, v in p.items()), float(p.max()), "ms"))
+                               "; ".join(f"{r} {v:.1f}" for r, v in p.items()), float(p.max()), "ms"))
     return out
