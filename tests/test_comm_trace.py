@@ -122,7 +122,7 @@ def test_overlap_intervals():
                        dict(cat="kernel", device=0, nccl=True, ts=20, end=30),
                        dict(cat="kernel", device=0, nccl=False, ts=5, end=25),
                        dict(cat="kernel", device=0, nccl=False, ts=8, end=12)])
-    o = CT.overlap(ev).iloc[0]
+    o = traces.overlap(ev).iloc[0]
     assert o["comm_us"] == 20 and o["overlapped_us"] == 10 and o["exposed_us"] == 10 and o["overlap_share"] == 0.5
 
 
