@@ -12,6 +12,7 @@ import sys
 import pandas as pd
 import pytest
 import torch
+import yaml
 
 import exps
 from conftest import ROOT
@@ -103,19 +104,32 @@ def test_config_is_typed():
 
 
 # ------------------------------------------------------------------------------------------------ runs on gloo
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """One `kit run dataloader_sync` on configs/cpu-smoke.yaml (2 gloo ranks): the report and the run it made,
+    shared by the run's and the notebook's tests (they once ran it twice)."""
+    root = tmp_path_factory.mktemp("dataloader_sync_smoke")
+    p = subprocess.run([sys.executable, "-m", "kit", "run", "dataloader_sync", "--config", "configs/cpu-smoke.yaml",
+                        "--results-root", str(root)], cwd=ROOT, capture_output=True, text=True, timeout=400)
+    return p, root
+
+
 @pytest.mark.slow
-def test_run_two_gloo_ranks(tmp_path):
-    cfg = INV.config({**SMALL, "world_size": 2, "results_root": str(tmp_path)})
-    run = contract.execute("dataloader_sync", cfg)
-    runs = results.RunSet([run.dir], "this run")
+def test_run_two_gloo_ranks(smoke):
+    p, root = smoke
+    assert p.returncode == 0, p.stdout + p.stderr
+    (run_dir,) = (root / "dataloader_sync").iterdir()
+    smoke_cfg = yaml.safe_load((ROOT / "configs" / "cpu-smoke.yaml").read_text())["dataloader_sync"]
+    runs = results.RunSet([run_dir], "this run")
     steps = D.rows(runs, "step")
-    # pageable only on CPU: 4 sync modes + 1 extra DDP bucket, 2 ranks, 2 steps
-    assert len(steps) == (4 + 1) * 2 * 2 and set(steps["sample"]) == {0, 1}
+    # pageable only on CPU: 4 sync modes + 1 extra DDP bucket (25 MB beside 1 MB), 2 ranks, 3 steps
+    assert smoke_cfg["bucket_caps_mb"] == [1.0, 25.0] and smoke_cfg["steps"] == 3
+    assert len(steps) == (4 + 1) * 2 * 3 and set(steps["sample"]) == {0, 1, 2}
     for col in D.PARTS + ["step_us", "step_host_us", "h2d_host_us", "forward_host_us", "loss", "wall_per_step_us"]:
         assert steps[col].notna().all() and (steps[col] >= 0).all(), col
-    kept = T.find_traces(run.dir, h2d="pageable", sync="per_param")
+    kept = T.find_traces(run_dir, h2d="pageable", sync="per_param")
     assert [f.rank for f in kept] == [0, 1] and kept[0].path.name == "trace_h2d=pageable_sync=per_param_rank0.json.gz"
-    assert not list(run.dir.glob(".trace_tmp*"))
+    assert not list(run_dir.glob(".trace_tmp*"))
     tables, fs = _every_analysis(runs)
     assert set(tables["breakdown"]["sync"]) == set(D.SYNC_MODES) and (tables["breakdown"]["step_ms"] > 0).all()
     assert set(tables["skipped"]["h2d"]) == {"pinned", "side_stream", "prefetch"}
@@ -232,9 +246,8 @@ def test_recorded_tables():
 
 # ------------------------------------------------------------------------------------------------ notebook
 @pytest.mark.slow
-def test_kit_run_dataloader_sync_cpu_smoke(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "kit", "run", "dataloader_sync", "--config", "configs/cpu-smoke.yaml",
-                        "--results-root", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=400)
+def test_kit_run_dataloader_sync_cpu_smoke(smoke):
+    p, tmp_path = smoke
     assert p.returncode == 0, p.stdout + p.stderr
     report = next((tmp_path / "reports").iterdir())
     html = (report / "dataloader_sync.html").read_text()

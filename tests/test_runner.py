@@ -130,8 +130,9 @@ def test_world_size_one_what_fits_runs_the_rest_says_why(tmp_path, capsys):
     """Issue 19 on CPU, cut to what it must prove: with one rank graph_gaps, dataloader_sync and the doctor fit
     and the others are asked first and say what is missing; a notebook of one that does not fit prints it and
     analyses the recorded runs (rendering a skipped page, exit 0 and --strict's exit 3 are the toy
-    investigation's test in test_contract). The two that fit run on one rank in
-    test_the_investigations_that_fit_run_on_one_rank."""
+    investigation's test in test_contract). The two that fit run on one rank, with their tables, figures and
+    findings, in test_graph_gaps.py::test_one_rank_runs_and_says_what_it_lacks and
+    test_dataloader_sync.py::test_run_one_rank."""
     from kit import notebook
 
     names = sorted(REGISTRY)
@@ -146,27 +147,6 @@ def test_world_size_one_what_fits_runs_the_rest_says_why(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "collectives cannot run on this machine" in out and "needs at least 2 ranks" in out
     assert not (tmp_path / "collectives").exists()  # nothing launched
-
-
-@pytest.mark.slow
-def test_the_investigations_that_fit_run_on_one_rank(tmp_path):
-    """graph_gaps and dataloader_sync on one gloo rank (the one-GPU paths' CPU twin): every part reports its rows
-    or says it needs two ranks, nothing raises."""
-    from kit import results
-
-    small = {"graph_gaps": ["-p", "layers=[2]", "-p", "launch_batches=[1]"],
-             "dataloader_sync": ["-p", "bucket_caps_mb=[1.0]", "-p", "steps=1"]}
-    for name, extra in small.items():
-        root = tmp_path / name
-        p = subprocess.run([sys.executable, "-m", "kit", "exp", name, "--config", "configs/cpu-smoke.yaml",
-                            "-p", "world_size=1", "-p", f"results_root={root}", *extra], cwd=ROOT,
-                           capture_output=True, text=True, timeout=300)
-        assert p.returncode == 0, f"{name}: {p.stdout[-2000:]}{p.stderr[-2000:]}"
-        for d in sorted((root / name).iterdir()):
-            assert results.read_meta(d)["world_size"] == 1 and results.read_meta(d)["status"] == "ok"
-            df = results.load(d)
-            df = df[0] if isinstance(df, tuple) else df
-            assert set(df["rank"]) == {0} and len(df) > 0, name
 
 
 # the smallest sizes that still exercise every part on 8 ranks (cpu-smoke, then these)
