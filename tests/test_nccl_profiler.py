@@ -285,6 +285,7 @@ def test_option_needs_nccl_and_a_plugin():
 
 
 # ------------------------------------------------------------------ the network proxy, recorded emulated-nodes run
+@pytest.mark.slow  # parses the recorded run's dumps: ~50 s on 2 busy cores
 def test_recorded_emulated_run_proxy_steps():
     """2xH200 as 2 emulated nodes (NCCL NET/Socket): the dumps hold ProxyOp/ProxyStep events under the
     channels; per collective the steps and their states; the one-node tables do not take that run in."""
