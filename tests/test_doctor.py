@@ -20,6 +20,12 @@ from conftest import finding, silent
 from kit.traces import TraceError
 from kit.doctor import diagnose
 
+
+@pytest.fixture(autouse=True)
+def _strict(monkeypatch):
+    """A rule's internal error fails the test (it is a kit bug), instead of becoming a skip line."""
+    monkeypatch.setenv("KIT_DOCTOR_STRICT", "1")
+
 DATA = Path(__file__).resolve().parent / "data"
 DOC = DATA / "doctor"
 HOST_RULES = ("graph_mixing_gap", "pageable_h2d", "h2d_on_compute_stream", "launch_bound", "host_sync")

@@ -13,6 +13,12 @@ from kit.doctor.accounting import SLICES, account
 from kit.doctor.engine import step_time, steps_frame
 from kit.doctor.model import RankView
 
+
+@pytest.fixture(autouse=True)
+def _strict(monkeypatch):
+    """A rule's internal error fails the test (it is a kit bug), instead of becoming a skip line."""
+    monkeypatch.setenv("KIT_DOCTOR_STRICT", "1")
+
 DATA = Path(__file__).resolve().parent / "data"
 
 

@@ -14,6 +14,12 @@ import pytest
 
 from kit.doctor import diagnose
 
+
+@pytest.fixture(autouse=True)
+def _strict(monkeypatch):
+    """A rule's internal error fails the test (it is a kit bug), instead of becoming a skip line."""
+    monkeypatch.setenv("KIT_DOCTOR_STRICT", "1")
+
 CORPUS = Path(__file__).resolve().parent / "data" / "doctor" / "corpus"
 CASES = sorted(p.name for p in CORPUS.iterdir() if (p / "truth.json").exists()) if CORPUS.exists() else []
 LOW_RATIO, HIGH_RATIO = 0.5, 2.0

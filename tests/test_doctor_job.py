@@ -12,6 +12,12 @@ import pytest
 
 from kit.doctor import diagnose
 
+
+@pytest.fixture(autouse=True)
+def _strict(monkeypatch):
+    """A rule's internal error fails the test (it is a kit bug), instead of becoming a skip line."""
+    monkeypatch.setenv("KIT_DOCTOR_STRICT", "1")
+
 ROOT = Path(__file__).resolve().parent.parent
 CASES = ROOT / "recorded" / "h200x2" / "doctor"
 SWEEP = ROOT / "tests" / "data" / "doctor" / "sweep_h200x2"
