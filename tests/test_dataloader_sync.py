@@ -200,7 +200,9 @@ def test_event_vs_kernel_without_kernels_in_the_traces(tmp_path):
     shutil.copy(RECORDED / "rows.csv.gz", d / "rows.csv.gz")
     shutil.copy(RECORDED / "meta.json", d / "meta.json")
     with gzip.open(d / "trace_pageable_per_param_rank0.json.gz", "wt") as f:
-        json.dump({"traceEvents": [], "distributedInfo": {"rank": 0, "world_size": 1, "backend": "nccl"}}, f)
+        json.dump({"traceEvents": [{"ph": "X", "cat": "kernel", "name": "gemm", "ts": 0.5, "dur": 10.5, "pid": 0,
+                                    "tid": 7, "args": {"device": 0, "stream": 7}}],  # one compute kernel, no NCCL
+                   "distributedInfo": {"rank": 0, "world_size": 1, "backend": "nccl"}}, f)
     evk = INV.table("event_vs_kernel", results.RunSet([d]))
     assert len(evk) == 22 and evk["kernel_us"].isna().all()
 
