@@ -26,9 +26,6 @@ LOW_RATIO, HIGH_RATIO = 0.5, 2.0
 
 KNOWN = {
     # case: (what comes first instead, why)
-    "cnn-allocator_churn": ("input_bound", "empty_cache()'s cudaFree drains the GPU every step, which exposes the "
-                            "DataLoader's 3.8 ms per step (hidden behind queued work in the control) beyond the "
-                            "allocator block's own duration; allocator_churn follows"),
     "cnn-host_sync": ("input_bound", "in the profiled run the DataLoader took 6-9 ms per step (2.2 ms in the first "
                       "step) while the per-parameter .item() loop kept the host behind; host_sync follows"),
     "gpt-host_sync": ("launch_bound", "the per-parameter grad.norm().item() loop is both: its syncs drain the queue "

@@ -43,7 +43,8 @@ kernel waiting for the next launch) goes to the block, up to the block's own dur
 at most D us behind (:func:`catch_up`). A block that begins after the GPU already ran dry (a host that was behind
 anyway: launch-bound) keeps only its own time. ``step_start``: a ``launch`` part before the first GPU
 work a window issued (the host runs a step's Python before issuing anything). ``unexplained``: idle before which
-no issuing call is in the trace (no CUDA runtime events; idle after the last GPU work).
+no issuing call is in the trace (no CUDA runtime events; work issued before the trace began). Idle after the last
+GPU work of the trace is split by what the thread that issued that work did next.
 
 The slices of a window sum to the window (a test checks it on every committed trace).
 
@@ -268,9 +269,12 @@ def account(view: "RankView") -> Account:
     nxt = np.searchsorted(starts, e, side="left")  # first activity starting at or after the segment's end
     has_next = nxt < len(starts)
     j = np.clip(nxt, 0, max(len(starts) - 1, 0))
-    ce = np.where(has_next, call_end[j] if len(starts) else np.nan, np.nan)
-    t_next = np.where(has_next, tid[j] if len(starts) else None, None)
-    unknown = idle & (~has_next | np.isnan(ce))
+    # after the last GPU work of the trace nothing was issued: the thread that issued that work is the one the
+    # GPU waited for (a step's trailing stall: a gc.collect after the optimizer), its next call never came
+    last_tid = tid[len(starts) - 1] if len(starts) else None
+    ce = np.where(has_next, call_end[j] if len(starts) else np.nan, np.inf)
+    t_next = np.where(has_next, tid[j] if len(starts) else None, last_tid)
+    unknown = idle & (np.isnan(ce) | pd.isna(t_next))
     queued = idle & ~unknown & (ce <= s)
     hostpart = idle & ~unknown & ~queued
     cls[unknown] = "unexplained"
