@@ -169,3 +169,43 @@ def test_traceinsight_whole_us_explains_the_tiny_kernel_difference():
     a, b = union_np(ts, ts + dur)
     idle = 1 - (b - a).sum() / (b.max() - a.min())
     assert abs(idle - ti) <= 0.02
+
+
+def _acc(ev):
+    return account(_view(traces.from_dict({"schemaVersion": 1, "traceEvents": ev})))
+
+
+def test_catch_up_is_the_blocked_threads_and_a_block_is_charged_once():
+    """A reviewer's cases: (1) a synchronize on thread 1 does not take thread 2's launch gaps as catch-up;
+    (2) a stall that crosses a step boundary is charged the same as one inside a step (not its duration twice);
+    (3) a long op on another thread does not hide this thread's stall."""
+    def sync_then(tid):  # thread 1: a 2 ms synchronize begun while the GPU is busy; then `tid` issues the rest
+        launch = lambda c, ts: _x("cudaLaunchKernel", "cuda_runtime", ts, 10, tid=tid, correlation=c)  # noqa: E731
+        return [_x("ProfilerStep#1", "user_annotation", 0, 6000), _launch(1, 0), _kernel(1, 50, 1000),
+                _x("cudaDeviceSynchronize", "cuda_runtime", 20, 2000), _launch(2, 2030), _kernel(2, 2100, 100),
+                launch(3, 2400), _kernel(3, 2450, 100), launch(4, 2700), _kernel(4, 2750, 100),
+                launch(5, 3000), _kernel(5, 3050, 2950)]
+    other, same = _acc(sync_then(2)), _acc(sync_then(1))
+    assert other.per_step_us("launch") > 0 and same.per_step_us("launch") == 0
+    assert other.per_step_us("sync") < same.per_step_us("sync")
+
+    work = [_launch(1, 0), _kernel(1, 100, 4900), _launch(2, 12000), _kernel(2, 12050, 100),
+            _launch(3, 12600), _kernel(3, 12650, 100), _launch(4, 13200), _kernel(4, 13250, 100),
+            _launch(5, 13800), _kernel(5, 13850, 6000)]
+    step = lambda ts, d: _x(f"ProfilerStep#{ts}", "user_annotation", ts, d)  # noqa: E731
+    across = _acc([step(0, 10000), step(10000, 10000)] + work).total
+    inside = _acc([step(0, 4000), step(4000, 16000)] + work).total
+    assert across["host_stall"] == pytest.approx(inside["host_stall"]) and across["host_stall"] < 12000
+
+    base = [step(0, 5000), _launch(1, 0), _kernel(1, 50, 100), _launch(2, 4000), _kernel(2, 4100, 900)]
+    pinned = base + [_x("aten::copy_", "cpu_op", 100, 3800, tid=99)]
+    assert _acc(pinned).per_step_us("host_stall") == _acc(base).per_step_us("host_stall") > 3000
+
+
+def test_zero_length_activity_only_is_a_skip_not_an_error(tmp_path):
+    from kit.doctor import diagnose
+
+    (tmp_path / "trace_rank0.json").write_text(__import__("json").dumps(
+        {"schemaVersion": 1, "traceEvents": [_launch(1, 0), _kernel(1, 50, 0), _x("aten::mm", "cpu_op", 0, 20)]}))
+    d = diagnose([tmp_path], workers=1)
+    assert d.accounting == {} and any(s.rule == "input_bound" for s in d.skipped)

@@ -198,7 +198,8 @@ def _thread_sets(cpu: "pd.DataFrame", tid, calls: "pd.DataFrame", lo: float, hi:
                                                           for x in act]))
     # ... and outside every recorded op: a long op that issues nothing for a while (a foreach op over hundreds of
     # tensors, a CPU tensor op) is the host's own cost of issuing the step's work, not a stall
-    ops = cpu[cpu["cat"] == "cpu_op"]
+    ops = cpu[(cpu["tid"] == tid) & (cpu["cat"] == "cpu_op")]  # the thread's own long op (another thread's,
+    # a pin-memory copy, does not make this thread's stretch its cost of issuing)
     stall = subtract(gaps_between(ca, cb, HOST_STALL_US), union_np(ops["ts"], ops["end"]))
     return {"input": union_np(data["ts"], data["end"]), "sync": union_np(sync["ts"], sync["end"]),
             "allocator": union_np(alloc["ts"], alloc["end"]), "host_stall": stall}
@@ -220,13 +221,16 @@ def _calls(view: "RankView") -> "pd.DataFrame":
 
 
 # ------------------------------------------------------------------------------------------------ GPU mode
-def account(view: "RankView") -> Account:
-    """The rank's :class:`Account` (GPU mode; see :func:`account_cpu` for CPU-only traces)."""
+def account(view: "RankView") -> "Account | None":
+    """The rank's :class:`Account` (GPU mode; see :func:`account_cpu` for CPU-only traces); None when no GPU
+    activity lasts any time."""
     import numpy as np
     import pandas as pd
 
     g = view.issued()
     g = g[(g["end"] > g["ts"])]
+    if g.empty:  # GPU activity of no length (or none): nothing to account the step by
+        return None
     calls = _calls(view)
     ts_all, end_all = g["ts"].to_numpy(dtype=float), g["end"].to_numpy(dtype=float)
     win = windows(view, (g["call_ts"].to_numpy(dtype=float), end_all) if len(g) else None)
@@ -346,7 +350,7 @@ def catch_up(grp, w, nxt, cls, dur, s, t_next, host) -> dict[tuple[int, str, str
     firsts = df.sort_values("s", kind="stable").drop_duplicates("grp")
     moves: dict[tuple[int, str, str], float] = {}
     stretch_end = df.assign(e=df["s"] + df["dur"]).groupby("grp")["e"].max()
-    cause, budget, prev_end = None, 0.0, -np.inf
+    cause, cause_t, block, budget, prev_end = None, None, None, 0.0, -np.inf
     host_classes = ("launch", "step_start") + BLOCKING
     for g, wi, n, c0, s0, t in zip(firsts["grp"], firsts["w"], firsts["nxt"], firsts["cls"], firsts["s"],
                                    firsts["t"]):
@@ -354,18 +358,20 @@ def catch_up(grp, w, nxt, cls, dur, s, t_next, host) -> dict[tuple[int, str, str
         prev_end = float(stretch_end[g])
         if c0 not in host_classes or busy >= budget:
             # the next work was already queued, or the GPU ran as long as the host was behind: caught up
-            cause, budget = None, 0.0
+            cause, cause_t, block, budget = None, None, None, 0.0
         if c0 not in host_classes:
             continue
         if c0 in BLOCKING:
             a, b = host[t][c0]
             i = int(np.searchsorted(a, s0, side="right")) - 1
-            fresh = max(float(b[i] - a[i]) - float(tot.get((g, c0), 0.0)), 0.0)
-            if c0 == cause:  # the same kind again while the host is behind (a .item() per parameter)
-                budget += fresh
+            own = float(tot.get((g, c0), 0.0))
+            if (t, c0, i) == block:  # the same block still (it crosses a step boundary): its overlap counts too
+                budget = max(budget - own, 0.0)
+            elif c0 == cause and t == cause_t:  # the same kind again while behind (a .item() per parameter)
+                block, budget = (t, c0, i), budget + max(float(b[i] - a[i]) - own, 0.0)
             else:  # a block drained the GPU: its account starts
-                cause, budget = c0, fresh
-        if cause is None:
+                cause, cause_t, block, budget = c0, t, (t, c0, i), max(float(b[i] - a[i]) - own, 0.0)
+        if cause is None or t != cause_t:  # catch-up is the blocked thread's own time, no other thread's
             continue
         for k in host_classes:  # the host is behind because of the block: its time here is the block's
             if k == cause:
@@ -434,14 +440,16 @@ def _behind(view, calls, s, e, cls, threads) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ CPU mode
-def account_cpu(view: "RankView", cpu_all: "pd.DataFrame") -> Account:
-    """The account of a CPU-only trace (module docstring): the main thread plays the device."""
+def account_cpu(view: "RankView", cpu_all: "pd.DataFrame") -> "Account | None":
+    """The account of a CPU-only trace (module docstring): the main thread plays the device; None without CPU ops
+    to place a window on."""
     import numpy as np
     import pandas as pd
 
     cpu = cpu_all
     steps = cpu[(cpu["cat"] == "user_annotation") & cpu["name"].astype(str).str.startswith(STEP_PREFIX)]
-    main = steps["tid"].mode().iloc[0] if len(steps) else cpu["tid"].mode().iloc[0]
+    with_ops = cpu[cpu["cat"] == "cpu_op"]
+    main = steps["tid"].mode().iloc[0] if len(steps) else with_ops["tid"].mode().iloc[0]
     mine = cpu[cpu["tid"] == main]
     names = mine["name"].astype(str)
     ops = mine[mine["cat"] == "cpu_op"]
@@ -450,12 +458,15 @@ def account_cpu(view: "RankView", cpu_all: "pd.DataFrame") -> Account:
     data = mine[(mine["cat"] == "user_annotation") & names.str.startswith(DATALOADER)]
     win = windows(view, None)
     if win["start"].isna().all():
+        if ops.empty:
+            return None
         win = pd.DataFrame({"step": [-1], "start": [float(ops["ts"].min())], "end": [float(ops["end"].max())]})
     wa, wb = win["start"].to_numpy(dtype=float), win["end"].to_numpy(dtype=float)
     busy = union_np(ops["ts"], ops["end"])
     sets = {"comm": union_np(comm["ts"], comm["end"]), "input": union_np(data["ts"], data["end"]),
             "compute": busy}
-    recorded = union_np(np.r_[ops["ts"], data["ts"]], np.r_[ops["end"], data["end"]])
+    lo, hi = float(wa.min()), float(wb.max())  # sentinels: a stall may run from the window's start or to its end
+    recorded = union_np(np.r_[lo - 1e-3, ops["ts"], data["ts"], hi], np.r_[lo, ops["end"], data["end"], hi + 1e-3])
     stall = gaps_between(*recorded, HOST_STALL_US)
     pts = partition(list(sets.values()) + [stall], extra=np.r_[wa, wb])
     pts = pts[(pts >= wa.min()) & (pts <= wb.max())]
@@ -476,9 +487,8 @@ def account_cpu(view: "RankView", cpu_all: "pd.DataFrame") -> Account:
     per = per.reindex(index=range(len(win)), columns=list(SLICES), fill_value=0.0)
     per_step = pd.concat([win.reset_index(drop=True).assign(dur=wb - wa), per.reset_index(drop=True)], axis=1)
     stalls = []
-    for x, y in sorted(zip(*stall), key=lambda p: p[0] - p[1])[:TOP_STALLS]:
-        if not ((x >= wa.min()) and (y <= wb.max())):
-            continue
+    inside = [(x, y) for x, y in zip(*stall) if x >= lo and y <= hi]
+    for x, y in sorted(inside, key=lambda p: p[0] - p[1])[:TOP_STALLS]:
         before = ops[ops["end"] <= x + 1e-3].tail(1)["name"].astype(str).tolist()
         after = ops[ops["ts"] >= y - 1e-3].head(1)["name"].astype(str).tolist()
         stalls.append({"start_us": round(float(x), 1), "dur_us": round(float(y - x), 1),

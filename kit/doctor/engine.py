@@ -230,7 +230,13 @@ def rank_summary(path: str | Path) -> RankSummary:
                                       f"trace): {type(e).__name__}: {e}")
     from .rules.idle import rank_account
 
-    acct = rank_account(view)
+    try:
+        acct = rank_account(view)
+    except Exception as e:  # a bug in the accounting must not lose the rules' findings of this rank
+        if STRICT():
+            raise
+        acct = Skip("step_accounting", f"internal error on {Path(path).name} (a kit bug: please report it with the "
+                                       f"trace): {type(e).__name__}: {e}")
     base = t.header.get("baseTimeNanoseconds")
     span = None
     if isinstance(base, (int, float)) and not t.gpu.empty:
@@ -341,7 +347,13 @@ def judge_all(summaries: Sequence[RankSummary], *, sweep=None, flight_recorder=N
     if accounts and want is None:
         from .rules.idle import explain_rest
 
-        findings += explain_rest(accounts, findings, ctx)  # may also set signature rules' costs to their slice
+        try:
+            findings += explain_rest(accounts, findings, ctx)  # may also set signature rules' costs to their slice
+        except Exception as e:
+            if STRICT():
+                raise
+            skipped.append(Skip("step_accounting", f"internal error (a kit bug: please report it with the traces): "
+                                                   f"{type(e).__name__}: {e}"))
         findings = [replace(g, severity=severity(g.cost_us_per_step, step_us)) for g in (capped(f, step_us) for f in findings)]
     findings.sort(key=lambda f: -(f.cost_us_per_step or 0))
     return findings, checked, skipped, replace(ctx, notes=tuple(partial))

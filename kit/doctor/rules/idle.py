@@ -41,16 +41,22 @@ def rank_account(view: RankView) -> Account | Skip:
 def _account(view: RankView) -> Account | Skip:
     t = view.trace
     if not t.gpu.empty:
-        return account(view)
+        return account(view) or Skip("step_accounting", "every GPU activity in the trace lasts 0 us: nothing to "
+                                                        "account the step by")
     cpu_all = view.memo.get("cpu_all")
     if cpu_all is None or cpu_all.empty or not (cpu_all["cat"] == "cpu_op").any():
         return Skip("step_accounting", "no GPU activity and no CPU ops in the trace: nothing to account the step "
                                        "by (profile with ProfilerActivity.CUDA, or CPU for a CPU-only job)")
-    return account_cpu(view, cpu_all)
+    return account_cpu(view, cpu_all) or Skip("step_accounting", "no step annotations and no CPU ops on any thread "
+                                                                  "to place a window on")
 
 
-def _extract(view: RankView):
-    return rank_account(view)
+def _extract(rid: str):
+    def extract(view: RankView):
+        a = rank_account(view)
+        return Skip(rid, a.why) if isinstance(a, Skip) else a
+
+    return extract
 
 
 def _r(x: float | None, nd: int = 1) -> float | None:
@@ -69,11 +75,17 @@ MUST_SPEAK = SEVERITY_SHARE["high"]
 """GPU idle at or above this share of a step is never left without a finding at or above 'low'"""
 
 
-def slice_finding(rid: str, slices: tuple[str, ...], accounts: list[tuple[int, Account]], ctx) -> list[Finding]:
+def slice_finding(rid: str, slices: tuple[str, ...], accounts: list[tuple[int, Account]], ctx,
+                  whole: bool = False) -> list[Finding]:
     """One finding for the idle ``slices`` of ``accounts`` naming every rank where they cost >= 'low' of its
-    step; [] when none does."""
+    step; [] when none does. ``whole``: the whole slice, not only the part a finding charges (:data:`PART`)."""
+    part = {} if whole else PART
+
+    def _slices(a: Account, slices: tuple[str, ...]) -> float:  # noqa: F811  (this finding's part)
+        return sum(a.cost(s) * part.get(s, lambda a: 1.0)(a) for s in slices)
+
     def share(a: Account) -> float:
-        return sum(a.share(s) * PART.get(s, lambda a: 1.0)(a) for s in slices)
+        return sum(a.share(s) * part.get(s, lambda a: 1.0)(a) for s in slices)
 
     fired = sorted(((rk, a) for rk, a in accounts if share(a) >= LOW), key=lambda ra: -_slices(ra[1], slices))
     if not fired:
@@ -254,7 +266,7 @@ def must_speak(accounts: list[tuple[int, Account]], findings: list[Finding], ctx
             continue
         s = max(IDLE, key=a.share)
         rid = SLICE_RULE[s]
-        f = slice_finding(rid, (s,), [(rk, a)], ctx)
+        f = slice_finding(rid, (s,), [(rk, a)], ctx, whole=True)
         if not f:
             continue
         cost = max(a.cost(s), LOW * (a.step_us or a.window_us))
@@ -269,5 +281,5 @@ for _rid, _title in (("input_bound", "the GPU waits for the DataLoader"),
                      ("allocator_churn", "the GPU waits for the caching allocator's device calls"),
                      ("queued_idle", "the GPU idles with work already issued"),
                      ("unexplained_idle", "GPU idle time the trace cannot attribute")):
-    rule(Rule(id=_rid, title=_title, extract=_extract, judge=_judge(_rid), cause=TEXT[_rid]["cause"],
+    rule(Rule(id=_rid, title=_title, extract=_extract(_rid), judge=_judge(_rid), cause=TEXT[_rid]["cause"],
               fix=TEXT[_rid]["fix"], caveats=TEXT[_rid].get("caveats", ""), notebook=TEXT[_rid].get("notebook")))
