@@ -191,9 +191,10 @@ def step_time(view: RankView) -> float | None:
         host = float(np.median(np.diff(st["ts"].to_numpy(dtype=float))))
         ends = g.groupby(step_of)["end"].max().sort_index().to_numpy(dtype=float)
         return max(host, float(np.median(np.diff(ends))) if len(ends) >= 2 else 0.0)
-    from ..traces.overlap import length, union
+    from ..traces.intervals import union_np
 
-    return max(float(st["dur"].iloc[0]), length(union(list(zip(g["ts"], g["end"])))))
+    a, b = union_np(g["ts"], g["end"])
+    return max(float(st["dur"].iloc[0]), float((b - a).sum()))
 
 
 def rank_summary(path: str | Path) -> RankSummary:

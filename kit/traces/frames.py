@@ -485,20 +485,16 @@ def _valid(gpu: Columns, cpu: Columns, name: str,
             warnings.append(f"{name}: {int(zero_steps.sum())} ProfilerStep annotation(s) of zero duration dropped "
                             f"({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}): a step without length")
             drop = drop | zero_steps
-    if len(windows) and gpu.n:  # GPU activity only: a long CPU op may straddle the window's edges
-        merged: list[list[float]] = []
-        for lo, hi in sorted(windows):
-            if merged and lo <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], hi)
-            else:
-                merged.append([lo, hi])
-        los = np.array([m[0] for m in merged]) - WINDOW_SLACK_US
-        his = np.array([m[1] for m in merged]) + WINDOW_SLACK_US
+    from .intervals import union_np
+
+    w_lo, w_hi = union_np([lo for lo, _ in windows], [hi for _, hi in windows])  # windows of no length: none
+    if len(w_lo) and gpu.n:  # GPU activity only: a long CPU op may straddle the window's edges
+        los, his = w_lo - WINDOW_SLACK_US, w_hi + WINDOW_SLACK_US
         k = np.searchsorted(los, gpu.values["end"], side="right") - 1  # the last window starting before the end
         g_out = (k < 0) | (his[np.maximum(k, 0)] < gpu.values["ts"])
         if g_out.any():
             warnings.append(f"{name}: {int(g_out.sum())} GPU event(s) wholly outside the profiler's window "
-                            f"({merged[0][1] - merged[0][0]:.0f} us) dropped (corrupt timestamps)")
+                            f"({w_hi[0] - w_lo[0]:.0f} us) dropped (corrupt timestamps)")
             gpu = gpu.take(np.flatnonzero(~g_out))
     if drop.any():
         cpu = cpu.take(np.flatnonzero(~drop))

@@ -63,8 +63,13 @@ def _r(x: float | None, nd: int = 1) -> float | None:
     return None if x is None else round(float(x), nd)
 
 
-def _slices(a: Account, slices: tuple[str, ...]) -> float:
-    return sum(a.cost(s) * PART.get(s, lambda a: 1.0)(a) for s in slices)
+def _charged(a: Account, s: str, whole: bool = False) -> float:
+    """The part of slice ``s`` a finding charges (:data:`PART`; all of it when ``whole``)."""
+    return 1.0 if whole or s not in PART else PART[s](a)
+
+
+def _slices(a: Account, slices: tuple[str, ...], whole: bool = False) -> float:
+    return sum(a.cost(s) * _charged(a, s, whole) for s in slices)
 
 
 PART = {"queued": lambda a: float(a.queued.get("above_median_share") or 0.0)}
@@ -79,15 +84,13 @@ def slice_finding(rid: str, slices: tuple[str, ...], accounts: list[tuple[int, A
                   whole: bool = False) -> list[Finding]:
     """One finding for the idle ``slices`` of ``accounts`` naming every rank where they cost >= 'low' of its
     step; [] when none does. ``whole``: the whole slice, not only the part a finding charges (:data:`PART`)."""
-    part = {} if whole else PART
-
-    def _slices(a: Account, slices: tuple[str, ...]) -> float:  # noqa: F811  (this finding's part)
-        return sum(a.cost(s) * part.get(s, lambda a: 1.0)(a) for s in slices)
+    def cost(a: Account) -> float:
+        return _slices(a, slices, whole)
 
     def share(a: Account) -> float:
-        return sum(a.share(s) * part.get(s, lambda a: 1.0)(a) for s in slices)
+        return sum(a.share(s) * _charged(a, s, whole) for s in slices)
 
-    fired = sorted(((rk, a) for rk, a in accounts if share(a) >= LOW), key=lambda ra: -_slices(ra[1], slices))
+    fired = sorted(((rk, a) for rk, a in accounts if share(a) >= LOW), key=lambda ra: -cost(ra[1]))
     if not fired:
         return []
     worst_rank, worst = fired[0]
@@ -96,18 +99,18 @@ def slice_finding(rid: str, slices: tuple[str, ...], accounts: list[tuple[int, A
     who = (f"on every rank ({len(ranks)}; worst: rank {worst_rank})" if everyone else
            f"on rank {worst_rank}" if len(ranks) == 1 else
            f"on {len(ranks)} of {len(accounts)} ranks ({', '.join(map(str, ranks[:8]))}{', ...' if len(ranks) > 8 else ''}; worst: rank {worst_rank})")
-    cost = _slices(worst, slices)
+    worst_cost = cost(worst)
     ev: dict[str, Any] = {"rank": worst_rank, "slices": list(slices), "share_of_step": _r(share(worst), 4),
                           "job_level": everyone, "gpu_idle_share": _r(worst.idle_us / worst.window_us, 4)
                           if worst.window_us else None, "mode": worst.mode}
     ev["steps_with_it"] = f"{int((worst.per_step[list(slices)].sum(axis=1) > 0).sum())} of {worst.steps}"
     ev.update(DETAIL.get(rid, lambda a: {})(worst))
-    ev["per_rank"] = {str(rk): {"cost_us_per_step": _r(_slices(a, slices)), "share_of_step": _r(share(a), 4)}
+    ev["per_rank"] = {str(rk): {"cost_us_per_step": _r(cost(a)), "share_of_step": _r(share(a), 4)}
                       for rk, a in fired[:16]}
     r = RULES.get(rid)
     t = TEXT.get(rid) or {"cause": r.cause, "fix": r.fix, "caveats": r.caveats, "notebook": r.notebook}
-    summary = SENTENCE[rid](worst, cost, share(worst), who)
-    return [Finding(rule=rid, cost_us_per_step=round(cost, 1), ranks=ranks, evidence=ev, summary=summary,
+    summary = SENTENCE[rid](worst, worst_cost, share(worst), who)
+    return [Finding(rule=rid, cost_us_per_step=round(worst_cost, 1), ranks=ranks, evidence=ev, summary=summary,
                     cause=t["cause"], fix=t["fix"], caveats=t.get("caveats", ""), notebook=t.get("notebook"))]
 
 
