@@ -12,7 +12,7 @@ sys.path.insert(0, str(ROOT))
 
 def pids_of(run_dir) -> list[int]:
     d = Path(run_dir) / "pids"
-    return [int(p.read_text()) for p in d.iterdir()] if d.exists() else []
+    return [int(p.read_text()) for p in d.iterdir() if not p.name.startswith(".")] if d.exists() else []
 
 
 def alive(pid: int) -> bool:

@@ -23,7 +23,9 @@ def trivial(cfg, ctx):
 def write_pid(ctx):
     d = Path(ctx.run_dir) / "pids"
     d.mkdir(exist_ok=True)
-    (d / str(ctx.rank)).write_text(str(os.getpid()))
+    tmp = d / f".{ctx.rank}.tmp"  # written whole, then renamed: a reader polling the directory never sees it half-written
+    tmp.write_text(str(os.getpid()))
+    tmp.replace(d / str(ctx.rank))
 
 
 def raise_on_rank1(cfg, ctx):
