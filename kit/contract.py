@@ -17,6 +17,9 @@ An investigation is one :class:`Investigation` value, ``INVESTIGATION`` in its m
 * ``findings(runs) -> list[Observation]`` -- the measured statements the notebook prints, each with its value,
   so tests can check them on the recorded runs.
 * ``after(cfg, run)`` -- optional launcher-side step once the ranks are done (e.g. nccl-tests).
+* ``points(cfg, world_size, cuda) -> int`` -- the measurement points planned: how many ``ctx.step(name)`` calls
+  rank 0 makes (finer steps say ``point=False``). The progress bar of a notebook, ``kit run`` and ``kit exp`` counts
+  them against this plan (:mod:`kit.progress`, :func:`planned_points`); the tests check that a run keeps its plan.
 
 The registry maps names (= notebook stems) to modules. Investigations outside the kit's tree are added
 with ``KIT_INVESTIGATIONS="name=module[:notebook.ipynb],..."`` (a user's own investigation in their repo).
@@ -151,6 +154,9 @@ class Investigation:
     findings: Callable[["RunSet"], list[Observation]]
     needs: Callable[[Any, Machine], list[str]] = Needs()
     after: Callable[[Any, "Run"], None] | None = None
+    points: Callable[[Any, int, bool], int] | None = None
+    """``(cfg, world_size, cuda) -> int``: rank 0's planned measurement points (None: the bar counts without a
+    total)"""
     question: str = ""
     """one line for the report index: what this investigation asks"""
     notebook: Path | None = None
@@ -314,6 +320,24 @@ def execute(name: str, cfg: LaunchConfig, **kw) -> "Run":
     return run
 
 
+def planned_points(name: str, cfg: LaunchConfig) -> int | None:
+    """The measurement points a run of ``cfg`` plans, over all its ``env_sets`` (:mod:`kit.progress`): the
+    investigation's ``points`` at the world size and backend this configuration gets here (or the job's, under
+    torchrun/SLURM); None when it plans none or the world cannot be resolved (the run then says why itself)."""
+    from .launch import launched_externally, resolve
+
+    inv = get(name)
+    if inv.points is None or inv.run is None:
+        return None
+    try:
+        world, backend = resolve(cfg)
+    except ConfigError:
+        return None
+    if launched_externally() and "WORLD_SIZE" in os.environ:
+        world = int(os.environ["WORLD_SIZE"])
+    return int(inv.points(cfg, world, backend == "nccl")) * max(len(cfg.env_sets), 1)
+
+
 def execute_all(name: str, cfg: LaunchConfig, **kw) -> list["Run"]:
     """One run per entry of ``cfg.env_sets`` (fresh ranks each: NCCL reads its variables once per process),
     labelled by the variables of the set; a single run when ``env_sets`` is empty."""
@@ -328,4 +352,4 @@ def execute_all(name: str, cfg: LaunchConfig, **kw) -> list["Run"]:
 
 
 __all__ = ["Observation", "Investigation", "Machine", "Needs", "REGISTRY", "Skipped", "execute", "execute_all", "get",
-           "missing", "names", "registry"]
+           "missing", "names", "planned_points", "registry"]

@@ -103,17 +103,18 @@ def _long_run_warning(inv: contract.Investigation, values: Mapping[str, Any]) ->
 
 
 def execute(inv: contract.Investigation, cfg) -> list[results.Run]:
-    """Run the investigation here (one launch per ``env_sets`` entry) with a progress bar over the rows as they
-    arrive. When this machine cannot run it, print what is missing and return ``[]``: the notebook then shows the
+    """Run the investigation here (one launch per ``env_sets`` entry) with a progress bar over its planned
+    measurement points (kit.progress). When this machine cannot run it, print what is missing and return ``[]``: the notebook then shows the
     recorded runs. An interrupt (Kernel > Interrupt) stops the ranks and ends with one line."""
-    from .progress import rows_bar
+    from .progress import watch
 
     try:
-        if os.environ.get("KIT_PARAMS"):  # kit run shows the bar in its terminal (kit.progress.watch_rows)
+        if os.environ.get("KIT_PARAMS"):  # kit run shows the bar in its terminal (kit.progress.watch)
             made = contract.execute_all(inv.name, cfg)
         else:
-            with rows_bar(inv.name) as on_row:
-                made = contract.execute_all(inv.name, cfg, on_row=on_row)
+            with watch(Path(cfg.results_root) / inv.name, inv.name, contract.planned_points(inv.name, cfg),
+                       notebook=True):
+                made = contract.execute_all(inv.name, cfg)
     except contract.Skipped as e:
         print(f"{inv.name} cannot run on this machine:")
         for r in e.reasons:
@@ -163,19 +164,27 @@ def choose(inv: contract.Investigation, made, analyse: Any = "auto") -> results.
 
 
 def _note_provenance(runs: results.RunSet) -> None:
-    """Under ``kit run``: which runs the figures saved from now on show (``<prefix>.provenance.jsonl`` beside
-    them), for the report index's captions."""
+    """Under ``kit run``: which runs the figures saved from now on show, for the report index's captions."""
+    from . import sysinfo
+
+    when = sorted({(m.get("start_time") or "")[:10] for m in runs.metas} - {""})
+    hw = sysinfo.summary(runs.meta.get("sysinfo") or {}).split(" | ")[0] if runs.dirs else ""
+    note_figure_source(runs.source, hw, when)
+
+
+def note_figure_source(source: str, hardware: str, dates: list[str], what: str = "") -> None:
+    """Under ``kit run``: what the figures saved from now on show -- ``source`` ("this run", "recorded: ..." or
+    "traces"), the hardware, the dates, and for a page that reads inputs (the doctor's traces) ``what`` they are --
+    one line of ``<prefix>.provenance.jsonl`` beside the figures (kit.runner.figure_sources reads it)."""
     import json
     import time
 
     d, prefix = os.environ.get("KIT_FIGURES_DIR"), os.environ.get("KIT_FIGURE_PREFIX")
     if not d or not prefix:
         return
-    when = sorted({(m.get("start_time") or "")[:10] for m in runs.metas} - {""})
-    from . import sysinfo
-
-    hw = sysinfo.summary(runs.meta.get("sysinfo") or {}).split(" | ")[0] if runs.dirs else ""
-    note = {"t": time.time(), "source": runs.source, "hardware": hw, "dates": when}
+    note = {"t": time.time(), "source": source, "hardware": hardware, "dates": list(dates)}
+    if what:
+        note["what"] = what
     with open(Path(d) / f"{prefix}.provenance.jsonl", "a") as f:
         f.write(json.dumps(note) + "\n")
 

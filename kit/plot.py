@@ -94,7 +94,7 @@ def size_curves(summary, y: str = "busbw_gbps", hue: str = "method", col: str = 
         log2_bytes_axis(ax)
         ax.set_xlabel("message size (bytes)")
         ax.set_ylabel(ylabel)
-        if logy:
+        if logy and (d[y] > 0).any():  # a log axis of a panel with no positive value is an empty panel
             ax.set_yscale("log")
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)

@@ -98,6 +98,15 @@ def cannot_run(names: list[str], params: dict[str, dict]) -> dict[str, list[str]
     return out
 
 
+def planned(name: str, params: dict) -> int | None:
+    """The measurement points this notebook's run plans (kit.contract.planned_points), for ``kit run``'s bar."""
+    try:
+        return contract.planned_points(name, contract.get(name).config(
+            {k: v for k, v in params.items() if k not in NOTEBOOK_EXTRAS}))
+    except ConfigError:
+        return None
+
+
 def _export_html(nb_path: Path, html_path: Path, no_input: bool) -> None:
     import nbformat
     from nbconvert import HTMLExporter
@@ -130,7 +139,8 @@ def run_notebook(name: str, params: dict, report_dir: Path, no_input: bool, log=
             drop = {f.name for f in fields(LaunchConfig)} | {"analyse"}
             params = {k: v for k, v in params.items() if k not in drop}
         watch = params.get("results_root") if contract.get(name).run is not None else None
-        with progress.watch_rows(Path(watch) / name, f"  {name}") if watch else contextlib.nullcontext():
+        with (progress.watch(Path(watch) / name, f"  {name}", planned(name, params)) if watch
+              else contextlib.nullcontext()):
             # the kernel's own log at ERROR: its "running over TCP without encryption" warning (a local kernel
             # on loopback) is nothing a user can act on
             pm.execute_notebook(str(src), str(out_nb), parameters=params, kernel_name="python3", cwd=str(REPO),
@@ -166,8 +176,9 @@ def run_notebook(name: str, params: dict, report_dir: Path, no_input: bool, log=
 
 
 def figure_sources(fig_dir: Path, name: str, figures: list[Path]) -> dict[str, str]:
-    """figure -> what it shows ('this machine, 2026-11-25' or 'recorded: 2x NVIDIA H200 (NV18), 2026-11-23'):
-    the runs the notebook chose last before the figure was written (kit.notebook.choose notes them)."""
+    """figure -> what it shows ('this machine, 2026-11-25', 'recorded, 2x NVIDIA H200 (NV18), 2026-11-23', or for
+    the doctor 'traces recorded/h200x2/doctor/late-rank, 2 ranks on NVIDIA H200, 2026-11-23'): the runs the notebook
+    chose (kit.notebook.choose) or the traces it read (kit.doctor.notebook.diagnose), last before the figure."""
     import json
 
     notes_file = fig_dir / f"{name}.provenance.jsonl"
@@ -178,7 +189,7 @@ def figure_sources(fig_dir: Path, name: str, figures: list[Path]) -> dict[str, s
         if not before:
             continue
         n = before[-1]
-        where = "this machine" if n["source"] == "this run" else "recorded"
+        where = "this machine" if n["source"] == "this run" else (n.get("what") or "recorded")
         out[f"figures/{f.name}"] = ", ".join(x for x in (where, n.get("hardware"), " & ".join(n.get("dates") or []))
                                              if x)
     return out
@@ -208,7 +219,9 @@ def write_index(report_dir: Path, entries: list[dict], config_path: Path | None)
         link = f'<a href="{e["html"]}">{e["name"]}</a>' if e["html"] else e["name"]
         word, color = _STATUS_STYLE.get(e["status"], (e["status"], "#b00"))
         shows = list((e.get("shows") or {}).values())
-        if e["status"] == "ok" and shows and not any(s.startswith("this machine") for s in shows):
+        if e["status"] == "ok" and shows and all(s.startswith("traces ") for s in shows):
+            word = "ran here on the traces its captions name"
+        elif e["status"] == "ok" and shows and not any(s.startswith("this machine") for s in shows):
             word = "ran here; its figures draw the recorded runs"
         status = f'<b style="color:{color}">{html.escape(word)}</b>'
         why = "".join(f"<li>{html.escape(r)}</li>" for r in e.get("missing") or [])
@@ -223,9 +236,11 @@ def write_index(report_dir: Path, entries: list[dict], config_path: Path | None)
                f"recorded runs, labelled as such), {counts['failed']} failed")
     shown = [s for e in entries for s in (e.get("shows") or {}).values()]
     mine = sum(s.startswith("this machine") for s in shown)
-    legend = (f"{len(shown)} figure(s): {mine} from this machine's runs, {len(shown) - mine} from the recorded "
-              "runs (each caption names the hardware and date); a CPU run proves the path, not the hardware, so "
-              "the notebooks draw the recorded GPU runs and print this machine's own table beside them")
+    read = sum(s.startswith("traces ") for s in shown)
+    legend = (f"{len(shown)} figure(s): {mine} from this machine's runs, {len(shown) - mine - read} from the recorded "
+              f"runs, {read} from the traces the doctor read (each caption names the hardware and date); a CPU run "
+              "proves the path, not the hardware, so the notebooks draw the recorded GPU runs and print this "
+              "machine's own table beside them")
     page = f"""<!doctype html><meta charset="utf-8"><title>kit report {report_dir.name}</title>
 <style>body{{font-family:sans-serif;margin:2em}} td{{vertical-align:top;padding:6px;border-bottom:1px solid #ddd}}
 ul{{margin:4px 0;padding-left:18px;font-size:90%}}</style>

@@ -88,6 +88,16 @@ def _trace_cache(tmp_path_factory):
         os.environ["KIT_TRACE_CACHE"] = old
 
 
+@pytest.fixture(autouse=True)
+def _close_figures():
+    """Figures a test drew are closed after it (a notebook shows and closes them; tests only inspect them)."""
+    yield
+    import sys
+
+    if "matplotlib.pyplot" in sys.modules:
+        sys.modules["matplotlib.pyplot"].close("all")
+
+
 # ------------------------------------------------------------------------------------------------ shared helpers
 def make_run(path, rows, experiment, **meta):
     """A run directory at ``path`` (created) holding ``rows`` as rows.csv and a meta.json for ``experiment``."""
@@ -130,3 +140,14 @@ def wait_for(condition, timeout=60.0, every=0.05):
         if got or time.monotonic() >= deadline:
             return got
         time.sleep(every)
+
+
+def assert_plan_kept(name, cfg, runs):
+    """The runs of ``cfg`` reported exactly the measurement points their investigation planned (kit.progress:
+    rank 0's ``ctx.step`` calls against ``Investigation.points``): the progress bar ends at its total."""
+    from kit import contract, progress
+
+    runs = runs if isinstance(runs, (list, tuple)) else [runs]
+    done = [progress.read_points(getattr(r, "dir", r))[0] for r in runs]
+    planned = contract.planned_points(name, cfg)
+    assert planned and sum(done) == planned, f"{name}: planned {planned} points, rank 0 reported {done}"

@@ -6,7 +6,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import figure_says, make_run
+from conftest import assert_plan_kept, figure_says, make_run
 from kit import contract, results, stats
 from kit.config import ConfigError
 from kit.investigations import collectives as C
@@ -43,6 +43,7 @@ def test_gloo_sweep_rows_and_bandwidths(tmp_path):
                                                "iters": 2, "repeats": 3, "warmup": 1,
                                                "results_root": str(tmp_path)})
     run = contract.execute("collectives", cfg)
+    assert_plan_kept("collectives", cfg, run)  # 5 collectives x 3 sizes
     df = run.df()
     # every (collective, size, rank, sample) is a row; CPU has only the eager method
     assert len(df) == 5 * 3 * 2 * 3

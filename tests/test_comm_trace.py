@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import ROOT, figure_says, kit_cli, make_run
+from conftest import ROOT, assert_plan_kept, figure_says, kit_cli, make_run
 from kit import collective_ops, contract, results, traces
 from kit.traces import comm as CT
 
@@ -73,7 +73,9 @@ def gloo_run(tmp_path_factory):
         "world_size": 2, "backend": "gloo", "ddp_layers": 2, "hidden": 64, "batch": 8, "tp_layers": 2,
         "tp_tokens": 64, "tp_hidden": 64, "timed_steps": 2, "profile_steps": 2,
         "results_root": str(tmp_path_factory.mktemp("ct"))})
-    return contract.execute("collective_tracing", cfg)
+    run = contract.execute("collective_tracing", cfg)
+    assert_plan_kept("collective_tracing", cfg, run)
+    return run
 
 
 def test_gloo_traces_and_flight_recorder(gloo_run):

@@ -15,7 +15,7 @@ import torch
 import yaml
 
 import exps
-from conftest import ROOT
+from conftest import ROOT, assert_plan_kept
 from kit import contract, results
 from kit import traces as T
 from kit.config import ConfigError
@@ -146,6 +146,7 @@ def test_run_one_rank(tmp_path):
     cfg = INV.config({**SMALL, "world_size": 1, "sync_modes": ["per_param", "flat", "ddp"], "results_root": str(tmp_path)})
     run = contract.execute("dataloader_sync", cfg)
     assert run.meta["status"] == "ok"
+    assert_plan_kept("dataloader_sync", cfg, run)
     runs = results.RunSet([run.dir])
     tables, fs = _every_analysis(runs)
     assert set(tables["breakdown"]["sync"]) == {"per_param", "flat", "ddp"}

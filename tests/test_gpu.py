@@ -6,7 +6,7 @@ import time
 import pytest
 
 import exps
-from conftest import pids_of, wait_dead
+from conftest import assert_plan_kept, pids_of, wait_dead
 from kit import contract as experiments, results, traces
 from kit.launch import launch
 
@@ -37,6 +37,7 @@ def test_collectives_gpu_methods(cfg):
                                                 "iters": 5, "repeats": 3, "results_root": cfg.results_root,
                                                 "nccl_tests": ""})
     run = experiments.execute("collectives", c)
+    assert_plan_kept("collectives", c, run)
     df = run.df()
     assert {"eager", "graph", "kernel"} <= set(df["method"])
     k = df[df.method == "kernel"]
@@ -51,6 +52,7 @@ def test_graph_gaps_census_and_profile(cfg):
                                                "iters": 2, "repeats": 2, "launch_batches": [8], "launch_layers": 8,
                                                "keep_traces": [4], "results_root": cfg.results_root})
     runs = experiments.execute_all("graph_gaps", c)
+    assert_plan_kept("graph_gaps", c, runs)
     assert [r.meta["env_overrides"] for r in runs] == [{}, {"NCCL_GRAPH_MIXING_SUPPORT": "0"}]
     census = []
     for r in runs:
@@ -69,6 +71,7 @@ def test_collective_tracing_nccl_metadata(cfg):
                                                        "tp_layers": 1, "tp_tokens": 256, "tp_hidden": 512,
                                                        "timed_steps": 2, "profile_steps": 2, "results_root": cfg.results_root})
     run = experiments.execute("collective_tracing", c)
+    assert_plan_kept("collective_tracing", c, run)
     from kit import traces
     from kit.traces import comm as CT
 
@@ -90,6 +93,7 @@ def test_graph_gaps_one_gpu(cfg):
                                                "iters": 2, "repeats": 2, "launch_batches": [8], "launch_layers": 8,
                                                "env_sets": [], "results_root": cfg.results_root})
     run = experiments.execute("graph_gaps", c)
+    assert_plan_kept("graph_gaps", c, run)
     keys = {f.key for f in G.INVESTIGATION.findings(results.RunSet([run.dir]))}
     assert "no_nccl_kernel" in keys and any(k.startswith("graph_over_eager") for k in keys)
 
@@ -102,6 +106,7 @@ def test_dataloader_sync_one_gpu(cfg):
                                                     "profile_steps": 1, "bucket_caps_mb": [25.0],
                                                     "results_root": cfg.results_root})
     run = experiments.execute("dataloader_sync", c)
+    assert_plan_kept("dataloader_sync", c, run)
     from kit.investigations import dataloader_sync as D
 
     fs = D.INVESTIGATION.findings(results.RunSet([run.dir]))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, assert_plan_kept
 from kit import contract, results, traces
 from kit.config import ConfigError
 from kit.investigations import graph_gaps as G
@@ -33,6 +33,7 @@ def test_gloo_path_rows_and_env_sets(tmp_path):
                                               "results_root": str(tmp_path)})
     runs = contract.execute_all("graph_gaps", cfg)
     assert [r.meta["label"] for r in runs] == ["default env", "NCCL_GRAPH_MIXING_SUPPORT=0"]
+    assert_plan_kept("graph_gaps", cfg, runs)  # 2 settings x 2 layer counts x 2 models
     assert runs[1].meta["sysinfo"]["env"]["NCCL_GRAPH_MIXING_SUPPORT"] == "0"  # reached the ranks
     df = results.load(*[r.dir for r in runs])
     assert "method" not in df.columns and df["mode"].notna().all()  # one schema: `mode` on every row
@@ -56,6 +57,7 @@ def test_one_rank_runs_and_says_what_it_lacks(tmp_path):
     assert G.INVESTIGATION.needs(cfg, contract.Machine(gpus=1, gpu_name="H100", nccl=True, world_size=1)) == []
     run = contract.execute("graph_gaps", cfg)
     assert run.meta["status"] == "ok" and {r["rank"] for r in run.rows} == {0}
+    assert_plan_kept("graph_gaps", cfg, run)
     rs = results.RunSet([run.dir])
     for name in G.INVESTIGATION.tables:
         assert G.INVESTIGATION.table(name, rs) is not None

@@ -52,20 +52,32 @@ def test_kit_run_and_kit_preset_none_keep_the_values_as_given(no_kit_env, monkey
     assert values["max_bytes"] == 2**30 and line == "parameters: configs/gpu.yaml -p iters=3 (kit run)"
 
 
-def test_kit_run_progress_counts_rows_of_runs_written_meanwhile(tmp_path):
+def test_progress_bar_counts_planned_points_of_the_runs_written_meanwhile(tmp_path):
+    """kit.progress: rank 0's points land in progress.json (written whole); the bar sums the runs that appear while
+    it watches against the plan, names the last point, and never shows more than planned."""
     old = tmp_path / "20200101-old"
     old.mkdir()
-    (old / "rows.csv").write_text("kind,rank\na,0\n")
-    since = time.time() + 1
-    os.utime(old / "rows.csv", (since - 100, since - 100))
-    new = tmp_path / "20260101-new"
-    new.mkdir()
-    (new / "rows.csv").write_text("kind,rank\na,0\na,1\nb,0\n")
-    os.utime(new / "rows.csv", (since + 1, since + 1))
-    assert progress._rows_so_far(tmp_path, since) == 3
-    with progress.rows_bar("t", notebook=False) as on_row:
-        for _ in range(4):
-            on_row({"kind": "sample"})
+    progress.PointsFile(old).step("from before")  # a run that was there before the watch began
+    with progress.watch(tmp_path, "t", 5, every_s=0.05) as bar:
+        a, b = tmp_path / "20260101-a", tmp_path / "20260101-b"
+        a.mkdir(), b.mkdir()
+        pa, pb = progress.PointsFile(a, every_s=0), progress.PointsFile(b, every_s=0)
+        for i in range(3):
+            pa.step(f"all_reduce {i}")
+        pa.step("a finer step", point=False)
+        pb.step("all_gather 1 KiB")
+        pa.close(), pb.close()
+    assert progress.read_points(a) == (3, "all_reduce 2") and progress.read_points(b) == (1, "all_gather 1 KiB")
+    assert (bar.done, bar.total, bar.last) == (4, 5, "all_gather 1 KiB")
+    assert not list(a.glob(".progress.json.*"))  # the temporary file was renamed, not left behind
+    with progress.watch(tmp_path, "t", 2, every_s=0.05) as bar:  # a plan that undercounts: the total follows
+        c = tmp_path / "20260101-c"
+        c.mkdir()
+        pc = progress.PointsFile(c, every_s=0)
+        for i in range(3):
+            pc.step(str(i))
+        pc.close()
+    assert (bar.done, bar.total) == (3, 3)
 
 
 def test_index_caption_names_the_runs_each_figure_shows(tmp_path):
@@ -82,6 +94,22 @@ def test_index_caption_names_the_runs_each_figure_shows(tmp_path):
     shows = runner.figure_sources(figs, "x", [a, b, c])
     assert shows == {"figures/x-a.png": "this machine, CPU only (2 cores), 2026-11-25",
                      "figures/x-b.png": "recorded, 2x NVIDIA H200 (NV18), 2026-11-23"}
+
+
+def test_doctor_figures_are_captioned_with_the_traces_hardware_and_date(tmp_path, monkeypatch):
+    """The doctor page reads traces, not runs: its figures' captions name the traces' folder, the GPU their headers
+    give and the day they were captured (the recorded 2xH200 late-rank job)."""
+    from kit.doctor import notebook as dn
+
+    monkeypatch.setenv("KIT_FIGURES_DIR", str(tmp_path))
+    monkeypatch.setenv("KIT_FIGURE_PREFIX", "doctor")
+    d = dn.diagnose(["recorded/h200x2/doctor/late-rank/trace_rank*.json.gz"])
+    assert d.devices == ["NVIDIA H200"] and d.dates == ["2026-11-23"]
+    f = tmp_path / "doctor-accounting.png"
+    f.write_bytes(b"png")
+    shows = runner.figure_sources(tmp_path, "doctor", [f])
+    assert shows == {"figures/doctor-accounting.png":
+                     "traces recorded/h200x2/doctor/late-rank, 2 ranks on NVIDIA H200, 2026-11-23"}
 
 
 def test_an_interrupted_run_is_one_line_in_jupyter():

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 import exps
-from conftest import ROOT
+from conftest import ROOT, assert_plan_kept
 from kit import contract as experiments
 from kit import results, transports
 from kit.config import ConfigError
@@ -366,7 +366,9 @@ def test_pipeline_equals_single_process(tmp_path, world):
 
 # ------------------------------------------------------------------------------------------------ whole runs
 def test_whole_experiment_on_gloo(tmp_path):
-    run = experiments.execute("p2p_transports", _cfg(tmp_path, transports=["copy", "gloo"], verify=True))
+    cfg = _cfg(tmp_path, transports=["copy", "gloo"], verify=True)
+    run = experiments.execute("p2p_transports", cfg)
+    assert_plan_kept("p2p_transports", cfg, run)  # copy is unavailable on CPU: its parts pass as skipped
     runs = results.RunSet([run.dir], "this run")
     df = runs.df
     skipped = A.skipped(runs)
@@ -403,9 +405,10 @@ def test_whole_experiment_on_gloo(tmp_path):
 
 
 def test_three_ranks_pair_matrix_and_one_sender_two_receivers(tmp_path):
-    run = experiments.execute("p2p_transports", _cfg(tmp_path, world_size=3, transports=["gloo"],
-                                                     parts=["bandwidth", "comm_comm", "semantics"],
-                                                     max_bytes=4096, matrix_bytes=4096, directions=["one"]))
+    cfg = _cfg(tmp_path, world_size=3, transports=["gloo"], parts=["bandwidth", "comm_comm", "semantics"],
+               max_bytes=4096, matrix_bytes=4096, directions=["one"])
+    run = experiments.execute("p2p_transports", cfg)
+    assert_plan_kept("p2p_transports", cfg, run)
     df = run.df()
     m = A.matrix(df, "gloo")  # more than two endpoints: every ordered pair, like p2pBandwidthLatencyTest
     assert m.shape == (3, 3) and m.notna().sum().sum() == 6 and (m.fillna(1) > 0).all().all()
@@ -645,6 +648,7 @@ def test_gpu_pipeline_same_numbers_over_every_transport(tmp_path):
                                                      "parts": ["pipeline"], "pipeline_hidden": 256,
                                                      "pipeline_batch": 64, "pipeline_steps": 2, "dtype": "float32"})
     run = experiments.execute("p2p_transports", cfg)
+    assert_plan_kept("p2p_transports", cfg, run)
     pp = PA.pipeline(run.df())
     # every transport host-driven; device-bound: copy with a thread per stage, nccl as one CUDA graph per stage
     assert set(zip(pp.transport, pp.driver, pp.how)) == {("copy", "host", "host"), ("ipc", "host", "host"),

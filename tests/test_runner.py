@@ -8,9 +8,9 @@ import sys
 import nbformat
 import pytest
 
-from conftest import ROOT
-from kit import runner
-from kit.config import NOTEBOOK_EXTRAS, ConfigError, LaunchConfig
+from conftest import ROOT, assert_plan_kept
+from kit import contract, runner
+from kit.config import NOTEBOOK_EXTRAS, ConfigError, LaunchConfig, load_yaml, parse_override
 from kit.contract import REGISTRY, get
 
 
@@ -180,3 +180,8 @@ def test_every_investigation_runs_on_eight_gloo_ranks(tmp_path, name):
         df = results.load(d)
         df = df[0] if isinstance(df, tuple) else df
         assert sorted(df["rank"].unique()) == list(range(8)), name
+    cfg = contract.make_config(name, {**load_yaml(ROOT / "configs" / "cpu-smoke.yaml")["defaults"],
+                                      **load_yaml(ROOT / "configs" / "cpu-smoke.yaml")[name],
+                                      **dict(parse_override(kv) for kv in EIGHT_RANKS[name]),
+                                      "world_size": 8, "results_root": str(tmp_path)})
+    assert_plan_kept(name, cfg, sorted((tmp_path / name).iterdir()))  # the 8x8 matrix, 8 pipeline stages

@@ -25,9 +25,11 @@ cannot run on this machine (``kit exp``, or ``kit run --strict``), with what is 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+from pathlib import Path
 
 from ..config import ConfigError, parse_override
 
@@ -81,12 +83,14 @@ def cmd_exp(args) -> int:
     mapping = {**(data.get("defaults") or {}), **(data.get(args.name) or {}), **dict(_overrides(args.param))}
     cfg = contract.make_config(args.name, mapping)
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) if launched_externally() else 0
-    from ..progress import rows_bar
+    from ..progress import watch
 
-    try:  # a bar over the rows as they arrive (stderr; silent when stderr is not a terminal)
-        with rows_bar(f"kit exp {args.name}", notebook=False) as on_row:
-            runs = contract.execute_all(args.name, cfg, verbose=args.verbose,
-                                        **({} if launched_externally() else {"on_row": on_row}))
+    # a bar over the planned measurement points (stderr; silent when stderr is not a terminal, and on ranks but 0)
+    bar = (watch(Path(cfg.results_root) / args.name, f"kit exp {args.name}", contract.planned_points(args.name, cfg))
+           if rank == 0 else contextlib.nullcontext())
+    try:
+        with bar:
+            runs = contract.execute_all(args.name, cfg, verbose=args.verbose)
     except contract.Skipped as e:
         print(f"kit exp {args.name}: cannot run on this machine:\n  " + "\n  ".join(e.reasons), file=sys.stderr)
         return 3

@@ -481,4 +481,17 @@ def diagnose(traces: Iterable[str | Path], *, sweep=None, flight_recorder=None, 
                      accounting=accounting,
                      ranks=list(ctx.ranks), step_us=ctx.step_us, steps=ctx.steps, failed=failed,
                      notes=job_notes(job, summaries) + group_notes(summaries) + list(ctx.notes),
-                     flight_recorder=fr, missing=list(job.missing), world_size=job.world_size)
+                     flight_recorder=fr, missing=list(job.missing), world_size=job.world_size,
+                     **captured_on(summaries))
+
+
+def captured_on(summaries: Sequence[RankSummary]) -> dict[str, Any]:
+    """``devices`` (the GPU names the traces' headers give) and ``dates`` (UTC days their events span), for the
+    report's captions: which hardware, when."""
+    import datetime as dt
+
+    ids = [s.identity for s in summaries if s.identity is not None]
+    devices = sorted({i.device for i in ids if i.device})
+    days = {dt.datetime.fromtimestamp(t / 1e6, dt.timezone.utc).strftime("%Y-%m-%d")
+            for i in ids if i.span for t in i.span}
+    return {"devices": devices, "dates": sorted(days)}

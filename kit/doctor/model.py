@@ -225,6 +225,10 @@ class Diagnosis:
     accounting: dict[str, dict[str, Any]] = field(default_factory=dict)
     """per rank (str), the step accounting: mode, steps, window_us, step_us, ``us_per_step`` and ``share`` per
     slice (:data:`kit.doctor.accounting.SLICES`; the shares of a rank sum to 1)"""
+    devices: list[str] = field(default_factory=list)
+    """the GPU names the traces' headers give (``deviceProperties``); [] when they give none"""
+    dates: list[str] = field(default_factory=list)
+    """the UTC days (YYYY-MM-DD) the traces' events span; [] without a base time"""
     flight_recorder: list[str] = field(default_factory=list)
     """what the Flight Recorder dumps (``--fr``) show across ranks: a collective some rank never issued (what a
     hang waits for), ranks issuing different collectives at one sequence number; one sentence each"""
@@ -238,8 +242,8 @@ class Diagnosis:
                 "skipped": [asdict(s) for s in self.skipped], "traces": list(self.traces),
                 "ranks": list(self.ranks), "step_us": self.step_us, "steps": self.steps,
                 "failed": list(self.failed), "notes": list(self.notes), "accounting": dict(self.accounting),
-                "world_size": self.world_size, "missing": list(self.missing),
-                "flight_recorder": list(self.flight_recorder)}
+                "world_size": self.world_size, "missing": list(self.missing), "devices": list(self.devices),
+                "dates": list(self.dates), "flight_recorder": list(self.flight_recorder)}
 
 
 def trace_label(path: Path | str) -> str:

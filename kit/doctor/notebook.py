@@ -60,18 +60,40 @@ def diagnose(traces: list[str], sweep: str | None = None, workers: int | None = 
              flight_recorder: list[str] | None = None, rules: str = "") -> Diagnosis:
     """:func:`kit.doctor.diagnose` on the notebook's parameters (``sweep=""``: none, ``workers=0``: one per
     core, ``flight_recorder=[]``: none, ``rules=""``: all), with one line saying what was read."""
+    from .. import notebook as nb
     from .engine import diagnose as run, load_flight_recorder
 
     fr = load_flight_recorder(resolve(list(flight_recorder))) if flight_recorder else None
     only = [r.strip() for r in rules.split(",") if r.strip()] or None
     d = run(resolve(list(traces)), sweep=resolve([sweep])[0] if sweep else None, workers=workers or None,
             flight_recorder=fr, only=only)
+    nb.note_figure_source("traces", _hardware(d), d.dates, what=f"traces {_where(d.traces)}")
     step = f"{d.step_us / 1e3:.2f} ms" if d.step_us else "unknown"
     print(f"{len(d.traces)} rank trace(s), ranks {d.ranks}; step {step} "
           f"({d.steps or 'no'} profiled steps{'' if d.steps else ': the whole trace counts as one'}); "
           f"{len(d.problems)} problem(s) at or above 'low', {len(d.findings)} finding(s) in all"
           + (f"; {len(d.failed)} trace(s) unreadable" if d.failed else ""))
     return d
+
+
+def _hardware(d: Diagnosis) -> str:
+    """'2 ranks on NVIDIA H200' from the traces' headers (the caption of the doctor's figures)."""
+    n = len(d.ranks)
+    who = f"{n} rank{'s' if n != 1 else ''}"
+    return f"{who} on {', '.join(d.devices)}" if d.devices else f"{who} (GPU not named in the traces)"
+
+
+def _where(paths: list[str]) -> str:
+    """The traces' common folder, relative to the repository when inside it."""
+    import os
+
+    from ..results import REPO_ROOT
+
+    common = Path(os.path.commonpath([str(Path(p).resolve().parent) for p in paths])) if paths else Path(".")
+    try:
+        return str(common.relative_to(REPO_ROOT))
+    except ValueError:
+        return str(common)
 
 
 def findings_table(d: Diagnosis) -> "pd.DataFrame":
@@ -147,6 +169,20 @@ def accounting_figure(d: Diagnosis):
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     fig.tight_layout()
     return fig
+
+
+def accounting(d: Diagnosis, save: bool = True) -> "pd.DataFrame":
+    """In a notebook: the accounting figure (saved as ``doctor-accounting`` with :func:`kit.plot.save` when
+    ``save``), then the table returned for the cell to show."""
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+
+    fig = accounting_figure(d)
+    if save:
+        plot.save(fig, "doctor-accounting")
+    display(fig)
+    plt.close(fig)
+    return accounting_table(d)
 
 
 def finding_text(f: Finding) -> str:

@@ -24,6 +24,7 @@ import traceback
 from pathlib import Path
 
 from .. import results
+from ..progress import PointsFile
 from . import meta as run_meta
 from .messages import Message, Step
 from .node import node_id, resolve
@@ -103,7 +104,14 @@ def launch_in_place(fn: ExperimentFn, cfg, experiment: str, on_row=None) -> resu
     mine: list[dict] = []
     watchdog = _Watchdog(rank, cfg.timeout_s)
     watchdog.start()
-    ctx = Ctx(rank, world, local_rank, backend, run_dir, watchdog)
+    points = PointsFile(run_dir) if rank == 0 else None  # the measurement points, for the progress bar
+
+    def emit(msg: Message) -> None:
+        watchdog(msg)
+        if points is not None and isinstance(msg, Step):
+            points.step(msg.name, msg.point)
+
+    ctx = Ctx(rank, world, local_rank, backend, run_dir, emit)
     run = results.Run(run_dir, meta, writer.rows if writer else mine)
     failed = False
     try:
@@ -130,4 +138,6 @@ def launch_in_place(fn: ExperimentFn, cfg, experiment: str, on_row=None) -> resu
         raise
     finally:
         watchdog.stop()
+        if points is not None:
+            points.close()
         destroy_pg(sys.stderr, failed=failed)  # bounded: a failed rank's GPU may wait for a dead peer forever

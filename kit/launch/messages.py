@@ -46,9 +46,11 @@ class SysInfo(Message):
 
 @dataclass(frozen=True)
 class Step(Message):
-    """Progress with a name: the watchdog reports the last one of a rank that hangs."""
+    """Progress with a name: the watchdog reports the last one of a rank that hangs. ``point``: rank 0's step is
+    one of the investigation's planned measurement points (:mod:`kit.progress`); a finer step says False."""
 
     name: str
+    point: bool = True
 
 
 @dataclass(frozen=True)

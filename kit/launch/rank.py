@@ -62,9 +62,11 @@ class Ctx:
 
         return torch.device("cuda", self.local_rank) if self.is_cuda else torch.device("cpu")
 
-    def step(self, name: str) -> None:
-        """Report progress. The watchdog names the last step of a rank that hangs."""
-        self._emit(Step(self.rank, str(name)))
+    def step(self, name: str, point: bool = True) -> None:
+        """Report progress. The watchdog names the last step of a rank that hangs. Rank 0's steps are the
+        investigation's measurement points (the progress bar's count against ``Investigation.points``); a finer
+        step, there only for the watchdog's message, passes ``point=False``."""
+        self._emit(Step(self.rank, str(name), bool(point)))
 
     def log(self, *args) -> None:
         """A line shown by the supervisor (rank-prefixed) and written to the rank's log."""

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, NoReturn
 
 from .. import results
+from ..progress import PointsFile
 from . import hang, meta as run_meta
 from .procs import ProcessSupervisor
 from .messages import Done, Error, Log, Message, Ready, Row, Step, SysInfo
@@ -98,6 +99,7 @@ class Supervisor(ProcessSupervisor):
         self.meta = run_meta.start_meta(experiment, cfg, world, backend, "spawn")
         run_meta.write(self.run_dir, self.meta)
         self.writer = results.RowWriter(self.run_dir / "rows.csv")
+        self.points = PointsFile(self.run_dir)  # rank 0's measurement points, for the progress bar
         self.run = results.Run(self.run_dir, self.meta, self.writer.rows)
         self.states: dict[int, RankState] = {}
         self.q = None
@@ -132,6 +134,7 @@ class Supervisor(ProcessSupervisor):
                 raise SystemExit(143) from None
             raise
         finally:
+            self.points.close()
             if old_term is not None:
                 signal.signal(signal.SIGTERM, old_term)
 
@@ -188,9 +191,11 @@ class Supervisor(ProcessSupervisor):
                 s.steps += 1
                 if self.on_row:
                     self.on_row(row)
-            case Step(rank=rank, name=name):
+            case Step(rank=rank, name=name, point=point):
                 s.steps += 1
                 s.step = name
+                if rank == 0:
+                    self.points.step(name, point)
                 if self.verbose:
                     print(f"[rank {rank}] {name}", flush=True)
             case Log(rank=rank, text=text):

@@ -223,6 +223,15 @@ def _cost_sweep(cfg: Config, ctx):
             runtime.stop()
 
 
+def points(cfg: Config, world: int, cuda: bool) -> int:
+    """The measurement points (kit.contract): per part (ddp, tp) its timing, profiler cost (``nccl_profiler``) and
+    profiling; the plugin's cost per size; the Flight Recorder demo (two on rank 0: the demo, the unmatched op)."""
+    plugin = bool(cfg.nccl_profiler)
+    per_part = 2 + (1 if plugin else 0)
+    return (len(PARTS) * per_part + (len(cfg.nccl_cost_sizes) if plugin else 0)
+            + (2 if cfg.fr_demo and world > 1 else 0))
+
+
 def run(cfg: Config, ctx):
     import torch
 
@@ -317,6 +326,7 @@ INVESTIGATION = Investigation(
     findings=lambda runs: findings(runs) + nccl_findings(runs),
     needs=needs,
     after=after,
+    points=points,
     question="what each collective of a DDP step and a TP forward moved, how fast, how much compute hid it; "
              "which rank a hang waits for",
 )

@@ -39,7 +39,7 @@ from ... import regimes as kit_regimes
 from .analysis import (at_1mib_table, busbw_figure, busbw_table, findings, notes_table, regime_findings,
                        regimes_figure, regimes_table, rows, summarize, times_table)
 from .nccl_tests import after, find_nccl_tests, parse_nccl_tests, run_nccl_tests
-from .sweep import NO_KERNEL, Config, kernel_durations, per_rank_count, run
+from .sweep import NO_KERNEL, Config, kernel_durations, per_rank_count, points, run
 
 INVESTIGATION = Investigation(
     name="collectives",
@@ -52,6 +52,7 @@ INVESTIGATION = Investigation(
     findings=findings,
     needs=Needs(ranks=2),
     after=after,
+    points=points,
     question="what busbw each collective reaches from PyTorch (eager, graph, kernel) next to nccl-tests",
 )
 

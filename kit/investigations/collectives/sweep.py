@@ -97,6 +97,11 @@ def _with_bw(rows: list[dict], collective: str, world: int) -> list[dict]:
     return rows
 
 
+def points(cfg: Config, world: int, cuda: bool) -> int:
+    """The measurement points (kit.contract): one per (collective, size)."""
+    return len(cfg.collectives) * len(stats.pow2_sizes(cfg.min_bytes, cfg.max_bytes))
+
+
 def run(cfg: Config, ctx):
     """The rank function: yields one row per sample per (collective, size, method)."""
     import torch

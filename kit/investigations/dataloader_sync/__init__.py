@@ -47,7 +47,7 @@ from .data import RawImageFolder, make_dataset, make_loader
 from .findings import findings
 from .regimes import fig_regimes, table_regime_breakdown, table_regime_buckets, table_regime_event_vs_kernel
 from .model import build, sync_gradients, vgg11
-from .train import H2DMover, run, train
+from .train import H2DMover, points, run, train
 
 INVESTIGATION = Investigation(
     name="dataloader_sync",
@@ -62,6 +62,7 @@ INVESTIGATION = Investigation(
              "bucket-curve": fig_bucket_curve, "regimes": fig_regimes},
     findings=findings,
     needs=Needs(ranks=1),
+    points=points,
     question="why a gradient all-reduce looks slow in training: H2D copies, stream sync, per-parameter vs "
              "flat vs DDP gradient sync",
 )

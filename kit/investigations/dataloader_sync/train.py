@@ -168,6 +168,23 @@ def train(cfg: Config, ctx, h2d: str, sync: str, bucket_mb: float, dataset, trac
         torch.cuda.empty_cache()
 
 
+def combos(cfg: Config, cuda: bool) -> list[tuple[str, str, float]]:
+    """(h2d, sync, bucket MB) in the order they run: every H2D mode with every sync mode at DDP's default
+    bucket, then the other bucket caps with the best H2D mode this machine has."""
+    out = [(h, s, DDP_DEFAULT_BUCKET_MB) for h in cfg.h2d_modes for s in cfg.sync_modes]
+    if "ddp" in cfg.sync_modes:
+        h_best = "prefetch" if ("prefetch" in cfg.h2d_modes and cuda) else cfg.h2d_modes[0]
+        out += [(h_best, "ddp", b) for b in cfg.bucket_caps_mb if b != DDP_DEFAULT_BUCKET_MB]
+    return out
+
+
+def points(cfg: Config, world: int, cuda: bool) -> int:
+    """The measurement points (kit.contract): the dataset, then per configuration that runs here its warm-up,
+    its timed steps and (``profile_steps``) its profiled steps."""
+    runs = [c for c in combos(cfg, cuda) if cuda or c[0] not in CUDA_ONLY_H2D]
+    return 1 + len(runs) * (3 if cfg.profile_steps else 2)
+
+
 def run(cfg: Config, ctx):
     """The rank function (kit.contract): the dataset once, then every configuration in turn."""
     import torch.distributed as dist
@@ -181,11 +198,7 @@ def run(cfg: Config, ctx):
         make_dataset(root, cfg.samples, cfg.image_size, cfg.classes)
     ctx.barrier()
     dataset = RawImageFolder(make_dataset(root, cfg.samples, cfg.image_size, cfg.classes))
-    combos = [(h, s, DDP_DEFAULT_BUCKET_MB) for h in cfg.h2d_modes for s in cfg.sync_modes]
-    if "ddp" in cfg.sync_modes:
-        h_best = "prefetch" if ("prefetch" in cfg.h2d_modes and ctx.is_cuda) else cfg.h2d_modes[0]
-        combos += [(h_best, "ddp", b) for b in cfg.bucket_caps_mb if b != DDP_DEFAULT_BUCKET_MB]
-    for h2d, sync, bucket in combos:
+    for h2d, sync, bucket in combos(cfg, ctx.is_cuda):
         if h2d in CUDA_ONLY_H2D and not ctx.is_cuda:
             yield {"kind": "skipped", "h2d": h2d, "sync": sync, "reason": f"{h2d} needs CUDA (pinned memory, streams)"}
             continue

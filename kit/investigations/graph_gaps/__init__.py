@@ -48,7 +48,7 @@ from functools import partial
 from ...contract import Investigation, Needs
 from .analysis import (NO_NCCL, census_table, forward_table, gaps_table, kept_trace_gaps, launch_table,
                        one_layer_window, table_census, table_forward, table_gaps, table_launch)
-from .experiment import Config, build_forward, capture, run, timed_rows
+from .experiment import Config, build_forward, capture, points, run, timed_rows
 from .figures import FIGURES
 from .findings import findings
 from .mechanism import (edges_table, gap_by_position, gap_vs_work, launch_profile_table, position_table,
@@ -77,6 +77,7 @@ INVESTIGATION = Investigation(
              **{f"probe-matrix-{hw}": partial(_figure, hw) for hw in matrix_hardware()}},
     findings=findings,
     needs=Needs(ranks=1),
+    points=points,
     question="why a CUDA graph idles before each NCCL kernel (NCCL_GRAPH_MIXING_SUPPORT), and what graphs buy",
 )
 

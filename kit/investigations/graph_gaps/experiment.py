@@ -123,6 +123,16 @@ def capture(fn, ctx, debug_dot: Path | None = None):
     return timing.capture_graph(fn, ctx, iters=1, warmup=3, graph=g, debug_dot=debug_dot)
 
 
+def points(cfg: Config, world: int, cuda: bool) -> int:
+    """The measurement points (kit.contract): the census, one per (model, N), each mechanism variant and the
+    replays, one per launch batch and benchmark -- on CPU only the (model, N) points run."""
+    per_n = len(cfg.layers) * (2 if cfg.control else 1)
+    if not cuda:
+        return per_n
+    mech = len(mechanism.work_variants(cfg)) + 1 if cfg.mechanism else 0
+    return 1 + per_n + mech + 2 * len(cfg.launch_batches)
+
+
 def run(cfg: Config, ctx):
     import torch
 

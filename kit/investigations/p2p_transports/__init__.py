@@ -133,6 +133,12 @@ class Config(LaunchConfig):
         return [f"P2P needs at least 2 ranks (world_size {world})"] if world < 2 else []
 
 
+def points(cfg: Config, world: int, cuda: bool) -> int:
+    """The measurement points (kit.contract): per transport its set-up and each part (a transport unavailable
+    here passes its parts as skipped); the steps inside a part are finer (``point=False``)."""
+    return len(cfg.transports) * (1 + len(cfg.parts))
+
+
 def run(cfg: Config, ctx):
     """The rank function: every transport (collectively set up) through every experiment."""
     import torch
@@ -147,6 +153,8 @@ def run(cfg: Config, ctx):
             T = transports.make(name, ctx, cfg.timeout_s, slots=cfg.ipc_slots)
         except transports.TransportUnavailable as e:
             yield dict(kind="skipped", transport=name, reason=str(e), rank=ctx.rank)
+            for part in cfg.parts:  # its planned points pass, said as skipped
+                ctx.step(f"{name} {part}: skipped ({name} unavailable)")
             continue
         S = harness.sync_for(T, ctx, host_group)
         try:
@@ -183,6 +191,7 @@ INVESTIGATION = Investigation(
             "nccl_transports": kit_regimes.transports_table},
     figures={**figures.FIGURES, **pipeline_analysis.FIGURES, "bandwidth-regimes": regimes.fig_bandwidth_regimes}, findings=findings,
     needs=Needs(ranks=2),
+    points=points,
     question="peer copy, CUDA IPC or NCCL send/recv: which P2P transport serves pipeline parallelism best, and "
              "what does each cost the compute beside it?")
 

@@ -23,7 +23,7 @@ def experiment(cfg, ctx, T, S):
     T.setup(pairs, max(cfg.max_bytes, cfg.matrix_bytes if matrix else 0))
     for direction in cfg.directions:
         for n in stats.pow2_sizes(cfg.min_bytes, cfg.max_bytes):
-            ctx.step(f"{T.name} {direction} {stats.human_bytes(n)}")
+            ctx.step(f"{T.name} {direction} {stats.human_bytes(n)}", point=False)
             flows = [(0, 1, n)] + ([(1, 0, n)] if direction == "both" else [])
             keys = dict(transport=T.name, direction=direction, src=0, dst=1, bytes=n, iters=cfg.iters,
                         world_size=ctx.world_size, backend=ctx.backend)
@@ -32,7 +32,7 @@ def experiment(cfg, ctx, T, S):
             H.free(ctx)
     if matrix:
         for a, b in pairs[2:]:
-            ctx.step(f"{T.name} matrix {a}->{b}")
+            ctx.step(f"{T.name} matrix {a}->{b}", point=False)
             keys = dict(transport=T.name, direction="one", src=a, dst=b, bytes=cfg.matrix_bytes, iters=cfg.iters,
                         world_size=ctx.world_size, backend=ctx.backend)
             yield from H.timed_rows(cfg, ctx, T, S, [(a, b, cfg.matrix_bytes)], keys, kind="matrix")

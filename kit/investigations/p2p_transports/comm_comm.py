@@ -36,7 +36,7 @@ def experiment(cfg, ctx, T, S):
         bufs = H.buffers(T, flows)
         H.verified_transfer(T, ctx, flows, bufs, seq=0)
         for mode in modes:
-            ctx.step(f"{T.name} comm_comm {scen} {mode}")
+            ctx.step(f"{T.name} comm_comm {scen} {mode}", point=False)
             chans = [T, T2 if mode == "two_streams" else T]
             for sample in range(-max(cfg.warmup, 1), cfg.repeats):  # >= 1: a new communicator starts lazily
                 times = flows_once(ctx, S, chans, flows, bufs, streams, mode)

@@ -160,13 +160,13 @@ def experiment(cfg, ctx, T, S):
                 dtype=str(H.compute_dtype(cfg, ctx)).replace("torch.", ""), comm_role=b.comm_role,
                 world_size=ctx.world_size)
     for phase in PHASES:
-        ctx.step(f"{T.name} comm_compute {phase}")
+        ctx.step(f"{T.name} comm_compute {phase}", point=False)
         for i in range(-cfg.warmup, cfg.repeats):
             rows = sample(b, phase)
             if i >= 0:
                 yield from (dict(keys, phase=phase, sample=i, **r) for r in rows)
     if cfg.profile and S.is_cuda:
-        ctx.step(f"{T.name} comm_compute profile")
+        ctx.step(f"{T.name} comm_compute profile", point=False)
         yield from profile(b)
     b.mats.clear()
     b.bufs.clear()

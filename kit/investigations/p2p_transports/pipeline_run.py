@@ -144,7 +144,7 @@ def experiment(cfg, ctx, T, S):
             continue
         step_fn = P.run(how)
         for step in range(-2, cfg.pipeline_steps):
-            ctx.step(f"{T.name} pipeline {driver} step {step}")
+            ctx.step(f"{T.name} pipeline {driver} step {step}", point=False)
             S.barrier()
             t0 = time.perf_counter()
             step_fn()
@@ -156,7 +156,7 @@ def experiment(cfg, ctx, T, S):
                 yield dict(keys, kind="pipeline", driver=driver, how=how, step=step, stage=s, time_us=t,
                            loss=float(st.loss) if s == n - 1 else math.nan, grad_norm=gn)
         if cfg.profile and S.is_cuda:
-            ctx.step(f"{T.name} pipeline {driver} profile")
+            ctx.step(f"{T.name} pipeline {driver} profile", point=False)
             path = traces.trace_path(ctx, experiment="pipeline", transport=T.name, driver=driver)
             timing.trace_steps(step_fn, S, 1, path, record_shapes=False)
             if P.stages:
@@ -173,12 +173,12 @@ def parts(cfg, ctx, T, S, P: Pipeline, keys: dict, act: int):
     """``pipeline_part`` rows: each stage's forward and backward of one micro-batch alone, and one activation
     sent between neighbours over ``T``."""
     for s, st in P.stages.items():
-        ctx.step(f"{T.name} pipeline parts stage {s}")
+        ctx.step(f"{T.name} pipeline parts stage {s}", point=False)
         for i, us in enumerate(_compute_times(st, s == P.n - 1, max(cfg.warmup, PART_WARMUP), cfg.repeats, S.is_cuda)):
             yield from (dict(keys, kind="pipeline_part", part=part, stage=s, sample=i, time_us=us[part])
                         for part in ("F", "B"))
     for s in range(P.n - 1):
-        ctx.step(f"{T.name} pipeline parts transfer {s}->{s + 1}")
+        ctx.step(f"{T.name} pipeline parts transfer {s}->{s + 1}", point=False)
         yield from H.timed_rows(cfg, ctx, T, S, [(s, s + 1, act)],
                                 dict(keys, part="transfer", src=s, dst=s + 1, bytes=act), kind="pipeline_part")
     H.free(ctx)
