@@ -187,13 +187,16 @@ class Investigation:
         return _lookup(self.tables, name, self.name, "table")(runs)
 
     def figure(self, name: str, runs: "RunSet", save: bool = True) -> None:
-        """Draw figure ``name``, show it (in a notebook) and save it (kit.plot.save) as ``<name>.png``.
+        """Draw figure ``name``, show it (in a notebook) and save it (kit.plot.save) as ``<name>.png``. A figure
+        function drawn from committed data rather than ``runs`` carries ``fn.source`` (kit.plot.note_source's
+        arguments) for its caption.
         Returns nothing, so a notebook cell shows it once; ``figures[name](runs)`` gives the Figure."""
         from . import plot
 
-        fig = _lookup(self.figures, name, self.name, "figure")(runs)
-        if save and fig is not None:
-            plot.save(fig, name)
+        fn = _lookup(self.figures, name, self.name, "figure")
+        fig = fn(runs)
+        if save and fig is not None:  # a figure drawn from committed data, not the runs, says so (``fn.source``)
+            plot.save(fig, name, source=getattr(fn, "source", None))
 
     def check_row(self, row: Mapping[str, Any]) -> None:
         missing = [c for c in self.columns if c not in row]

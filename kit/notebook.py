@@ -169,24 +169,9 @@ def _note_provenance(runs: results.RunSet) -> None:
 
     when = sorted({(m.get("start_time") or "")[:10] for m in runs.metas} - {""})
     hw = sysinfo.summary(runs.meta.get("sysinfo") or {}).split(" | ")[0] if runs.dirs else ""
-    note_figure_source(runs.source, hw, when)
+    from . import plot
 
-
-def note_figure_source(source: str, hardware: str, dates: list[str], what: str = "") -> None:
-    """Under ``kit run``: what the figures saved from now on show -- ``source`` ("this run", "recorded: ..." or
-    "traces"), the hardware, the dates, and for a page that reads inputs (the doctor's traces) ``what`` they are --
-    one line of ``<prefix>.provenance.jsonl`` beside the figures (kit.runner.figure_sources reads it)."""
-    import json
-    import time
-
-    d, prefix = os.environ.get("KIT_FIGURES_DIR"), os.environ.get("KIT_FIGURE_PREFIX")
-    if not d or not prefix:
-        return
-    note = {"t": time.time(), "source": source, "hardware": hardware, "dates": list(dates)}
-    if what:
-        note["what"] = what
-    with open(Path(d) / f"{prefix}.provenance.jsonl", "a") as f:
-        f.write(json.dumps(note) + "\n")
+    plot.note_source(runs.source, hw, when)
 
 
 def show(inv: contract.Investigation, name: str, runs: results.RunSet, round_to: int = 2) -> None:

@@ -29,14 +29,39 @@ def style() -> None:
     sns.set_theme(style="whitegrid", context="notebook")
 
 
-def save(fig, name: str) -> Path:
+def save(fig, name: str, source: dict | None = None) -> Path:
+    """Write ``fig`` as ``<prefix>-<name>.png``; ``source``: what this one figure shows when it is not the runs
+    the notebook chose (e.g. a committed probe matrix), for its caption in the report (:func:`note_source`)."""
     d = Path(os.environ.get("KIT_FIGURES_DIR") or (results.REPO_ROOT / "figures"))
     d.mkdir(parents=True, exist_ok=True)
     prefix = os.environ.get("KIT_FIGURE_PREFIX")
     fname = f"{prefix}-{name}.png" if prefix and not name.startswith(prefix + "-") else f"{name}.png"
     path = d / fname
     fig.savefig(path, dpi=120, bbox_inches="tight")
+    if source:
+        note_source(figure=fname, **source)
     return path
+
+
+def note_source(source: str, hardware: str = "", dates: list[str] | tuple[str, ...] = (), what: str = "",
+                figure: str | None = None) -> None:
+    """Under ``kit run``: what the figures saved from now on show -- ``source`` ("this run", "recorded: ..." or
+    "traces"), the hardware, the dates, and for inputs that are not runs (the doctor's traces, a probe matrix)
+    ``what`` they are; with ``figure`` for that one figure only. One line of ``<prefix>.provenance.jsonl`` beside
+    the figures; :func:`kit.runner.figure_sources` turns them into the index's captions."""
+    import json
+    import time
+
+    d, prefix = os.environ.get("KIT_FIGURES_DIR"), os.environ.get("KIT_FIGURE_PREFIX")
+    if not d or not prefix:
+        return
+    note = {"t": time.time(), "source": source, "hardware": hardware, "dates": list(dates)}
+    if what:
+        note["what"] = what
+    if figure:
+        note["figure"] = figure
+    with open(Path(d) / f"{prefix}.provenance.jsonl", "a") as f:
+        f.write(json.dumps(note) + "\n")
 
 
 def message(text: str, title: str = ""):

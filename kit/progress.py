@@ -84,6 +84,16 @@ def points_of_new_runs(root: Path, before: set[str]) -> tuple[int, str]:
     return n, last
 
 
+def _size() -> dict[str, int]:
+    """{} (tqdm sizes the bar to the terminal) unless stderr is a terminal that reports 0 columns or rows -- a
+    pty opened without a size (``script``, some ``docker exec -t``): there tqdm draws an empty line, so 80 x 24."""
+    try:
+        size = os.get_terminal_size(sys.stderr.fileno())
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {} if size.columns > 0 and size.lines > 0 else {"ncols": size.columns or 80, "nrows": size.lines or 24}
+
+
 @dataclass
 class Seen:
     """What :func:`watch` has seen so far (the bar draws it; a disabled bar -- no TTY -- still counts here)."""
@@ -106,7 +116,8 @@ def watch(root: str | Path, desc: str, total: int | None, *, notebook: bool = Fa
     else:
         from tqdm import tqdm
 
-        bar = tqdm(total=total, desc=desc, unit=" points", file=sys.stderr, disable=None, mininterval=every_s)
+        bar = tqdm(total=total, desc=desc, unit=" points", file=sys.stderr, disable=None, mininterval=every_s,
+                   **_size())
     seen = Seen(total=total)
     root = Path(root)
     before = {d.name for d in root.iterdir()} if root.is_dir() else set()

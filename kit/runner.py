@@ -185,7 +185,8 @@ def figure_sources(fig_dir: Path, name: str, figures: list[Path]) -> dict[str, s
     notes = [json.loads(x) for x in notes_file.read_text().splitlines() if x.strip()] if notes_file.exists() else []
     out = {}
     for f in figures:
-        before = [n for n in notes if n["t"] <= f.stat().st_mtime + 1e-3]
+        own = [n for n in notes if n.get("figure") == f.name]  # a figure that says what it shows (kit.plot.save)
+        before = own or [n for n in notes if "figure" not in n and n["t"] <= f.stat().st_mtime + 1e-3]
         if not before:
             continue
         n = before[-1]

@@ -96,6 +96,29 @@ def test_index_caption_names_the_runs_each_figure_shows(tmp_path):
                      "figures/x-b.png": "recorded, 2x NVIDIA H200 (NV18), 2026-11-23"}
 
 
+def test_a_figure_drawn_from_committed_data_says_so_whatever_the_runs(tmp_path, monkeypatch):
+    """graph_gaps' probe matrix figure draws the committed matrix, not the runs chosen: its caption names the
+    matrix and its GPU (kit.plot.save's ``source``), and the figures after it are the runs' again."""
+    import matplotlib.pyplot as plt
+
+    from kit import contract, plot
+
+    monkeypatch.setenv("KIT_FIGURES_DIR", str(tmp_path))
+    monkeypatch.setenv("KIT_FIGURE_PREFIX", "graph_gaps")
+    plot.note_source("this run", "CPU only (2 cores)", ["2026-11-25"])
+    inv = contract.get("graph_gaps")
+    name = next(n for n in inv.figures if n.startswith("probe-matrix-"))
+    inv.figure(name, None)
+    fig, _ = plt.subplots()
+    plot.save(fig, "after")
+    files = sorted(tmp_path.glob("graph_gaps-*.png"))
+    shows = runner.figure_sources(tmp_path, "graph_gaps", files)
+    hw = name[len("probe-matrix-"):]
+    assert shows[f"figures/graph_gaps-{name}.png"].startswith(
+        f"recorded probe matrix recorded/probes/graph_gaps-matrix/{hw}, NVIDIA ")
+    assert shows["figures/graph_gaps-after.png"] == "this machine, CPU only (2 cores), 2026-11-25"
+
+
 def test_doctor_figures_are_captioned_with_the_traces_hardware_and_date(tmp_path, monkeypatch):
     """The doctor page reads traces, not runs: its figures' captions name the traces' folder, the GPU their headers
     give and the day they were captured (the recorded 2xH200 late-rank job)."""

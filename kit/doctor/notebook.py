@@ -60,14 +60,13 @@ def diagnose(traces: list[str], sweep: str | None = None, workers: int | None = 
              flight_recorder: list[str] | None = None, rules: str = "") -> Diagnosis:
     """:func:`kit.doctor.diagnose` on the notebook's parameters (``sweep=""``: none, ``workers=0``: one per
     core, ``flight_recorder=[]``: none, ``rules=""``: all), with one line saying what was read."""
-    from .. import notebook as nb
     from .engine import diagnose as run, load_flight_recorder
 
     fr = load_flight_recorder(resolve(list(flight_recorder))) if flight_recorder else None
     only = [r.strip() for r in rules.split(",") if r.strip()] or None
     d = run(resolve(list(traces)), sweep=resolve([sweep])[0] if sweep else None, workers=workers or None,
             flight_recorder=fr, only=only)
-    nb.note_figure_source("traces", _hardware(d), d.dates, what=f"traces {_where(d.traces)}")
+    plot.note_source("traces", _hardware(d), d.dates, what=f"traces {_where(d.traces)}")
     step = f"{d.step_us / 1e3:.2f} ms" if d.step_us else "unknown"
     print(f"{len(d.traces)} rank trace(s), ranks {d.ranks}; step {step} "
           f"({d.steps or 'no'} profiled steps{'' if d.steps else ': the whole trace counts as one'}); "

@@ -53,13 +53,23 @@ from .figures import FIGURES
 from .findings import findings
 from .mechanism import (edges_table, gap_by_position, gap_vs_work, launch_profile_table, position_table,
                         replay_table, work_table)
-from .matrix import figure as matrix_figure, hardware as matrix_hardware
+from .matrix import figure as matrix_figure, hardware as matrix_hardware, source as matrix_source
 from .matrix import factor_table, launch_table as probe_launch_table, matrix_table
 from .record_probe import probe_table, torch_table
 
 def _figure(hw: str, _runs=None):
     """The probe matrix figure of one hardware (committed rows: the runs are not used)."""
     return matrix_figure(hw)
+
+
+def _matrix_figures() -> dict:
+    """``probe-matrix-<hw>`` per committed hardware, each saying what it shows (``source``: kit.contract.figure)."""
+    out = {}
+    for hw in matrix_hardware():
+        fn = partial(_figure, hw)
+        fn.source = matrix_source(hw)
+        out[f"probe-matrix-{hw}"] = fn
+    return out
 
 
 INVESTIGATION = Investigation(
@@ -74,7 +84,7 @@ INVESTIGATION = Investigation(
             "torch_probe": torch_table, "probe_matrix_launch": probe_launch_table,
             "probe_matrix": lambda runs: factor_table(matrix_table())},
     figures={**FIGURES, "gap-by-position": gap_by_position, "gap-vs-work": gap_vs_work,
-             **{f"probe-matrix-{hw}": partial(_figure, hw) for hw in matrix_hardware()}},
+             **_matrix_figures()},
     findings=findings,
     needs=Needs(ranks=1),
     points=points,

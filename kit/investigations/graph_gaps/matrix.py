@@ -153,6 +153,22 @@ def hardware(root=MATRIX) -> list[str]:
     return sorted({p.parent.parent.name for p in Path(root).glob("*/*/gaps.parquet")})
 
 
+def source(hw: str, root=MATRIX) -> dict:
+    """What a figure of one hardware's committed matrix shows, for its caption in the report
+    (:func:`kit.plot.note_source`): the folder and the GPU its runs' ``gpu.txt`` name."""
+    names = set()
+    for f in sorted((Path(root) / hw).glob("*/gpu.txt")):
+        lines = f.read_text(errors="replace").splitlines()
+        if len(lines) > 1 and lines[1].strip():
+            names.add(lines[1].split(",")[0].strip())
+    rel = Path(root).resolve() / hw
+    try:
+        rel = rel.relative_to(RECORDED_ROOT.parent)
+    except ValueError:
+        pass
+    return {"source": "recorded", "what": f"recorded probe matrix {rel}", "hardware": ", ".join(sorted(names))}
+
+
 def load(hw: str, root=MATRIX) -> tuple["pd.DataFrame", "pd.DataFrame"]:
     """(points, gaps) of one hardware's committed runs (``<root>/<hw>/<run>/``, each run one fresh machine),
     with ``run`` and a ``pid`` unique over the runs (run index x 10000 + point_id) on both. Runs committed
