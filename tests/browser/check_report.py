@@ -7,7 +7,7 @@ the system's Chromium (``apt-get install chromium chromium-driver``) through Sel
 that did not load (naturalWidth 0), on an error output of its executed notebook (``<name>.ipynb`` beside the page)
 or on a Python traceback in its text. ``--screenshots`` saves the index and every page as PNG (full width,
 up to 2400 px: the index from its top, a page from its run cell down). ``--lab collectives`` also starts JupyterLab (as ``make lab`` does), opens that notebook, runs
-all its cells and drives the explorer's widgets (a value picked in a dropdown must change the table). Exit 0 when every page is clean, 1 with one line per problem, 2 on bad input. Not part of
+all its cells, checks its progress bar ended at the planned points and drives the explorer's widgets (a value picked in a dropdown must change the table). Exit 0 when every page is clean, 1 with one line per problem, 2 on bad input. Not part of
 ``make test``: it needs a browser and a report.
 """
 
@@ -118,6 +118,12 @@ def check_lab(d, name: str, shots: Path | None, timeout_s: float = 600) -> list[
         tracebacks = [e.text[:200] for e in errors
                       if "Traceback" in e.text or re.search(r"^\w+(Error|Exception|Interrupt)\b", e.text, re.M)]
         problems += [f"lab {name}: error output: {t}" for t in tracebacks]
+        # the run's progress bar (tqdm's ipywidgets bar, kit.progress): it must end at its planned total
+        bars = [e.text for e in d.find_elements(By.CSS_SELECTOR, ".jp-OutputArea-output .widget-hbox")
+                if re.search(r"\d+/\d+", e.text)]
+        done = [b for b in bars if (m := re.search(r"(\d+)/(\d+)", b)) and m.group(1) == m.group(2)]
+        if not done:
+            problems.append(f"lab {name}: no progress bar ended at its planned points (saw {bars[:2]})")
         selects = d.find_elements(By.CSS_SELECTOR, ".widget-dropdown select")
         if len(selects) < 3:
             return problems + [f"lab {name}: the explorer shows {len(selects)} dropdown(s), expected 3"]
@@ -141,7 +147,8 @@ def check_lab(d, name: str, shots: Path | None, timeout_s: float = 600) -> list[
         if shots is not None:
             d.execute_script("arguments[0].scrollIntoView();", out)
             d.save_screenshot(str(shots / f"lab-{name}.png"))
-        print(f"lab {name}: ran all cells, explorer: {len(col.options)} columns, table re-drawn on a pick")
+        print(f"lab {name}: ran all cells, progress bar {' | '.join(t.replace(chr(10), ' ') for t in done[:1])!r}, "
+              f"explorer: {len(col.options)} columns, table re-drawn on a pick")
     finally:
         lab.terminate()
         try:
