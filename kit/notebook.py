@@ -104,8 +104,9 @@ def _long_run_warning(inv: contract.Investigation, values: Mapping[str, Any]) ->
 
 def execute(inv: contract.Investigation, cfg) -> list[results.Run]:
     """Run the investigation here (one launch per ``env_sets`` entry) with a progress bar over its planned
-    measurement points (kit.progress). When this machine cannot run it, print what is missing and return ``[]``: the notebook then shows the
-    recorded runs. An interrupt (Kernel > Interrupt) stops the ranks and ends with one line."""
+    measurement points (kit.progress). When this machine cannot run it, print what is missing and return ``[]``:
+    the notebook then shows the recorded runs. An interrupt (Kernel > Interrupt) stops the ranks and ends with one
+    line."""
     from .progress import watch
 
     try:
@@ -165,12 +166,10 @@ def choose(inv: contract.Investigation, made, analyse: Any = "auto") -> results.
 
 def _note_provenance(runs: results.RunSet) -> None:
     """Under ``kit run``: which runs the figures saved from now on show, for the report index's captions."""
-    from . import sysinfo
+    from . import plot, sysinfo
 
     when = sorted({(m.get("start_time") or "")[:10] for m in runs.metas} - {""})
     hw = sysinfo.summary(runs.meta.get("sysinfo") or {}).split(" | ")[0] if runs.dirs else ""
-    from . import plot
-
     plot.note_source(runs.source, hw, when)
 
 

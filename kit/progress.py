@@ -1,4 +1,4 @@
-"""Progress over an investigation's planned measurement points (tqdm; ``tqdm.auto`` is an ipywidgets bar in JupyterLab).
+"""Progress over an investigation's planned measurement points (tqdm; ``tqdm.auto``: an ipywidgets bar in Jupyter).
 
 A *measurement point* is one ``ctx.step(name)`` of rank 0 (a collective at one size, a model at one depth, one
 training configuration); an investigation plans them before anything starts (``Investigation.points``, summed over

@@ -1,5 +1,6 @@
 """Launcher on 2 gloo ranks: rows from every rank, env overrides, and every fault with a time bound."""
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -131,7 +132,8 @@ def test_port_taken_is_retried(cfg, monkeypatch):
 
 
 PARENT = textwrap.dedent("""
-    import sys, dataclasses
+    import sys, dataclasses, faulthandler, signal
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for the stacks of a parent that hangs
     sys.path[:0] = [{tests!r}, {root!r}]
     import exps
     from kit.config import LaunchConfig
@@ -157,7 +159,17 @@ def test_parent_signal_leaves_no_rank_behind(tmp_path, sig):
         p.stdout.read().decode() if p.poll() is not None else "ranks did not start"
     pids = pids_of(next(res.glob("signal/*")))
     p.send_signal(sig)
-    p.wait(timeout=20)
+    try:
+        p.wait(timeout=20)
+    except subprocess.TimeoutExpired:  # say where the parent is stuck, then clean up
+        p.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        p.kill()
+        out = p.communicate()[0].decode(errors="replace")
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        pytest.fail(f"the parent did not exit within 20 s of {sig.name}; its output and stacks:\n{out[-6000:]}")
     assert wait_dead(pids, 10) == [], f"ranks left behind after {sig.name}"
     if sig != signal.SIGKILL:
         meta = json.loads(next(res.glob("signal/*/meta.json")).read_text())
