@@ -137,7 +137,7 @@ def test_analyses_never_raise(tmp_path, rows, sizes, drawn):
 
 
 def test_recorded_gpu_run_findings():
-    """The committed 2xH200 run: the README's numbers (busbw vs nccl-tests at 64 MiB and 1 GiB; the 1 MiB
+    """The committed 2xH200 run: FINDINGS.md's numbers (busbw vs nccl-tests at 64 MiB and 1 GiB; the 1 MiB
     per-call times; the host's enqueue time), from old rows without `kind`."""
     dirs = [d for d in results.recorded("collectives") if d.name == "20261122-132357-vm-53269d"]
     assert dirs, "the 2026-11-22 2xH200 run under recorded/h200x2/collectives"

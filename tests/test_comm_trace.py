@@ -179,7 +179,7 @@ def _recorded():
 
 
 def test_findings_on_the_recorded_2xh200_run():
-    """README: DDP's 33.5 MB (32 MiB) gradient buckets reach ~232 GB/s busbw; ~25% of their kernel time ran beside
+    """FINDINGS.md: DDP's 33.5 MB (32 MiB) gradient buckets reach ~232 GB/s busbw; ~25% of their kernel time ran beside
     backward; one rank's all_reduce took 403 us of which 258 us waiting; FR names rank 1."""
     fs = {f.key: f for f in contract.get("collective_tracing").findings(_recorded())}
     assert fs["ddp_bucket_busbw"].value == pytest.approx(232, abs=3) and "24 x all_reduce of 32 MiB" in fs[
@@ -196,7 +196,7 @@ def test_findings_on_the_recorded_2xh200_run():
 
 
 def test_late_peer_example_on_the_test_traces():
-    """README: in a raw trace one rank's all-reduce "took" 358 us, 328 us of it waiting for its peer."""
+    """FINDINGS.md: in a raw trace one rank's all-reduce "took" 358 us, 328 us of it waiting for its peer."""
     from kit.investigations.collective_tracing.analysis import late_peer
 
     f = late_peer(CT.collectives(NCCL))

@@ -210,7 +210,7 @@ def test_event_vs_kernel_without_kernels_in_the_traces(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ recorded run
 def test_findings_on_the_recorded_run():
-    """The README's numbers ("Why the gradient all-reduce looks slow in training"), from the committed 2xH200
+    """FINDINGS.md's numbers ("Why the gradient all-reduce looks slow in training"), from the committed 2xH200
     run's rows (which call the step index `step`) and its kept traces (old names)."""
     runs = results.RunSet([RECORDED])
     fs = {f.key: f for f in INV.findings(runs)}

@@ -311,7 +311,7 @@ def test_example_low_busbw_with_p2p_disabled(example):
 
 
 def test_example_contention_attempt_stays_below_the_threshold(example):
-    # the side matmuls stretch the last bucket's all-reduce by only ~1.07x on NVLink (README): nothing to report
+    # the side matmuls stretch the last bucket's all-reduce by only ~1.07x on NVLink (FINDINGS.md): nothing to report
     d = example("contention")
     assert "comm_compute_contention" in d.checked and finding(d, "comm_compute_contention") is None
 

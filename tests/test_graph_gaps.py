@@ -145,7 +145,7 @@ def test_activations_keep_their_size_through_640_all_reduced_layers(tmp_path):
 
 
 def test_recorded_runs_show_the_finding():
-    """The committed 2xH200 runs, the README's numbers: with mixing support on, graph replay's gap before NCCL
+    """The committed 2xH200 runs, FINDINGS.md's numbers: with mixing support on, graph replay's gap before NCCL
     grows 5.3 -> 24 -> 50 -> 223 us over N = 10..640 and the graph is 1.89x slower than eager at N = 640; with
     NCCL_GRAPH_MIXING_SUPPORT=0 it stays at 2.2-2.3 us and graph = eager; the census shows the event nodes;
     a chain of small layers runs 5.4x faster as a graph at batch 1."""
@@ -169,7 +169,7 @@ def test_recorded_runs_show_the_finding():
     assert f["census_event_nodes[NCCL_GRAPH_MIXING_SUPPORT=0]"].value == 0
     assert f["launch_speedup[chain, batch=1]"].value == pytest.approx(5.4, abs=0.1)
     lt = G.INVESTIGATION.table("launch", rs)
-    assert lt[lt.bench == "train_step"]["speedup"].between(2.3, 3.0).all()  # README: 2.4-3.0x
+    assert lt[lt.bench == "train_step"]["speedup"].between(2.3, 3.0).all()  # FINDINGS.md: 2.4-3.0x
     ct = G.INVESTIGATION.table("census", rs)
     assert ct.loc["EVENT_RECORD", "default env"] == 4 and ct.loc["EVENT_WAIT", "default env"] == 1
     assert not G.kept_trace_gaps(dirs, model="allreduce", layers=160).empty

@@ -504,7 +504,7 @@ def recorded():
 
 
 def test_findings_of_the_recorded_gpu_run(recorded):
-    """The headline numbers of README.md ('P2P transports') from the committed 2xH200 run."""
+    """The headline numbers of FINDINGS.md ('P2P transports for pipeline parallelism') from the committed 2xH200 run."""
     f = {x.key: x for x in INV.findings(recorded)}
     approx = lambda v: pytest.approx(v, rel=0.01)  # noqa: E731
     # 256 MiB one way, GB/s: copy 381 (bare copy_ loop 385), ipc 380, nccl 359
@@ -545,7 +545,7 @@ RECORDED_DRIVERS = ROOT / "recorded" / "h200x2" / "p2p_transports" / "20261123-1
 
 
 def test_pipeline_drivers_model_and_timeline_of_the_recorded_gpu_run():
-    """The 2xH200 run with ipc-direct and both pipeline drivers (README / the notebook's pipeline table): times per
+    """The 2xH200 run with ipc-direct and both pipeline drivers (FINDINGS.md / the notebook's pipeline table): times per
     transport and driver, the 1F1B model from the measured parts, and the idle time read off the committed traces."""
     runs = results.RunSet([RECORDED_DRIVERS], "recorded")
     approx = lambda v: pytest.approx(v, rel=0.01)  # noqa: E731
