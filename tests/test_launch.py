@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -134,6 +135,9 @@ def test_port_taken_is_retried(cfg, monkeypatch):
 PARENT = textwrap.dedent("""
     import sys, dataclasses, faulthandler, signal
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for the stacks of a parent that hangs
+    # Ctrl-C at an interactive launcher: a shell that started this test suite in the background (`make test &`)
+    # passes SIGINT down ignored, and a parent that ignores it rightly goes on (seen: SigIgn 0x1001006)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.path[:0] = [{tests!r}, {root!r}]
     import exps
     from kit.config import LaunchConfig
@@ -158,6 +162,7 @@ def test_parent_signal_leaves_no_rank_behind(tmp_path, sig):
     assert wait_for(lambda: started() or p.poll() is not None) and started(), \
         p.stdout.read().decode() if p.poll() is not None else "ranks did not start"
     pids = pids_of(next(res.glob("signal/*")))
+    masks = [ln for ln in Path(f"/proc/{p.pid}/status").read_text().splitlines() if ln.startswith("Sig")]
     p.send_signal(sig)
     try:
         p.wait(timeout=20)
@@ -169,7 +174,8 @@ def test_parent_signal_leaves_no_rank_behind(tmp_path, sig):
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        pytest.fail(f"the parent did not exit within 20 s of {sig.name}; its output and stacks:\n{out[-6000:]}")
+        pytest.fail(f"the parent did not exit within 20 s of {sig.name}; its signal masks before: {masks}; "
+                    f"its output and stacks:\n{out[-6000:]}")
     assert wait_dead(pids, 10) == [], f"ranks left behind after {sig.name}"
     if sig != signal.SIGKILL:
         meta = json.loads(next(res.glob("signal/*/meta.json")).read_text())

@@ -124,6 +124,12 @@ def check_lab(d, name: str, shots: Path | None, timeout_s: float = 600) -> list[
         done = [b for b in bars if (m := re.search(r"(\d+)/(\d+)", b)) and m.group(1) == m.group(2)]
         if not done:
             problems.append(f"lab {name}: no progress bar ended at its planned points (saw {bars[:2]})")
+        elif shots is not None:  # the run cell: the parameters line, the bar at its total, where the runs went
+            bar = next(e for e in d.find_elements(By.CSS_SELECTOR, ".jp-OutputArea-output .widget-hbox")
+                       if e.text in done)
+            cell = bar.find_element(By.XPATH, "ancestor::div[contains(@class,'jp-CodeCell')]")
+            d.execute_script("arguments[0].scrollIntoView();", cell)
+            d.save_screenshot(str(shots / f"lab-{name}-progress.png"))
         selects = d.find_elements(By.CSS_SELECTOR, ".widget-dropdown select")
         if len(selects) < 3:
             return problems + [f"lab {name}: the explorer shows {len(selects)} dropdown(s), expected 3"]
