@@ -209,3 +209,16 @@ def test_zero_length_activity_only_is_a_skip_not_an_error(tmp_path):
         {"schemaVersion": 1, "traceEvents": [_launch(1, 0), _kernel(1, 50, 0), _x("aten::mm", "cpu_op", 0, 20)]}))
     d = diagnose([tmp_path], workers=1)
     assert d.accounting == {} and any(s.rule == "input_bound" for s in d.skipped)
+
+
+@pytest.mark.parametrize("case", ["gpt-host_stall", "cnn-host_stall_gc", "cnn-allocator_churn"])
+def test_each_host_stall_is_listed_once(case):
+    """A stretch with no thread issuing GPU work is seen from every thread that issues (the main thread and
+    autograd's): the evidence lists it once, with the calls around it, not once per thread."""
+    from kit.doctor import diagnose
+
+    d = diagnose([str(Path(__file__).parent / "data" / "doctor" / "corpus" / case)])
+    (f,) = [f for f in d.findings if f.rule == "host_stall"]
+    st = sorted(f.evidence["longest_stalls"], key=lambda s: s["start_us"])
+    assert st and all(a["start_us"] + a["dur_us"] <= b["start_us"] for a, b in zip(st, st[1:])), st
+    assert st[0]["before"] is not None and all(s["dur_us"] >= 1000 for s in st)

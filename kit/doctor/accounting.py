@@ -411,8 +411,16 @@ def _stalls(view, calls, host, s, e, cls) -> tuple[dict, ...]:
             out.append({"start_us": round(x, 1), "dur_us": round(y - x, 1), "idle_us": round(float(idle_in[i]), 1),
                         "before": before[0] if before else None, "after": after[0] if after else None,
                         "within": inside})
-    out.sort(key=lambda d: -d["idle_us"])
-    return tuple(out[:TOP_STALLS])
+    # a stretch with no thread issuing is (nearly) the same stretch on every thread that issues GPU work: one entry
+    # per stretch -- of overlapping ones the one that left the GPU idle longest, then the one whose thread names
+    # the calls around it
+    out.sort(key=lambda d: (-d["idle_us"], -((d["before"] is not None) + (d["after"] is not None))))
+    kept: list[dict] = []
+    for d in out:
+        x, y = d["start_us"], d["start_us"] + d["dur_us"]
+        if not any(x < k["start_us"] + k["dur_us"] and k["start_us"] < y for k in kept):
+            kept.append(d)
+    return tuple(kept[:TOP_STALLS])
 
 
 def _behind(view, calls, s, e, cls, threads) -> dict:
