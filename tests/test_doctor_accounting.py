@@ -222,3 +222,17 @@ def test_each_host_stall_is_listed_once(case):
     st = sorted(f.evidence["longest_stalls"], key=lambda s: s["start_us"])
     assert st and all(a["start_us"] + a["dur_us"] <= b["start_us"] for a, b in zip(st, st[1:])), st
     assert st[0]["before"] is not None and all(s["dur_us"] >= 1000 for s in st)
+
+
+def test_input_bound_names_what_next_spends_its_time_in():
+    """cnn-host_sync's DataLoader steps spend most of next() pinning the batch (aten::pin_memory, kept as a long
+    op): the summary says so; where no kept op dominates (cnn-input_bound: a Python transform), it says nothing."""
+    from kit.doctor import diagnose
+
+    corpus = Path(__file__).parent / "data" / "doctor" / "corpus"
+    (f,) = [f for f in diagnose([str(corpus / "cnn-host_sync")]).findings if f.rule == "input_bound"]
+    inside = f.evidence["dataloader_inside"]
+    assert list(inside)[0] == "aten::pin_memory" and inside["aten::pin_memory"]["host_us"] > 5000
+    assert "most of it in aten::pin_memory" in f.summary and "pinning" in f.summary
+    (g,) = [f for f in diagnose([str(corpus / "cnn-input_bound")]).findings if f.rule == "input_bound"]
+    assert "most of it" not in g.summary

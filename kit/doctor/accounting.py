@@ -443,8 +443,32 @@ def _behind(view, calls, s, e, cls, threads) -> dict:
         if len(d):
             out["input"] = {n: {"calls": int(len(x)), "host_us": round(float((x["end"] - x["ts"]).sum()), 1)}
                             for n, x in d.groupby(d["name"].astype(str))}
+            inside = _inside(cpu, d)
+            if inside:
+                out["input_inside"] = inside
     del np
     return out
+
+
+def _inside(cpu: "pd.DataFrame", spans: "pd.DataFrame", n: int = 3) -> dict:
+    """The long CPU ops the trace kept (>= :data:`kit.traces.frames.LONG_CPU_OP_US`) inside ``spans`` (the
+    DataLoader's requests), on the span's thread, outermost only (an op inside a kept op is its part), summed by
+    name, the ``n`` longest: where a slow ``next()`` spends its time -- pinning the batch, collating, a transform."""
+    ops = cpu[(cpu["cat"] == "cpu_op")] if "cat" in cpu.columns else cpu.iloc[:0]
+    if ops.empty:
+        return {}
+    got: dict[str, list[float]] = {}
+    for tid, ts, end in zip(spans["tid"], spans["ts"], spans["end"]):
+        o = ops[(ops["tid"] == tid) & (ops["ts"] >= ts) & (ops["end"] <= end)].sort_values(["ts", "end"],
+                                                                                          ascending=[True, False])
+        reach = -float("inf")
+        for name, a, b in zip(o["name"].astype(str), o["ts"], o["end"]):
+            if a < reach:  # inside an outer kept op
+                continue
+            reach = float(b)
+            got.setdefault(name, []).append(float(b - a))
+    top = sorted(got.items(), key=lambda kv: -sum(kv[1]))[:n]
+    return {k: {"calls": len(v), "host_us": round(sum(v), 1)} for k, v in top}
 
 
 # ------------------------------------------------------------------------------------------------ CPU mode

@@ -15,7 +15,10 @@ TEXT: dict[str, dict[str, str]] = {
                "transforms in the training process, too few workers, or slow storage)."),
         fix=("Load in worker processes (DataLoader(num_workers=N>0, persistent_workers=True, prefetch_factor=2+)), "
              "pin_memory=True with .to(device, non_blocking=True), move per-sample transforms to the GPU or "
-             "precompute them; check that the workers keep up (their own profile, or time next(it) alone)."),
+             "precompute them; check that the workers keep up (their own profile, or time next(it) alone). When "
+             "the summary names pin_memory: pinning a large batch is a copy over every intra-op thread, which "
+             "straggles when they are as many as the cores -- workers (their pin-memory thread does it) or fewer "
+             "threads (torch.set_num_threads)."),
         caveats=("The time counted is the GPU's idle time while the host waited, plus the host's catch-up after "
                  "it; with prefetching workers a short wait can remain at the first step of an epoch."),
         notebook="dataloader_sync"),

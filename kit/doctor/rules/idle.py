@@ -121,6 +121,19 @@ def _calls_text(a: Account, key: str, n: int = 3) -> str:
                      for name, v in top)
 
 
+def _inside_text(a: Account) -> str:
+    """'; most of it in aten::pin_memory (4.3 ms per step) ...' when one op the trace kept takes at least half of
+    the DataLoader's time: the part of next() to fix."""
+    inside, total = a.calls.get("input_inside") or {}, sum(v["host_us"] for v in (a.calls.get("input") or {}).values())
+    if not inside or not total:
+        return ""
+    name, v = max(inside.items(), key=lambda kv: kv[1]["host_us"])
+    if v["host_us"] < 0.5 * total:
+        return ""
+    why = " -- the batch's pinning, which with num_workers=0 runs in the training thread" if "pin_memory" in name else ""
+    return f"; most of it in {name} ({v['host_us'] / a.steps / 1e3:.2f} ms per step){why}"
+
+
 def _stall_text(a: Account) -> str:
     if not a.stalls:
         return ""
@@ -145,7 +158,8 @@ def _pct(x: float) -> str:
 SENTENCE = {
     "input_bound": lambda a, c, sh, who: (
         f"the GPU sat idle {c / 1e3:.2f} ms per step ({_pct(sh)} of the step) while the host waited for its "
-        f"DataLoader {who}" + (f" ({_calls_text(a, 'input', 1)})" if a.calls.get("input") else "")),
+        f"DataLoader {who}" + (f" ({_calls_text(a, 'input', 1)})" if a.calls.get("input") else "")
+        + _inside_text(a)),
     "host_stall": lambda a, c, sh, who: (
         f"the GPU sat idle {c / 1e3:.2f} ms per step ({_pct(sh)}) while the host ran work that issued nothing "
         f"for stretches of >= 1 ms {who}{_stall_text(a)}"),
@@ -170,7 +184,8 @@ SENTENCE = {
 }
 
 DETAIL = {
-    "input_bound": lambda a: {"dataloader": a.calls.get("input", {})},
+    "input_bound": lambda a: {"dataloader": a.calls.get("input", {}),
+                              "dataloader_inside": a.calls.get("input_inside", {})},
     "host_stall": lambda a: {"longest_stalls": list(a.stalls)},
     "allocator_churn": lambda a: {"allocator_calls": a.calls.get("allocator", {})},
     "queued_idle": lambda a: {"queued": dict(a.queued)},
