@@ -74,6 +74,23 @@ def test_expand_directory_glob_and_files(tmp_path):
         expand([tmp_path / "empty"])
 
 
+def test_a_directorys_other_json_is_not_a_rank(tmp_path):
+    """A job's folder often holds other JSON (a config, metrics, the corpus' truth.json): without a rank or 'trace'
+    in its name and without traceEvents it is not a rank (before: an unreadable rank, exit 3 'partial'); a trace
+    under any name still is, and a file given by name is always read."""
+    (tmp_path / TP[0].name).write_bytes(TP[0].read_bytes())
+    (tmp_path / "truth.json").write_text(json.dumps({"case": "x", "step_us": 1.0}))
+    (tmp_path / "config.json.gz").write_bytes(gzip.compress(b'{"lr": 0.1}'))
+    with gzip.open(TP[1]) as f:
+        (tmp_path / "job.json").write_bytes(f.read())  # rank 1's trace, named neither by rank nor as a trace
+    assert sorted(p.name for p in expand([tmp_path])) == ["job.json", "tp_rank0.json.gz"]
+    assert expand([tmp_path / "truth.json"]) == [tmp_path / "truth.json"]
+    from kit.doctor import diagnose
+
+    d = diagnose([tmp_path])
+    assert not d.failed and sorted(d.ranks) == [0, 1]
+
+
 # ------------------------------------------------------------------------------------------------ map_ranks
 def _kernels(path):
     return int((traces.load_trace(path, cpu="none").gpu["cat"] == "kernel").sum())

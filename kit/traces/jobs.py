@@ -78,7 +78,25 @@ def _is_rank_trace(p: Path) -> bool:
     n = p.name
     return (p.is_file() and bool(TRACE_SUFFIX.search(n)) and ".kitcache" not in p.parts
             and not n.startswith(("merged", "fr_", "capture_", "summary_", "nccl_profiler", "."))
-            and n not in NOT_TRACES)
+            and n not in NOT_TRACES and (parse_name(n) is not None or "trace" in n.lower() or _has_trace_events(p)))
+
+
+SNIFF_BYTES = 1 << 16
+"""how much of a JSON file without a rank or 'trace' in its name is read to tell a trace from other JSON"""
+
+
+def _has_trace_events(p: Path) -> bool:
+    """Whether the file's first :data:`SNIFF_BYTES` name ``traceEvents``: a directory's ``config.json``,
+    ``metrics.json`` or a corpus' ``truth.json`` is not a rank of the job (a Kineto trace names its events after a
+    header of a few KB). Only asked of files whose name says neither rank nor trace; unreadable: kept, so that
+    reading it names the problem."""
+    import gzip
+
+    try:
+        with (gzip.open(p, "rb") if p.name.endswith(".gz") else open(p, "rb")) as f:
+            return b'"traceEvents"' in f.read(SNIFF_BYTES)
+    except (OSError, EOFError):
+        return True
 
 
 def _rank_key(p: Path) -> tuple:
