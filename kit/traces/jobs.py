@@ -108,7 +108,8 @@ def _rank_key(p: Path) -> tuple:
 def expand(inputs: Iterable[str | Path] | str | Path) -> list[Path]:
     """The rank trace files named by ``inputs``: files (kept as given, even under another name), directories
     (their rank traces, not recursively: ``*.json``, ``*.json.gz``, ``*.pt.trace.json[.gz]``, without
-    ``merged*`` outputs, ``fr_*`` dumps, hidden files and ``.kitcache`` files) and glob patterns
+    ``merged*`` outputs, ``fr_*`` dumps, hidden files, ``.kitcache`` files and other JSON -- no rank or 'trace' in
+    the name and no ``traceEvents`` in its first 64 KB) and glob patterns
     (``runs/job/*rank*.json.gz``).
     Sorted by rank (:func:`kit.traces.names.parse_name`; files without a rank in their name come last, by
     name), each file once. A directory or pattern that matches nothing is a :class:`TraceError` naming it; a
