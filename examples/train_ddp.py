@@ -414,7 +414,7 @@ def main(argv=None) -> int:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     sched = dict(wait=args.wait, warmup=args.warmup, active=args.active)
     recorded = args.wait + args.warmup + args.active
-    with capture.profile(args.out, skip_first=args.timed_steps, flight_recorder=args.flight_recorder, **sched) as prof:
+    with capture.profile(args.out, unprofiled=args.timed_steps, flight_recorder=args.flight_recorder, **sched) as prof:
         for i in range(args.timed_steps + recorded):
             if i == 0:
                 sync()

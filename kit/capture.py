@@ -44,6 +44,11 @@ then ``kit doctor traces/run1/trace_rank*.json.gz``. An existing loop can also b
   a 290 ms "kernel" on 2xH200 -- stays out of the window) and ``active`` recorded steps. Three active steps
   tell a steady pattern from a one-off and keep the trace small (0.5-0.6 MB gzipped per rank for
   ``examples/train_ddp.py``'s 93 M-parameter GPT on 2xH200); the doctor reports costs per step. ``repeat`` cycles (0 = until the loop ends) give one file per cycle.
+* ``unprofiled=5``: that many steps, after ``skip_first`` and before the schedule's ``wait``, are timed without the
+  profiler (CUDA events recorded at each :meth:`Capture.step` on the current stream, read once the first recorded
+  step begins; ``time.perf_counter`` without a GPU) and written into the trace header as
+  ``kitCapture.unprofiled_step_us`` (every sample, microseconds): the doctor compares the traced steps with them
+  and states costs net of the profiler's own overhead. ``unprofiled=0`` times nothing.
 * ``record_shapes=True``: every op's input shapes -- the sizes of copies, of ``.item()`` reads, of the tensors
   a collective gets.
 * ``with_stack=False``, ``profile_memory=False``: Python stacks and allocator events multiply the trace's size
@@ -66,8 +71,8 @@ environment **before** the process group is created: process groups read it once
 
 **The profiler's own cost.** Recording CPU ops slows the host: ``examples/train_ddp.py`` at batch 8 ran 17.5 ms
 per step without the profiler (GPU-bound) and 28-37 ms per recorded step, host-bound -- a job near the balance of
-host and GPU time becomes launch-bound under the profiler, and the doctor would say so. Compare the recorded
-steps with the same steps unprofiled (``skip_first`` steps are a natural place to time them).
+host and GPU time becomes launch-bound under the profiler, and the doctor would say so. The ``unprofiled`` steps
+timed just before the window (above) are what the doctor compares the recorded steps with.
 
 Works the same with or without ``torch.distributed`` initialised (rank and world size then come from torchrun's
 ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK``, else 0 / 1 / 0), on CPU and on GPUs.
@@ -238,16 +243,18 @@ class Capture:
     ``torch.profiler.profile``, e.g. for ``key_averages()``)."""
 
     def __init__(self, out_dir: str | Path, *, wait: int = 1, warmup: int = 2, active: int = 3, repeat: int = 1,
-                 skip_first: int = 0, flight_recorder: bool = False, tags: dict[str, Any] | None = None,
-                 cuda: bool | None = None, record_shapes: bool = True, with_stack: bool = False,
-                 profile_memory: bool = False):
-        if min(wait, warmup, skip_first, repeat) < 0 or active < 1:
-            raise ValueError("capture: wait, warmup, skip_first, repeat must be >= 0 and active >= 1")
+                 skip_first: int = 0, unprofiled: int = 5, flight_recorder: bool = False,
+                 tags: dict[str, Any] | None = None, cuda: bool | None = None, record_shapes: bool = True,
+                 with_stack: bool = False, profile_memory: bool = False):
+        if min(wait, warmup, skip_first, repeat, unprofiled) < 0 or active < 1:
+            raise ValueError("capture: wait, warmup, skip_first, repeat, unprofiled must be >= 0 and active >= 1")
         if tags:
             trace_path(".", rank=0, **tags)  # a bad tag is an error now, not when the first trace is written
         self.out_dir = Path(out_dir)
         self.schedule = {"skip_first": skip_first, "wait": wait, "warmup": warmup, "active": active,
                          "repeat": repeat}
+        self.unprofiled = int(unprofiled)
+        self._marks: list[Any] = []  # CUDA events or perf_counter values at the ends of the unprofiled steps
         self.tags = dict(tags or {})
         self.flight_recorder = flight_recorder
         self.options = {"record_shapes": record_shapes, "with_stack": with_stack, "profile_memory": profile_memory}
@@ -269,18 +276,31 @@ class Capture:
         self.cuda = torch.cuda.is_available() if self.cuda is None else self.cuda
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.prof = profile(activities=acts, schedule=schedule(**self.schedule), on_trace_ready=self._ready,
+        torch_schedule = {**self.schedule, "skip_first": self.schedule["skip_first"] + self.unprofiled}
+        self.prof = profile(activities=acts, schedule=schedule(**torch_schedule), on_trace_ready=self._ready,
                             **self.options)
         describe(self.cuda)  # its first call imports what it reads (~1 s): before the first step, not inside one
         self._quiet(self.prof.start)
+        self._mark()
         self._tag_if_recording()
         return self
 
     def step(self) -> None:
         """Mark the end of one training step (once per step)."""
         self._steps += 1
+        self._mark()
         self._quiet(self.prof.step)
         self._tag_if_recording()
+
+    @property
+    def unprofiled_step_us(self) -> list[float]:
+        """The unprofiled steps' times in microseconds (empty until they have run; waits for their GPU work)."""
+        if len(self._marks) < 2:
+            return []
+        if self.cuda:
+            self._marks[-1].synchronize()
+            return [round(a.elapsed_time(b) * 1e3, 1) for a, b in zip(self._marks, self._marks[1:])]
+        return [round((b - a) * 1e6, 1) for a, b in zip(self._marks, self._marks[1:])]
 
     def stop(self, exc: BaseException | None = None) -> None:
         try:
@@ -290,9 +310,11 @@ class Capture:
             if self.flight_recorder:
                 self._dump_fr()
             if not self.paths:
-                need = self.schedule["skip_first"] + self.schedule["wait"] + self.schedule["warmup"] + 1
+                need = (self.schedule["skip_first"] + self.unprofiled + self.schedule["wait"] + self.schedule["warmup"]
+                        + 1)
                 warnings.warn(f"kit.capture: the loop ran {self._steps} step(s); the schedule records from step "
-                              f"{need} on (skip_first + wait + warmup + 1): no trace was written", stacklevel=3)
+                              f"{need} on (skip_first + unprofiled + wait + warmup + 1): no trace was written",
+                              stacklevel=3)
             self._write_sidecar(error=None if exc is None else f"{type(exc).__name__}: {exc}")
 
     def __enter__(self) -> "Capture":
@@ -314,6 +336,23 @@ class Capture:
             warnings.filterwarnings("ignore", message=".*clears events at the end of each cycle")
             fn()
 
+    def _mark(self) -> None:
+        """At the start of the first unprofiled step and the end of each: a CUDA event on the current stream (no
+        synchronisation) or the host clock."""
+        first = self.schedule["skip_first"]
+        if not (first <= self._steps <= first + self.unprofiled) or not self.unprofiled:
+            return
+        if self.cuda:
+            import torch
+
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self._marks.append(ev)
+        else:
+            import time
+
+            self._marks.append(time.perf_counter())
+
     def _recording(self) -> bool:
         from torch.profiler import ProfilerAction
 
@@ -324,8 +363,13 @@ class Capture:
         metadata only while it records)."""
         if self._recording_from is None and self._recording():
             self._recording_from = self.prof.step_num
-            facts = {**describe(self.cuda), "schedule": self.schedule, **self.options, "tags": self.tags}
+            facts = {**describe(self.cuda), "schedule": self.schedule, **self.options, "tags": self.tags,
+                     **self._timing()}
             self.prof.add_metadata_json(HEADER_KEY, json.dumps(facts, default=str))
+
+    def _timing(self) -> dict[str, Any]:
+        return {"unprofiled": self.unprofiled, "unprofiled_step_us": self.unprofiled_step_us,
+                "unprofiled_clock": "cuda_event" if self.cuda else "perf_counter"}
 
     def _ready(self, prof) -> None:
         """on_trace_ready: export this cycle's trace under the rank's name."""
@@ -361,7 +405,8 @@ class Capture:
 
     def _write_sidecar(self, error: str | None = None) -> None:
         facts = describe(self.cuda)
-        body = {**facts, "schedule": self.schedule, **self.options, "tags": self.tags, "steps_run": self._steps,
+        body = {**facts, "schedule": self.schedule, **self.options, "tags": self.tags, **self._timing(),
+                "steps_run": self._steps,
                 "traces": [p.name for p in self.paths], "cycles": self.cycles,
                 "flight_recorder": {"requested": self.flight_recorder, "file": self.fr.name if self.fr else None,
                                     "note": self.fr_note},

@@ -31,7 +31,8 @@ def test_one_process_loop(tmp_path):
     import torch
 
     w = torch.randn(32, 32)
-    cap = capture.profile_steps(lambda: (w @ w).relu_().sum(), steps=10, out_dir=tmp_path, wait=1, warmup=1, active=2)
+    cap = capture.profile_steps(lambda: (w @ w).relu_().sum(), steps=10, out_dir=tmp_path, wait=1, warmup=1, active=2,
+                                unprofiled=0)
     assert cap.done and cap.paths == [tmp_path / "trace_rank0.json.gz"]
     t = traces.load_trace(cap.paths[0], cache=False)
     assert [s.name for s in _steps(t).itertuples()] == ["ProfilerStep#2", "ProfilerStep#3"]
@@ -44,12 +45,26 @@ def test_one_process_loop(tmp_path):
     assert [f.rank for f in traces.find_traces(tmp_path)] == [0]  # sidecar and summaries are not traces
 
 
+def test_unprofiled_steps_are_timed_before_the_window(tmp_path):
+    """The default schedule times 5 steps without the profiler just before the recorded window; every sample goes
+    into the trace header and the sidecar; the recorded steps come after them."""
+    import time
+
+    cap = capture.profile_steps(lambda: time.sleep(0.002), steps=20, out_dir=tmp_path, wait=1, warmup=1, active=2)
+    t = traces.load_trace(cap.paths[0], cache=False)
+    head = t.header[capture.HEADER_KEY]
+    assert head["unprofiled"] == 5 and head["unprofiled_clock"] == "perf_counter"
+    assert len(head["unprofiled_step_us"]) == 5 and all(s >= 2000 for s in head["unprofiled_step_us"])
+    assert json.loads(cap.sidecar.read_text())["unprofiled_step_us"] == head["unprofiled_step_us"]
+    assert [s.name for s in _steps(t).itertuples()] == ["ProfilerStep#7", "ProfilerStep#8"]
+
+
 def test_cycles_tags_and_a_loop_too_short(tmp_path, monkeypatch):
     for k in capture.relevant_env():  # e.g. OMP_NUM_THREADS=1 left by a Dask test in this process
         monkeypatch.delenv(k)
     monkeypatch.setenv("NCCL_GRAPH_MIXING_SUPPORT", "0")
     monkeypatch.setenv("SOME_SECRET", "x")
-    with capture.profile(tmp_path, wait=0, warmup=1, active=1, repeat=2, tags={"part": "fwd"}) as prof:
+    with capture.profile(tmp_path, wait=0, warmup=1, active=1, repeat=2, tags={"part": "fwd"}, unprofiled=0) as prof:
         for _ in range(6):
             prof.step()
     names = [p.name for p in prof.paths]
@@ -141,12 +156,12 @@ def test_flight_recorder_needs_the_variable_before_the_group(monkeypatch, tmp_pa
     try:
         with pytest.warns(UserWarning, match="before torch.distributed.init_process_group"):
             capture.enable_flight_recorder()
-        with capture.profile(tmp_path, wait=0, warmup=1, active=1, flight_recorder=True) as prof:
+        with capture.profile(tmp_path, wait=0, warmup=1, active=1, flight_recorder=True, unprofiled=0) as prof:
             for _ in range(3):
                 dist.all_reduce(torch.ones(4))
                 prof.step()
         monkeypatch.setattr("kit.traces.flight_recorder.dump_flight_recorder", lambda: {"entries": []})
-        with capture.profile(tmp_path / "empty", wait=0, warmup=1, active=1, flight_recorder=True) as empty:
+        with capture.profile(tmp_path / "empty", wait=0, warmup=1, active=1, flight_recorder=True, unprofiled=0) as empty:
             empty.step()
             empty.step()
     finally:
