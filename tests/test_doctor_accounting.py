@@ -10,7 +10,7 @@ import pytest
 
 from kit import traces
 from kit.doctor.accounting import SLICES, account
-from kit.doctor.engine import step_time, steps_frame
+from kit.doctor.steps import step_time, steps_frame
 from kit.doctor.model import RankView
 
 
@@ -236,3 +236,46 @@ def test_input_bound_names_what_next_spends_its_time_in():
     assert "most of it in aten::pin_memory" in f.summary and "pinning" in f.summary
     (g,) = [f for f in diagnose([str(corpus / "cnn-input_bound")]).findings if f.rule == "input_bound"]
     assert "most of it" not in g.summary
+
+
+# ------------------------------------------------------------------------------------------- the host model
+def test_host_model_splits_the_planted_step_and_feeds_the_accounting():
+    """The planted step's host side, by kind (kit.doctor.host_model): the DataLoader wait, the synchronize, the
+    cudaFree and the 2.4 ms without an issuing call are the same spans the accounting splits GPU idle time by."""
+    from kit.doctor.host_model import KINDS, PER_STEP, host_model
+
+    h = host_model(_view(planted()))
+    (row,) = h.per_step.to_dict("records")
+    assert list(h.per_step.columns) == list(PER_STEP)
+    assert row["dur"] == 10000 and sum(row[f"{k}_us"] for k in KINDS) == pytest.approx(10000)
+    assert row["data_wait_us"] == 3000 and row["sync_us"] == 110 and row["alloc_us"] == 500
+    assert row["stall_us"] == pytest.approx(2390, abs=1)  # 5610 -> 8000: nothing issued, no recorded op
+    assert row["gpu_busy_us"] == 3550 and row["gpu_comm_us"] == 0 and row["gpu_compute_us"] == 3550
+    assert set(h.activity["kind"]) <= set(KINDS)
+    assert h.activity.loc[h.activity["kind"] == "sync", "name"].tolist() == ["cudaStreamSynchronize"]
+
+
+@pytest.mark.parametrize("path", _committed(), ids=lambda p: str(p.relative_to(DATA)))
+def test_host_model_kinds_sum_to_every_step(path):
+    from kit.doctor.host_model import KINDS, host_model
+
+    t = traces.load_trace(path)
+    if t.gpu.empty:
+        pytest.skip("no GPU activity (the CPU-only model is checked on the gloo corpus)")
+    h = host_model(_view(t))
+    ps = h.per_step
+    assert ((ps[[f"{k}_us" for k in KINDS]].sum(axis=1) - ps["dur"]).abs() <= 1e-6 * ps["dur"] + 1e-3).all()
+    assert (ps["gpu_busy_us"] <= ps["dur"] + 1e-3).all() and (ps["gpu_compute_us"] >= -1e-6).all()
+
+
+def test_late_rank_reason_comes_from_the_host_activity_the_accounting_uses():
+    """gloo3-cnn-late_rank: rank 1 sleeps before its backward. The accounting calls that stretch host_stall;
+    late_rank's reason reads the same host model, so it says the rank stalled on the host (host_idle), not that it
+    issued work more slowly while listing a 30 ms stall beside it."""
+    from kit.doctor import diagnose
+
+    d = diagnose([DATA / "doctor" / "corpus" / "gloo3-cnn-late_rank"], workers=1)
+    (f,) = [f for f in d.findings if f.rule == "late_rank"]
+    assert f.evidence["reason"] == "host_idle"
+    stall = f.evidence["own_idle"]["host_stall"]["longest_stalls"][0]["dur_us"]
+    assert f.evidence["reason_us_per_step"]["host_idle"] == pytest.approx(stall, rel=0.1)

@@ -286,7 +286,7 @@ def test_example_late_rank_tells_a_slower_gpu_from_more_work(example):
     assert "same kernels 3." in f.summary and "nvidia-smi -q -d PERFORMANCE,CLOCK" in f.fix
     g = finding(example("late-rank"), "late_rank")
     assert g.evidence["same_kernels_slower_pct"] < 0 and g.evidence["reason"] == "host_idle"
-    from kit.doctor.rules.comm import gpu_speed
+    from kit.doctor.rules.same_kernels import gpu_speed
 
     k = {r: b.kernels for r, b in [(0, _before("clean", 0)), (1, _before("clean", 1))]}
     assert abs(gpu_speed(0, k)) < 0.02 and abs(gpu_speed(1, k)) < 0.02

@@ -26,7 +26,7 @@ thread, and the stretch is split by what the thread was doing, in this precedenc
    device-to-host copy behind ``.item()``);
 3. ``allocator``  -- in the caching allocator's device calls (:data:`kit.doctor.calls.ALLOC_CALLS`;
    ``empty_cache()`` is a run of ``cudaFree``);
-4. ``host_stall`` -- in a stretch of at least :data:`HOST_STALL_US` in which no thread of the process issued GPU
+4. ``host_stall`` -- in a stretch of at least :data:`kit.doctor.host_model.STALL_US` in which no thread of the process issued GPU
    work (a launch, copy, memset or graph replay whose activity is in the trace; the backward's kernels come from
    the autograd thread while the main thread waits in ``backward()``), outside every recorded op: Python or
    C++ work that issues nothing (logging, checkpointing, garbage collection, ``time.sleep``, a loop polling
@@ -61,9 +61,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..traces.gaps import DEFAULT_STALL_US
-from ..traces.intervals import cover, gaps_between, partition, subtract, union_np
-from .calls import ALLOC_CALLS, BLOCKING_COPY_CALLS, DATALOADER, STEP_PREFIX, SYNC_CALLS, base_name
+from ..traces.intervals import cover, partition, union_np
+from .calls import ALLOC_CALLS, BLOCKING_COPY_CALLS, DATALOADER, STEP_PREFIX, SYNC_CALLS
+from .host_model import STALL_US, HostModel, host_model
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -76,11 +76,8 @@ HOST = ("input", "sync", "allocator", "host_stall", "launch")
 IDLE = HOST + ("step_start", "queued", "unexplained")
 SLICES = BUSY + IDLE
 BLOCKING = ("input", "sync", "allocator", "host_stall")
-HOST_STALL_US = DEFAULT_STALL_US
-"""a stretch of host time at least this long without a call that issues GPU work is a host stall: no single op's dispatch
-(the framework's per-op cost between launches is 5-50 us) takes a millisecond; the same bound the trace layer
-uses to call a GPU gap a stall"""
-COMM_OPS = ("gloo:", "nccl:", "c10d::", "record_param_comms")
+HOST_KIND = {"input": "data_wait", "sync": "sync", "allocator": "alloc", "host_stall": "stall"}
+"""the host model's kind (:data:`kit.doctor.host_model.KINDS`) behind each blocking slice"""
 TOP_STALLS = 5
 
 
@@ -108,7 +105,7 @@ class Account:
     threads: int = 1
     """host threads that issued GPU work"""
     step_us: float | None = None
-    """the rank's step time (:func:`kit.doctor.engine.step_time`): a slice's cost is its share of the window
+    """the rank's step time (:func:`kit.doctor.steps.step_time`): a slice's cost is its share of the window
     times this, so no cost exceeds a step"""
 
     @property
@@ -151,79 +148,25 @@ class Account:
                              "share": [self.per_step_us(s) / w for s in SLICES]})
 
 
-# ------------------------------------------------------------------------------------------------ windows
-def windows(view: "RankView", gpu_ends: "tuple[np.ndarray, np.ndarray] | None") -> "pd.DataFrame":
-    """The step windows (module docstring): step, start, end. ``gpu_ends``: (issuing call's ts, activity end) of
-    the GPU work, to extend each step to the end of the work it issued."""
-    import numpy as np
-    import pandas as pd
+def rank_account(view: "RankView", host: "HostModel | None", cpu_all: "pd.DataFrame | None" = None) -> Any:
+    """The accounting stage of one rank: its :class:`Account` from its host model, or a Skip saying why there is
+    none (``cpu_all``: every CPU event of a CPU-only trace)."""
+    from .model import Skip
 
-    st = view.steps.sort_values("ts", kind="stable")
-    if st.empty:
-        return pd.DataFrame({"step": [-1], "start": [np.nan], "end": [np.nan]})
-    ts, end = st["ts"].to_numpy(dtype=float), st["end"].to_numpy(dtype=float)
-    last = end.copy()
-    if gpu_ends is not None and len(gpu_ends[0]):
-        call_ts, g_end = gpu_ends
-        k = np.searchsorted(ts, call_ts, side="right") - 1
-        inside = (k >= 0) & (call_ts < end[np.clip(k, 0, None)])
-        np.maximum.at(last, k[inside], g_end[inside])
-    lo, hi = np.empty_like(ts), np.empty_like(ts)
-    prev = -np.inf
-    for i in range(len(ts)):
-        lo[i] = max(ts[i], prev)
-        hi[i] = max(last[i], lo[i])
-        prev = hi[i]
-    return pd.DataFrame({"step": st["step"].to_numpy(), "start": lo, "end": hi})
-
-
-# ------------------------------------------------------------------------------------------------ host sets
-def _thread_sets(cpu: "pd.DataFrame", tid, calls: "pd.DataFrame", lo: float, hi: float) -> dict[str, tuple]:
-    """The blocking sets of one host thread: input, sync, allocator, host_stall (see the module docstring);
-    ``lo``/``hi``: the accounted span (a stall may run from its start to the thread's first issuing call)."""
-    import numpy as np
-
-    mine = calls[calls["tid"] == tid]
-    base = mine["base"]
-    ann = cpu[(cpu["tid"] == tid) & (cpu["cat"] == "user_annotation")]
-    data = ann[ann["name"].astype(str).str.startswith(DATALOADER)]
-    sync = mine[base.isin(SYNC_CALLS) | base.isin(BLOCKING_COPY_CALLS) | mine["pageable_d2h"]]
-    alloc = mine[base.isin(ALLOC_CALLS)]
-    # a stall is a stretch with neither an issuing call nor a blocking call/annotation: the blocks are their own
-    # slices, so a DataLoader wait of 3 ms is input, not a stall around it
-    act = [calls[calls["issues"]], data, sync, alloc]  # any thread issuing (the autograd thread's backward)
-    ca, cb = union_np(np.concatenate([[lo - 1e-3, hi]] + [x["ts"].to_numpy(dtype=float) for x in act]),
-                      np.concatenate([[lo, hi + 1e-3]] + [np.maximum(x["end"].to_numpy(dtype=float),
-                                                                     x["ts"].to_numpy(dtype=float) + 1e-3)
-                                                          for x in act]))
-    # ... and outside every recorded op: a long op that issues nothing for a while (a foreach op over hundreds of
-    # tensors, a CPU tensor op) is the host's own cost of issuing the step's work, not a stall
-    ops = cpu[(cpu["tid"] == tid) & (cpu["cat"] == "cpu_op")]  # the thread's own long op (another thread's,
-    # a pin-memory copy, does not make this thread's stretch its cost of issuing)
-    stall = subtract(gaps_between(ca, cb, HOST_STALL_US), union_np(ops["ts"], ops["end"]))
-    return {"input": union_np(data["ts"], data["end"]), "sync": union_np(sync["ts"], sync["end"]),
-            "allocator": union_np(alloc["ts"], alloc["end"]), "host_stall": stall}
-
-
-def _calls(view: "RankView") -> "pd.DataFrame":
-    cpu = view.trace.cpu
-    calls = cpu[cpu["cat"].isin(["cuda_runtime", "cuda_driver"])] if not cpu.empty else cpu
-    calls = calls[["name", "ts", "end", "tid", "correlation"]].assign(name=lambda d: d["name"].astype(str))
-    gpu = view.trace.gpu
-    pageable = set()
-    if not gpu.empty:
-        n = gpu["name"].astype(str)
-        pageable = set(gpu.loc[(gpu["cat"] == "gpu_memcpy") & n.str.contains("DtoH") & n.str.contains("Pageable"),
-                               "correlation"].dropna())
-    issued = set(gpu["correlation"].dropna()) if not gpu.empty else set()
-    return calls.assign(base=calls["name"].map(base_name), pageable_d2h=calls["correlation"].isin(pageable),
-                        issues=calls["correlation"].isin(issued))
+    if not view.trace.gpu.empty:
+        return (account(view, host) if host is not None else None) or Skip(
+            "step_accounting", "every GPU activity in the trace lasts 0 us: nothing to account the step by")
+    if host is None or cpu_all is None:
+        return Skip("step_accounting", "no GPU activity and no CPU ops in the trace: nothing to account the step "
+                                       "by (profile with ProfilerActivity.CUDA, or CPU for a CPU-only job)")
+    return account_cpu(view, cpu_all, host) or Skip("step_accounting", "no step annotations and no CPU ops on any "
+                                                                       "thread to place a window on")
 
 
 # ------------------------------------------------------------------------------------------------ GPU mode
-def account(view: "RankView") -> "Account | None":
-    """The rank's :class:`Account` (GPU mode; see :func:`account_cpu` for CPU-only traces); None when no GPU
-    activity lasts any time."""
+def account(view: "RankView", host: "HostModel | None" = None) -> "Account | None":
+    """The rank's :class:`Account` (GPU mode; see :func:`account_cpu` for CPU-only traces) from its host model
+    (:mod:`kit.doctor.host_model`, built here when not given); None when no GPU activity lasts any time."""
     import numpy as np
     import pandas as pd
 
@@ -231,11 +174,11 @@ def account(view: "RankView") -> "Account | None":
     g = g[(g["end"] > g["ts"])]
     if g.empty:  # GPU activity of no length (or none): nothing to account the step by
         return None
-    calls = _calls(view)
+    if host is None:
+        host = host_model(view)
+    calls = host.calls
     ts_all, end_all = g["ts"].to_numpy(dtype=float), g["end"].to_numpy(dtype=float)
-    win = windows(view, (g["call_ts"].to_numpy(dtype=float), end_all) if len(g) else None)
-    if win["start"].isna().all():  # no step annotations: the traced GPU span is one window
-        win = pd.DataFrame({"step": [-1], "start": [float(ts_all.min())], "end": [float(end_all.max())]})
+    win = host.windows
     kern = (g["cat"] == "kernel").to_numpy()
     nccl = g["nccl"].astype(bool).to_numpy()
     sets = {"compute": union_np(ts_all[kern & ~nccl], end_all[kern & ~nccl]),
@@ -255,8 +198,8 @@ def account(view: "RankView") -> "Account | None":
     first_own = np.full(len(wa), np.inf)
     np.minimum.at(first_own, kw[own], starts[own])
 
-    threads = [t for t in pd.unique(tid[~pd.isna(tid)])]
-    host = {t: _thread_sets(view.trace.cpu, t, calls, float(wa.min()), float(wb.max())) for t in threads}
+    threads = list(host.threads)
+    host = {t: {s: host.spans(k, t) for s, k in HOST_KIND.items()} for t in threads}
     extra = [wa, wb, call_end[~np.isnan(call_end)]]
     pts = partition(list(sets.values()) + [s for h in host.values() for s in h.values()], extra=np.concatenate(extra))
     pts = pts[(pts >= wa.min()) & (pts <= wb.max())] if len(wa) else pts
@@ -472,34 +415,27 @@ def _inside(cpu: "pd.DataFrame", spans: "pd.DataFrame", n: int = 3) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ CPU mode
-def account_cpu(view: "RankView", cpu_all: "pd.DataFrame") -> "Account | None":
+def account_cpu(view: "RankView", cpu_all: "pd.DataFrame", host: "HostModel | None" = None) -> "Account | None":
     """The account of a CPU-only trace (module docstring): the main thread plays the device; None without CPU ops
-    to place a window on."""
+    to place a window on. The spans are the host model's (:mod:`kit.doctor.host_model`); ``cpu_all`` names the
+    ops around a stall."""
     import numpy as np
     import pandas as pd
 
-    cpu = cpu_all
-    steps = cpu[(cpu["cat"] == "user_annotation") & cpu["name"].astype(str).str.startswith(STEP_PREFIX)]
-    with_ops = cpu[cpu["cat"] == "cpu_op"]
-    main = steps["tid"].mode().iloc[0] if len(steps) else with_ops["tid"].mode().iloc[0]
-    mine = cpu[cpu["tid"] == main]
-    names = mine["name"].astype(str)
-    ops = mine[mine["cat"] == "cpu_op"]
-    # the collective runs on the backend's own thread (gloo's) while the main thread waits for it: any thread's
-    comm = cpu[cpu["name"].astype(str).str.startswith(COMM_OPS)]
-    data = mine[(mine["cat"] == "user_annotation") & names.str.startswith(DATALOADER)]
-    win = windows(view, None)
-    if win["start"].isna().all():
-        if ops.empty:
-            return None
-        win = pd.DataFrame({"step": [-1], "start": [float(ops["ts"].min())], "end": [float(ops["end"].max())]})
+    if host is None:
+        host = host_model(view, cpu_all)
+    if host is None:
+        return None
+    main = host.main_tid
+    ops = cpu_all[(cpu_all["tid"] == main) & (cpu_all["cat"] == "cpu_op")]
+    data = cpu_all[(cpu_all["tid"] == main) & (cpu_all["cat"] == "user_annotation")
+                   & cpu_all["name"].astype(str).str.startswith(DATALOADER)]
+    win = host.windows
     wa, wb = win["start"].to_numpy(dtype=float), win["end"].to_numpy(dtype=float)
-    busy = union_np(ops["ts"], ops["end"])
-    sets = {"comm": union_np(comm["ts"], comm["end"]), "input": union_np(data["ts"], data["end"]),
-            "compute": busy}
-    lo, hi = float(wa.min()), float(wb.max())  # sentinels: a stall may run from the window's start or to its end
-    recorded = union_np(np.r_[lo - 1e-3, ops["ts"], data["ts"], hi], np.r_[lo, ops["end"], data["end"], hi + 1e-3])
-    stall = gaps_between(*recorded, HOST_STALL_US)
+    sets = {"comm": host.spans("comm_wait", main), "input": host.spans("data_wait", main),
+            "compute": host.spans("issue", main)}
+    lo, hi = float(wa.min()), float(wb.max())
+    stall = host.spans("stall", main)
     pts = partition(list(sets.values()) + [stall], extra=np.r_[wa, wb])
     pts = pts[(pts >= wa.min()) & (pts <= wb.max())]
     s, e = pts[:-1], pts[1:]

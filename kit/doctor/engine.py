@@ -14,9 +14,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from .model import RULES, Context, Diagnosis, Finding, RankView, Skip, severity
-
-STEP_PREFIX = "ProfilerStep#"
+from .context import JobContext
+from .model import RULES, Diagnosis, Finding, RankView, Skip, severity
+from .steps import INFERRED, find_steps, step_time
 
 
 from ..traces.jobs import JobError  # noqa: E402  (the trace layer's one job check; re-exported by kit.doctor)
@@ -43,56 +43,12 @@ class RankSummary:
     span: tuple[float, float] | None = None
     """first and last GPU activity in Unix time (us: the header's ``baseTimeNanoseconds`` + the trace clock);
     None when the trace has no GPU activity or no base time. The ranks of one job are traced at the same time."""
-
-
-def steps_frame(cpu) -> "Any":
-    """One row per ``ProfilerStep#N`` CPU annotation: step, ts, end, dur (empty frame when none)."""
-    import pandas as pd
-
-    cols = ["step", "ts", "end", "dur"]
-    if cpu is None or cpu.empty:
-        return pd.DataFrame(columns=cols)
-    s = cpu[(cpu["cat"] == "user_annotation") & cpu["name"].astype(str).str.startswith(STEP_PREFIX)]
-    if s.empty:
-        return pd.DataFrame(columns=cols)
-    out = pd.DataFrame({"step": s["name"].astype(str).str[len(STEP_PREFIX):].astype(int), "ts": s["ts"],
-                        "end": s["end"], "dur": s["dur"]})
-    return out.sort_values("ts", kind="stable").reset_index(drop=True)
-
-
-INFERRED = "inferred"
-
-
-def inferred_steps(cpu) -> "Any":
-    """Steps of a trace without ``ProfilerStep`` annotations, from the loop's own annotations: each step starts
-    where the host asks the DataLoader for a batch (``enumerate(DataLoader)...``) and runs to the next such
-    request; the last one ends with its ``Optimizer.step``. Only for a loop that reads as one batch and one
-    optimizer step per iteration (as many DataLoader requests as ``Optimizer.step`` annotations, 2+): gradient
-    accumulation or a span cut mid-step stays one traced span. The frame's ``attrs[INFERRED]`` says so."""
-    import numpy as np
-    import pandas as pd
-
-    cols = ["step", "ts", "end", "dur"]
-    if cpu is None or cpu.empty:
-        return pd.DataFrame(columns=cols)
-    ann = cpu[cpu["cat"] == "user_annotation"]
-    names = ann["name"].astype(str)
-    main = ann[names.str.startswith("enumerate(DataLoader)")]
-    if len(main) < 2:
-        return pd.DataFrame(columns=cols)
-    main = main[main["tid"] == main["tid"].mode().iloc[0]]
-    starts = np.sort(main["ts"].to_numpy(dtype=float))
-    if len(starts) < 2:
-        return pd.DataFrame(columns=cols)
-    opt = ann[names.str.startswith("Optimizer.step#")]["end"].to_numpy(dtype=float)
-    if len(opt) != len(starts):  # not one batch and one optimizer step per iteration (accumulation, a cut span)
-        return pd.DataFrame(columns=cols)
-    after = opt[opt > starts[-1]]
-    last_end = float(after.min()) if after.size else starts[-1] + float(np.median(np.diff(starts)))
-    ends = np.r_[starts[1:], last_end]
-    out = pd.DataFrame({"step": np.arange(len(starts)), "ts": starts, "end": ends, "dur": ends - starts})
-    out.attrs[INFERRED] = "the DataLoader requests"
-    return out
+    host_steps: Any = None
+    """the rank's host model per step (:attr:`kit.doctor.host_model.HostModel.per_step`), None without one"""
+    capture: dict | None = None
+    """how :mod:`kit.capture` recorded the trace (its ``kitCapture`` header), None when it did not"""
+    comm: Any = None
+    """the rank's collectives (:class:`kit.doctor.collectives.Timeline`), None when they could not be read"""
 
 
 def capture_notes(trace, steps) -> list[str]:
@@ -168,86 +124,57 @@ def capture_facts_notes(facts: dict[str, Any] | None) -> list[str]:
     return notes
 
 
-def step_time(view: RankView) -> float | None:
-    """The rank's step time (us): the denominator of every finding's severity.
-
-    A ``ProfilerStep`` window is the host's side of a step only. Eagerly the host runs at most a step or two
-    ahead of the GPU, so in steady state the host's step period is the GPU's; but a step replayed from a CUDA
-    graph is one ``cudaGraphLaunch`` on the host (a millisecond) for tens of milliseconds of GPU work, and the
-    host can be several replays ahead. So: with two or more steps, the larger of the median period between step
-    starts (host) and between the ends of each step's GPU work (the work its host calls issued); with one step,
-    the larger of its window and the GPU time its work kept the GPU busy; without step annotations, the traced
-    GPU span (the whole trace is one step)."""
-    import numpy as np
-
-    st, gpu = view.steps, view.trace.gpu
-    if st.empty:
-        return float(gpu["end"].max() - gpu["ts"].min()) if not gpu.empty else None
-    st = st.sort_values("ts")
-    g = view.issued()
-    g = g[g["in_step"] & g["call_ts"].notna()]
-    step_of = np.searchsorted(st["ts"].to_numpy(dtype=float), g["call_ts"].to_numpy(dtype=float), side="right") - 1
-    if len(st) >= 2:
-        host = float(np.median(np.diff(st["ts"].to_numpy(dtype=float))))
-        ends = g.groupby(step_of)["end"].max().sort_index().to_numpy(dtype=float)
-        return max(host, float(np.median(np.diff(ends))) if len(ends) >= 2 else 0.0)
-    from ..traces.intervals import union_np
-
-    a, b = union_np(g["ts"], g["end"])
-    return max(float(st["dur"].iloc[0]), float((b - a).sum()))
-
-
 def rank_summary(path: str | Path) -> RankSummary:
-    """The per-rank phase: parse once, run every rule's extract. Runs in a worker (module-level, picklable)."""
+    """The per-rank phase, in a worker (module-level, picklable): parse once -> steps -> the host model -> the
+    step accounting -> the collectives timeline -> every rule's extract (each gets the same :class:`RankView`)."""
     from .. import traces
+    from ..capture import capture_info
+    from ..traces.jobs import rank_identity
     from ..traces.names import parse_name
     from . import rules  # noqa: F401  (registers the rules in this process)
+    from .accounting import rank_account
+    from .collectives import timeline
+    from .host_model import host_model
 
     t = traces.load_trace(path)
-    st = steps_frame(t.cpu)
-    if st.empty:
-        st = inferred_steps(t.cpu)
+    # a CPU-only job: the host model reads every CPU op (small traces)
+    cpu_all = traces.load_trace(path, cpu="all").cpu if t.gpu.empty and not t.cpu.empty else None
+    st = find_steps(t.cpu, cpu_all)
     rank = t.info.rank
     if rank is None:
         parsed = parse_name(Path(path).name)
         rank = parsed[1] if parsed else None
     view = RankView(trace=t, steps=st, rank=rank if rank is not None else -1)
-    if t.gpu.empty and not t.cpu.empty:  # a CPU-only job: the accounting reads every CPU op (small traces)
-        view.memo["cpu_all"] = traces.load_trace(path, cpu="all").cpu
-        if st.empty or st.attrs.get(INFERRED):
-            st2 = steps_frame(view.memo["cpu_all"])
-            st = st2 if not st2.empty else (st if not st.empty else inferred_steps(view.memo["cpu_all"]))
-            view = replace(view, steps=st)
     view = replace(view, step_us=step_time(view))  # the same memo: what step_time computed is shared
-    step_us = view.step_us
-    per_rule: dict[str, Any] = {}
-    for rid, r in RULES.items():
-        try:
-            per_rule[rid] = r.extract(view)
-        except Exception as e:  # a rule bug must not hide the other rules' findings
-            if STRICT():
-                raise
-            per_rule[rid] = Skip(rid, f"internal error on {Path(path).name} (a kit bug: please report it with the "
-                                      f"trace): {type(e).__name__}: {e}")
-    from .rules.idle import rank_account
-
-    try:
-        acct = rank_account(view)
-    except Exception as e:  # a bug in the accounting must not lose the rules' findings of this rank
-        if STRICT():
-            raise
-        acct = Skip("step_accounting", f"internal error on {Path(path).name} (a kit bug: please report it with the "
-                                       f"trace): {type(e).__name__}: {e}")
+    name = Path(path).name
+    host = _stage(lambda: host_model(view, cpu_all), "step_accounting", name)
+    acct = host if isinstance(host, Skip) else _stage(lambda: rank_account(view, host, cpu_all), "step_accounting",
+                                                      name)
+    view = replace(view, host=host if not isinstance(host, Skip) else None, account=acct)
+    comm = _stage(lambda: timeline(view), None, name)
+    per_rule: dict[str, Any] = {rid: _stage(lambda: r.extract(view), rid, name) for rid, r in RULES.items()}
     base = t.header.get("baseTimeNanoseconds")
     span = None
     if isinstance(base, (int, float)) and not t.gpu.empty:
         span = (base / 1e3 + float(t.gpu["ts"].min()), base / 1e3 + float(t.gpu["end"].max()))
-    from ..traces.jobs import rank_identity
-
-    return RankSummary(path=str(path), rank=rank, world_size=t.info.world_size, step_us=step_us,
+    return RankSummary(path=str(path), rank=rank, world_size=t.info.world_size, step_us=view.step_us,
                        steps=int(len(st)), notes=tuple(capture_notes(t, st)), per_rule=per_rule, span=span,
                        account=acct, identity=rank_identity(t, path),
-                       warnings=tuple(getattr(t, "warnings", ()) or ()))
+                       warnings=tuple(getattr(t, "warnings", ()) or ()),
+                       host_steps=view.host.per_step if view.host is not None else None,
+                       capture=capture_info(t), comm=None if isinstance(comm, Skip) else comm)
+
+
+def _stage(fn, rid: str | None, name: str):
+    """``fn()``; a bug in it becomes a Skip (of rule ``rid``; None for a stage every rule reads) so that it does not
+    lose the other rules' findings of this rank, unless ``KIT_DOCTOR_STRICT`` is set."""
+    try:
+        return fn()
+    except Exception as e:
+        if strict():
+            raise
+        return Skip(rid or "", f"internal error on {name} (a kit bug: please report it with the trace): "
+                               f"{type(e).__name__}: {e}")
 
 
 def check_one_job(summaries: Sequence[RankSummary]):
@@ -293,15 +220,18 @@ def group_notes(summaries: Sequence[RankSummary]) -> list[str]:
 
 
 def judge_all(summaries: Sequence[RankSummary], *, sweep=None, flight_recorder=None,
-              only: Iterable[str] | None = None) -> tuple[list[Finding], list[str], list[Skip], Context]:
+              only: Iterable[str] | None = None) -> tuple[list[Finding], list[str], list[Skip], JobContext]:
     """The cross-rank phase: every rule's judge over the per-rank summaries; findings ranked by cost."""
     from . import rules  # noqa: F401
 
     ranks = tuple(int(s.rank) for s in summaries)  # type: ignore[arg-type]
     step_times = [s.step_us for s in summaries if s.step_us]
     step_us = statistics.median(step_times) if step_times else None
-    ctx = Context(ranks=ranks, step_us=step_us, steps=min((s.steps for s in summaries), default=0),
-                  sweep=sweep, flight_recorder=flight_recorder)
+    ctx = JobContext(ranks=ranks, step_us=step_us, steps=min((s.steps for s in summaries), default=0),
+                     sweep=sweep, flight_recorder=flight_recorder, summaries={int(s.rank): s for s in summaries},
+                     host_steps={int(s.rank): s.host_steps for s in summaries if s.host_steps is not None},
+                     capture={int(s.rank): s.capture for s in summaries},
+                     comm={int(s.rank): s.comm for s in summaries if s.comm is not None})
     findings: list[Finding] = []
     checked: list[str] = []
     skipped: list[Skip] = []
@@ -330,7 +260,7 @@ def judge_all(summaries: Sequence[RankSummary], *, sweep=None, flight_recorder=N
         try:
             out = r.judge(usable, ctx)
         except Exception as e:  # a bug in the rule: never hide the other rules' findings, never pass it silently
-            if STRICT():
+            if strict():
                 raise
             skipped.append(Skip(rid, f"internal error in the rule (a kit bug: please report it with the traces): "
                                      f"{type(e).__name__}: {e}"))
@@ -351,7 +281,7 @@ def judge_all(summaries: Sequence[RankSummary], *, sweep=None, flight_recorder=N
         try:
             findings += explain_rest(accounts, findings, ctx)  # may also set signature rules' costs to their slice
         except Exception as e:
-            if STRICT():
+            if strict():
                 raise
             skipped.append(Skip("step_accounting", f"internal error (a kit bug: please report it with the traces): "
                                                    f"{type(e).__name__}: {e}"))
@@ -369,7 +299,7 @@ def capped(f: Finding, step_us: float | None) -> Finding:
                    evidence={**f.evidence, "cost_capped_from_us": f.cost_us_per_step})
 
 
-def STRICT() -> bool:
+def strict() -> bool:
     """Rule errors raise instead of becoming a skip line (``KIT_DOCTOR_STRICT=1``; the tests set it)."""
     import os
 
@@ -474,7 +404,7 @@ def diagnose(traces: Iterable[str | Path], *, sweep=None, flight_recorder=None, 
             f"reached by every rank, the same op at each sequence number"]
     from .rules.idle import comm_waits
 
-    waits = comm_waits(summaries)
+    waits = comm_waits(ctx)
     accounting = {str(s.rank): accounting_row(s.account, waits.get(int(s.rank))) for s in summaries
                   if s.account is not None and not isinstance(s.account, Skip)}
     return Diagnosis(findings=findings, checked=checked, skipped=skipped, traces=[s.path for s in summaries],

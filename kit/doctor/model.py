@@ -92,7 +92,11 @@ class RankView:
     steps: "pd.DataFrame"
     rank: int
     step_us: float | None = None
-    """the rank's step time (us, :func:`kit.doctor.engine.step_time`); the traced span without step annotations"""
+    """the rank's step time (us, :func:`kit.doctor.steps.step_time`); the traced span without step annotations"""
+    host: Any = None
+    """the rank's host model (:class:`kit.doctor.host_model.HostModel`), None when there is nothing to model"""
+    account: Any = None
+    """the rank's step accounting (:class:`kit.doctor.accounting.Account`), or a Skip saying why there is none"""
     memo: dict = field(default_factory=dict, compare=False, repr=False)
     """what several rules of this rank share (:meth:`shared`), computed once"""
 
@@ -153,23 +157,9 @@ def _issued(view: RankView) -> "pd.DataFrame":
                       graph=gpu["correlation"].isin(graph).to_numpy(), in_step=in_step)
 
 
-@dataclass(frozen=True)
-class Context:
-    """What ``judge`` gets besides the per-rank summaries: ranks, step time, the optional sweep of the same
-    machine (a frame of ``collective, bytes, busbw_gbps`` rows) and Flight Recorder entries."""
-
-    ranks: tuple[int, ...]
-    step_us: float | None
-    """the job's step time: the median over ranks of each rank's median step"""
-    steps: int
-    """profiled steps (the minimum over ranks)"""
-    sweep: "pd.DataFrame | None" = None
-    flight_recorder: "pd.DataFrame | None" = None
-    notes: tuple[str, ...] = ()
-
-
 Extract = Callable[[RankView], Any]
-Judge = Callable[[list[tuple[int, Any]], Context], "list[Finding] | Skip"]
+Judge = Callable[[list[tuple[int, Any]], Any], "list[Finding] | Skip"]
+"""(rank, summary) of the ranks that did not skip, and the job (:class:`kit.doctor.context.JobContext`)"""
 
 
 @dataclass(frozen=True)

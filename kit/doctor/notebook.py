@@ -221,7 +221,7 @@ def _first_step(path: str | None) -> dict[str, float] | None:
     """The window of a trace's first profiled step (or of its first :data:`MAX_BARS` GPU activities): where a
     finding that names no moment is drawn."""
     from .. import traces
-    from .engine import steps_frame
+    from .steps import steps_frame
 
     if path is None:
         return None

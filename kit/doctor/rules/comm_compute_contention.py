@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from ..model import Finding, Rule, Skip, rule
 from ..texts import TEXT
-from .comm import Timeline, collected, finding, gpu_extract, in_steps, per_step_divisor
+from ..collectives import Timeline, in_steps, per_step_divisor
+from .comm import finding, gpu_extract
 from .evidence import excerpt, num, size_text
 
 CONTENTION_RATIO = 1.2
@@ -17,7 +18,7 @@ OVERLAPPED_SHARE, ALONE_SHARE = 0.2, 0.02
 def judge_contention(summaries: list[tuple[int, Timeline]], ctx) -> list[Finding] | Skip:
     import numpy as np
 
-    df = collected(summaries, "nccl")
+    df = ctx.collectives("nccl")
     if df is None:
         return []
     tl_of = dict(summaries)

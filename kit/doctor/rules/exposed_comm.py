@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from ..model import Finding, Rule, Skip, rule
 from ..texts import TEXT
-from .comm import collected, exposed_parts, finding, gpu_extract, per_step_divisor, windows
+from ..collectives import kernel_parts, per_step_divisor
+from .comm import finding, gpu_extract
 from .evidence import excerpt, num
 
 
 def judge_exposed(summaries, ctx) -> list[Finding] | Skip:
     tl_of = dict(summaries)
-    df = collected(summaries, "nccl")
+    df = ctx.collectives("nccl")
     if df is None:
         return []
-    df = exposed_parts(df, tl_of)
     steps = any(tl.steps for tl in tl_of.values())
     df = df[df["step"].notna()] if steps else df
     n = max(per_step_divisor(tl) for tl in tl_of.values())
@@ -22,7 +22,7 @@ def judge_exposed(summaries, ctx) -> list[Finding] | Skip:
     per_rank = {}
     for rank, tl in summaries:
         d = df[df["rank"] == rank]
-        a, b = windows(d, "transfer")
+        a, b = kernel_parts(d, "transfer")
         tr, ex = float((b - a).sum()) / n, float(d["exposed_transfer_us"].sum()) / n
         per_rank[str(rank)] = {"comm_us_per_step": num(d["dur_us"].sum() / n), "transfer_us_per_step": num(tr),
                                "exposed_transfer_us_per_step": num(ex),

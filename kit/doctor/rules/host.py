@@ -83,10 +83,10 @@ def as_str(s: "pd.Series") -> "pd.Series":
 def _build(view: RankView) -> HostTimeline:
     import numpy as np
 
-    t = view.trace
-    cpu, gpu = t.cpu, t.gpu
-    calls = cpu[cpu["cat"].isin(["cuda_runtime", "cuda_driver"])] if not cpu.empty else cpu
-    calls = calls[["name", "ts", "end", "dur", "tid", "correlation"]].assign(name=lambda d: as_str(d["name"]))
+    from ..host_model import ALL, runtime_calls
+
+    gpu = view.trace.gpu
+    calls = view.host.calls if view.host is not None else runtime_calls(view)  # classified once, by the host model
     issued = view.issued()
     kernels = gaps(issued, DEFAULT_STALL_US)  # the kernels' rows of issued, + gap_us, before, stall
     gap = kernels["gap_us"].to_numpy(dtype=float)
@@ -101,18 +101,18 @@ def _build(view: RankView) -> HostTimeline:
     # synchronize before the first launch or after the last one is the capture's own start/stop
     launched = kernels["call_ts"].dropna()
     first, last = (launched.min(), launched.max()) if len(launched) else (math.inf, -math.inf)
-    d2h_pageable = set(copies.loc[as_str(copies["name"]).str.contains("DtoH") &
-                                  as_str(copies["name"]).str.contains("Pageable"), "correlation"].dropna())
+    # the host model's synchronising calls, less the blocking copies from pageable memory (pageable_h2d's)
     h2d_pageable = set(copies.loc[pageable_h2d_mask(copies), "correlation"].dropna())
-    base = calls["name"].map({n: base_name(n) for n in calls["name"].unique()})  # cuMemcpyDtoH_v2 -> cuMemcpyDtoH
-    is_sync = base.isin(SYNC_CALLS)
-    is_copy = (base.isin(BLOCKING_COPY_CALLS) & ~calls["correlation"].isin(h2d_pageable)) | \
-        calls["correlation"].isin(d2h_pageable)
-    b = calls[(is_sync | is_copy) & (calls["ts"] > first) & (calls["ts"] < last)]
-    b = b[view.in_steps(b["ts"])]
-    data = cpu[(cpu["cat"] == "user_annotation") & as_str(cpu["name"]).str.startswith(DATALOADER)] \
-        if not cpu.empty else cpu
-    data_a, data_b = union_np(data["ts"], data["end"])
+    b = calls[(calls["kind"] == "sync") & ~calls["correlation"].isin(h2d_pageable) & (calls["ts"] > first)
+              & (calls["ts"] < last)]
+    b = b[view.in_steps(b["ts"])][["name", "ts", "end", "dur", "tid", "correlation"]]
+    if view.host is not None:
+        data_a, data_b = view.host.spans("data_wait", ALL)
+    else:
+        cpu = view.trace.cpu
+        data = cpu[(cpu["cat"] == "user_annotation") & as_str(cpu["name"]).str.startswith(DATALOADER)] \
+            if not cpu.empty else cpu
+        data_a, data_b = union_np(data["ts"], data["end"])
     return HostTimeline(kernels=kernels, copies=copies, calls=calls, blocking=b, starts=starts,
                         busy_until=busy_until, data_a=data_a, data_b=data_b, has_runtime=bool(len(calls)),
                         graph_launches=int(calls["name"].str.startswith(GRAPH_LAUNCH).sum()))

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..accounting import Account, account, account_cpu
+from ..accounting import Account
 from ..model import RULES, SEVERITY_SHARE, Finding, RankView, Rule, Skip, rule
 from ..texts import TEXT
 
@@ -33,27 +33,9 @@ SLICE_RULE = {"input": "input_bound", "host_stall": "host_stall", "allocator": "
 LOW = SEVERITY_SHARE["low"]
 
 
-def rank_account(view: RankView) -> Account | Skip:
-    """The rank's account, computed once and shared by the rules of this module."""
-    return view.shared("account", _account)
-
-
-def _account(view: RankView) -> Account | Skip:
-    t = view.trace
-    if not t.gpu.empty:
-        return account(view) or Skip("step_accounting", "every GPU activity in the trace lasts 0 us: nothing to "
-                                                        "account the step by")
-    cpu_all = view.memo.get("cpu_all")
-    if cpu_all is None or cpu_all.empty or not (cpu_all["cat"] == "cpu_op").any():
-        return Skip("step_accounting", "no GPU activity and no CPU ops in the trace: nothing to account the step "
-                                       "by (profile with ProfilerActivity.CUDA, or CPU for a CPU-only job)")
-    return account_cpu(view, cpu_all) or Skip("step_accounting", "no step annotations and no CPU ops on any thread "
-                                                                  "to place a window on")
-
-
 def _extract(rid: str):
     def extract(view: RankView):
-        a = rank_account(view)
+        a = view.account
         return Skip(rid, a.why) if isinstance(a, Skip) else a
 
     return extract
@@ -203,21 +185,18 @@ def _judge(rid: str):
     return judge
 
 
-def comm_waits(summaries) -> dict[int, float]:
+def comm_waits(ctx) -> dict[int, float]:
     """Per rank, the communication time per step spent waiting for peers that no compute hid (the kernels of the
     ranks that arrived early spin until the last one arrives): the ``comm`` slice's waiting part; the rest of the
     slice is transfer. {} when the collectives cannot be matched across ranks (one rank, no NCCL metadata)."""
-    from .comm import Timeline, collected, exposed_parts, per_step_divisor
+    from ..collectives import per_step_divisor
 
-    tls = [(int(s.rank), s.per_rule.get("per_param_allreduce")) for s in summaries]
-    tls = [(r, tl) for r, tl in tls if isinstance(tl, Timeline)]
+    tls = sorted(ctx.comm.items())
     if len(tls) < 2:
         return {}
-    df = collected(tls, "nccl")
+    df = ctx.collectives("nccl")
     if df is None or df.empty or (df["ranks_seen"] <= 1).all():
         return {}
-    tl_of = dict(tls)
-    df = exposed_parts(df, tl_of)
     out = {}
     for r, tl in tls:
         mine = df[df["rank"] == r]

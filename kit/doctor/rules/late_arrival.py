@@ -1,5 +1,6 @@
-"""How each rank got to each collective, for ``late_rank``: the rank's host time until each collective, split into
-waiting for data, synchronising calls and idle (:func:`activity`), how one arrival splits into host and GPU parts
+"""How each rank got to each collective, for ``late_rank``: the rank's host time until each collective, split by
+the host model (:mod:`kit.doctor.host_model`: the same host activity the step accounting reads) into waiting for
+data, synchronising calls and stalls (:func:`activity`), how one arrival splits into host and GPU parts
 (:func:`arrival_parts`), and why the late rank arrived last, per reason, over the instances it was last at
 (:func:`attribute`)."""
 
@@ -8,29 +9,26 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING
 
-from ...traces.intervals import covered, union_np
-from ...traces.overlap import intersect
-from ..calls import base_name
+from ...traces.intervals import covered
+from ..collectives import Timeline
 from ..model import RankView
-from .comm import DATALOADER, SYNC_CALLS, Timeline
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-HOST_GAP_US = 200.0
-"""a stretch without any CUDA runtime call longer than this is the host doing something else (sleep, Python)"""
-HOST = ("data_wait", "host_sync", "host_idle")
-"""the host activities :func:`activity` counts (the rest of the host time is ``host_busy``)"""
+HOST = {"data_wait": "data_wait", "host_sync": "sync", "host_idle": "stall"}
+"""the host activities :func:`activity` counts, from the host model's kinds (the rest of the host time is
+``host_busy``)"""
 
 
 def activity(view: RankView, tl: Timeline) -> "pd.DataFrame":
     """Per collective row, how much host time the rank had spent, from the trace's start until the row's launch,
     until its end and until the start of its step (``step_ts``), in
 
-    * ``data_wait`` -- ``enumerate(DataLoader)`` annotations (the host waiting for the next batch);
-    * ``host_sync`` -- synchronising calls and blocking copies (:data:`kit.doctor.rules.comm.SYNC_CALLS`);
-    * ``host_idle`` -- stretches over :data:`HOST_GAP_US` without any CUDA call, outside DataLoader waits
-      (``time.sleep``, Python work, a blocked GIL).
+    * ``data_wait`` -- the host model's ``data_wait`` (the host waiting for the next batch, any thread);
+    * ``host_sync`` -- its ``sync`` (synchronising calls and blocking copies, any thread);
+    * ``host_idle`` -- its ``stall`` (stretches of >= 1 ms in which the issuing threads issued nothing, outside
+      every recorded op: ``time.sleep``, Python work, a blocked GIL) -- the accounting's ``host_stall``.
 
     Differences between two moments give the activity in between (:func:`arrival_parts`)."""
     import numpy as np
@@ -41,26 +39,16 @@ def activity(view: RankView, tl: Timeline) -> "pd.DataFrame":
     cols = ["step_ts"] + [f"{c}@{w}" for c in HOST for w in moments]
     if rows.empty:
         return pd.DataFrame(columns=cols, index=rows.index, dtype=float)
-    cpu = view.trace.cpu
-    names = cpu["name"].astype(str)
-    data = cpu[(cpu["cat"] == "user_annotation") & names.str.startswith(DATALOADER)]
-    calls = cpu[cpu["cat"].isin(["cuda_runtime", "cuda_driver"])]
-    called = names[calls.index]
-    sync = calls[called.map({n: base_name(n) for n in called.unique()}).isin(SYNC_CALLS)]
-    ca, cb = union_np(calls["ts"], calls["end"])
-    keep = (ca[1:] - cb[:-1]) > HOST_GAP_US
-    iv = {"data_wait": union_np(data["ts"], data["end"]), "host_sync": union_np(sync["ts"], sync["end"]),
-          "gap": (cb[:-1][keep], ca[1:][keep])}
-    both = intersect(list(zip(*iv["gap"])), list(zip(*iv["data_wait"])))
-    iv["gap_in_data"] = union_np([x for x, _ in both], [y for _, y in both])
+    host = view.host
+    empty = (np.empty(0), np.empty(0))
+    iv = {c: host.spans(k) if host is not None else empty for c, k in HOST.items()}
     step_ts = rows["step"].map(dict(zip(view.steps["step"], view.steps["ts"]))).to_numpy(dtype=float)
     out = {"step_ts": step_ts}
     for w, t in (("launch", rows["launch_us"].to_numpy(dtype=float)), ("end", rows["end_us"].to_numpy(dtype=float)),
                  ("step", np.nan_to_num(step_ts, nan=-np.inf))):
         lo = np.full(t.shape, -np.inf)
-        c = {k: covered(*v, lo, t) for k, v in iv.items()}
-        out[f"data_wait@{w}"], out[f"host_sync@{w}"] = c["data_wait"], c["host_sync"]
-        out[f"host_idle@{w}"] = np.clip(c["gap"] - c["gap_in_data"], 0, None)
+        for c, v in iv.items():
+            out[f"{c}@{w}"] = covered(*v, lo, t)
     return pd.DataFrame(out, index=rows.index)[cols]
 
 

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 
 from ..model import Finding, RankView, Rule, Skip, rule
 from ..texts import FIX_BY_REASON, TEXT
-from .comm import Timeline, collected, exposed_parts, finding, per_step_divisor, timeline
+from ..collectives import Timeline, per_step_divisor, timeline
+from .comm import finding
 from .evidence import excerpt, num
 from .same_kernels import KERNEL_TOP, SLOW_GPU, gpu_speed, kernel_speeds
 from .late_arrival import activity, attribute
@@ -33,7 +34,7 @@ LATE_DOMINANCE = 2 / 3
 
 @dataclass(frozen=True)
 class Before:
-    """``late_rank``'s extract: a :class:`~kit.doctor.rules.comm.Timeline` and, per collective row, the rank's
+    """``late_rank``'s extract: a :class:`~kit.doctor.collectives.Timeline` and, per collective row, the rank's
     cumulative host time in each of :data:`kit.doctor.rules.late_arrival.HOST` at the row's launch and at its end
     (:func:`kit.doctor.rules.late_arrival.activity`)."""
 
@@ -61,7 +62,7 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     import pandas as pd
 
     tls = [(r, b.tl) for r, b in summaries]
-    df = collected(tls)
+    df = ctx.collectives()
     if df is None:
         return []
     cum = pd.concat([b.tl.rows[["stream", "start_us"]].assign(rank=r).join(b.cum) for r, b in summaries
@@ -72,7 +73,6 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
         return Skip("late_rank", "no collective instance was found on 2+ ranks (different process groups, or "
                                  "traces of different windows of the job)")
     tl_of = dict(tls)
-    df = exposed_parts(df, tl_of)  # per kernel, the waiting part that no compute hid
     keys = ["match_key", "instance"]
     last = df.loc[df.groupby(keys)["dur_us"].idxmin()]
     inst = last[keys + ["rank", "start_us", "end_us"]].assign(

@@ -5,7 +5,8 @@ from __future__ import annotations
 from ...collective_ops import bus_factor
 from ..model import Finding, Rule, Skip, rule
 from ..texts import TEXT
-from .comm import Timeline, collected, extract_timeline, finding, gloo_only, per_step_divisor
+from ..collectives import Timeline, gloo_only, per_step_divisor
+from .comm import extract_timeline, finding
 from .evidence import excerpt, num, size_text
 
 LOW_BUSBW_RATIO = 0.5
@@ -18,7 +19,7 @@ def judge_low_busbw(summaries: list[tuple[int, Timeline]], ctx) -> list[Finding]
 
     if gloo_only(summaries):
         return Skip("low_busbw", "no NCCL collective in the traces, only gloo ops: a sweep measures NCCL kernels")
-    df = collected(summaries, "nccl")
+    df = ctx.collectives("nccl")
     if df is None:
         return []
     if df["bytes"].isna().all():

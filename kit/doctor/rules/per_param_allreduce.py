@@ -8,7 +8,8 @@ import math
 from ...collective_ops import bus_factor
 from ..model import Finding, Rule, Skip, rule
 from ..texts import TEXT
-from .comm import Timeline, collected, extract_timeline, finding, in_steps, per_step_divisor
+from ..collectives import Timeline, in_steps, per_step_divisor
+from .comm import extract_timeline, finding
 from .evidence import MiB, excerpt, num, size_text
 
 SMALL_BYTES = 1 * MiB
@@ -24,7 +25,7 @@ LARGE_BYTES = 16 * MiB
 def judge_per_param(summaries: list[tuple[int, Timeline]], ctx) -> list[Finding] | Skip:
     import numpy as np
 
-    df = collected(summaries)
+    df = ctx.collectives()
     ar = df[df["collective"] == "all_reduce"] if df is not None else None
     if ar is None or ar.empty:
         return []

@@ -1,0 +1,55 @@
+"""What every judge gets besides its rule's per-rank summaries: the :class:`JobContext` of the job -- the ranks, the
+step time, the optional sweep and Flight Recorder entries, every rank's small per-step host frame and capture
+facts, and the collectives matched across ranks, computed once, on first use, for every judge that asks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+    from .collectives import Timeline
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """The job, as the judges see it (module docstring). One per diagnosis; no module-global state."""
+
+    ranks: tuple[int, ...]
+    step_us: float | None
+    """the job's step time: the median over ranks of each rank's median step"""
+    steps: int
+    """profiled steps (the minimum over ranks)"""
+    sweep: "pd.DataFrame | None" = None
+    """a collectives sweep of the same machine: ``collective, bytes, busbw_gbps`` rows"""
+    flight_recorder: "pd.DataFrame | None" = None
+    notes: tuple[str, ...] = ()
+    summaries: dict = field(default_factory=dict, repr=False)
+    """rank -> :class:`kit.doctor.engine.RankSummary`"""
+    host_steps: "dict[int, pd.DataFrame]" = field(default_factory=dict, repr=False)
+    """rank -> the host model's per-step frame (:attr:`kit.doctor.host_model.HostModel.per_step`)"""
+    capture: "dict[int, dict | None]" = field(default_factory=dict, repr=False)
+    """rank -> the ``kitCapture`` facts of its trace (:func:`kit.capture.capture_info`), None when not captured so"""
+    comm: "dict[int, Timeline]" = field(default_factory=dict, repr=False)
+    """rank -> its collectives timeline (:class:`kit.doctor.collectives.Timeline`)"""
+    overhead: "dict[int, Any] | None" = None
+    """rank -> the profiler's overhead on its step (``kit.doctor.overhead``), when measured or estimated"""
+    _memo: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def collectives(self, backend: str | None = None) -> "pd.DataFrame | None":
+        """Every rank's collectives matched across ranks (:func:`kit.doctor.collectives.matched`), with each
+        kernel's waiting and transfer parts that no compute hid (:func:`kit.doctor.collectives.exposed_parts`);
+        only ``backend``'s rows when given. None when no rank traced such a collective. Matched once per job."""
+        from .collectives import exposed_parts, matched, no_collectives
+
+        if "all" not in self._memo:
+            tls = sorted(self.comm.items())
+            self._memo["all"] = None if not tls or no_collectives(tls) else exposed_parts(matched(tls), self.comm)
+        df = self._memo["all"]
+        if df is None:
+            return None
+        if backend is not None:
+            df = df[df["backend"] == backend]
+        return None if df.empty else df

@@ -1,0 +1,336 @@
+"""The host model of one rank: what the host threads that issue GPU work were doing, every microsecond -- the one
+view of the host that the step accounting (:mod:`kit.doctor.accounting`), the host rules
+(:mod:`kit.doctor.rules.host`) and ``late_rank`` (:mod:`kit.doctor.rules.late_arrival`) all read.
+
+**Kinds** (:data:`KINDS`, in precedence order: where two overlap, the first wins):
+
+* ``data_wait`` -- inside ``enumerate(DataLoader)...`` (the host waiting for its next batch);
+* ``sync``      -- in a host call that waits for the GPU (:data:`kit.doctor.calls.SYNC_CALLS`, a blocking copy
+  such as the device-to-host copy behind ``.item()``, a ``cudaMemcpyAsync`` from pageable memory to the host);
+* ``comm_wait`` -- blocked on a collective or a peer (:data:`COMM_WAIT_OPS` on the thread; on a CPU-only job a
+  collective op on any thread of the process: gloo runs it on its own thread while the main thread waits);
+* ``alloc``     -- in the caching allocator's device calls (:data:`kit.doctor.calls.ALLOC_CALLS`);
+* ``stall``     -- a stretch of at least :data:`STALL_US` in which no thread of the process issued GPU work and
+  the thread was in none of the above, outside every recorded op (on a CPU-only job: without any recorded op);
+* ``issue``     -- the host issuing GPU work or running ops (a recorded event, or a gap between them shorter than
+  :data:`IDLE_US`); on a CPU-only job the main thread's ops;
+* ``idle``      -- the rest: short host time no event accounts for.
+
+**GPU jobs**: the threads are those that issued GPU work in the trace (the autograd thread issues the backward
+while the main thread waits in ``backward()``); **CPU-only jobs** (no GPU activity; read with every CPU op): the
+main thread, the one holding the step annotations.
+
+**Per step** (:attr:`HostModel.per_step`, the small frame shipped to the judges): one row per step window
+(:func:`kit.doctor.steps.step_windows`), the main thread's time split by kind (``<kind>_us``, summing to
+``dur``), and the GPU's busy time (``gpu_busy_us``: union of all activity; ``gpu_comm_us``: NCCL kernels;
+``gpu_compute_us``: busy time outside NCCL kernels). ``issue_us`` is the rank's own host time: it excludes time
+blocked on data, the GPU, collectives and the allocator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..traces.gaps import DEFAULT_STALL_US
+from ..traces.intervals import cover, gaps_between, partition, subtract, union_np
+from .calls import ALLOC_CALLS, BLOCKING_COPY_CALLS, DATALOADER, STEP_PREFIX, SYNC_CALLS, base_name
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+    import pandas as pd
+
+    from .model import RankView
+
+KINDS = ("data_wait", "sync", "comm_wait", "alloc", "stall", "issue", "idle")
+"""what a host thread can be doing, in precedence order (the module docstring)"""
+STALL_US = DEFAULT_STALL_US
+"""a stretch of host time at least this long without a call that issues GPU work is a stall: no single op's
+dispatch (the framework's per-op cost between launches is 5-50 us) takes a millisecond; the same bound the trace
+layer uses to call a GPU gap a stall"""
+IDLE_US = 200.0
+"""a gap of at least this long between a thread's recorded events (runtime calls, kept ops, annotations) is idle
+host time, not issuing: the recorded calls of a thread issuing work come every 5-50 us"""
+COMM_WAIT_OPS = ("c10d::wait", "c10d::barrier", "c10d::monitored_barrier", "gloo:")
+"""op names (prefixes) of a thread blocked on a collective or a peer in a GPU job: a ``wait()`` on a work
+handle, a barrier, a gloo op run on the thread itself"""
+COMM_OPS = ("gloo:", "nccl:", "c10d::", "record_param_comms")
+"""on a CPU-only job, the collective ops (prefixes) on any thread: the main thread waits while they run"""
+ALL = "*"
+"""the key of :attr:`HostModel.sets` holding a kind's union over every thread of the process"""
+PER_STEP = ("step", "ts", "end", "dur") + tuple(f"{k}_us" for k in KINDS) + ("gpu_busy_us", "gpu_comm_us",
+                                                                            "gpu_compute_us")
+"""the columns of :attr:`HostModel.per_step`"""
+
+Spans = "tuple[np.ndarray, np.ndarray]"
+
+
+@dataclass(frozen=True)
+class HostModel:
+    """One rank's host model (module docstring). Lives in the worker; :attr:`per_step` is what travels."""
+
+    mode: str
+    """'gpu' or 'cpu' (a CPU-only trace: the main thread plays the device)"""
+    activity: "pd.DataFrame"
+    """one row per classified stretch of each thread's time (precedence applied, adjacent stretches of a kind
+    merged): ``tid, ts, end, kind, name`` (``name``: the call or annotation behind it, '' for stall/issue/idle)"""
+    per_step: "pd.DataFrame"
+    """one row per step window: :data:`PER_STEP`"""
+    windows: "pd.DataFrame"
+    """the step windows: step, start, end (-1 and the traced span without step annotations)"""
+    main_tid: Any
+    """the thread the per-step split is of: the one holding the step annotations (else the busiest issuer)"""
+    threads: tuple
+    """the threads that issued GPU work (GPU mode) or the main thread (CPU mode)"""
+    calls: "pd.DataFrame"
+    """the CUDA runtime/driver calls: name, ts, end, dur, tid, correlation, ``base`` (name without version
+    suffix), ``pageable_d2h`` (a copy from device to pageable host memory), ``issues`` (its GPU activity is in the
+    trace), ``kind`` ('sync', 'alloc', 'issue' or '')"""
+    sets: dict = field(default_factory=dict, repr=False)
+    """per thread (and :data:`ALL`), per kind, the sorted disjoint spans of the raw classification (before
+    precedence): what the accounting splits idle GPU time by"""
+
+    def spans(self, kind: str, tid: Any = ALL) -> "tuple[np.ndarray, np.ndarray]":
+        """The spans of one kind on one thread (or on any thread, :data:`ALL`); empty arrays when none."""
+        import numpy as np
+
+        return self.sets.get(tid, {}).get(kind, (np.empty(0), np.empty(0)))
+
+
+def host_model(view: "RankView", cpu_all: "pd.DataFrame | None" = None) -> HostModel | None:
+    """The rank's :class:`HostModel`; ``cpu_all``: every CPU event of a CPU-only trace (the default frame keeps only
+    long ops). None when there is nothing to model: no GPU activity of any length, and no CPU ops."""
+    if not view.trace.gpu.empty:
+        return _gpu_model(view)
+    if cpu_all is None or cpu_all.empty or not (cpu_all["cat"] == "cpu_op").any():
+        return None
+    return _cpu_model(view, cpu_all)
+
+
+# ------------------------------------------------------------------------------------------------ GPU jobs
+def runtime_calls(view: "RankView") -> "pd.DataFrame":
+    """The rank's CUDA runtime/driver calls, classified once (:attr:`HostModel.calls`)."""
+    import numpy as np
+
+    cpu, gpu = view.trace.cpu, view.trace.gpu
+    calls = cpu[cpu["cat"].isin(["cuda_runtime", "cuda_driver"])] if not cpu.empty else cpu
+    calls = calls[["name", "ts", "end", "dur", "tid", "correlation"]].assign(name=lambda d: d["name"].astype(str))
+    pageable = set()
+    if not gpu.empty:
+        n = gpu["name"].astype(str)
+        pageable = set(gpu.loc[(gpu["cat"] == "gpu_memcpy") & n.str.contains("DtoH") & n.str.contains("Pageable"),
+                               "correlation"].dropna())
+    issued = set(gpu["correlation"].dropna()) if not gpu.empty else set()
+    base = calls["name"].map({n: base_name(n) for n in calls["name"].unique()})
+    pd2h = calls["correlation"].isin(pageable)
+    issues = calls["correlation"].isin(issued)
+    sync = base.isin(SYNC_CALLS) | base.isin(BLOCKING_COPY_CALLS) | pd2h
+    kind = np.where(sync, "sync", np.where(base.isin(ALLOC_CALLS), "alloc", np.where(issues, "issue", "")))
+    return calls.assign(base=base, pageable_d2h=pd2h, issues=issues, kind=kind)
+
+
+def _gpu_model(view: "RankView") -> HostModel | None:
+    import numpy as np
+    import pandas as pd
+
+    from .steps import rank_windows
+
+    g = view.issued()
+    g = g[g["end"] > g["ts"]]
+    if g.empty:
+        return None
+    g = g.sort_values("ts", kind="stable")
+    win = rank_windows(view)
+    lo, hi = float(win["start"].min()), float(win["end"].max())
+    cpu = view.trace.cpu
+    calls = runtime_calls(view)
+    threads = tuple(pd.unique(g["tid"].dropna()))
+    main = _main_tid(cpu, g)
+    issuing = calls[calls["issues"]]
+    sets: dict = {}
+    for t in dict.fromkeys(threads + ((main,) if main is not None else ())):
+        mine = calls[calls["tid"] == t]
+        own = cpu[cpu["tid"] == t] if not cpu.empty else cpu
+        ann = own[own["cat"] == "user_annotation"]
+        data = ann[ann["name"].astype(str).str.startswith(DATALOADER)]
+        sync, alloc = mine[mine["kind"] == "sync"], mine[mine["kind"] == "alloc"]
+        ops = own[own["cat"] == "cpu_op"]
+        comm = ops[ops["name"].astype(str).str.startswith(COMM_WAIT_OPS)]
+        # a stall is a stretch with neither an issuing call (any thread's: the autograd thread's backward) nor a
+        # blocking call/annotation of this thread -- the blocks are their own kinds, so a DataLoader wait of 3 ms
+        # is data_wait, not a stall around it -- and outside every recorded op of the thread: a long op that issues
+        # nothing for a while (a foreach op over hundreds of tensors, a CPU tensor op) is the host's own cost of
+        # issuing the step's work (another thread's op, a pin-memory copy, does not make it this thread's)
+        act = [issuing, data, sync, alloc]
+        ca, cb = union_np(np.concatenate([[lo - 1e-3, hi]] + [x["ts"].to_numpy(dtype=float) for x in act]),
+                          np.concatenate([[lo, hi + 1e-3]] + [np.maximum(x["end"].to_numpy(dtype=float),
+                                                                         x["ts"].to_numpy(dtype=float) + 1e-3)
+                                                              for x in act]))
+        stall = subtract(gaps_between(ca, cb, STALL_US), union_np(ops["ts"], ops["end"]))
+        rec = pd.concat([mine[["ts", "end"]], ops[["ts", "end"]],
+                         ann.loc[~ann["name"].astype(str).str.startswith(STEP_PREFIX), ["ts", "end"]]])
+        ra, rb = union_np(np.r_[lo - 1e-3, rec["ts"].to_numpy(dtype=float), hi],
+                          np.r_[lo, np.maximum(rec["end"].to_numpy(dtype=float),
+                                               rec["ts"].to_numpy(dtype=float) + 1e-3), hi + 1e-3])
+        sets[t] = {"data_wait": union_np(data["ts"], data["end"]), "sync": union_np(sync["ts"], sync["end"]),
+                   "comm_wait": union_np(comm["ts"], comm["end"]), "alloc": union_np(alloc["ts"], alloc["end"]),
+                   "stall": stall, "idle": gaps_between(ra, rb, IDLE_US)}
+    sets[ALL] = _all_threads(cpu, calls, sets, threads, main)
+    kern = g["cat"] == "kernel"
+    nccl = kern & g["nccl"].astype(bool)
+    gpu = {"busy": union_np(g["ts"], g["end"]), "comm": union_np(g.loc[nccl, "ts"], g.loc[nccl, "end"])}
+    return _finish(view, "gpu", win, main, threads, calls, sets, default="issue", gpu=gpu)
+
+
+def _main_tid(cpu: "pd.DataFrame", g: "pd.DataFrame"):
+    """The thread holding the step annotations, else the one that issued the most GPU work."""
+    if not cpu.empty:
+        st = cpu[(cpu["cat"] == "user_annotation") & cpu["name"].astype(str).str.startswith(STEP_PREFIX)]
+        if len(st):
+            return st["tid"].mode().iloc[0]
+    tids = g["tid"].dropna()
+    return tids.mode().iloc[0] if len(tids) else None
+
+
+def _all_threads(cpu: "pd.DataFrame", calls: "pd.DataFrame", sets: dict, threads: tuple, main) -> dict:
+    """The process's view: DataLoader waits and synchronising calls of any thread, the allocator and collective
+    waits of the issuing threads, and the main thread's stalls (another thread that issues nothing while the main
+    thread waits for its DataLoader is not stalled for the step)."""
+    import numpy as np
+
+    data = cpu[(cpu["cat"] == "user_annotation") & cpu["name"].astype(str).str.startswith(DATALOADER)] \
+        if not cpu.empty else cpu
+    sync = calls[calls["kind"] == "sync"]
+    out = {"data_wait": union_np(data["ts"], data["end"]), "sync": union_np(sync["ts"], sync["end"])}
+    for k in ("comm_wait", "alloc", "idle"):
+        parts = [sets[t][k] for t in threads if t in sets]
+        out[k] = union_np(np.concatenate([p[0] for p in parts]) if parts else [],
+                          np.concatenate([p[1] for p in parts]) if parts else [])
+    blocks = union_np(np.r_[out["data_wait"][0], out["sync"][0]], np.r_[out["data_wait"][1], out["sync"][1]])
+    out["stall"] = subtract(sets[main]["stall"], blocks) if main in sets else (np.empty(0), np.empty(0))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ CPU-only jobs
+def _cpu_model(view: "RankView", cpu: "pd.DataFrame") -> HostModel | None:
+    import numpy as np
+    import pandas as pd
+
+    from .steps import step_windows
+
+    steps = cpu[(cpu["cat"] == "user_annotation") & cpu["name"].astype(str).str.startswith(STEP_PREFIX)]
+    with_ops = cpu[cpu["cat"] == "cpu_op"]
+    main = steps["tid"].mode().iloc[0] if len(steps) else with_ops["tid"].mode().iloc[0]
+    mine = cpu[cpu["tid"] == main]
+    ops = mine[mine["cat"] == "cpu_op"]
+    comm = cpu[cpu["name"].astype(str).str.startswith(COMM_OPS)]
+    data = mine[(mine["cat"] == "user_annotation") & mine["name"].astype(str).str.startswith(DATALOADER)]
+    win = step_windows(view.steps, None)
+    if win["start"].isna().all():
+        if ops.empty:
+            return None
+        win = pd.DataFrame({"step": [-1], "start": [float(ops["ts"].min())], "end": [float(ops["end"].max())]})
+    lo, hi = float(win["start"].min()), float(win["end"].max())
+    # sentinels: a stall may run from the window's start or to its end
+    rec = union_np(np.r_[lo - 1e-3, ops["ts"], data["ts"], hi], np.r_[lo, ops["end"], data["end"], hi + 1e-3])
+    empty = (np.empty(0), np.empty(0))
+    sets = {main: {"data_wait": union_np(data["ts"], data["end"]), "sync": empty,
+                   "comm_wait": union_np(comm["ts"], comm["end"]), "alloc": empty,
+                   "stall": gaps_between(*rec, STALL_US), "issue": union_np(ops["ts"], ops["end"])}}
+    sets[ALL] = dict(sets[main])
+    calls = runtime_calls(view)
+    return _finish(view, "cpu", win, main, (main,), calls, sets, default="idle", gpu=None, cpu=cpu)
+
+
+# ------------------------------------------------------------------------------------------------ both
+def _finish(view, mode, win, main, threads, calls, sets, default: str, gpu, cpu=None) -> HostModel:
+    """The activity rows (precedence applied per thread) and the per-step split of the main thread."""
+    import numpy as np
+    import pandas as pd
+
+    wa, wb = win["start"].to_numpy(dtype=float), win["end"].to_numpy(dtype=float)
+    lo, hi = float(wa.min()), float(wb.max())
+    rows, per = [], None
+    for t in [x for x in sets if x != ALL]:
+        s, e, cls = _classify(sets[t], lo, hi, default, extra=np.r_[wa, wb])
+        if t == main:
+            w = np.searchsorted(wa, s, side="right") - 1
+            ok = (w >= 0) & (s < wb[np.clip(w, 0, None)])
+            per = pd.DataFrame({"w": w[ok], "cls": cls[ok], "dur": (e - s)[ok]}).pivot_table(
+                index="w", columns="cls", values="dur", aggfunc="sum", fill_value=0.0)
+        keep = np.r_[True, (cls[1:] != cls[:-1]) | (s[1:] != e[:-1])] if len(s) else np.zeros(0, dtype=bool)
+        grp = np.cumsum(keep) - 1
+        if len(s):
+            a = pd.DataFrame({"g": grp, "ts": s, "end": e, "kind": cls}).groupby("g").agg(
+                ts=("ts", "min"), end=("end", "max"), kind=("kind", "first"))
+            rows.append(a.assign(tid=t))
+    act = pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=["ts", "end", "kind", "tid"])
+    act = act.assign(name=_names(act, calls, view.trace.cpu if cpu is None else cpu))
+    per_step = win.rename(columns={"start": "ts"}).reset_index(drop=True).assign(dur=wb - wa)
+    per = (per if per is not None else pd.DataFrame()).reindex(index=range(len(win)), columns=list(KINDS),
+                                                                 fill_value=0.0)
+    for k in KINDS:
+        per_step[f"{k}_us"] = per[k].to_numpy(dtype=float)
+    for c, key in (("gpu_busy_us", "busy"), ("gpu_comm_us", "comm")):
+        per_step[c] = _per_window(gpu[key], wa, wb) if gpu else 0.0
+    per_step["gpu_compute_us"] = per_step["gpu_busy_us"] - per_step["gpu_comm_us"]
+    return HostModel(mode=mode, activity=act[["tid", "ts", "end", "kind", "name"]], per_step=per_step[list(PER_STEP)],
+                     windows=win.reset_index(drop=True), main_tid=main, threads=tuple(threads), calls=calls, sets=sets)
+
+
+def _classify(sets: dict, lo: float, hi: float, default: str, extra) -> "tuple[np.ndarray, np.ndarray, np.ndarray]":
+    """The segments of ``[lo, hi]`` and their kind: the first of :data:`KINDS` whose spans cover it, else
+    ``default``."""
+    import numpy as np
+
+    pts = partition(list(sets.values()), extra=np.r_[lo, hi, extra])
+    pts = pts[(pts >= lo) & (pts <= hi)]
+    s, e = pts[:-1], pts[1:]
+    cls = np.full(s.shape, default, dtype=object)
+    for k in reversed(KINDS):  # first in precedence wins: assign in reverse
+        if k in sets and k != default:
+            cls[cover(*sets[k], s)] = k
+    return s, e, cls
+
+
+def _per_window(spans, wa, wb) -> "np.ndarray":
+    from ..traces.intervals import covered
+
+    return covered(spans[0], spans[1], wa, wb)
+
+
+def _names(act: "pd.DataFrame", events: "pd.DataFrame", cpu: "pd.DataFrame") -> list[str]:
+    """Per activity row, the call or annotation behind it (the latest event of its kind's source on its thread
+    that started at or before it); '' for stall, issue and idle."""
+    import numpy as np
+
+    src = {"sync": events, "alloc": events}
+    if not cpu.empty:
+        ann = cpu[(cpu["cat"] == "user_annotation") & cpu["name"].astype(str).str.startswith(DATALOADER)]
+        src["data_wait"] = ann
+        src["comm_wait"] = cpu[cpu["name"].astype(str).str.startswith(COMM_OPS + COMM_WAIT_OPS)]
+    out = [""] * len(act)
+    for kind, ev in src.items():
+        sel = np.flatnonzero((act["kind"] == kind).to_numpy())
+        if not len(sel) or ev.empty:
+            continue
+        for tid, idx in _by(act.iloc[sel]["tid"], sel):
+            mine = ev[ev["tid"] == tid] if kind != "comm_wait" else ev
+            if kind in ("sync", "alloc") and "kind" in mine.columns:
+                mine = mine[mine["kind"] == kind]
+            mine = mine.sort_values("ts", kind="stable")
+            if mine.empty:
+                continue
+            j = np.searchsorted(mine["ts"].to_numpy(dtype=float), act["ts"].to_numpy(dtype=float)[idx] + 1e-6,
+                                side="right") - 1
+            names = mine["name"].astype(str).to_numpy()
+            for i, k in zip(idx, j):
+                out[i] = names[k] if k >= 0 else ""
+    return out
+
+
+def _by(tids, idx):
+    import pandas as pd
+
+    s = pd.Series(idx, index=tids.to_numpy())
+    return [(t, s.loc[[t]].to_numpy()) for t in pd.unique(tids)]
