@@ -23,3 +23,30 @@ def test_mistake_under_defaults_reported_once(tmp_path):
     assert p.returncode == 2
     assert p.stderr.count("bogus_key") == 1, p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_kit_alone_lists_the_commands():
+    """``kit`` (and ``kit trace``) without a command: the usage and the commands, exit 2 -- not argparse's
+    'the following arguments are required: cmd'."""
+    p = kit_cli()
+    assert p.returncode == 2 and "required" not in p.stdout + p.stderr and "Traceback" not in p.stderr
+    assert p.stdout.startswith("usage: kit") and all(f"\n    {c} " in p.stdout for c in ("run", "trace", "doctor"))
+    p = kit_cli("trace")
+    assert p.returncode == 2 and "required" not in p.stdout + p.stderr
+    assert all(v in p.stdout for v in ("gaps", "collectives", "merge"))
+
+
+def test_a_directory_with_an_empty_rank_trace_says_it_is_empty(tmp_path):
+    """A profiler stopped before it wrote leaves ``rank0.json`` of 0 bytes: given the directory, both commands
+    name that file as empty, as they do when it is named; a directory of other JSON says what it skipped."""
+    (tmp_path / "rank0.json").write_bytes(b"")
+    for verb in (["trace", "gaps"], ["doctor"]):
+        for where in (tmp_path, tmp_path / "rank0.json"):
+            p = kit_cli(*verb, where)
+            assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+            assert f"{tmp_path / 'rank0.json'}: empty file" in p.stderr, p.stderr
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text('{"lr": 0.1}')
+    p = kit_cli("trace", "gaps", other)
+    assert p.returncode == 2 and "no rank trace" in p.stderr and "other JSON skipped: config.json" in p.stderr

@@ -69,8 +69,9 @@ def test_rank_twice_and_another_time_is_not_one_job():
         check_job(_ids([NCCL[0], TP[0]]))
     lines = str(e.value).splitlines()
     assert "tp_rank0.json.gz: rank 0 again (also colls_rank0.json.gz): give one trace per rank" in lines
-    # recorded 29 minutes apart: the doctor's apart_in_time, 60 s slack
-    assert any(x.startswith("tp_rank0.json.gz: traced at ") and "a trace of another job" in x for x in lines)
+    # recorded 29 minutes apart: their spans do not overlap
+    assert any(x.startswith("tp_rank0.json.gz: traced 2026-") and "no overlap" in x and "a trace of another job" in x
+               for x in lines)
 
 
 def test_same_world_size_other_device_is_another_job():
@@ -92,12 +93,15 @@ def test_world_sizes_differ_and_rank_outside():
         check_job([ids[0], replace(ids[1], rank=5)])
 
 
-def test_spans_within_the_slack_are_one_job():
+def test_overlapping_spans_are_one_job_apart_ones_are_not():
+    """The ranks of one job wait for each other in their collectives: their traced spans overlap, however far
+    their starts are apart; a span that starts after the others ended is another run (or another clock)."""
     ids = _ids(NCCL)
-    later = replace(ids[1], span=(ids[1].span[0] + 50e6, ids[1].span[1] + 50e6))
-    assert check_job([ids[0], later]).world_size == 2
-    apart = replace(ids[1], span=(ids[1].span[0] + 70e6, ids[1].span[1] + 70e6))
-    with pytest.raises(JobError, match="colls_rank1.json.gz: traced at "):
+    a0, a1 = ids[0].span
+    overlapping = replace(ids[1], span=(a1 - 1.0, a1 + 50e6))  # starts 1 us before rank 0's last event ends
+    assert check_job([ids[0], overlapping]).world_size == 2
+    apart = replace(ids[1], span=(a1 + 1.0, a1 + 2.0))  # 1 us after
+    with pytest.raises(JobError, match="colls_rank1.json.gz: traced 2026-.* no overlap"):
         check_job([ids[0], apart])
 
 

@@ -248,3 +248,46 @@ def test_without_dask_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "dask.distributed", None)
     with pytest.raises(ImportError, match=r"pip install 'kit\[cluster\]'"):
         map_ranks(TP, _kernels, client="tcp://127.0.0.1:8786")
+
+
+# ------------------------------------------------------------------------------------------------ one job, checked
+DOC = DATA / "doctor"
+P2P = DOC / "recorded-p2p_transports"
+
+
+@pytest.mark.parametrize("verb", [["trace", "gaps"], ["doctor", "--workers", "1"]])
+def test_two_runs_seconds_apart_are_not_one_job(verb):
+    """Rank 0 of one 2-rank run and rank 1 of another recorded 16 s later on the same host (kit.capture: host and
+    pid in the header): world sizes agree, ranks do not repeat, but the traced spans do not overlap -- on one host
+    that is one clock, so another run; without hosts named (5.6 s apart), another run or clocks that disagree."""
+    p = _kit(*verb, DOC / "clean/trace_rank0.json.gz", DOC / "p2p-disabled/trace_rank1.json.gz", "--no-cache")
+    err = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(err) == 1 and "Traceback" not in p.stderr, p.stderr
+    assert ("trace_rank1.json.gz: traced 2026-11-23 05:35:53.893 to 05:35:54.031 UTC, not with the others (traced "
+            "2026-11-23 05:35:37.768 to 05:35:37.902): 16 s after them, no overlap; recorded on their host vm (one "
+            "clock; pid 785, theirs 677): a trace of another job (another run)") in err[0]
+    p = _kit(*verb, P2P / "trace_experiment=comm_compute_transport=copy_rank0.json.gz",
+             P2P / "trace_experiment=comm_compute_transport=ipc_rank1.json.gz", "--no-cache")
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert ("5.56 s after them, no overlap; the traces do not name their hosts: a trace of another job (another "
+            "run), or the hosts' clocks disagree by at least 5.56 s") in p.stderr
+
+
+def test_spans_apart_say_which_hosts_pids_and_base_times():
+    from dataclasses import replace
+
+    from kit.traces.jobs import JobError, check_job, rank_identity
+
+    a, b = (rank_identity(traces.load_trace(DOC / f"clean/trace_rank{r}.json.gz", cpu="none", cache=False))
+            for r in (0, 1))
+    assert (a.host, a.pid, b.host, b.pid, a.base_ns) == ("vm", 677, "vm", 678, 1790857026000000000)
+    assert check_job([a, b]).world_size == 2  # one run: spans overlap
+    later = replace(b, span=(a.span[1] + 3e6, a.span[1] + 4e6))
+    with pytest.raises(JobError, match=r"3 s after them, no overlap; recorded on their host vm \(one clock; pid 678, "
+                                       r"theirs 677\): a trace of another job"):
+        check_job([a, later])
+    with pytest.raises(JobError, match=r"host node7, the others on vm: a trace of another job \(another run\), or the "
+                                       r"hosts' clocks disagree by at least 3 s; baseTimeNanoseconds 1 vs 1790857026"):
+        check_job([a, replace(later, host="node7", base_ns=1)])
+    with pytest.raises(JobError, match=r"recorded by their process \(host vm, pid 677\): another profiling window"):
+        check_job([a, replace(later, pid=677, rank=None)])

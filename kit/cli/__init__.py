@@ -129,8 +129,10 @@ NODES_HELP = ("run on K emulated nodes of this host: K torchrun agents, each wit
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kit", description="Distributed-GPU performance investigations in PyTorch.")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    p = argparse.ArgumentParser(prog="kit", description="Distributed-GPU performance investigations in PyTorch.",
+                                epilog="kit COMMAND --help: its options and exit status. The notebooks' report: "
+                                       "make report; the tests: make test (README).")
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", title="commands")
 
     r = sub.add_parser("run", help="execute notebooks with papermill and write an HTML report")
     r.add_argument("names", nargs="*", help="notebook stems (e.g. collectives) or 'all' (default: all)")
@@ -183,7 +185,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    if not (sys.argv[1:] if argv is None else argv):  # `kit` alone: what it can do, not argparse's "required: cmd"
+        parser.print_help()
+        return 2
+    args = parser.parse_args(argv)
     try:
         return args.fn(args) or 0
     except ConfigError as e:

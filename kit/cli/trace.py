@@ -18,9 +18,10 @@ TRACES: rank trace files (.json, .json.gz, .pt.trace.json[.gz]), a directory of 
 rank's trace per worker however many ranks there are.
 
 The traces given must be one job (checked before anything is analysed): one world size, no rank twice, no rank
-outside the world size, one GPU family (H100, A100, V100, ...), recorded at the same time (their spans within
-60 s of each other). Non-fatal problems (events with a negative or zero duration dropped, a zero-duration
-ProfilerStep, a trace without rank taken in file order) are printed once each on stderr as 'warning:' lines.
+outside the world size, one GPU family (H100, A100, V100, ...), recorded together (their traced spans overlap;
+one that does not is named with its host and pid: another run, or clocks that disagree). Non-fatal problems
+(events with a negative or zero duration dropped, a zero-duration ProfilerStep, a trace without rank taken in
+file order) are printed once each on stderr as 'warning:' lines.
 
 exit status (the same for every verb):
   0 every trace analysed, every rank of the job given;
@@ -53,7 +54,8 @@ def _jobs(p) -> None:
 
 def add_parser(sub) -> None:
     t = sub.add_parser("trace", help="analyse PyTorch profiler traces (Chrome JSON, .json or .json.gz)")
-    tsub = t.add_subparsers(dest="trace_cmd", required=True)
+    tsub = t.add_subparsers(dest="trace_cmd", metavar="VERB", title="verbs")
+    t.set_defaults(fn=lambda args: t.print_help() or 2)  # `kit trace` alone: its verbs, not "required: trace_cmd"
     fmt = argparse.RawDescriptionHelpFormatter
     g = tsub.add_parser("gaps", help="idle GPU time before NCCL kernels and before other kernels, per GPU",
                         epilog=EXIT, formatter_class=fmt)

@@ -88,15 +88,16 @@ SNIFF_BYTES = 1 << 16
 def _has_trace_events(p: Path) -> bool:
     """Whether the file's first :data:`SNIFF_BYTES` name ``traceEvents``: a directory's ``config.json``,
     ``metrics.json`` or a corpus' ``truth.json`` is not a rank of the job (a Kineto trace names its events after a
-    header of a few KB). Only asked of files whose name says neither rank nor trace; unreadable: kept, so that
-    reading it names the problem."""
+    header of a few KB). Only asked of files whose name says neither rank nor trace; unreadable or empty (a
+    profiler stopped before it wrote: ``rank0.json`` of 0 bytes): kept, so that reading it names the problem."""
     import gzip
 
     try:
         with (gzip.open(p, "rb") if p.name.endswith(".gz") else open(p, "rb")) as f:
-            return b'"traceEvents"' in f.read(SNIFF_BYTES)
+            head = f.read(SNIFF_BYTES)
     except (OSError, EOFError):
         return True
+    return b'"traceEvents"' in head or not head.strip()
 
 
 def _rank_key(p: Path) -> tuple:
@@ -122,7 +123,10 @@ def expand(inputs: Iterable[str | Path] | str | Path) -> list[Path]:
         if p.is_dir():
             found = [f for f in p.iterdir() if _is_rank_trace(f)]
             if not found:
-                raise TraceError(f"{p}: no rank trace (*.json, *.json.gz) in this directory")
+                other = sorted(f.name for f in p.iterdir() if f.is_file() and TRACE_SUFFIX.search(f.name))
+                why = (f" (other JSON skipped: {', '.join(other[:5])}{', ...' if len(other) > 5 else ''} -- "
+                       f"no rank or 'trace' in the name and no traceEvents)" if other else "")
+                raise TraceError(f"{p}: no rank trace (*.json, *.json.gz) in this directory{why}")
         elif not p.exists() and glob.has_magic(str(item)):
             found = [Path(f) for f in glob.glob(str(item)) if _is_rank_trace(Path(f))]
             if not found:
@@ -251,6 +255,13 @@ class RankIdentity:
     span: tuple[float, float] | None
     """first/last event, Unix time in us (``baseTimeNanoseconds``/1e3 + trace clock, or the trace clock where it
     is Unix time already: older Kineto); None without either, or without events"""
+    host: str | None = None
+    """the host that recorded it: the header's ``host_name`` (torch >= 2.12), :mod:`kit.capture`'s
+    ``kitCapture.hostname``, or the ``<host>_<pid>`` of ``tensorboard_trace_handler``'s file name; None if none"""
+    pid: int | None = None
+    """the profiled process: ``kitCapture.pid``, or the file name's ``<host>_<pid>``; None if neither"""
+    base_ns: int | None = None
+    """the header's ``baseTimeNanoseconds`` (the trace clock's zero in Unix ns)"""
 
     @property
     def name(self) -> str:
@@ -274,6 +285,23 @@ EPOCH_US = 1e15
 ``baseTimeNanoseconds``"""
 
 
+_HANDLER_NAME = re.compile(r"(?P<host>.+)_(?P<pid>\d+)\.\d+\.pt\.trace\.json(\.gz)?\Z")
+"""``tensorboard_trace_handler``'s default file name: ``<host>_<pid>.<time>.pt.trace.json[.gz]``"""
+
+
+def _process(header: dict, name: str) -> tuple[str | None, int | None]:
+    """``(host, pid)`` of the process that wrote a trace (see :class:`RankIdentity`)."""
+    cap = header.get("kitCapture") if isinstance(header.get("kitCapture"), dict) else {}
+    host = header.get("host_name") or cap.get("hostname")
+    pid = cap.get("pid")
+    m = _HANDLER_NAME.match(name)
+    if m:
+        host = host or m["host"]
+        pid = pid if pid is not None else int(m["pid"])
+    return (host if isinstance(host, str) and host else None,
+            pid if isinstance(pid, int) and not isinstance(pid, bool) else None)
+
+
 def rank_identity(trace: "Trace", path: str | Path | None = None) -> RankIdentity:
     """The :class:`RankIdentity` of a loaded trace (from its header and its frames' first and last event)."""
     import numpy as np
@@ -287,17 +315,20 @@ def rank_identity(trace: "Trace", path: str | Path | None = None) -> RankIdentit
     names = [d.get("name") for d in props if isinstance(d, dict)] if isinstance(props, list) else []
     device = next((n for n in names if isinstance(n, str) and n.strip()), None)
     base = trace.header.get("baseTimeNanoseconds")
+    base = base if isinstance(base, (int, float)) and not isinstance(base, bool) else None
     span = None
     starts = [trace.array(w, "ts") for w in ("gpu", "cpu")]
     if any(len(a) for a in starts):
         ends = [trace.array(w, "end") for w in ("gpu", "cpu")]
         lo = min(float(np.min(a)) for a in starts if len(a))
         hi = max(float(np.max(a)) for a in ends if len(a))
-        if isinstance(base, (int, float)) and not isinstance(base, bool):
+        if base is not None:
             span = (base / 1e3 + lo, base / 1e3 + hi)
         elif lo > EPOCH_US:  # before baseTimeNanoseconds (torch < 2.0), Kineto wrote Unix time in us
             span = (lo, hi)
-    return RankIdentity(path=where, rank=rank, world_size=trace.info.world_size, device=device, span=span)
+    host, pid = _process(trace.header, Path(where).name)
+    return RankIdentity(path=where, rank=rank, world_size=trace.info.world_size, device=device, span=span,
+                        host=host, pid=pid, base_ns=int(base) if base is not None else None)
 
 
 def ranges(ranks: Iterable[int]) -> str:
@@ -345,34 +376,65 @@ class JobCheck:
                 "partial": self.partial, "note": self.note()}
 
 
-SAME_JOB_SLACK_S = 60.0
-"""traces whose activity is further apart in time than this (and than their own spans) are not one job"""
+def _at(us: float) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(us / 1e6, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def _why_apart(i: RankIdentity, others: Sequence[RankIdentity], gap_s: float) -> str:
+    """Which it is, for a trace whose span does not overlap the others': another run (one host: one clock), the
+    same process's other profiling window (one pid), or -- on other hosts, or hosts unknown -- another run or
+    clocks that disagree by at least the gap."""
+    hosts = sorted({o.host for o in others if o.host})
+    pids = sorted({o.pid for o in others if o.pid is not None})
+    bases = sorted({o.base_ns for o in others if o.base_ns is not None})
+    base = (f"; baseTimeNanoseconds {i.base_ns} vs {', '.join(map(str, bases))}"
+            if i.base_ns is not None and bases and bases != [i.base_ns] else "")
+    if i.host and hosts == [i.host]:
+        if i.pid is not None and pids == [i.pid]:
+            return (f"recorded by their process (host {i.host}, pid {i.pid}): another profiling window of it, not "
+                    f"another rank -- a trace of another job (or window){base}")
+        pid = (f"; pid {i.pid}, theirs {', '.join(map(str, pids))}" if i.pid is not None and pids else "")
+        return f"recorded on their host {i.host} (one clock{pid}): a trace of another job (another run){base}"
+    where = (f"host {i.host}, the others on {', '.join(hosts)}" if i.host and hosts else
+             "the traces do not name their hosts")
+    return (f"{where}: a trace of another job (another run), or the hosts' clocks disagree by at least "
+            f"{gap_s:.3g} s{base}")
 
 
 def apart_in_time(idents: Sequence[RankIdentity]) -> list[str]:
-    """One line per trace recorded at another time than the others: the ranks of one job are profiled together,
-    so their spans overlap (up to clock differences between nodes, far below :data:`SAME_JOB_SLACK_S`). The
-    traces are grouped into runs of overlapping spans; every trace outside the largest group is named."""
-    import datetime
-
+    """One line per trace recorded at another time than the others: the ranks of one job are profiled together
+    and wait for each other in their collectives, so their traced spans overlap. The traces are grouped into runs
+    of overlapping spans; every trace outside the largest group is named, with which it is: another run (on the
+    same host: one clock), another profiling window of the same process, or -- across hosts, or hosts unknown --
+    another run or clocks that disagree (its host, pid and ``baseTimeNanoseconds`` against the others')."""
     timed = sorted(((i.span, i) for i in idents if i.span is not None), key=lambda t: t[0])
     if len(timed) < 2:
         return []
     groups: list[list] = [[timed[0]]]
     end = timed[0][0][1]
     for span, i in timed[1:]:
-        if span[0] > end + SAME_JOB_SLACK_S * 1e6:
+        if span[0] > end:  # starts after every earlier trace ended: no overlap
             groups.append([])
         groups[-1].append((span, i))
         end = max(end, span[1])
     if len(groups) == 1:
         return []
     main = max(groups, key=len)
-    at = lambda us: datetime.datetime.fromtimestamp(us / 1e6, datetime.timezone.utc).strftime(  # noqa: E731
-        "%Y-%m-%d %H:%M:%S UTC")
-    ref = f"the {len(main)} traced from {at(main[0][0][0])}" if len(main) > 1 else f"traced at {at(main[0][0][0])}"
-    return [f"{i.name}: traced at {at(span[0])}, not with the others ({ref}): a trace of another job "
-            f"(or another profiling window)" for g in groups if g is not main for span, i in g]
+    lo, hi = min(s[0] for s, _ in main), max(s[1] for s, _ in main)
+    ref = (f"the {len(main)} traced {_at(lo)} to {_at(hi)[11:]}" if len(main) > 1 else
+           f"traced {_at(lo)} to {_at(hi)[11:]}")
+    out = []
+    for g in groups:
+        if g is main:
+            continue
+        for span, i in g:
+            gap = (lo - span[1]) if span[1] <= lo else (span[0] - hi)
+            out.append(f"{i.name}: traced {_at(span[0])} to {_at(span[1])[11:]} UTC, not with the others ({ref}): "
+                       f"{gap / 1e6:.3g} s {'before' if span[1] <= lo else 'after'} them, no overlap; "
+                       f"{_why_apart(i, [o for _, o in main], gap / 1e6)}")
+    return out
 
 
 def not_one_job(ranks: Iterable[tuple[str, int | None, int | None]]) -> list[str]:
@@ -412,7 +474,7 @@ def _other_devices(idents: Sequence[RankIdentity]) -> list[str]:
 def check_job(idents: Sequence[RankIdentity]) -> JobCheck:
     """Raises :class:`JobError` (one line per problem) when the traces are not one job: different world sizes,
     one rank twice, a rank outside the world size, different GPU families (H100 vs A100, V100...), spans that do
-    not overlap (:func:`apart_in_time`, :data:`SAME_JOB_SLACK_S`). Returns the :class:`JobCheck` otherwise:
+    not overlap (:func:`apart_in_time`). Returns the :class:`JobCheck` otherwise:
     ranks filled in (traces that say nothing take the free ranks in file order, with a warning), the ranks of
     the world size that were not given."""
     idents = list(idents)
