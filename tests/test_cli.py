@@ -50,3 +50,17 @@ def test_a_directory_with_an_empty_rank_trace_says_it_is_empty(tmp_path):
     (other / "config.json").write_text('{"lr": 0.1}')
     p = kit_cli("trace", "gaps", other)
     assert p.returncode == 2 and "no rank trace" in p.stderr and "other JSON skipped: config.json" in p.stderr
+
+
+def test_the_reference_lists_every_doctor_rule():
+    """docs/cli.md's table of the doctor's rules names every registered rule, and no rule that is not."""
+    import re
+
+    import kit.doctor.rules  # noqa: F401  (registers them)
+    from kit.doctor.model import RULES
+
+    text = (ROOT / "docs" / "cli.md").read_text()
+    table = text[text.index("| rule | what it finds |"):]
+    table = table[:table.index("\n\n")]
+    listed = re.findall(r"^\| `(\w+)` \|", table, re.M)
+    assert sorted(listed) == sorted(RULES) and len(listed) == len(set(listed)), (listed, sorted(RULES))
