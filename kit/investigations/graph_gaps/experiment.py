@@ -10,7 +10,7 @@ from typing import Literal
 
 from ... import timing, traces
 from ...config import LaunchConfig
-from . import mechanism
+from . import mechanism, streams
 
 
 @dataclass
@@ -45,6 +45,10 @@ class Config(LaunchConfig):
     work_every: list[int] = field(default_factory=lambda: [4, 16])
     """a collective only after every k-th layer"""
     replays: int = 20
+    replay_streams: list[Literal["legacy", "created", "per_thread", "blocking"]] = field(
+        default_factory=lambda: ["legacy", "created"])
+    """the streams each graph is replayed into (:mod:`.streams`): ``legacy`` is what ``g.replay()`` uses in a plain
+    loop; every graph row says its ``stream``"""
 
     def check(self) -> list[str]:
         errs = []
@@ -54,6 +58,8 @@ class Config(LaunchConfig):
             errs.append("batch, hidden, iters, repeats, profile_forwards must be >= 1")
         if any(b < 1 for b in self.launch_batches) or self.launch_layers < 1 or self.launch_hidden < 1:
             errs.append("launch_batches, launch_layers, launch_hidden must be positive")
+        if not self.replay_streams:
+            errs.append("replay_streams must name at least one stream (legacy: what g.replay() uses)")
         if self.work_layers < 1 or self.replays < 1 or min(self.work_hidden + self.work_every + [1]) < 1:
             errs.append("work_layers, work_hidden, work_every, replays must be positive")
         return errs
@@ -139,30 +145,39 @@ def run(cfg: Config, ctx):
     torch.backends.cuda.matmul.allow_tf32 = cfg.tf32
     torch.backends.cudnn.allow_tf32 = cfg.tf32
     models = [("allreduce", True)] + ([("matmul-only", False)] if cfg.control else [])
+    replay_streams = {}
     with torch.inference_mode():
         if ctx.is_cuda:
+            for name in cfg.replay_streams:  # made once: every N replays into the same streams
+                st, why = streams.make_stream(name, ctx.device)
+                replay_streams[name] = st
+                yield {"kind": "stream", "mode": "graph", "stream": name, "stream_handle": streams.handle(st),
+                       "available": st is not None, "why": why, "world_size": ctx.world_size}
             yield from _census(cfg, ctx)
         for n in cfg.layers:
             for model, comm in models:
                 ctx.step(f"{model} N={n}")
                 fwd = build_forward(n, cfg, ctx, comm)
-                modes = [("eager", fwd)]
+                modes = [("eager", "legacy", fwd, "")]
                 if ctx.is_cuda:
                     g = capture(fwd, ctx)
-                    modes.append(("graph", g.replay))
+                    modes += [("graph", name, streams.replay_on(g, st, ctx.device), streams.handle(st))
+                              for name, st in replay_streams.items() if st is not None]
                 keys = dict(model=model, layers=n, batch=cfg.batch, hidden=cfg.hidden, dtype=cfg.dtype, tf32=cfg.tf32,
                             world_size=ctx.world_size)
-                for mode, fn in modes:
+                for mode, stream, fn, handle in modes:
+                    skeys = dict(keys, stream=stream)
                     s = timing.measure(fn, ctx, iters=cfg.iters, repeats=cfg.repeats, warmup=cfg.warmup)
-                    yield from timed_rows(s, mode, kind="time", **keys)
+                    yield from timed_rows(s, mode, kind="time", **skeys)
                     if ctx.is_cuda:
-                        keep = (traces.trace_path(ctx, model=model, layers=n, mode=mode)
-                                if n in cfg.keep_traces else None)
+                        tags = dict(model=model, layers=n, mode=mode, **({"stream": stream} if stream != "legacy" else {}))
+                        keep = traces.trace_path(ctx, **tags) if n in cfg.keep_traces else None
                         prof, gaps = _profile(fn, ctx, cfg.profile_forwards, keep, cfg.gap_threshold_us)
-                        yield {"kind": "profile", "mode": mode, **keys, "output_rms": _rms(fwd()), **prof}
-                        if cfg.mechanism and comm:
+                        yield {"kind": "profile", "mode": mode, **skeys, "stream_handle": handle,
+                               "output_rms": _rms(fwd()), **prof}
+                        if comm:
                             yield from mechanism.position_rows(gaps, n, model=model, mode=mode, layers=n,
-                                                               world_size=ctx.world_size)
+                                                               world_size=ctx.world_size, stream=stream)
                 if not ctx.is_cuda:
                     yield {"kind": "check", "mode": "eager", "model": model, "layers": n, "output_rms": _rms(fwd())}
                 del modes, fwd

@@ -22,7 +22,9 @@
 // --autofree 1 instantiates with cudaGraphInstantiateFlagAutoFreeOnLaunch (PyTorch's flag), --priority 1 with
 // cudaGraphInstantiateFlagUseNodePriority (side stream at the greatest priority; --priority 2: the flag alone, as
 // PyTorch instantiates), --upload 1 uploads first. --launch legacy replays into the legacy default stream (stream 0,
-// where PyTorch replays unless a stream is current) instead of the created non-blocking stream s0.
+// where PyTorch replays unless a stream is current) instead of the created non-blocking stream s0; --launch per_thread
+// into the per-thread default stream (cudaStreamPerThread), --launch blocking into a stream made by cudaStreamCreate
+// (both blocking streams: they synchronise with the legacy stream, but are not it).
 // build: nvcc -O2 -arch=sm_90 -o repro repro.cu -lcublas
 // reproduce (the gap before layer i grows with i):  ./repro --launch legacy --busy gemm --tail 1 --record shared
 // controls (flat):  the same with --launch created (the default), or with --record none
@@ -88,16 +90,16 @@ __global__ void tick(volatile unsigned* ctr) { *ctr = *ctr + 1; }
 
 struct Opt {
   int n = 160, replays = 20, upload = 0, priority = 0, grid = 0, queued = 0, quiet = 0, hidden = 2048, tail = 0,
-      autofree = 0, pdl = 0, legacy = 0;
+      autofree = 0, pdl = 0;
   double work_us = 200;
-  std::string record = "shared", where = "side", join = "edge", busy = "spin", raw;
+  std::string record = "shared", where = "side", join = "edge", busy = "spin", raw, launch = "created";
 };
 
 static void usage() {
   fprintf(stderr, "usage: repro [--n N] [--work-us US] [--replays R] [--record none|internal|shared|distinct|node]\n"
                   "  [--where side|main] [--join edge|extwait|none] [--upload 0|1] [--priority 0|1|2] [--grid BLOCKS]\n"
                   "  [--queued 0|1] [--busy spin|copy|gemm] [--hidden H] [--tail 0|1] [--autofree 0|1] [--pdl 0..3] [--raw FILE]\n"
-                  "  [--launch created|legacy]\n"
+                  "  [--launch created|legacy|per_thread|blocking]\n"
                   "  [--quiet 1]\n");
   exit(64);
 }
@@ -117,7 +119,7 @@ static Opt parse(int argc, char** argv) {
     else if (k == "--busy") o.busy = v; else if (k == "--hidden") o.hidden = atoi(v);
     else if (k == "--tail") o.tail = atoi(v); else if (k == "--autofree") o.autofree = atoi(v);
     else if (k == "--pdl") o.pdl = atoi(v);
-    else if (k == "--launch") { o.legacy = std::string(v) == "legacy"; if (!o.legacy && std::string(v) != "created") usage(); }
+    else if (k == "--launch") { o.launch = v; if (o.launch != "legacy" && o.launch != "created" && o.launch != "per_thread" && o.launch != "blocking") usage(); }
     else usage();
   }
   const char* recs[] = {"none", "internal", "shared", "distinct", "node"};
@@ -221,7 +223,12 @@ int main(int argc, char** argv) {
   CK(cudaGraphInstantiateWithFlags(&exec, graph, (o.priority ? cudaGraphInstantiateFlagUseNodePriority : 0) |
                                                  (o.autofree ? cudaGraphInstantiateFlagAutoFreeOnLaunch : 0)));
   if (o.upload) { CK(cudaGraphUpload(exec, s0)); CK(cudaStreamSynchronize(s0)); }
-  cudaStream_t ls = o.legacy ? cudaStreamLegacy : s0;
+  // the launch stream: s0 (created, non-blocking), the legacy default stream, the per-thread default stream, or a
+  // created blocking stream (cudaStreamCreate: synchronises with the legacy stream, as the per-thread one does)
+  cudaStream_t ls = s0;
+  if (o.launch == "legacy") ls = cudaStreamLegacy;
+  else if (o.launch == "per_thread") ls = cudaStreamPerThread;
+  else if (o.launch == "blocking") CK(cudaStreamCreate(&ls));
   for (int r = 0; r < o.replays; r++) {
     CK(cudaGraphLaunch(exec, ls));
     if (!o.queued) CK(cudaStreamSynchronize(ls));
@@ -267,7 +274,7 @@ int main(int argc, char** argv) {
          "grid %d queued %d replays %d nodes %zu\n", o.n, o.busy.c_str(), o.work_us, o.hidden, o.tail, o.record.c_str(),
          o.where.c_str(), o.join.c_str(), o.upload, o.priority, o.autofree, grid, o.queued, o.replays, nodes);
   printf("# pdl %d launch %s; nodes: kernel %d memcpy %d memset %d event_record %d wait_event %d other %d\n", o.pdl,
-         o.legacy ? "legacy" : "created", types[cudaGraphNodeTypeKernel], types[cudaGraphNodeTypeMemcpy],
+         o.launch.c_str(), types[cudaGraphNodeTypeKernel], types[cudaGraphNodeTypeMemcpy],
          types[cudaGraphNodeTypeMemset], types[cudaGraphNodeTypeEventRecord], types[cudaGraphNodeTypeWaitEvent],
          (int)nodes - types[cudaGraphNodeTypeKernel] - types[cudaGraphNodeTypeMemcpy] - types[cudaGraphNodeTypeMemset] -
              types[cudaGraphNodeTypeEventRecord] - types[cudaGraphNodeTypeWaitEvent]);
@@ -287,7 +294,7 @@ int main(int argc, char** argv) {
                "\"driver\": %d, \"runtime\": %d, \"busy\": \"%s\", \"hidden\": %d, \"tail\": %d, \"autofree\": %d, \"pdl\": %d, \"launch\": \"%s\"}\n",
             o.n, o.work_us, o.record.c_str(), o.where.c_str(), o.join.c_str(), o.upload, o.priority, grid, o.queued,
             o.replays, nodes, p.name, drv, rt, o.busy.c_str(), o.hidden, o.tail, o.autofree, o.pdl,
-            o.legacy ? "legacy" : "created");
+            o.launch.c_str());
     for (size_t c = 0; c < (size_t)o.replays * slots; c++) { fwrite(&hs[c], 8, 1, f); fwrite(&he[c], 8, 1, f); }
     fclose(f);
   }
