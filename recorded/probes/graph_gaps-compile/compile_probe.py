@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gzip
 import json
 import math
 import os
+import shutil
 import time
 import traceback
 from pathlib import Path
@@ -116,7 +118,11 @@ def main():
                                                 torch.profiler.ProfilerActivity.CUDA]) as prof:
             fn()
             torch.cuda.synchronize()
-        prof.export_chrome_trace(str(out / f"trace_variant={variant.replace('+', '-')}_rank{rank}.json"))
+        path = out / f"trace_variant={variant.replace('+', '-')}_rank{rank}.json"
+        prof.export_chrome_trace(str(path))
+        with open(path, "rb") as src, gzip.open(f"{path}.gz", "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        path.unlink()
 
     def attempt(variant, make, layers):
         try:
