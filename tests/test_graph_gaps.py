@@ -98,6 +98,50 @@ def test_analyses_never_raise(tmp_path, rows):
     assert fs["census_event_nodes[default env]"].value == 0
 
 
+def _stream_rows():
+    """Two ranks, N = 4 and 8, eager and graph replays in the legacy and a created stream: the legacy replay is
+    slower and its gap grows along the forward; the created one matches eager."""
+    out = []
+    for n in (4, 8):
+        for mode, stream, t in (("eager", None, 100.0), ("graph", "legacy", 150.0), ("graph", "created", 101.0)):
+            extra = {} if stream is None else {"stream": stream}  # eager rows say no stream in older runs
+            out += [dict(kind="time", mode=mode, model="allreduce", layers=n, sample=i, rank=r, world_size=2,
+                         time_us=n * t + i + r, **extra) for i in range(3) for r in (0, 1)]
+            out += [dict(kind="position", mode=mode, model="allreduce", layers=n, rank=r, world_size=2, forward=0,
+                         position=k, gap_us=(2.0 + 3.0 * k if stream == "legacy" else 2.0), stall=False, **extra)
+                    for k in range(n) for r in (0, 1)]
+            out.append(dict(kind="profile", mode=mode, model="allreduce", layers=n, rank=0, world_size=2,
+                            kernel_sum_us=n * 99.0, gap_nccl_n=n, gap_nccl_p90_us=3.0 * n, gap_other_median_us=1.0,
+                            gap_nccl_median_us=(2.0 + 1.5 * n if stream == "legacy" else 2.0), **extra))
+    return out
+
+
+def test_stream_factor_keeps_streams_apart(tmp_path):
+    rs = results.RunSet([_run_dir(tmp_path, _stream_rows())])
+    t = G.stream_table(rs.df).set_index(["layers", "replay"])
+    assert list(t.loc[8].index) == ["eager", "graph@legacy", "graph@created"]  # eager first, streams in order
+    assert t.loc[(8, "graph@legacy"), "over_eager"] == pytest.approx((8 * 150 + 2) / (8 * 100 + 2))
+    assert t.loc[(8, "graph@created"), "time_ms_median"] == pytest.approx((8 * 101 + 2) / 1e3)  # slowest rank, median sample
+    assert t.loc[(8, "graph@legacy"), "slope_us_per_layer"] == pytest.approx(3.0)
+    assert t.loc[(8, "graph@created"), "slope_us_per_layer"] == pytest.approx(0.0)
+    assert t.loc[(8, "eager"), "samples"] == 3
+    ft = G.INVESTIGATION.table("forward", rs)  # the older tables keep the streams apart too
+    assert len(ft[(ft["mode"] == "graph") & (ft["layers"] == 8)]) == 2
+    f = {x.key: x for x in G.findings(rs)}
+    assert f["graph_over_eager[default env]"].value == pytest.approx((8 * 150 + 2) / (8 * 100 + 2))
+    assert f["graph_over_eager[default env @created]"].value == pytest.approx((8 * 101 + 2) / (8 * 100 + 2))
+    assert f["created_cost[default env, 2 GPUs]"].value == pytest.approx((8 * 101 + 2) / (8 * 100 + 2) - 1)
+    assert "@created" in f["gap_by_position[default env @created]"].text
+    assert G.INVESTIGATION.figures["replay-stream"](rs) is not None
+
+
+def test_recorded_runs_before_the_factor_replayed_in_the_legacy_stream():
+    t = G.stream_table(_mechanism_runs().df)
+    assert set(t["replay"]) == {"eager", "graph@legacy"}
+    top = t[(t["layers"] == 640) & (t["label"] == "default env")].set_index("replay")
+    assert top.loc["graph@legacy", "over_eager"] == pytest.approx(1.88, abs=0.01)
+
+
 def test_bad_parameters():
     with pytest.raises(ConfigError, match="layers must be"):
         contract.make_config("graph_gaps", {"layers": []})
@@ -107,6 +151,10 @@ def test_bad_parameters():
         contract.make_config("graph_gaps", {"env_sets": ["NCCL_GRAPH_MIXING_SUPPORT=0"]})
     with pytest.raises(ConfigError, match="'float8' is not one of 'float32'"):
         contract.make_config("graph_gaps", {"dtype": "float8"})
+    with pytest.raises(ConfigError, match="'default' is not one of 'legacy'"):
+        contract.make_config("graph_gaps", {"replay_streams": ["default"]})
+    with pytest.raises(ConfigError, match="replay_streams must name"):
+        contract.make_config("graph_gaps", {"replay_streams": []})
 
 
 def test_timed_rows_say_mode():

@@ -32,13 +32,19 @@ launch benchmark, the census of a graph without NCCL); the gap before NCCL kerne
 ``allreduce`` model runs no all_reduce and NCCL launches no kernel -- and the analyses say so instead of showing
 numbers. Hence ``needs = Needs(ranks=1)``.
 
-* ``kind=position|work|work_time|replay|replay_gap|edge|launch_profile`` -- why the gap grows with N
+* ``stream`` (a column of every time / profile / position row): the stream each graph was replayed into,
+  ``replay_streams`` (:mod:`.streams`: ``legacy`` -- what ``g.replay()`` uses in a plain loop --, ``created``,
+  ``per_thread``, ``blocking``); eager rows say ``legacy``. ``kind=stream`` rows: each stream's CUDA handle, or
+  why it is not available. :mod:`.stream_factor` analyses it (the ``streams`` table, the ``replay-stream`` figure).
+* ``kind=position`` -- the gap before every NCCL kernel of the profiled forwards by its position (every run).
+* ``kind=work|work_time|replay|replay_gap|edge|launch_profile`` -- why the gap grows with N
   (:mod:`.mechanism`, ``mechanism=True``, CUDA only).
 
 Package layout: :mod:`.experiment` (Config, model, the rank function), :mod:`.analysis` (tables, kept-trace
 gaps), :mod:`.figures`, :mod:`.findings`, :mod:`.mechanism` (the mechanism experiments, their tables and
 figures), :mod:`.record_probe` (the no-NCCL control: event-record nodes alone, and its PyTorch bisection),
-:mod:`.matrix` (the one-GPU probe matrix without PyTorch or NCCL: ``recorded/probes/graph_gaps-repro/repro.cu``).
+:mod:`.matrix` (the one-GPU probe matrix without PyTorch or NCCL: ``recorded/probes/graph_gaps-repro/repro.cu``),
+:mod:`.streams` (the replay streams), :mod:`.stream_factor` (their analysis).
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ from .mechanism import (edges_table, gap_by_position, gap_vs_work, launch_profil
 from .matrix import figure as matrix_figure, hardware as matrix_hardware, source as matrix_source
 from .matrix import factor_table, launch_table as probe_launch_table, matrix_table
 from .record_probe import probe_table, torch_table
+from .stream_factor import stream_figure, stream_findings, stream_table
 
 def _figure(hw: str, _runs=None):
     """The probe matrix figure of one hardware (committed rows: the runs are not used)."""
@@ -77,13 +84,13 @@ INVESTIGATION = Investigation(
     Config=Config,
     run=run,
     columns=("kind", "mode"),
-    tables={"forward": table_forward, "gaps": table_gaps, "census": table_census, "launch": table_launch,
+    tables={"streams": lambda runs: stream_table(runs.df), "forward": table_forward, "gaps": table_gaps, "census": table_census, "launch": table_launch,
             "position": lambda runs: position_table(runs.df), "work": lambda runs: work_table(runs.df),
             "replays": lambda runs: replay_table(runs.df), "edges": lambda runs: edges_table(runs.df),
             "launch_profile": lambda runs: launch_profile_table(runs.df), "record_node_probe": probe_table,
             "torch_probe": torch_table, "probe_matrix_launch": probe_launch_table,
             "probe_matrix": lambda runs: factor_table(matrix_table())},
-    figures={**FIGURES, "gap-by-position": gap_by_position, "gap-vs-work": gap_vs_work,
+    figures={**FIGURES, "replay-stream": stream_figure, "gap-by-position": gap_by_position, "gap-vs-work": gap_vs_work,
              **_matrix_figures()},
     findings=findings,
     needs=Needs(ranks=1),
@@ -94,4 +101,5 @@ INVESTIGATION = Investigation(
 __all__ = ["Config", "FIGURES", "INVESTIGATION", "NO_NCCL", "build_forward", "capture", "census_table", "findings",
            "forward_table", "gaps_table", "kept_trace_gaps", "launch_table", "one_layer_window", "run", "timed_rows",
            "edges_table", "gap_by_position", "gap_vs_work", "launch_profile_table", "position_table", "replay_table",
-           "work_table", "probe_table", "torch_table", "matrix_table", "factor_table", "probe_launch_table"]
+           "work_table", "probe_table", "torch_table", "matrix_table", "factor_table", "probe_launch_table",
+           "stream_table", "stream_figure", "stream_findings"]

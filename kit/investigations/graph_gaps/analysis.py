@@ -6,9 +6,11 @@
 * ``launch``  -- the launch-overhead benchmarks, eager vs graph, and the speedup.
 
 Rows recorded by earlier versions of the kit read the same (they already say ``mode``; ``world_size`` is
-missing and taken as 2). Every function returns an empty frame when the rows it needs are absent: a CPU run
-has no profile, census or launch rows; with one rank the ``allreduce`` model launches no NCCL kernel, and the
-gap columns say so (``nccl_kernels`` 0, ``note``) instead of showing numbers.
+missing and taken as 2; ``stream`` is missing and is ``legacy``: those runs replayed with ``g.replay()`` on the
+current stream, which they never set -- :mod:`.streams`). Every table keeps the replay stream apart. Every
+function returns an empty frame when the rows it needs are absent: a CPU run has no profile, census or launch rows;
+with one rank the ``allreduce`` model launches no NCCL kernel, and the gap columns say so (``nccl_kernels`` 0,
+``note``) instead of showing numbers.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ from ... import results, stats, traces
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-BY = ["label", "model", "layers", "mode"]
+BY = ["label", "model", "layers", "mode", "stream"]
 NO_NCCL = "no NCCL kernel: one rank (NCCL launches none); the gap before NCCL needs 2+ ranks"
 GAP_COLUMNS = ["gap_nccl_median_us", "gap_nccl_p90_us", "gap_other_median_us"]
+LEGACY = "legacy"
 
 
 def rows(df) -> "pd.DataFrame":
@@ -31,12 +34,14 @@ def rows(df) -> "pd.DataFrame":
     import pandas as pd
 
     if df is None or df.empty or "kind" not in df.columns:
-        return pd.DataFrame(columns=["kind", "rank", "label", "model", "layers", "mode", "sample", "time_us"])
+        return pd.DataFrame(columns=["kind", "rank", "label", "model", "layers", "mode", "stream", "sample", "time_us"])
     df = df.copy()
     if "mode" not in df.columns:
         df["mode"] = df["method"] if "method" in df.columns else None
     if "label" not in df.columns:
         df["label"] = "run"
+    # the stream a graph was replayed into; eager rows and rows from before the factor: the legacy default stream
+    df["stream"] = df["stream"].fillna(LEGACY) if "stream" in df.columns else LEGACY
     return df
 
 
@@ -60,7 +65,7 @@ def forward_table(df) -> "pd.DataFrame":
         ks = ks.merge(p.groupby(BY)["kernel_sum_us"].min().reset_index(), on=BY)
         s = s.merge(ks, on=BY, how="left")
         s["overhead_us"] = s["time_us_median"] - s["kernel_sum_us"]
-    eager = s[s["mode"] == "eager"].set_index(["label", "model", "layers"])["time_us_median"]
+    eager = s[s["mode"] == "eager"].groupby(["label", "model", "layers"])["time_us_median"].first()
     s["graph_over_eager"] = [
         r.time_us_median / eager.get((r.label, r.model, r.layers), float("nan")) if r.mode == "graph" else float("nan")
         for r in s.itertuples()]

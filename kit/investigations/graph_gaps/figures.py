@@ -33,8 +33,9 @@ def forward_time(runs):
     ft = forward_table(runs.df)
     if ft.empty:
         return plot.message("no timing rows in these runs", runs.title)
-    return _against_layers(runs, ft, ["mode", "label", "model"], "time_us_median", "time per forward (ms)", scale=1e3,
-                           logy=True, style=lambda k: "-" if k[2] == "allreduce" else ":", figsize=(7.5, 4.5),
+    return _against_layers(runs, ft, ["mode", "stream", "label", "model"], "time_us_median", "time per forward (ms)",
+                           scale=1e3,
+                           logy=True, style=lambda k: "-" if k[3] == "allreduce" else ":", figsize=(7.5, 4.5),
                            legend=7, what="time per forward vs layers, eager and graph replay (dotted: matmuls only)")
 
 
@@ -45,7 +46,7 @@ def gap_vs_layers(runs):
     if gp.empty:
         return plot.message("no gaps before NCCL kernels: needs profiler rows from CUDA GPUs and 2+ ranks "
                             "(with one rank NCCL launches no kernel)", runs.title)
-    return _against_layers(runs, gp, ["mode", "label"], "gap_nccl_median_us", "median gap before NCCL kernel (us)",
+    return _against_layers(runs, gp, ["mode", "stream", "label"], "gap_nccl_median_us", "median gap before NCCL kernel (us)",
                            what="median idle gap before each NCCL kernel vs layers")
 
 

@@ -5,21 +5,33 @@ graphs give where launches dominate. Runs without CUDA or with one rank get a st
 from __future__ import annotations
 
 from ...contract import Observation
-from .analysis import NO_NCCL, census_table, forward_table, gaps_table, launch_table, rows
+from .analysis import LEGACY, NO_NCCL, census_table, forward_table, gaps_table, launch_table, rows
 from .mechanism import edges_table, launch_profile_table, position_table, replay_table, work_table
+from .stream_factor import stream_findings
+from .streams import STREAMS
 
 
 def _fmt(x: float) -> str:
     return f"{x:.2f}" if x < 10 else f"{x:.0f}"
 
 
+_ORDER = {"graph": 0, "eager": 1, **{s: i for i, s in enumerate(STREAMS)}}
+
+
+def _at(stream: str) -> str:
+    """The suffix a statement about a graph replayed into ``stream`` carries (none for the legacy stream: the
+    statements of runs recorded before the stream factor keep their keys)."""
+    return "" if stream == LEGACY else f" @{stream}"
+
+
 def _ordered(groups, labels: list[str]) -> list:
-    """``list(df.groupby(...))`` sorted: labels in the runs' order (the first run's first), graph before eager."""
+    """``list(df.groupby(...))`` sorted: labels in the runs' order (the first run's first), graph before eager,
+    streams in :data:`.streams.STREAMS` order."""
     rank = {lab: i for i, lab in enumerate(labels)}
 
     def order(item):
         key = item[0] if isinstance(item[0], tuple) else (item[0],)
-        return tuple(rank[x] if x in rank else (0 if x == "graph" else 1) for x in key)
+        return tuple(rank[x] if x in rank else _ORDER.get(x, len(_ORDER)) for x in key)
 
     return sorted(groups, key=order)
 
@@ -31,13 +43,14 @@ def _gap_findings(df, labels: list[str]) -> list[Observation]:
         return out
     if not (gp["nccl_kernels"].fillna(0) > 0).any():
         return [Observation("no_nccl_kernel", NO_NCCL + "; launch overhead and graph replay above are measured")]
-    for (label, mode), d in _ordered(gp[gp["nccl_kernels"].fillna(0) > 0].groupby(["label", "mode"]), labels):
+    groups = gp[gp["nccl_kernels"].fillna(0) > 0].groupby(["label", "mode", "stream"])
+    for (label, mode, stream), d in _ordered(groups, labels):
         d = d.sort_values("layers")
         per_n = ", ".join(f"{_fmt(g)} us at N={n}" for n, g in zip(d["layers"], d["gap_nccl_median_us"]))
         med = float(d["gap_nccl_median_us"].median())
-        out.append(Observation(f"gap_before_nccl_us[{mode}, {label}]",
-                               f"{mode} | {label}: median gap before NCCL kernels {per_n} (median over N: {med:.2f} us)",
-                               med, "us"))
+        out.append(Observation(f"gap_before_nccl_us[{mode}{_at(stream)}, {label}]",
+                               f"{mode}{_at(stream)} | {label}: median gap before NCCL kernels {per_n} (median over N: "
+                               f"{med:.2f} us)", med, "us"))
     return out
 
 
@@ -47,11 +60,11 @@ def _ratio_findings(df, labels: list[str]) -> list[Observation]:
     if ft.empty:
         return out
     g = ft[(ft["model"] == "allreduce") & (ft["mode"] == "graph")]
-    for label, d in _ordered(g.groupby("label"), labels):
+    for (label, stream), d in _ordered(g.groupby(["label", "stream"]), labels):
         top = d[d["layers"] == d["layers"].max()].iloc[0]
         if top["graph_over_eager"] == top["graph_over_eager"]:
-            out.append(Observation(f"graph_over_eager[{label}]",
-                                   f"graph | {label}: time per forward graph/eager at N={int(top['layers'])}: "
+            out.append(Observation(f"graph_over_eager[{label}{_at(stream)}]",
+                                   f"graph{_at(stream)} | {label}: time per forward graph/eager at N={int(top['layers'])}: "
                                    f"{top['graph_over_eager']:.2f}", float(top["graph_over_eager"])))
     if g.empty:  # no graph mode (CPU): the eager time per forward at the largest N
         e = ft[(ft["model"] == "allreduce") & (ft["mode"] == "eager")]
@@ -97,10 +110,10 @@ def _mechanism_findings(df, labels: list[str]) -> list[Observation]:
     out = []
     pt = position_table(df)
     g = pt[pt["mode"] == "graph"]
-    for label, d in _ordered(g.groupby("label"), labels):
+    for (label, stream), d in _ordered(g.groupby(["label", "stream"]), labels):
         top = d[d["layers"] == d["layers"].max()].iloc[0]
-        out.append(Observation(f"gap_by_position[{label}]",
-                               f"position | {label}: at N={int(top['layers'])} the gap before NCCL kernels is "
+        out.append(Observation(f"gap_by_position[{label}{_at(stream)}]",
+                               f"position{_at(stream)} | {label}: at N={int(top['layers'])} the gap before NCCL kernels is "
                                f"{_fmt(top['q1_us'])} us in the first quarter of the replay and {_fmt(top['q4_us'])} us "
                                f"in the last ({top['slope_us_per_layer']:.2f} us more per layer)",
                                float(top["slope_us_per_layer"]), "us/layer"))
@@ -149,7 +162,7 @@ def findings(runs) -> list[Observation]:
         return []
     labels = list(dict.fromkeys(df["label"].dropna()))
     out = _gap_findings(df, labels) + _ratio_findings(df, labels) + _census_findings(df, labels) + _launch_findings(df)
-    out += _mechanism_findings(df, labels)
+    out += _mechanism_findings(df, labels) + stream_findings(runs)
     if not (df["kind"] == "profile").any():
         out.append(Observation("no_profile", "no profiler rows: these runs had no CUDA, so no gaps, census or launch "
                                          "benchmark (see the recorded GPU runs)"))

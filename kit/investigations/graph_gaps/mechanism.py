@@ -181,26 +181,27 @@ def _rows(df, kind: str) -> "pd.DataFrame":
 
 
 def position_table(df, bins: int = 4) -> "pd.DataFrame":
-    """The gap before NCCL kernels by position along the forward, per (label, layers, mode): the median gap in
+    """The gap before NCCL kernels by position along the forward, per (label, layers, mode, stream): the median gap in
     each quarter of the forward (``q1`` first layers .. ``q4`` last), the first kernel's own gap (it follows the
     previous replay, or the barrier), and the slope of a least-squares line through all gaps (us per layer)."""
     import numpy as np
     import pandas as pd
 
     d = _rows(df, "position")
-    cols = ["label", "layers", "mode", "first_us"] + [f"q{i + 1}_us" for i in range(bins)] + ["slope_us_per_layer",
-                                                                                             "kernels"]
+    cols = ["label", "layers", "mode", "stream", "first_us"] + [f"q{i + 1}_us" for i in range(bins)] + [
+        "slope_us_per_layer", "kernels"]
     if d.empty:
         return pd.DataFrame(columns=cols)
     out = []
-    for (label, n, mode), g in d.groupby(["label", "layers", "mode"]):
+    for (label, n, mode, stream), g in d.groupby(["label", "layers", "mode", "stream"]):
         n = int(n)
+        first = g[g["position"] == 0]
         g = g[g["position"] > 0]  # position 0: waits for whatever came before the forward
         q = np.minimum((g["position"].to_numpy() * bins) // max(n, 1), bins - 1)
         med = g.groupby(q)["gap_us"].median()
-        first = d[(d["label"] == label) & (d["layers"] == n) & (d["mode"] == mode) & (d["position"] == 0)]
         slope = float(np.polyfit(g["position"], g["gap_us"], 1)[0]) if g["position"].nunique() > 2 else float("nan")
-        out.append({"label": label, "layers": n, "mode": mode, "first_us": float(first["gap_us"].median()),
+        out.append({"label": label, "layers": n, "mode": mode, "stream": stream,
+                    "first_us": float(first["gap_us"].median()),
                     **{f"q{i + 1}_us": float(med.get(i, float("nan"))) for i in range(bins)},
                     "slope_us_per_layer": slope, "kernels": len(g)})
     return pd.DataFrame(out, columns=cols)
@@ -301,10 +302,10 @@ def gap_by_position(runs):
     labels = sorted(d["label"].unique())
     fig, axes = plt.subplots(1, len(labels), figsize=(5.5 * len(labels), 4), squeeze=False, sharey=True)
     for ax, label in zip(axes[0], labels):
-        for (n, mode), g in d[d["label"] == label].groupby(["layers", "mode"]):
+        for (n, mode, stream), g in d[d["label"] == label].groupby(["layers", "mode", "stream"]):
             m = g.groupby("position")["gap_us"].median()
             ax.plot(m.index, m.values, ls="-" if mode == "graph" else ":", lw=1,
-                    label=f"N={int(n)} {mode}")
+                    label=f"N={int(n)} {mode}" + (f" @{stream}" if mode == "graph" and stream != "legacy" else ""))
         ax.set_yscale("log")
         ax.set_xscale("symlog", linthresh=10)
         ax.set_xlim(left=0)
