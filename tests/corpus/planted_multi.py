@@ -1,0 +1,540 @@
+"""Multi-GPU planted-fault corpus for ``kit doctor``: small data-parallel training jobs (DDP and FSDP) on 2 or 4
+ranks, launched with ``torch.multiprocessing.spawn`` as users launch them, each with one known fault (or none: a
+control), profiled the ways users profile, plus each job's step time measured without the profiler.
+
+The models, the synthetic data, the input transform and the timing summary are ``planted.py``'s (beside this
+file): a GPT-like transformer and a ResNet-like CNN. What is multi-rank here:
+
+* parallelism: ``ddp`` (``DistributedDataParallel``; bf16 = ``torch.autocast`` over the forward) or ``fsdp``
+  (FSDP2 ``fully_shard`` per block and the root; bf16 = ``MixedPrecisionPolicy(param_dtype=bf16,
+  reduce_dtype=fp32)``);
+* controls: ``control`` (balanced: every rank the same work), ``hostbound`` (small CNN batch: every rank's host
+  issues slower than its GPU runs), ``gpubound`` (GPT in fp32, larger batch);
+* one-rank faults (rank :data:`ONE_RANK` only): ``input_rank`` (that rank's DataLoader runs a ~15 ms/batch CPU
+  transform in the training process), ``stall_rank`` (~20 ms of synchronous Python after its optimizer step),
+  ``gpu_rank`` (~8 ms of extra matmuls on that rank's GPU before its backward);
+* job-level faults: ``accum_no_sync`` (gradient accumulation over 4 micro-batches that all-reduces after every
+  micro-batch; its control ``accum`` wraps the first 3 in ``no_sync()``), ``tiny_buckets`` (DDP
+  ``bucket_cap_mb`` = 0.05: about one all-reduce per parameter), ``slow_comm`` (the control job with NCCL's
+  environment changed: ``NCCL_P2P_DISABLE=1`` -- variant ``p2p_off``, the GPUs talk through host memory instead of
+  NVLink -- or ``NCCL_PROTO=LL`` -- variant ``proto_ll``); NCCL reads these once per process, so each environment
+  is its own spawn (a *session*).
+
+Profilers: ``kit.capture`` (the kit's defaults: it also times 5 unprofiled steps and writes them into the trace
+header) and ``tb_handler`` (``torch.profiler`` with ``schedule(wait=1, warmup=1, active=3)`` and
+``tensorboard_trace_handler(dir, use_gzip=True)``: files ``<host>_<pid>.<ts>.pt.trace.json.gz``, the rank only
+inside the trace). ``record_shapes`` on, no stacks: traces stay small.
+
+Each case writes ``<out>/<case>/`` with every rank's trace and ``truth.json``: the unprofiled step time of the job
+(per step, the slowest rank's CUDA-event step time; median, p10, p90 and every sample; every rank's samples under
+``per_rank``), ``added_us`` against its control, the fault's parameters as measured (e.g. the extra GPU work's
+time), the NCCL environment, and hardware/software. A case runs only if the session's deadline leaves room for it
+(rank 0 decides, every rank follows), so a late case loses only itself.
+
+Usage (from the repository root)::
+
+    python tests/corpus/planted_multi.py --list
+    python tests/corpus/planted_multi.py --world 2 --out tests/data/doctor/corpus-h100x2 --budget-s 120
+    python tests/corpus/planted_multi.py --world 2 --device cpu --out /tmp/mc --cases gpt-ddp-bf16-control  # gloo
+    python tests/corpus/planted_multi.py --readme tests/data/doctor/corpus-h100x2
+
+Exit status: 0 every case ran, 1 a case failed or was left out for time, 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+HERE = Path(__file__).resolve().parent
+
+
+def _planted():
+    if "planted" in sys.modules:
+        return sys.modules["planted"]
+    spec = importlib.util.spec_from_file_location("planted", HERE / "planted.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["planted"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+P = _planted()
+
+ONE_RANK = 1
+"""the rank a one-rank fault is planted on"""
+SIZES = {
+    "cuda": {"gpt": dict(vocab=8192, d=1024, layers=2, heads=16, seq=256, batch=8),
+             "cnn": dict(width=64, blocks=1, img=64, batch=96, classes=100)},
+    "cpu": {"gpt": dict(vocab=2048, d=128, layers=2, heads=4, seq=64, batch=8),
+            "cnn": dict(width=16, blocks=1, img=32, batch=8, classes=10)},
+}
+VARIANT_SIZES = {
+    "cuda": {"hostbound": {"batch": 8, "img": 32}, "gpubound": {"batch": 24},
+             "deep": {"d": 256, "layers": 12, "heads": 4}},
+    "cpu": {"hostbound": {"batch": 2, "img": 16}, "gpubound": {"batch": 16},
+            "deep": {"d": 64, "layers": 6, "heads": 2}},
+}
+"""``hostbound``: the CNN at a small batch; ``gpubound``: the GPT at a larger batch (in fp32); ``deep``: a narrow
+12-layer GPT (150 parameter tensors: one all-reduce each with tiny buckets) for the bucket pair"""
+MICRO = 4
+"""micro-batches per optimizer step in the accumulation cases (each batch/MICRO samples)"""
+FAULT_PARAMS = {
+    "input_rank": {"rank": ONE_RANK, "transform_ms_per_batch": 15.0, "num_workers": 0},
+    "stall_rank": {"rank": ONE_RANK, "stall_ms": 20.0, "what": "json.dumps of a metrics record in a loop, after "
+                   "optimizer.step, on one rank"},
+    "gpu_rank": {"rank": ONE_RANK, "extra_gpu_ms": 8.0, "what": "square matmuls on that rank's GPU before its "
+                 "backward (count calibrated to extra_gpu_ms at start)"},
+    "accum_no_sync": {"micro_batches": MICRO, "what": "loss.backward() per micro-batch, every one all-reduced"},
+    "accum": {"micro_batches": MICRO, "what": "the first MICRO-1 backwards under DDP.no_sync()"},
+    "tiny_buckets": {"bucket_cap_mb": 0.05},
+    "p2p_off": {"env": {"NCCL_P2P_DISABLE": "1"}},
+    "proto_ll": {"env": {"NCCL_PROTO": "LL"}},
+}
+EXPECTED = {
+    # fault: (rule the doctor should put first, ranks it should name (None: the job), the reason on that rank)
+    "none": (None, None, None),
+    "input_rank": ("late_rank", [ONE_RANK], "data_wait"),
+    "stall_rank": ("late_rank", [ONE_RANK], "host_stall"),
+    "gpu_rank": ("late_rank", [ONE_RANK], "gpu_busy"),
+    "accum_no_sync": ("repeated_grad_sync", None, None),
+    "tiny_buckets": ("per_param_allreduce", None, None),
+    "slow_comm": ("low_busbw", None, None),
+}
+
+
+def _c(model, par, dtype, kind, profiler, control=None, variant=None, fault=None, sizes=None):
+    name = f"{model}-{par}-{dtype}-{kind}"
+    fault = fault or ("none" if kind in ("control", "hostbound", "gpubound", "accum", "deep") else kind)
+    env = dict(FAULT_PARAMS.get(variant, {}).get("env", {}))
+    return {"name": name, "model": model, "parallel": par, "dtype": dtype, "kind": kind, "fault": fault,
+            "variant": variant or kind, "profiler": profiler, "control": control or name, "nccl_env": env,
+            "record_shapes": True, "with_stack": False, "sizes_variant": sizes}
+
+
+def _cases() -> dict[str, dict]:
+    gpt, cnn, fsdp = "gpt-ddp-bf16-control", "cnn-ddp-fp32-control", "gpt-fsdp-bf16-control"
+    out = [
+        # controls first: a fault's added time needs its control
+        _c("gpt", "ddp", "bf16", "control", "kit.capture"),
+        _c("cnn", "ddp", "fp32", "control", "tb_handler"),
+        _c("gpt", "fsdp", "bf16", "control", "tb_handler"),
+        # one rank
+        _c("gpt", "ddp", "bf16", "input_rank", "kit.capture", gpt),
+        _c("cnn", "ddp", "fp32", "stall_rank", "tb_handler", cnn),
+        _c("gpt", "ddp", "bf16", "gpu_rank", "kit.capture", gpt),
+        _c("gpt", "fsdp", "bf16", "stall_rank", "tb_handler", fsdp),
+        # job level
+        _c("gpt", "ddp", "bf16", "accum", "kit.capture"),
+        _c("gpt", "ddp", "bf16", "accum_no_sync", "kit.capture", "gpt-ddp-bf16-accum"),
+        _c("gpt", "ddp", "bf16", "deep", "kit.capture", sizes="deep"),
+        _c("gpt", "ddp", "bf16", "tiny_buckets", "kit.capture", "gpt-ddp-bf16-deep", sizes="deep"),
+        # the other controls
+        _c("cnn", "ddp", "fp32", "hostbound", "kit.capture", sizes="hostbound"),
+        _c("gpt", "ddp", "fp32", "gpubound", "tb_handler", sizes="gpubound"),
+        _c("cnn", "ddp", "fp32", "input_rank", "tb_handler", cnn),
+        _c("gpt", "fsdp", "bf16", "gpu_rank", "tb_handler", fsdp),
+        # NCCL's environment: one spawn each
+        _c("gpt", "ddp", "bf16", "p2p_off", "kit.capture", gpt, variant="p2p_off", fault="slow_comm"),
+        _c("gpt", "fsdp", "bf16", "p2p_off", "tb_handler", fsdp, variant="p2p_off", fault="slow_comm"),
+        _c("gpt", "ddp", "bf16", "proto_ll", "kit.capture", gpt, variant="proto_ll", fault="slow_comm"),
+    ]
+    return {c["name"]: c for c in out}
+
+
+CASES = _cases()
+GROUPS = {"controls": [n for n, c in CASES.items() if c["fault"] == "none"],
+          "one_rank": [n for n, c in CASES.items() if c["kind"] in ("input_rank", "stall_rank", "gpu_rank")],
+          "job": [n for n, c in CASES.items() if c["kind"] in ("accum_no_sync", "tiny_buckets")],
+          "env": [n for n, c in CASES.items() if c["nccl_env"]],
+          "all": list(CASES)}
+
+
+# --------------------------------------------------------------------------------------------- the job
+class MultiJob:
+    """One case's training loop on one rank: ``step()`` runs one optimizer step with the case's fault."""
+
+    def __init__(self, case: dict, dev: str, rank: int, world: int):
+        import torch.distributed as dist
+
+        self.case, self.dev, self.rank, self.world = case, dev, rank, world
+        self.kind, self.bf16 = case["kind"], case["dtype"] == "bf16"
+        self.size = {**SIZES["cuda" if dev.startswith("cuda") else "cpu"][case["model"]],
+                     **(VARIANT_SIZES["cuda" if dev.startswith("cuda") else "cpu"].get(case["sizes_variant"]) or {})}
+        torch.manual_seed(0)
+        m = (P.GPT if case["model"] == "gpt" else P.CNN)(**self.size).to(dev)
+        self.params_used = {k: v for k, v in FAULT_PARAMS.get(case["variant"], {}).items()}
+        if case["parallel"] == "ddp":
+            kw = {"device_ids": [torch.device(dev).index]} if dev.startswith("cuda") else {}
+            if self.kind == "tiny_buckets":
+                kw["bucket_cap_mb"] = FAULT_PARAMS["tiny_buckets"]["bucket_cap_mb"]
+            m = nn.parallel.DistributedDataParallel(m, **kw)
+        else:
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+            mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if self.bf16
+                  else MixedPrecisionPolicy())
+            for blk in (m.blocks if case["model"] == "gpt" else m.layers):
+                fully_shard(blk, mp_policy=mp)
+            fully_shard(m, mp_policy=mp)
+        self.model = m
+        self.opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9, foreach=True)
+        mine = self.rank == ONE_RANK
+        rounds = 0
+        if self.kind == "input_rank" and mine:
+            rounds = P._calibrate(case["model"], self.size, FAULT_PARAMS["input_rank"]["transform_ms_per_batch"])
+        rounds_all = [None] * world
+        dist.all_gather_object(rounds_all, rounds)
+        if self.kind == "input_rank":
+            self.params_used["transform_rounds"] = rounds_all[ONE_RANK]
+        batch = self.size["batch"] // MICRO if self.kind.startswith("accum") else self.size["batch"]
+        self.loader = torch.utils.data.DataLoader(P.Data(case["model"], self.size, rounds), batch_size=max(1, batch),
+                                                  num_workers=0, pin_memory=dev.startswith("cuda"))
+        self.it = iter(self.loader)
+        self.record = {"step": 0, "loss": 0.0, "lr": 1e-4, "tokens": list(range(64)), "rank": rank}
+        self.extra = None
+        if self.kind == "gpu_rank":
+            n = self._calibrate_gpu() if mine else 0
+            got = [None] * world
+            dist.all_gather_object(got, n)
+            self.params_used.update(got[ONE_RANK])
+            self.extra = got[rank] if mine else None
+
+    def _calibrate_gpu(self) -> dict:
+        """How many square matmuls make ``extra_gpu_ms`` on this rank's device (timed with CUDA events)."""
+        n = 4096 if self.dev.startswith("cuda") else 256
+        dt = torch.bfloat16 if self.bf16 and self.dev.startswith("cuda") else torch.float32
+        a = torch.randn(n, n, device=self.dev, dtype=dt)
+        self._a = a
+        for _ in range(3):
+            a @ a
+        t = self._time(lambda: [a @ a for _ in range(10)]) / 10
+        count = max(1, round(FAULT_PARAMS["gpu_rank"]["extra_gpu_ms"] * 1e3 / t))
+        return {"matmul_n": n, "matmul_dtype": str(dt).replace("torch.", ""), "matmuls": count,
+                "matmul_us": round(t, 1), "extra_gpu_us_measured": round(self._time(self._extra_work(count)), 1)}
+
+    def _extra_work(self, count):
+        a = self._a
+        return lambda: [a @ a for _ in range(count)]
+
+    def _time(self, fn) -> float:
+        if self.dev.startswith("cuda"):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            return s.elapsed_time(e) * 1e3
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e6
+
+    def close(self):
+        self.it = None
+        self.model = self.opt = None
+        self._a = None
+
+    def _micro(self, sync: bool):
+        x, y = next(self.it)
+        x, y = x.to(self.dev, non_blocking=True), y.to(self.dev, non_blocking=True)
+        ctx = (torch.autocast(self.dev.split(":")[0], dtype=torch.bfloat16)
+               if self.bf16 and self.case["parallel"] == "ddp" else contextlib.nullcontext())
+        with ctx:
+            loss = self.model(x, y)
+        if self.extra:
+            self._extra_work(self.extra["matmuls"])()
+        scale = MICRO if self.kind.startswith("accum") else 1
+        nosync = self.model.no_sync() if not sync and self.case["parallel"] == "ddp" else contextlib.nullcontext()
+        with nosync:
+            (loss / scale).backward()
+
+    def step(self):
+        if self.kind.startswith("accum"):
+            for i in range(MICRO):
+                self._micro(sync=(self.kind == "accum_no_sync" or i == MICRO - 1))
+        else:
+            self._micro(sync=True)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        if self.kind == "stall_rank" and self.rank == ONE_RANK:
+            t, end = time.perf_counter(), FAULT_PARAMS["stall_rank"]["stall_ms"] / 1e3
+            while time.perf_counter() - t < end:
+                self.record["step"] += 1
+                json.dumps(self.record)
+
+
+def time_unprofiled(job: MultiJob, warm: int, n: int) -> dict:
+    """``planted.time_unprofiled`` for one rank of a job (CUDA events at each step's end on a GPU)."""
+    job.dev_kind = "cuda" if job.dev.startswith("cuda") else "cpu"
+    shim = type("J", (), {"step": job.step, "dev": job.dev_kind})()
+    return P.time_unprofiled(shim, warm, n)
+
+
+def profile_steps(job: MultiJob, case: dict, out: Path) -> list[str]:
+    shim = type("J", (), {"step": job.step, "dev": "cuda" if job.dev.startswith("cuda") else "cpu"})()
+    return P.profile_steps(shim, case, out)
+
+
+# --------------------------------------------------------------------------------------------- the ranks
+def _versions(dev: str) -> dict:
+    out = {"torch": torch.__version__, "cuda": torch.version.cuda}
+    with contextlib.suppress(Exception):
+        out["nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if dev.startswith("cuda") else None
+    return out
+
+
+def _mib(root: Path) -> float:
+    return sum(f.stat().st_size for f in root.rglob("*") if f.is_file()) / 2**20
+
+
+def _rank_main(rank: int, world: int, names: list[str], root: str, warm: int, n: int, port: int, threads: int,
+               deadline: float, device: str, env: dict, max_mib: float):
+    import torch.distributed as dist
+
+    os.environ.update(env)
+    torch.set_num_threads(threads)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    cuda = device == "cuda"
+    dev = f"cuda:{rank}" if cuda else "cpu"
+    if cuda:
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world,
+                            **({"device_id": torch.device(dev)} if cuda else {}))
+    est = 15.0  # seconds a case takes, until one has been timed
+    status = {}
+    for name in names:
+        case = CASES[name]
+        go = [time.time() + est < deadline, rank == 0 and _mib(Path(root)) < max_mib]
+        dist.broadcast_object_list(go, src=0)
+        if not all(go):
+            status[name] = "skipped: " + ("the session's deadline" if not go[0] else f"over {max_mib} MiB written")
+            if rank == 0:
+                print(f"{name:32s} {status[name]} ({deadline - time.time():.0f} s left, ~{est:.0f} s needed)",
+                      flush=True)
+            continue
+        t0 = time.time()
+        out = Path(root) / name
+        if rank == 0:
+            if out.exists():
+                shutil.rmtree(out)
+            out.mkdir(parents=True)
+        dist.barrier()
+        try:
+            job = MultiJob(case, dev, rank, world)
+            timing = time_unprofiled(job, warm, n)
+            dist.barrier()
+            files = profile_steps(job, case, out)
+            dist.barrier()
+            timings = [None] * world
+            dist.all_gather_object(timings, timing)
+            if rank == 0:
+                truth = _truth(case, world, device, timings, job.params_used, out, env)
+                truth["wall_s"] = round(time.time() - t0, 1)
+                _added(truth, Path(root))
+                (out / "truth.json").write_text(json.dumps(truth, indent=1) + "\n")
+                s = truth["step_us_unprofiled"]
+                added = "" if truth["added_us"] is None else f" added {truth['added_us'] / 1e3:+.2f} ms"
+                print(f"{name:32s} {s['median'] / 1e3:8.2f} ms (p10 {s['p10'] / 1e3:.2f} p90 {s['p90'] / 1e3:.2f})"
+                      f"{added}  [{truth['wall_s']} s] {len(truth['files'])} files", flush=True)
+            job.close()
+            del job
+            status[name] = "ok"
+        except Exception:
+            status[name] = "failed"
+            print(f"{name} (rank {rank}): FAILED\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+            raise  # the other ranks would wait at the next collective: end the session
+        finally:
+            if cuda:
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+        est = max(est * 0.5, (time.time() - t0) * 1.3)
+    if rank == 0:
+        (Path(root) / f".session-{os.getpid()}.json").write_text(json.dumps(status))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _truth(case: dict, world: int, device: str, timings: list[dict], params: dict, out: Path, env: dict) -> dict:
+    # the job's step: the slowest rank's step, step by step (the ranks wait for each other at the collectives)
+    job = [max(t["samples"][i] for t in timings) for i in range(len(timings[0]["samples"]))]
+    rule, ranks, reason = EXPECTED[case["fault"]]
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    files = sorted(f.name for f in out.iterdir() if f.name != "truth.json")
+    return {"case": case["name"], "fault": case["fault"], "variant": case["variant"], "expected_rule": rule,
+            "expected_ranks": ranks, "expected_reason": reason, "model": case["model"],
+            "parallel": case["parallel"], "dtype": case["dtype"], "profiler": case["profiler"], "device": name,
+            "world_size": world, "backend": "nccl" if device == "cuda" else "gloo",
+            "step_us_unprofiled": P.summarize(job) | {"per_rank": timings}, "control": case["control"],
+            "added_us": None, "fault_params": params, "nccl_env": env, "profiled_steps": P.PROFILED_STEPS,
+            "record_shapes": case["record_shapes"], "with_stack": case["with_stack"],
+            "sizes": {**SIZES["cuda" if device == "cuda" else "cpu"][case["model"]],
+                      **(VARIANT_SIZES["cuda" if device == "cuda" else "cpu"].get(case["sizes_variant"]) or {})},
+            **_versions(device), "host_cpu": P._host_cpu(), "hostname_at_recording": socket.gethostname(),
+            "files": files, "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def _added(truth: dict, root: Path) -> None:
+    P._added(truth, root)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_session(names: list[str], world: int, root: Path, warm: int, n: int, threads: int, deadline: float,
+                device: str, env: dict, max_mib: float = 1e9) -> dict:
+    """One spawn of ``world`` ranks running ``names`` in order; killed at ``deadline`` + 20 s if still running."""
+    import torch.multiprocessing as mp
+
+    root.mkdir(parents=True, exist_ok=True)
+    for p in root.glob(".session-*.json"):
+        p.unlink()
+    ctx = mp.start_processes(_rank_main, args=(world, names, str(root), warm, n, _free_port(), threads, deadline,
+                                               device, env, max_mib), nprocs=world, join=False, start_method="spawn")
+
+    def kill(*_):
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+
+    old = signal.signal(signal.SIGTERM, lambda *a: (kill(), sys.exit(143)))
+    err = None
+    try:
+        while True:
+            try:
+                if ctx.join(timeout=1):
+                    break
+            except Exception as e:  # a rank failed: the others are ended by join
+                err = e
+                break
+            if time.time() > deadline + 20:
+                err = TimeoutError("session past its deadline: ranks killed")
+                kill()
+                break
+    finally:
+        kill()
+        signal.signal(signal.SIGTERM, old)
+    status = {}
+    for p in root.glob(".session-*.json"):
+        status = json.loads(p.read_text())
+        p.unlink()
+    if err is not None:
+        print(f"session {env or '(default environment)'}: {type(err).__name__}: {str(err)[-2000:]}", file=sys.stderr,
+              flush=True)
+    return {name: status.get(name, "failed" if err else "not run") for name in names}
+
+
+def readme(root: Path) -> str:
+    rows = []
+    for p in sorted(root.glob("*/truth.json")):
+        t = json.loads(p.read_text())
+        s = t["step_us_unprofiled"]
+        size = sum(f.stat().st_size for f in p.parent.iterdir() if f.is_file())
+        added = "--" if t["added_us"] is None else f"{t['added_us'] / 1e3:+.2f}"
+        ranks = "" if not t.get("expected_ranks") else f" {t['expected_ranks']}"
+        variant = "" if t["variant"] == t["fault"] else f" ({t['variant']})"
+        rows.append(f"| {t['case']} | {t['fault']}{variant} | {t['expected_rule'] or '--'}{ranks} | {t['model']} "
+                    f"{t['parallel']} {t['dtype']} | {t['profiler']} | {t['device']} x{t['world_size']} | "
+                    f"{s['median'] / 1e3:.2f} ({s['p10'] / 1e3:.2f}-{s['p90'] / 1e3:.2f}) | {added} | "
+                    f"{size // 1024} |")
+    head = (f"# Multi-GPU planted-fault corpus for `kit doctor` ({root.name})\n\n"
+            f"Generated by `python tests/corpus/planted_multi.py --readme {root.as_posix()}` from each case's\n"
+            "`truth.json`; the jobs and how each was recorded: `tests/corpus/planted_multi.py` (its docstring).\n"
+            "Step time: the job's step without the profiler (per step the slowest rank's CUDA-event time), median\n"
+            "(p10-p90) over the timed steps, in ms; added: median minus the control's median, in ms. Each case's\n"
+            "directory holds every rank's trace as the profiler named it and `truth.json`.\n\n"
+            "| case | fault (variant) | expected rule [ranks] | job | profiler | device x ranks | "
+            "step ms, median (p10-p90) | added ms | KiB |\n|---|---|---|---|---|---|---|---|---|\n")
+    return head + "\n".join(rows) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--cases", default="all", help="comma-separated case names or groups "
+                    f"({', '.join(GROUPS)}; default all)")
+    ap.add_argument("--world", type=int, default=2, help="ranks (GPUs) per job (default 2)")
+    ap.add_argument("--out", type=Path, default=None, help="corpus directory (default tests/data/doctor/"
+                    "corpus-gloo<world> with --device cpu, else a path is required)")
+    ap.add_argument("--steps", type=int, default=40, help="timed unprofiled steps (default 40)")
+    ap.add_argument("--warm", type=int, default=5, help="warm-up steps before the timed ones (default 5)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cuda: NCCL, one GPU per rank; "
+                    "cpu: gloo ranks on CPU with the CPU sizes (a dry run)")
+    ap.add_argument("--budget-s", type=float, default=600.0, help="wall-clock seconds for all sessions; a case "
+                    "starts only if the time left covers it (default 600)")
+    ap.add_argument("--max-mib", type=float, default=1e9, help="start no case once the output directory holds "
+                    "this many MiB (default: no limit)")
+    ap.add_argument("--list", action="store_true", help="list the cases")
+    ap.add_argument("--readme", type=Path, help="write README.md for the corpus in this directory and stop")
+    a = ap.parse_args(argv)
+    if a.list:
+        for n, c in CASES.items():
+            print(f"{n:30s} {c['fault']:14s} {c['variant']:14s} {c['profiler']:12s} control={c['control']}")
+        return 0
+    if a.readme:
+        for p in sorted(a.readme.glob("*/truth.json")):
+            t = json.loads(p.read_text())
+            _added(t, a.readme)
+            p.write_text(json.dumps(t, indent=1) + "\n")
+        (a.readme / "README.md").write_text(readme(a.readme))
+        print(f"wrote {a.readme / 'README.md'}")
+        return 0
+    names = []
+    for tok in filter(None, a.cases.split(",")):
+        if tok in GROUPS:
+            names += [n for n in GROUPS[tok] if n not in names]
+        elif tok in CASES:
+            names.append(tok) if tok not in names else None
+        else:
+            print(f"planted_multi: unknown case or group {tok!r} (see --list)", file=sys.stderr)
+            return 2
+    if not names or a.world < 2 or a.steps < 3:
+        print("planted_multi: no case given, or --world < 2, or --steps < 3", file=sys.stderr)
+        return 2
+    if a.device == "cuda" and torch.cuda.device_count() < a.world:
+        print(f"planted_multi: --world {a.world} needs {a.world} GPUs, {torch.cuda.device_count()} visible "
+              "(--device cpu runs gloo ranks on CPU)", file=sys.stderr)
+        return 2
+    out = a.out or Path(f"tests/data/doctor/corpus-gloo{a.world}")
+    sys.path.insert(0, str(HERE.parents[1]))  # kit, for kit.capture, without installing it
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parents[1]), os.environ.get("PYTHONPATH")]))
+    deadline = time.time() + a.budget_s
+    sessions: dict[tuple, list[str]] = {}
+    for n in names:  # one spawn per NCCL environment, in the order the cases were given
+        sessions.setdefault(tuple(sorted(CASES[n]["nccl_env"].items())), []).append(n)
+    status = {}
+    for env, group in sessions.items():
+        if time.time() + 20 > deadline:
+            status.update({n: "skipped: the deadline" for n in group})
+            continue
+        status.update(run_session(group, a.world, out, a.warm, a.steps, a.threads, deadline, a.device, dict(env),
+                                  a.max_mib))
+    for p in sorted(out.glob("*/truth.json")):  # a control recorded after its case
+        t = json.loads(p.read_text())
+        _added(t, out)
+        p.write_text(json.dumps(t, indent=1) + "\n")
+    bad = {n: s for n, s in status.items() if s != "ok"}
+    for n, s in bad.items():
+        print(f"{n:32s} {s}", flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
