@@ -1,0 +1,81 @@
+"""kit.doctor.overhead: the profiler's own overhead in a traced step -- measured from the unprofiled steps kit.capture
+times before its window, else estimated from the recorded events per step and the per-event cost table that
+benchmarks/bench_profiler_overhead.py recorded (recorded/profiler_overhead/)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+
+from kit import capture
+from kit.doctor import overhead as ov
+
+DATA = Path(__file__).resolve().parent / "data" / "doctor"
+CORPUS = DATA / "corpus"
+
+
+def test_measured_where_kit_capture_timed_the_steps(tmp_path):
+    """A loop whose step is a 3 ms sleep plus 200 small ops: kit.capture times 5 steps unprofiled; the overhead is
+    the traced step minus their median, and both are what the header and the step windows say."""
+    import torch
+
+    x = torch.ones(8)
+
+    def step():
+        time.sleep(0.003)
+        for _ in range(200):
+            x.add(1)
+
+    cap = capture.profile_steps(step, steps=20, out_dir=tmp_path, wait=1, warmup=1, active=3)
+    o = ov.overhead(cap.paths[0])
+    samples = capture.capture_info(cap.paths[0])["unprofiled_step_us"]
+    assert o.basis == "measured" and len(samples) == 5
+    assert o.unprofiled_step_us == pytest.approx(statistics.median(samples))
+    assert o.traced_step_us >= 3000 and o.unprofiled_step_us >= 3000
+    assert o.overhead_us == pytest.approx(max(0.0, o.traced_step_us - o.unprofiled_step_us))
+    assert "5 steps kit.capture timed" in o.how and "perf_counter" in o.how
+    assert o.net(o.overhead_us + 100.0) == pytest.approx(100.0) and o.net(0.0) == 0.0
+
+
+@pytest.mark.skipif(not (CORPUS / "cpu-cnn-control").exists(), reason="corpus not here")
+def test_estimated_from_the_cpu_table_on_a_trace_without_timing():
+    """corpus/cpu-cnn-control was recorded before kit.capture timed steps: the estimate counts its ops per step
+    (a CPU-only trace is read with every op) and prices them with the CPU table, record_shapes from its header."""
+    trace = next((CORPUS / "cpu-cnn-control").glob("trace_rank*.json.gz"))
+    o = ov.overhead(trace)
+    assert o.basis == "estimated" and "ops counted" in o.how and "record_shapes=True" in o.how
+    table = ov.pick_table(None, gpu=False)
+    row = ov._row(table, False, True, False)
+    ops = float(o.how.split(" ops")[0].split()[-1])
+    assert ops > 500  # the CNN's forward, backward and optimizer: hundreds of aten ops per step
+    assert o.overhead_us == pytest.approx(ops * row["us_per_op"], rel=0.01, abs=2.0)
+    assert o.unprofiled_step_us == pytest.approx(o.traced_step_us - o.overhead_us)
+
+
+@pytest.mark.skipif(not (CORPUS / "gpt-control").exists(), reason="corpus not here")
+def test_no_table_says_so(tmp_path):
+    trace = next((CORPUS / "gpt-control").glob("*.pt.trace.json.gz"))
+    o = ov.overhead(trace, root=tmp_path)
+    assert o.basis == "none" and o.overhead_us == 0.0 and "bench_profiler_overhead" in o.how
+    assert o.traced_step_us > 0 and o.unprofiled_step_us is None
+
+
+def test_table_choice(tmp_path):
+    def table(name, device):
+        (tmp_path / name).write_text(json.dumps({"machine": {"device": device}, "settings": [
+            {"cuda": device != "cpu", "record_shapes": False, "with_stack": False, "us_per_op": 1.0,
+             "us_per_runtime": 2.0}]}))
+
+    table("a-cpu.json", "cpu")
+    table("b-h100.json", "NVIDIA H100 80GB HBM3")
+    table("c-h200.json", "NVIDIA H200")
+    root = str(tmp_path)
+    ov.tables.cache_clear()
+    assert ov.pick_table("NVIDIA H100 80GB HBM3", True, root)["file"] == "b-h100.json"
+    assert ov.pick_table("NVIDIA A100", True, root)["file"] in ("b-h100.json", "c-h200.json")
+    assert ov.pick_table(None, False, root)["file"] == "a-cpu.json"
+    ov.tables.cache_clear()
