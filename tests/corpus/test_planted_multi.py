@@ -1,0 +1,83 @@
+"""The multi-GPU planted-fault corpora (tests/data/doctor/corpus-h100x*) are what their truth.json files say, and
+their generator (tests/corpus/planted_multi.py) still runs in its gloo/CPU dry mode. What the doctor concludes on
+them is tested in tests/test_doctor_corpus.py."""
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "tests" / "corpus" / "planted_multi.py"
+CORPORA = sorted(p for p in (ROOT / "tests" / "data" / "doctor").glob("corpus-h100x*") if p.is_dir())
+KEYS = {"case", "fault", "variant", "expected_rule", "expected_ranks", "model", "parallel", "dtype", "profiler",
+        "device", "world_size", "step_us_unprofiled", "control", "added_us", "fault_params", "nccl_env", "torch"}
+
+
+def _truths(corpus: Path) -> dict:
+    return {p.parent.name: json.loads(p.read_text()) for p in sorted(corpus.glob("*/truth.json"))}
+
+
+@pytest.mark.parametrize("corpus", CORPORA, ids=[c.name for c in CORPORA])
+def test_truths_and_traces_agree(corpus):
+    truths = _truths(corpus)
+    assert truths, corpus
+    for name, t in truths.items():
+        assert KEYS <= set(t) and t["case"] == name
+        assert t["world_size"] == int(corpus.name.rsplit("x", 1)[1])
+        s = t["step_us_unprofiled"]
+        assert len(s["samples"]) >= 30 and s["p10"] <= s["median"] <= s["p90"]
+        assert len(s["per_rank"]) == t["world_size"]
+        if t["control"] != name and t["control"] in truths:
+            ctl = truths[t["control"]]
+            assert ctl["fault"] == "none" and ctl["model"] == t["model"] and ctl["parallel"] == t["parallel"]
+            assert t["added_us"] == pytest.approx(s["median"] - ctl["step_us_unprofiled"]["median"], abs=0.2)
+        traces = sorted((corpus / name).glob("*.json.gz"))
+        assert len(traces) == t["world_size"], name
+        pattern = {"tb_handler": "*.pt.trace.json.gz", "kit.capture": "trace_rank*.json.gz"}[t["profiler"]]
+        assert sorted((corpus / name).glob(pattern)) == traces
+        with gzip.open(traces[0]) as f:
+            data = json.load(f)
+        steps = [e for e in data["traceEvents"] if e.get("cat") == "user_annotation"
+                 and str(e.get("name", "")).startswith("ProfilerStep#")]
+        assert len(steps) == t["profiled_steps"], name
+        if t["profiler"] == "kit.capture":
+            assert len(data["kitCapture"]["unprofiled_step_us"] if isinstance(data.get("kitCapture"), dict)
+                       else json.loads(data["kitCapture"])["unprofiled_step_us"]) == 5
+
+
+def test_readme_tables_are_generated_from_the_truths():
+    spec_mod = _module()
+    for corpus in CORPORA:
+        assert (corpus / "README.md").read_text() == spec_mod.readme(corpus)
+
+
+def _module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("planted_multi_t", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_dry_run_on_gloo_ranks(tmp_path):
+    """A control and its one-rank fault on 2 gloo ranks (CPU sizes, 3 timed steps): truth.json with every rank's
+    samples and the added time; the fault's traces as tensorboard_trace_handler names them."""
+    r = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--world", "2", "--out", str(tmp_path),
+                        "--steps", "3", "--warm", "1", "--cases", "cnn-ddp-fp32-control,cnn-ddp-fp32-stall_rank"],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    ctl = json.loads((tmp_path / "cnn-ddp-fp32-control" / "truth.json").read_text())
+    t = json.loads((tmp_path / "cnn-ddp-fp32-stall_rank" / "truth.json").read_text())
+    assert ctl["added_us"] is None and len(ctl["step_us_unprofiled"]["per_rank"]) == 2
+    assert t["expected_rule"] == "late_rank" and t["expected_ranks"] == [1] and t["backend"] == "gloo"
+    assert t["added_us"] == pytest.approx(t["step_us_unprofiled"]["median"] - ctl["step_us_unprofiled"]["median"],
+                                          abs=0.2)
+    assert len(list((tmp_path / "cnn-ddp-fp32-stall_rank").glob("*.pt.trace.json.gz"))) == 2
+    bad = subprocess.run([sys.executable, str(SCRIPT), "--cases", "no-such-case"], capture_output=True, text=True,
+                         timeout=120, cwd=ROOT)
+    assert bad.returncode == 2 and "unknown case" in bad.stderr
