@@ -178,7 +178,7 @@ def run_notebook(name: str, params: dict, report_dir: Path, no_input: bool, log=
 def figure_sources(fig_dir: Path, name: str, figures: list[Path]) -> dict[str, str]:
     """figure -> what it shows ('this machine, 2026-11-25', 'recorded, 2x NVIDIA H200 (NV18), 2026-11-23', or for
     the doctor 'traces recorded/h200x2/doctor/late-rank, 2 ranks on NVIDIA H200, 2026-11-23'): the runs the notebook
-    chose (kit.notebook.choose) or the traces it read (kit.doctor.notebook.diagnose), last before the figure."""
+    chose (kit.notebook.choose) or the traces it read (kit.doctor.notebook.doctor), last before the figure."""
     import json
 
     notes_file = fig_dir / f"{name}.provenance.jsonl"

@@ -480,7 +480,7 @@ def test_page_config_rejects_an_unknown_rule():
 def test_capture_facts_from_the_kitcapture_header_explain_findings():
     """The example job's p2p-disabled case ran with NCCL_P2P_DISABLE=1: its kitCapture header says so, and the
     doctor's notes name it beside the low_busbw finding; the clean case has no note at all."""
-    from kit.doctor.engine import rank_summary
+    from kit.doctor.rank_phase import rank_summary
 
     assert rank_summary(traces("clean")[0]).notes == ()
     notes = rank_summary(traces("p2p-disabled")[0]).notes
@@ -488,7 +488,7 @@ def test_capture_facts_from_the_kitcapture_header_explain_findings():
 
 
 def test_capture_facts_notes_for_options_window_error_and_env():
-    from kit.doctor.engine import capture_facts_notes
+    from kit.doctor.notes import capture_facts_notes
 
     assert capture_facts_notes(None) == [] and capture_facts_notes({"format": 1}) == []
     notes = capture_facts_notes({"with_stack": True, "profile_memory": False, "error": "RuntimeError: boom",
@@ -502,7 +502,7 @@ def test_capture_facts_notes_for_options_window_error_and_env():
 def test_traces_without_shapes_or_with_replayed_collectives_say_so():
     """graph_gaps' eager trace was recorded without record_shapes; its graph trace replays the NCCL kernels from a
     CUDA graph (no collective metadata on them): the notes say each, and not 'torch < 2.3'."""
-    from kit.doctor.engine import rank_summary
+    from kit.doctor.rank_phase import rank_summary
 
     eager = rank_summary(DATA / "eager_N10_default_rank0.json.gz").notes
     assert any(n.startswith("no input shapes on the CPU ops") for n in eager), eager

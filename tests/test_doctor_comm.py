@@ -293,7 +293,7 @@ def test_example_late_rank_tells_a_slower_gpu_from_more_work(example):
 
 
 def _before(case: str, rank: int):
-    from kit.doctor.engine import rank_summary
+    from kit.doctor.rank_phase import rank_summary
 
     return rank_summary(traces(case, f"trace_rank{rank}.json.gz")[0]).per_rule["late_rank"]
 

@@ -126,7 +126,7 @@ def test_doctor_figures_are_captioned_with_the_traces_hardware_and_date(tmp_path
 
     monkeypatch.setenv("KIT_FIGURES_DIR", str(tmp_path))
     monkeypatch.setenv("KIT_FIGURE_PREFIX", "doctor")
-    d = dn.diagnose(["recorded/h200x2/doctor/late-rank/trace_rank*.json.gz"])
+    d = dn.doctor(["recorded/h200x2/doctor/late-rank/trace_rank*.json.gz"])
     assert d.devices == ["NVIDIA H200"] and d.dates == ["2026-11-23"]
     f = tmp_path / "doctor-accounting.png"
     f.write_bytes(b"png")

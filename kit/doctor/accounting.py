@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..traces.intervals import cover, partition, union_np
 from .calls import ALLOC_CALLS, BLOCKING_COPY_CALLS, DATALOADER, STEP_PREFIX, SYNC_CALLS
-from .host_model import STALL_US, HostModel, host_model
+from .host_model import HostModel, host_model
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -139,6 +139,17 @@ class Account:
     def share(self, s: str) -> float:
         return self.per_step_us(s) / self.window_us if self.window_us else 0.0
 
+    def charged(self, s: str, whole: bool = False) -> float:
+        """The part of slice ``s`` a finding charges (:data:`CHARGED`; all of it when ``whole``)."""
+        return 1.0 if whole or s not in CHARGED else CHARGED[s](self)
+
+    def calls_text(self, key: str, n: int = 3) -> str:
+        """The ``n`` costliest calls behind slice ``key`` (:attr:`calls`): 'cudaFree x2/step (0.31 ms), ...'."""
+        got = self.calls.get(key) or {}
+        top = sorted(got.items(), key=lambda kv: -kv[1]["host_us"])[:n]
+        return ", ".join(f"{name} x{v['calls'] / self.steps:.3g}/step ({v['host_us'] / self.steps / 1e3:.2f} ms)"
+                         for name, v in top)
+
     def table(self) -> "pd.DataFrame":
         """One row per slice: us per step and share of the window."""
         import pandas as pd
@@ -161,6 +172,23 @@ def rank_account(view: "RankView", host: "HostModel | None", cpu_all: "pd.DataFr
                                        "by (profile with ProfilerActivity.CUDA, or CPU for a CPU-only job)")
     return account_cpu(view, cpu_all, host) or Skip("step_accounting", "no step annotations and no CPU ops on any "
                                                                        "thread to place a window on")
+
+
+CHARGED = {"queued": lambda a: float(a.queued.get("above_median_share") or 0.0)}
+"""the part of a slice a finding charges: of ``queued``, only what exceeds the GPU's own dispatch gap (the
+median queued gap of the rank): the dispatch floor is the price of the kernel count (``launch``-side findings
+and fusion address it), not a wait anything could remove; it stays in the accounting table"""
+
+
+def slice_extract(rid: str):
+    """The extract of a rule that reads the rank's accounting (:attr:`kit.doctor.model.RankView.account`)."""
+    from .model import Skip
+
+    def extract(view: "RankView"):
+        a = view.account
+        return Skip(rid, a.why) if isinstance(a, Skip) else a
+
+    return extract
 
 
 # ------------------------------------------------------------------------------------------------ GPU mode

@@ -47,10 +47,17 @@ def add_parser(sub) -> None:
     d.add_argument("--workers", type=int, default=None, metavar="N",
                    help="local processes for the per-rank phase (default: one per core; 1 = in this process)")
     d.add_argument("--scheduler", metavar="ADDR", help="a Dask scheduler (tcp://host:8786) for the per-rank phase")
-    d.add_argument("--rules", metavar="IDS", help="comma-separated rule ids to run (default: all)")
+    d.add_argument("--rules", metavar="IDS", help=f"comma-separated rule ids to run (default: all): {rule_ids()}")
     d.add_argument("--no-cache", action="store_true",
                    help="parse every trace again, neither reading nor writing the trace cache (.kitcache/)")
     d.set_defaults(fn=cmd)
+
+
+def rule_ids() -> str:
+    """Every rule id, from the registry (importing the rules: a few ms, no pandas)."""
+    from .rules import ids
+
+    return ", ".join(ids())
 
 
 def _fail(lines: str) -> int:
@@ -59,33 +66,22 @@ def _fail(lines: str) -> int:
     return EXIT_BAD_INPUT
 
 
-class RuleIdError(ValueError):
-    """--rules names a rule that does not exist."""
-
-
-def _rules(spec: str | None) -> list[str] | None:
-    from . import rules  # noqa: F401  (registers them)
-    from .model import RULES
-
-    if not spec:
-        return None
-    ids = [r.strip() for r in spec.split(",") if r.strip()]
-    unknown = [r for r in ids if r not in RULES]
-    if unknown:
-        raise RuleIdError(f"--rules: unknown rule(s) {', '.join(unknown)}; the rules are {', '.join(RULES)}")
-    return ids
-
-
 def cmd(args) -> int:
     from ..traces import TraceError
-    from .engine import JobError, diagnose, load_flight_recorder
+    from ..traces.flight_recorder import load_fr_dumps
+    from ..traces.jobs import JobError
+    from .engine import diagnose
+    from .rules import RuleIdError, parse_ids
     from .sweep import SweepError
 
     if getattr(args, "no_cache", False):  # the workers (local or Dask, started from here) inherit it
         os.environ["KIT_TRACE_CACHE"] = "0"
     try:
-        only = _rules(args.rules)
-        fr = load_flight_recorder(args.fr) if args.fr else None
+        try:
+            only = parse_ids(args.rules)
+        except RuleIdError as e:
+            raise RuleIdError(f"--rules: {e}") from None
+        fr = load_fr_dumps(args.fr) if args.fr else None
         d = diagnose(args.traces, sweep=args.sweep, flight_recorder=fr, workers=args.workers,
                      client=args.scheduler, only=only)
     except (TraceError, JobError, SweepError, RuleIdError, ImportError) as e:

@@ -1,5 +1,5 @@
 """Communication across ranks: the per-rank collectives timeline (a stage of the per-rank phase, shipped in
-:attr:`kit.doctor.engine.RankSummary.comm`) and the cross-rank match that :class:`kit.doctor.context.JobContext`
+:attr:`kit.doctor.rank_phase.RankSummary.comm`) and the cross-rank match that :class:`kit.doctor.context.JobContext`
 computes once for every judge (the comm rules in :mod:`kit.doctor.rules` and the accounting's comm split).
 
 **What the per-rank phase keeps** (:func:`timeline`, one object per rank, a few KB to a few MB however large the

@@ -27,7 +27,7 @@ class JobContext:
     flight_recorder: "pd.DataFrame | None" = None
     notes: tuple[str, ...] = ()
     summaries: dict = field(default_factory=dict, repr=False)
-    """rank -> :class:`kit.doctor.engine.RankSummary`"""
+    """rank -> :class:`kit.doctor.rank_phase.RankSummary`"""
     host_steps: "dict[int, pd.DataFrame]" = field(default_factory=dict, repr=False)
     """rank -> the host model's per-step frame (:attr:`kit.doctor.host_model.HostModel.per_step`)"""
     capture: "dict[int, dict | None]" = field(default_factory=dict, repr=False)

@@ -17,7 +17,6 @@ comparable across rules and a clean job gives nothing above ``low``.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping
 
 from .calls import GRAPH_LAUNCH
@@ -163,11 +162,27 @@ Judge = Callable[[list[tuple[int, Any]], Any], "list[Finding] | Skip"]
 
 
 @dataclass(frozen=True)
+class Explains:
+    """The slices of the step accounting (:data:`kit.doctor.accounting.SLICES`) a rule explains: a finding for
+    them is said under the rule's id, with ``sentence(account, cost_us, share, who)`` and ``evidence(account)``
+    (:func:`kit.doctor.findings.slice_finding`)."""
+
+    slices: tuple[str, ...]
+    sentence: Callable[..., str]
+    evidence: Callable[[Any], dict] = lambda a: {}
+    signature: bool = False
+    """the rule finds its cause by its own signature (its own judge); the accounting's slice is then its cost, and
+    when it stays silent while the slice costs at least 'low', the slice is said from the accounting
+    (:mod:`kit.doctor.reconcile`)"""
+
+
+@dataclass(frozen=True)
 class Rule:
-    """One diagnosis. ``extract`` runs per rank (in a worker), returns a small picklable summary or a
-    :class:`Skip`; ``judge`` gets ``[(rank, summary), ...]`` of the ranks that did not skip and returns
-    findings (possibly none: checked, nothing found) or a Skip. ``cause``/``fix``/``caveats``/``notebook``
-    are the rule's fixed text; a finding may refine them."""
+    """One diagnosis, declared in one module (``kit/doctor/rules/<id>.py``). ``extract`` runs per rank (in a
+    worker), returns a small picklable summary or a :class:`Skip`; ``judge`` gets ``[(rank, summary), ...]`` of the
+    ranks that did not skip and the :class:`kit.doctor.context.JobContext`, and returns findings (possibly none:
+    checked, nothing found) or a Skip. ``cause``/``fix``/``caveats``/``notebook`` are the rule's fixed text; a
+    finding may refine the fix."""
 
     id: str
     title: str
@@ -180,18 +195,33 @@ class Rule:
     needs_ranks: int = 1
     """fewer ranks than this: skipped with the reason (e.g. late_rank needs 2)"""
     needs_sweep: bool = False
+    cross_rank: bool = False
+    """its cost compares ranks: its evidence says 'partial' when ranks of the job are missing"""
+    explains: Explains | None = None
+    """the accounting slices it explains (:class:`Explains`), if any"""
+    order: int = 1000
+    """where it comes in :data:`RULES` (the order rules run, are listed and break ties between equal costs)"""
 
 
 RULES: dict[str, Rule] = {}
-"""every registered rule, by id, in registration order"""
+"""every registered rule, by id, in :attr:`Rule.order`"""
 
 
 def rule(r: Rule) -> Rule:
-    """Register a rule (``RULES[r.id] = r``); returns it. Rule modules call this at import."""
+    """Register a rule (``RULES[r.id] = r``, kept in :attr:`Rule.order`); returns it. Rule modules call this at
+    import."""
     if r.id in RULES and RULES[r.id] is not r:
         raise ValueError(f"rule {r.id!r} registered twice")
     RULES[r.id] = r
+    ordered = sorted(RULES.values(), key=lambda x: (x.order, x.id))
+    RULES.clear()
+    RULES.update((x.id, x) for x in ordered)
     return r
+
+
+def slice_rules() -> dict[str, str]:
+    """Which rule explains which accounting slice (from the rules' :attr:`Rule.explains`)."""
+    return {s: r.id for r in RULES.values() if r.explains for s in r.explains.slices}
 
 
 @dataclass
@@ -235,6 +265,3 @@ class Diagnosis:
                 "world_size": self.world_size, "missing": list(self.missing), "devices": list(self.devices),
                 "dates": list(self.dates), "flight_recorder": list(self.flight_recorder)}
 
-
-def trace_label(path: Path | str) -> str:
-    return Path(path).name

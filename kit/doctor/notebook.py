@@ -56,16 +56,17 @@ def resolve(paths: list[str]) -> list[str]:
     return [p if Path(p).is_absolute() or glob.glob(str(p)) else str(REPO_ROOT / p) for p in paths]
 
 
-def diagnose(traces: list[str], sweep: str | None = None, workers: int | None = None,
-             flight_recorder: list[str] | None = None, rules: str = "") -> Diagnosis:
+def doctor(traces: list[str], sweep: str | None = None, workers: int | None = None,
+           flight_recorder: list[str] | None = None, rules: str = "") -> Diagnosis:
     """:func:`kit.doctor.diagnose` on the notebook's parameters (``sweep=""``: none, ``workers=0``: one per
     core, ``flight_recorder=[]``: none, ``rules=""``: all), with one line saying what was read."""
-    from .engine import diagnose as run, load_flight_recorder
+    from ..traces.flight_recorder import load_fr_dumps
+    from .engine import diagnose
+    from .rules import parse_ids
 
-    fr = load_flight_recorder(resolve(list(flight_recorder))) if flight_recorder else None
-    only = [r.strip() for r in rules.split(",") if r.strip()] or None
-    d = run(resolve(list(traces)), sweep=resolve([sweep])[0] if sweep else None, workers=workers or None,
-            flight_recorder=fr, only=only)
+    fr = load_fr_dumps(resolve(list(flight_recorder))) if flight_recorder else None
+    d = diagnose(resolve(list(traces)), sweep=resolve([sweep])[0] if sweep else None, workers=workers or None,
+                 flight_recorder=fr, only=parse_ids(rules))
     plot.note_source("traces", _hardware(d), d.dates, what=f"traces {_where(d.traces)}")
     step = f"{d.step_us / 1e3:.2f} ms" if d.step_us else "unknown"
     print(f"{len(d.traces)} rank trace(s), ranks {d.ranks}; step {step} "

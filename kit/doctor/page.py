@@ -31,13 +31,13 @@ class DoctorConfig(LaunchConfig):
     """comma-separated rule ids to run; "" = all"""
 
     def check(self) -> list[str]:
-        from . import rules  # noqa: F401  (registers them)
-        from .model import RULES
+        from .rules import RuleIdError, parse_ids
 
         bad = [] if self.traces else ["traces: give at least one trace file, directory or glob"]
-        unknown = [r for r in self.rules.split(",") if r.strip() and r.strip() not in RULES]
-        if unknown:
-            bad.append(f"rules: unknown rule(s) {', '.join(unknown)}; the rules are {', '.join(RULES)}")
+        try:
+            parse_ids(self.rules)
+        except RuleIdError as e:
+            bad.append(f"rules: {e}")
         return bad
 
 

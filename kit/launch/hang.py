@@ -28,7 +28,7 @@ _STACK_WAIT_S = 0.5  # faulthandler writes from the signal handler; this covers 
 _WAITING_MARKERS = ("torch/distributed/", "torch\\distributed\\", " in synchronize", " in wait", " in barrier")
 
 
-class RankView(Protocol):
+class RankProgress(Protocol):
     """What the diagnosis reads of each rank's state (kept by the supervisor)."""
 
     pid: int | None
@@ -66,7 +66,7 @@ def waiting_in_collective(frames: list[str]) -> bool:
     return any(m in f for f in frames[:4] for m in _WAITING_MARKERS)
 
 
-def culprits(states: Mapping[int, RankView], stacks: Mapping[int, str]) -> list[int]:
+def culprits(states: Mapping[int, RankProgress], stacks: Mapping[int, str]) -> list[int]:
     """Among the silent ranks (the keys of ``stacks``), the ones the others wait for."""
     silent = sorted(stacks)
     not_waiting = [r for r in silent if not waiting_in_collective(main_thread_frames(stacks[r]))]
@@ -76,7 +76,7 @@ def culprits(states: Mapping[int, RankView], stacks: Mapping[int, str]) -> list[
     return [r for r in silent if states[r].steps == least]
 
 
-def report(states: Mapping[int, RankView], stacks: Mapping[int, str], timeout_s: float) -> tuple[str, int]:
+def report(states: Mapping[int, RankProgress], stacks: Mapping[int, str], timeout_s: float) -> tuple[str, int]:
     """The watchdog's message and the rank it blames (the first culprit)."""
     who = culprits(states, stacks)
     lines = [f"rank {', '.join(map(str, who))} hung: no progress for {timeout_s:g} s "
@@ -97,7 +97,8 @@ def report(states: Mapping[int, RankView], stacks: Mapping[int, str], timeout_s:
     return "\n".join(lines), who[0]
 
 
-def diagnose(states: Mapping[int, RankView], silent: list[int], run_dir: Path, timeout_s: float) -> tuple[str, int]:
+def name_culprit(states: Mapping[int, RankProgress], silent: list[int], run_dir: Path,
+                 timeout_s: float) -> tuple[str, int]:
     """Dump the silent ranks' stacks, choose the culprit, describe it. Returns (message, culprit rank)."""
     stacks = dump_stacks({r: states[r].pid for r in silent}, run_dir)
     return report(states, stacks, timeout_s)

@@ -7,7 +7,7 @@ crashes at its largest size keeps the smaller ones). Between messages it checks
 
 * **exits** -- a rank that exits before :class:`Done` without an :class:`Error` died (segfault, ``os._exit``,
   OOM kill): after 0.5 s (its last messages may still be in the pipe) the run fails with kind ``died``;
-* **the watchdog** -- ranks silent for ``cfg.timeout_s``: :func:`kit.launch.hang.diagnose` names the culprit,
+* **the watchdog** -- ranks silent for ``cfg.timeout_s``: :func:`kit.launch.hang.name_culprit` names the culprit,
   kind ``hang``. Until a rank is :class:`Ready` the bound is at least ``_STARTUP_S`` (60 s): starting a
   Python process and importing torch is no progress report, and takes over 3 s on a loaded 2-core machine
   (the tests use ``timeout_s=3``); a rendezvous that never completes ends earlier anyway, with the process
@@ -257,7 +257,7 @@ class Supervisor(ProcessSupervisor):
         silent = [r for r, s in self.states.items() if not s.done and t - s.last_progress > limit(s)]
         if silent:
             bound = max(limit(self.states[r]) for r in silent)
-            message, culprit = hang.diagnose(self.states, silent, self.run_dir, bound)
+            message, culprit = hang.name_culprit(self.states, silent, self.run_dir, bound)
             self._fail(message, culprit, "hang")
 
     def _fail(self, message: str, rank: int | None, kind: str) -> NoReturn:

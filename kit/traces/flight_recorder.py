@@ -4,13 +4,15 @@ lining the buffers of all ranks up to name the rank a hang is waiting for.
 Enabled by ``TORCH_FR_BUFFER_SIZE`` (older name ``TORCH_NCCL_TRACE_BUFFER_SIZE``) > 0 in the environment before
 the process group exists. :func:`dump_flight_recorder` reads this process's buffer, :func:`fr_entries` turns it
 into rows, :func:`fr_mismatches` lines up the rows of all ranks per (process group, sequence number) and
-:func:`fr_statements` says what is wrong in words.
+:func:`fr_statements` says what is wrong in words; :func:`load_fr_dumps` reads the JSON dumps of a job's ranks.
 """
 
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -52,6 +54,51 @@ def fr_entries(dump: dict[str, Any], rank: int) -> "pd.DataFrame":
                      "dtype": (e.get("input_dtypes") or [None])[0], "duration_ms": e.get("duration_ms"),
                      "time_created_ns": e.get("time_created_ns")})
     return pd.DataFrame(rows)
+
+
+FR_RANK = re.compile(r"rank[_-]?(\d+)")
+
+
+def load_fr_dumps(paths: "Iterable[str | Path]") -> "pd.DataFrame | None":
+    """The rows of Flight Recorder dumps (:func:`fr_entries`), one JSON dump per rank (the rank from the file
+    name, ``fr_run_rank0.json``, else the dump's order). A missing or unreadable file, or a pickled dump (never
+    unpickled here: a pickle can run code), is a TraceError naming it."""
+    import pandas as pd
+
+    from .parse import TraceError
+
+    frames, bad = [], []
+    for i, p in enumerate(Path(x) for x in paths):
+        try:
+            raw = p.read_bytes()
+        except OSError as e:
+            bad.append(f"{p}: cannot read ({e.strerror or e})")
+            continue
+        if raw[:2] == b"\x1f\x8b":  # gzipped (fr_rank0.json.gz)
+            import gzip
+
+            try:
+                raw = gzip.decompress(raw)
+            except (OSError, EOFError) as e:
+                bad.append(f"{p}: a truncated or corrupt gzip file ({e})")
+                continue
+        if raw[:1] == b"\x80":
+            bad.append(f"{p}: a pickled Flight Recorder dump; give the JSON one (TORCH_FR_DUMP as JSON, or "
+                       f"json.dump(pickle.load(f)) where you trust the file)")
+            continue
+        try:
+            dump = json.loads(raw.decode("utf-8", errors="replace"))
+        except ValueError as e:
+            bad.append(f"{p}: not JSON ({e})")
+            continue
+        if not isinstance(dump, dict) or not isinstance(dump.get("entries"), list):
+            bad.append(f"{p}: not a Flight Recorder dump (no 'entries' list)")
+            continue
+        m = FR_RANK.search(p.name)
+        frames.append(fr_entries(dump, int(m.group(1)) if m else int(dump.get("rank", i))))
+    if bad:
+        raise TraceError("\n".join(bad))
+    return pd.concat(frames, ignore_index=True) if frames else None
 
 
 def _truth(x) -> bool:

@@ -1,13 +1,40 @@
-"""The doctor's rules, one module each, registered at import (:func:`kit.doctor.model.rule`) in this order.
+"""The doctor's rules: one module per rule (``<id>.py``), each declaring its :class:`kit.doctor.model.Rule` --
+extract, judge, texts, whether it is cross-rank, which accounting slices it explains, its order -- and
+registering it at import (:func:`kit.doctor.model.rule`). Importing this package imports every module in the
+folder; the modules that hold no rule are what several rules share: :mod:`.comm` (the comm rules' extracts),
+:mod:`.host` (the host rules' timeline and judge), :mod:`.late_arrival`, :mod:`.same_kernels`,
+:mod:`.sync_costs`, :mod:`.evidence`.
 
-Communication across ranks, on the per-rank timeline of :mod:`.comm`: ``per_param_allreduce``, ``exposed_comm``,
-``late_rank`` (with :mod:`.late_arrival` and :mod:`.same_kernels`), ``comm_compute_contention``, ``low_busbw``
-(against the machine's sweep). One rank's GPU and host timeline, on :mod:`.host`: ``graph_mixing_gap`` (CUDA-graph
-mixing gap), ``pageable_h2d``, ``h2d_on_compute_stream``, ``launch_bound``, ``host_sync`` (with
-:mod:`.sync_costs`). :mod:`.idle` -- the step accounting's idle slices (input-bound, host stall, allocator churn,
-queued, unexplained). Their fixed texts are in :mod:`kit.doctor.texts`.
+:func:`parse_ids` is the one parser of a ``--rules`` list (the CLI, the doctor page and its notebook use it).
 """
 
-from . import per_param_allreduce, exposed_comm, late_rank, comm_compute_contention, low_busbw  # noqa: F401, I001
-from . import graph_mixing_gap, pageable_h2d, h2d_on_compute_stream, launch_bound, host_sync  # noqa: F401, I001
-from . import idle  # noqa: F401
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from ..model import RULES
+
+for _m in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_m.name}")
+
+
+class RuleIdError(ValueError):
+    """A ``--rules`` list names a rule that does not exist."""
+
+
+def parse_ids(spec: str | None) -> list[str] | None:
+    """``"late_rank, host_sync"`` -> ``["late_rank", "host_sync"]``; None for all rules (empty or None);
+    RuleIdError naming the unknown ids and listing the rules."""
+    ids = [r.strip() for r in (spec or "").split(",") if r.strip()]
+    if not ids:
+        return None
+    unknown = [r for r in ids if r not in RULES]
+    if unknown:
+        raise RuleIdError(f"unknown rule(s) {', '.join(unknown)}; the rules are {', '.join(RULES)}")
+    return ids
+
+
+def ids() -> list[str]:
+    """Every rule id, in order."""
+    return list(RULES)

@@ -5,8 +5,7 @@
 from __future__ import annotations
 
 from ..collectives import Timeline, timeline
-from ..model import Finding, RankView, Skip
-from ..texts import TEXT
+from ..model import RankView, Skip
 
 
 # ------------------------------------------------------------------------------------------- extracts
@@ -28,11 +27,4 @@ def gpu_extract(rule_id: str):
 
     extract.__name__ = f"extract_{rule_id}"
     return extract
-
-
-def finding(rule_id: str, cost: float, ranks, evidence: dict, summary: str, fix: str | None = None) -> list[Finding]:
-    """A rule's one finding, with the rule's fixed text (:data:`kit.doctor.texts.TEXT`)."""
-    t = TEXT[rule_id]
-    return [Finding(rule_id, float(cost), tuple(int(r) for r in ranks), evidence, summary, t["cause"],
-                    fix or t["fix"], t["caveats"])]
 

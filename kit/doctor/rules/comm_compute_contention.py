@@ -3,10 +3,10 @@ size (transfer-only kernels: the last-arriving rank's, so waiting does not pass 
 
 from __future__ import annotations
 
-from ..model import Finding, Rule, Skip, rule
-from ..texts import TEXT
 from ..collectives import Timeline, in_steps, per_step_divisor
-from .comm import finding, gpu_extract
+from ..findings import make
+from ..model import Finding, Rule, Skip, rule
+from .comm import gpu_extract
 from .evidence import excerpt, num, size_text
 
 CONTENTION_RATIO = 1.2
@@ -67,9 +67,21 @@ def judge_contention(summaries: list[tuple[int, Timeline]], ctx) -> list[Finding
     summary = (f"{what} took {top['overlapped_us_p50']:.0f} us (median of {top['overlapped']}) beside compute "
                f"against {top['alone_us_p50']:.0f} us alone ({top['ratio']:.2f}x); the stretch costs rank {worst} "
                f"{cost:.0f} us of communication per step")
-    return finding("comm_compute_contention", cost, ranks, ev, summary)
+    return [make("comm_compute_contention", cost, ranks, ev, summary)]
 
 
 rule(Rule(id="comm_compute_contention", title="NCCL kernels slowed down by the compute beside them",
           extract=gpu_extract("comm_compute_contention"), judge=judge_contention,
-          **TEXT["comm_compute_contention"]))
+          order=40, cross_rank=True,
+          cause=("NCCL moves data with kernels on the GPU's SMs: beside large compute kernels (GEMMs that fill "
+                 "every SM) they get fewer SMs and less memory bandwidth, so the same transfer takes longer -- and"
+                 " the compute beside it slows down too."),
+          fix=("Give NCCL fewer, dedicated resources or move bytes without SMs: "
+               "NCCL_MIN_NCHANNELS/NCCL_MAX_NCHANNELS to bound its SMs, copy-engine transfers for point-to-point"
+               " (CUDA IPC / peer copies between GPUs of one node), or schedule the large transfers beside "
+               "lighter kernels."),
+          caveats=("Compares transfer-only kernels (the last-arriving rank's, so waiting does not pass for slowness)"
+                   " of the same collective and size; point-to-point kernels are not matched across ranks, so a "
+                   "receive may include waiting for its sender. A stretched transfer that stays hidden behind "
+                   "compute costs no step time by itself; the compute it slows is not counted here."),
+          notebook="p2p_transports"))

@@ -3,10 +3,10 @@ that arrived last at each collective (its transfer part: waiting for a late peer
 
 from __future__ import annotations
 
-from ..model import Finding, Rule, Skip, rule
-from ..texts import TEXT
 from ..collectives import kernel_parts, per_step_divisor
-from .comm import finding, gpu_extract
+from ..findings import make
+from ..model import Finding, Rule, Skip, rule
+from .comm import gpu_extract
 from .evidence import excerpt, num
 
 
@@ -48,8 +48,22 @@ def judge_exposed(summaries, ctx) -> list[Finding] | Skip:
                f"of transfers per step"
                + ("" if multi else " (one rank only: waiting for peers is not separated from the transfer)"))
     ranks = tuple(sorted(int(r) for r, v in per_rank.items() if (v["exposed_transfer_us_per_step"] or 0) > 0))
-    return finding("exposed_comm", cost, ranks, ev, summary)
+    return [make("exposed_comm", cost, ranks, ev, summary)]
 
 
 rule(Rule(id="exposed_comm", title="communication not hidden behind compute", judge=judge_exposed,
-          extract=gpu_extract("exposed_comm"), **TEXT["exposed_comm"]))
+          extract=gpu_extract("exposed_comm"),
+          order=20, cross_rank=True,
+          cause=("Collective kernels run while no compute kernel runs beside them: the step waits for the network."
+                 " In data parallelism this is the gradient sync that starts after backward (or one large final "
+                 "bucket); in tensor/sequence parallelism, collectives that the next layer depends on."),
+          fix=("Overlap communication with compute: DDP's bucketed all-reduce during backward (a smaller "
+               "bucket_cap_mb starts the first buckets earlier), FSDP's backward_prefetch/forward_prefetch, "
+               "async tensor parallelism (torch.compile's micro-pipelining, symmetric memory); otherwise send "
+               "fewer bytes (bf16 gradients, a compression comm hook) or use a faster interconnect."),
+          caveats=("Counts the transfer part of each kernel (its duration on the rank that arrived last) on the rank"
+                   " that arrived last at each collective (the critical path); waiting for a late peer is "
+                   "late_rank's. Kernels of several process groups running at once are each counted. Overlapped "
+                   "communication is not free either: it competes with compute for SMs and memory bandwidth "
+                   "(comm_compute_contention)."),
+          notebook="collective_tracing"))

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..model import RankView, Rule, rule
-from ..texts import TEXT
 from .evidence import num
 from .host import EXCERPT_PAD_US, HostSummary, HostTimeline, host_extract, judge_fired, median
 
@@ -74,4 +73,21 @@ def graph_extract(view: RankView, h: HostTimeline) -> GraphGaps:
 
 
 rule(Rule(id="graph_mixing_gap", title="idle gap before NCCL kernels replayed from CUDA graphs", extract=graph_extract,
-          judge=judge_fired("graph_mixing_gap"), **TEXT["graph_mixing_gap"]))
+          judge=judge_fired("graph_mixing_gap"),
+          order=60,
+          cause=("NCCL's graph-mixing support (on by default) makes every captured NCCL call bring event "
+                 "record/wait nodes into the graph that serialise it against NCCL's internal stream; in the "
+                 "replayed graph they are extra dependencies in front of each NCCL kernel, and the GPU idles "
+                 "before it."),
+          fix=("Set NCCL_GRAPH_MIXING_SUPPORT=0 (NCCL >= 2.13) in the environment of every rank before the "
+               "communicator is created -- only where the condition in the caveats holds."),
+          caveats=("Only safe when no communicator ever has (1) CUDA-graph launches outstanding in parallel (graphs "
+                   "replayed on different streams with nothing ordering them) or (2) a graph launch outstanding "
+                   "while a non-captured NCCL call is issued on it: stream ordering is not sufficient, the replay "
+                   "must have completed (the host synchronised) before an eager collective -- e.g. every collective "
+                   "of that communicator inside the graph, or a synchronize between a replay and eager NCCL calls. "
+                   "With it on, NCCL notes its mechanism has been seen to deadlock CUDA when graphs of several "
+                   "communicators are cudaGraphLaunch()ed from one thread. Sources: "
+                   "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html#nccl-graph-mixing-support, "
+                   "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/usage/cudagraph.html"),
+          notebook="graph_gaps"))

@@ -8,7 +8,6 @@ from typing import Any
 
 from ...traces.intervals import covered, union_np
 from ..model import RankView, Rule, Skip, rule
-from ..texts import TEXT
 from .evidence import num
 from .host import EXCERPT_PAD_US, HostSummary, HostTimeline, as_str, host_extract, judge_fired, pageable_h2d_mask
 
@@ -61,4 +60,16 @@ def compute_stream_extract(view: RankView, h: HostTimeline) -> ComputeStreamCopi
 
 rule(Rule(id="h2d_on_compute_stream", title="host-to-device copies serialised with the compute",
           extract=compute_stream_extract, judge=judge_fired("h2d_on_compute_stream"),
-          **TEXT["h2d_on_compute_stream"]))
+          order=80,
+          cause=("The batch is copied to the GPU on the stream that runs the step's kernels; a stream executes in "
+                 "order, so the compute waits for each copy although the copy engine could run it beside the "
+                 "kernels."),
+          fix=("Copy the next batch on a side stream (torch.cuda.Stream) from pinned memory with "
+               "non_blocking=True while this step computes; make the compute stream wait for it "
+               "(current_stream().wait_stream(side)) and call batch.record_stream(current_stream()) -- or use a "
+               "prefetching loader."),
+          caveats=("Only a copy from pinned memory overlaps anything: a pageable copy blocks the host as well "
+                   "(pageable_h2d, fix that first; one stretch of time may appear in both findings). Without "
+                   "record_stream the caching allocator may reuse the batch's memory while the compute stream reads "
+                   "it."),
+          notebook="dataloader_sync"))

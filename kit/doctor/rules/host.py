@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING, Any
 
 from ...traces.gaps import DEFAULT_STALL_US, gaps
 from ...traces.intervals import union_np
-from ..calls import BLOCKING_COPY_CALLS, DATALOADER, GRAPH_LAUNCH, SYNC_CALLS, base_name
-from ..model import RULES, Finding, RankView, Skip
-from .evidence import num
+from ..calls import DATALOADER, GRAPH_LAUNCH
+from ..findings import worst_rank
+from ..model import Finding, RankView, Skip
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -161,10 +161,6 @@ def median(s) -> float | None:
 
 
 # ------------------------------------------------------------------------------------------- judging
-PER_RANK_LIMIT = 16
-"""evidence lists every firing rank's numbers up to this many ranks, else the 8 costliest"""
-
-
 @dataclass(frozen=True)
 class HostSummary(ABC):
     """The base of what each host rule's extract returns (a frozen dataclass of numbers): its cost per step, whether
@@ -196,32 +192,25 @@ class HostSummary(ABC):
 
 
 def judge_fired(rid: str):
-    """The judge every host rule shares: one finding naming every rank where the rule fired; the cost is the
-    worst rank's, the evidence that rank's numbers plus every firing rank's (up to :data:`PER_RANK_LIMIT`)."""
+    """The judge every host rule shares: one finding naming every rank where the rule fired
+    (:func:`kit.doctor.findings.worst_rank`); the cost is the worst rank's, the evidence that rank's numbers plus
+    every firing rank's."""
 
     def judge(summaries: list[tuple[int, HostSummary]], ctx) -> list[Finding]:
-        fired = sorted(((rk, x) for rk, x in summaries if x.fires), key=lambda rx: -rx[1].cost)
+        fired = [(rk, x.cost, x.evidence()) for rk, x in summaries if x.fires]
         if not fired:
             return []
-        r = RULES[rid]
-        worst_rank, worst = fired[0]
-        shown = fired if len(fired) <= PER_RANK_LIMIT else fired[:8]
-        ev = {"rank": worst_rank, **worst.evidence(),
-              "per_rank": {str(rk): {"cost_us_per_step": num(x.cost), **x.evidence()} for rk, x in shown}}
-        if len(shown) < len(fired):
-            ev["per_rank_note"] = f"the 8 costliest of {len(fired)} ranks"
-        if worst.window is not None:  # kit.doctor.notebook draws it
-            ev["excerpt"] = {"rank": worst_rank, "ranks": [worst_rank], "t0_us": worst.window[0],
-                             "t1_us": worst.window[1]}
-        ranks = tuple(sorted(rk for rk, _ in fired))
-        listed = ", ".join(map(str, ranks[:8])) + (", ..." if len(ranks) > 8 else "")
-        who = f"rank {worst_rank}" if len(ranks) == 1 else f"rank {worst_rank} (worst of {len(ranks)}: {listed})"
-        return [Finding(rule=rid, cost_us_per_step=round(worst.cost, 1), ranks=ranks, evidence=ev,
-                        summary=worst.sentence(who), cause=r.cause, fix=r.fix, caveats=r.caveats,
-                        notebook=r.notebook)]
+        of = dict(summaries)
+
+        def excerpt(rk: int):
+            w = of[rk].window
+            return None if w is None else {"rank": rk, "ranks": [rk], "t0_us": w[0], "t1_us": w[1]}
+
+        return [worst_rank(rid, fired, len(summaries), lambda rk, who: of[rk].sentence(who),
+                           lambda rk: of[rk].evidence(), excerpt)]
 
     return judge
 
 
-__all__ = ["BLOCKING_COPY_CALLS", "SYNC_CALLS", "HostSummary", "HostTimeline", "as_str", "cannot_read", "host_extract",
-           "host_timeline", "judge_fired", "median", "pageable_h2d_mask"]
+__all__ = ["HostSummary", "HostTimeline", "as_str", "cannot_read", "host_extract", "host_timeline", "judge_fired",
+           "median", "pageable_h2d_mask"]

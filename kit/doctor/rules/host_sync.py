@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..model import RankView, Rule, rule
-from ..texts import TEXT
+from ..accounting import Account
+from ..model import Explains, RankView, Rule, rule
 from .evidence import num
 from .host import HostSummary, HostTimeline, host_extract, judge_fired
 from .sync_costs import sync_costs
@@ -50,5 +50,27 @@ def sync_extract(view: RankView, h: HostTimeline) -> HostSyncs:
                             for nm, r in per.iterrows()}, steps=view.n_steps, window=sc.window)
 
 
+def slice_sentence(a: Account, c: float, sh: float, who: str) -> str:
+    """Said from the accounting's ``sync`` slice when the signature above stays silent."""
+    return (f"the GPU sat idle {c / 1e3:.2f} ms per step ({100 * sh:.1f}%) while the host was blocked in "
+            f"synchronising calls and then refilled the GPU's queue on {who}"
+            + (f": {a.calls_text('sync')}" if a.calls.get("sync") else ""))
+
+
 rule(Rule(id="host_sync", title="synchronising host calls inside the step", extract=sync_extract,
-          judge=judge_fired("host_sync"), **TEXT["host_sync"]))
+          judge=judge_fired("host_sync"),
+          explains=Explains(("sync",), slice_sentence, lambda a: {"sync_calls": a.calls.get("sync", {})},
+                            signature=True),
+          order=100,
+          cause=("A call that blocks the host until the GPU is done (stream/device/event synchronize; a copy to "
+                 "host memory such as .item(), .cpu(), .tolist() or printing a CUDA tensor) empties the GPU's "
+                 "queue: when it returns nothing is queued, the GPU idles while the host issues the next work, "
+                 "then runs each kernel as soon as it is launched until the host is ahead again."),
+          fix=("Take the synchronising call out of the step or make it rare: keep losses and metrics on the GPU "
+               "and read them every N steps; avoid .item()/.cpu()/print of CUDA tensors and data-dependent "
+               "shapes (nonzero, boolean masks) inside the step; torch.cuda.set_sync_debug_mode('warn') names "
+               "each call in the code."),
+          caveats=("Some synchronisation is needed (a value the host branches on, an early stop): move it out of the"
+                   " hot loop rather than remove it. The host time blocked in the call is mostly the GPU's own "
+                   "queued work and is not the cost; the idle GPU after it is, until the host has rebuilt its lead."),
+          notebook="dataloader_sync"))

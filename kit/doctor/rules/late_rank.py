@@ -7,13 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..model import Finding, RankView, Rule, Skip, rule
-from ..texts import FIX_BY_REASON, TEXT
 from ..collectives import Timeline, per_step_divisor, timeline
-from .comm import finding
+from ..findings import make
+from ..model import RULES, Finding, RankView, Rule, Skip, rule
 from .evidence import excerpt, num
-from .same_kernels import KERNEL_TOP, SLOW_GPU, gpu_speed, kernel_speeds
 from .late_arrival import activity, attribute
+from .same_kernels import KERNEL_TOP, SLOW_GPU, gpu_speed, kernel_speeds
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -50,6 +49,25 @@ class Before:
 def extract_late(view: RankView) -> Before:
     tl = timeline(view)
     return Before(tl, activity(view, tl), kernel_speeds(view))
+
+
+FIX_BY_REASON = {
+    "data_wait": ("That rank's input pipeline is the bottleneck: more DataLoader workers, pin_memory=True with "
+                  "prefetching (prefetch_factor), faster storage or pre-processed shards on that node."),
+    "host_sync": ("Remove the synchronising calls from the step on that rank (.item(), .cpu(), printing or "
+                  "logging tensors, torch.cuda.synchronize()); log asynchronously every N steps."),
+    "host_idle": ("Find what that rank's host does between steps without launching work (sleep, checkpointing, "
+                  "logging, garbage collection, another process on its cores): py-spy dump on that rank."),
+    "host_busy": ("That rank's host issues the same work more slowly: check its CPU binding and NUMA node "
+                  "(one core per rank near its GPU), CPU frequency and other load on the host; CUDA graphs "
+                  "take the per-kernel launch cost off the host."),
+    "gpu_busy": ("That rank does more GPU work per step: balance the work (sequence lengths, experts, "
+                 "pipeline stages) or check that GPU for throttling (nvidia-smi -q -d PERFORMANCE)."),
+    "gpu_slow": ("That rank's GPU runs the same kernels more slowly: check its clocks and throttle reasons "
+                 "(nvidia-smi -q -d PERFORMANCE,CLOCK,TEMPERATURE,POWER) while the job runs; a GPU held at lower "
+                 "clocks by power or temperature limits slows every rank of a synchronous job to its pace."),
+}
+"""late_rank's fix, by what the late rank was doing (:data:`.late_arrival.REASONS`)"""
 
 
 REASON_TEXT = {"data_wait": "waiting for its DataLoader", "host_sync": "blocked in synchronising calls",
@@ -140,10 +158,22 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
                f"{len(inst)} collectives (median {ev['late_by_us_median']:.0f} us, max {ev['late_by_us_max']:.0f} "
                f"us after the first rank; median {ev['after_next_latest_us_median']:.0f} us after the next-latest)"
                f"{why}; the other ranks waited {cost:.0f} us per step for it alone with nothing else to do")
-    fix = TEXT["late_rank"]["fix"]
-    return finding("late_rank", cost, [late], ev, summary, fix=f"{FIX_BY_REASON[reason]} {fix}"
-                   if reason else None)
+    return [make("late_rank", cost, [late], ev, summary, fix=f"{FIX_BY_REASON[reason]} {RULES['late_rank'].fix}"
+                 if reason else None)]
 
 
 rule(Rule(id="late_rank", title="one rank arrives late at the collectives", extract=extract_late, judge=judge_late,
-          needs_ranks=2, **TEXT["late_rank"]))
+          needs_ranks=2,
+          order=30, cross_rank=True,
+          cause=("A collective finishes only when its last rank arrives: every other rank's kernel spins, holding "
+                 "its GPU, until then. One slow rank sets the pace of the whole job."),
+          fix="Then re-profile: the late rank should change or disappear.",
+          caveats=("'Arrived last' is read off kernel durations (the rank whose kernel is shortest waited for no "
+                   "one), so no clock alignment is needed. The reason compares how each rank got from the last "
+                   "collective at which all ranks arrived together to this one (host activity until the launch, then"
+                   " the GPU still busy), so a lag created once is blamed on what created it. The cost is the other "
+                   "ranks' waiting that no compute hid, at the collectives this rank was last at; fixing the rank "
+                   "may move some of it elsewhere. Arriving less than 1% of a step late is jitter, not counted; no "
+                   "finding when ranks take turns arriving last. Telling an idle host from a busy one needs CUDA "
+                   "runtime events (a CPU-only trace has none)."),
+          notebook="collective_tracing"))

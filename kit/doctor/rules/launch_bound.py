@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ...traces.gaps import DEFAULT_STALL_US
-from ..model import RankView, Rule, rule
-from ..texts import TEXT
+from ..accounting import Account
+from ..model import Explains, RankView, Rule, rule
 from .evidence import num
 from .host import EXCERPT_PAD_US, HostSummary, HostTimeline, host_extract, judge_fired, median, pageable_h2d_mask
 from .sync_costs import sync_costs
@@ -119,5 +119,31 @@ def issuing_calls(h: HostTimeline) -> "pd.DataFrame":
     return both.drop_duplicates("correlation")
 
 
+def slice_sentence(a: Account, c: float, sh: float, who: str) -> str:
+    """Said from the accounting's ``launch`` and ``step_start`` slices when the signature above stays silent."""
+    L = a.launch or {}
+    rate = ("" if L.get("kernel_median_us") is None or L.get("launch_interval_median_us") is None else
+            f"; {L['kernels_per_step']:.0f} kernels per step, median {L['kernel_median_us']:.1f} us each, "
+            f"launched every {L['launch_interval_median_us']:.1f} us (median)")
+    start = (f"; {a.cost('step_start') / 1e3:.2f} ms of it before the step's first GPU work"
+             if a.cost("step_start") > 0 else "")
+    return (f"the GPU sat idle {c / 1e3:.2f} ms per step ({100 * sh:.1f}%) waiting for the host to issue its next "
+            f"work on {who}{rate}{start}")
+
+
 rule(Rule(id="launch_bound", title="GPU starved by the host's kernel launches", extract=launch_extract,
-          judge=judge_fired("launch_bound"), **TEXT["launch_bound"]))
+          judge=judge_fired("launch_bound"),
+          explains=Explains(("launch", "step_start"), slice_sentence,
+                            lambda a: {"launch": dict(a.launch),
+                                       "step_start_us": None if a.cost("step_start") is None
+                                       else round(a.cost("step_start"), 1)},
+                            signature=True),
+          order=90,
+          cause=("The kernels are shorter than the time the host needs to issue each one (Python, the dispatcher, "
+                 "the launch call): the GPU finishes a kernel before the next is submitted and idles in between."),
+          fix=("Give the GPU more work per launch: capture the step in a CUDA graph (torch.cuda.graphs, "
+               "torch.compile(mode='reduce-overhead')), fuse kernels (torch.compile, fused/foreach optimizers), "
+               "or grow the batch."),
+          caveats=("CUDA graphs need static shapes and addresses; with NCCL inside the graph, see graph_mixing_gap. "
+                   "The graph_gaps notebook's launch-overhead section measures what graphs give on this machine."),
+          notebook="graph_gaps"))

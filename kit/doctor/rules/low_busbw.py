@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from ...collective_ops import bus_factor
-from ..model import Finding, Rule, Skip, rule
-from ..texts import TEXT
 from ..collectives import Timeline, gloo_only, per_step_divisor
-from .comm import extract_timeline, finding
+from ..findings import make
+from ..model import Finding, Rule, Skip, rule
+from .comm import extract_timeline
 from .evidence import excerpt, num, size_text
 
 LOW_BUSBW_RATIO = 0.5
@@ -71,8 +71,21 @@ def judge_low_busbw(summaries: list[tuple[int, Timeline]], ctx) -> list[Finding]
                f"{100 * LOW_BUSBW_RATIO:.0f}% of the sweep's busbw; worst: {top['collective']} of "
                f"{size_text(top['bytes'])} at {top['busbw_gbps']:.1f} GB/s against {top['sweep_busbw_gbps']:.1f} GB/s "
                f"({100 * top['ratio']:.0f}%)")
-    return finding("low_busbw", cost, sorted(tl_of), ev, summary)
+    return [make("low_busbw", cost, sorted(tl_of), ev, summary)]
 
 
 rule(Rule(id="low_busbw", title="collectives slower than this machine can do", extract=extract_timeline,
-          judge=judge_low_busbw, needs_sweep=True, **TEXT["low_busbw"]))
+          judge=judge_low_busbw, needs_sweep=True,
+          order=50, cross_rank=True,
+          cause=("The job's collectives reach a fraction of the bandwidth the same machine reaches at the same size: "
+                 "NCCL is configured differently in the job (an NCCL_* variable forcing a protocol, algorithm or fewer"
+                 " channels), the traffic takes another path (a process group across nodes, P2P disabled, wrong NIC), "
+                 "or the kernels share the GPU with compute."),
+          fix=("Compare the job's NCCL environment with the sweep's (NCCL_DEBUG=INFO prints the chosen algorithm, "
+               "protocol, channels and transport per communicator); unset NCCL_ALGO/NCCL_PROTO/NCCL_MAX_NCHANNELS "
+               "overrides; check NCCL_P2P_DISABLE, NCCL_IB_HCA/NCCL_SOCKET_IFNAME; run the sweep with the job's "
+               "environment to confirm."),
+          caveats=("Traced durations are the per-instance minimum over ranks (the transfer, not the waiting) when 2+ "
+                   "ranks are given; with one rank they include waiting and understate busbw. The sweep must come from "
+                   "the same machine and group size; sizes outside the sweep's range are not judged."),
+          notebook="collectives"))

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..model import RankView, Rule, rule
-from ..texts import TEXT
 from .evidence import num
 from .host import EXCERPT_PAD_US, HostSummary, HostTimeline, host_extract, judge_fired, pageable_h2d_mask
 
@@ -56,4 +55,17 @@ def pageable_extract(view: RankView, h: HostTimeline) -> PageableCopies:
 
 
 rule(Rule(id="pageable_h2d", title="host-to-device copies from pageable memory", extract=pageable_extract,
-          judge=judge_fired("pageable_h2d"), **TEXT["pageable_h2d"]))
+          judge=judge_fired("pageable_h2d"),
+          order=70,
+          cause=("A copy from pageable (not page-locked) host memory is staged by CUDA through a pinned bounce "
+                 "buffer: the call returns only when the data is staged, so the host is blocked for the copy "
+                 "whatever non_blocking says, cannot queue further work, and the copy runs below the link's "
+                 "bandwidth."),
+          fix=("Pin the source: DataLoader(pin_memory=True) or tensor.pin_memory(), then .to(device, "
+               "non_blocking=True); better, copy the next batch on a side stream while this step computes "
+               "(dataloader_sync's 'prefetch')."),
+          caveats=("Pinned memory is page-locked host RAM taken from the OS: pin batches, not whole datasets. "
+                   "non_blocking=True on a pageable tensor changes nothing. The copy's GPU time, when it runs on the"
+                   " compute stream, is also h2d_on_compute_stream's: one stretch of time seen from the host and the"
+                   " GPU."),
+          notebook="dataloader_sync"))

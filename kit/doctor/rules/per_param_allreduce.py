@@ -6,10 +6,10 @@ from __future__ import annotations
 import math
 
 from ...collective_ops import bus_factor
-from ..model import Finding, Rule, Skip, rule
-from ..texts import TEXT
 from ..collectives import Timeline, in_steps, per_step_divisor
-from .comm import extract_timeline, finding
+from ..findings import make
+from ..model import Finding, Rule, Skip, rule
+from .comm import extract_timeline
 from .evidence import MiB, excerpt, num, size_text
 
 SMALL_BYTES = 1 * MiB
@@ -87,7 +87,7 @@ def judge_per_param(summaries: list[tuple[int, Timeline]], ctx) -> list[Finding]
                f"per step at ~{latency:.0f} us each, {100 * (w['latency_bound_share'] or 0):.0f}% of the all-reduce "
                f"time; {size_text(BUCKET_BYTES)} buckets would take ~{w['bucketed_estimate_us_per_step']:.0f} us "
                f"instead of {w['below_bucket_us_per_step']:.0f} us")
-    return finding("per_param_allreduce", w["saving_us_per_step"] or 0.0, fired, ev, summary)
+    return [make("per_param_allreduce", w["saving_us_per_step"] or 0.0, fired, ev, summary)]
 
 
 def _sweep_algbw(sweep, nbytes: float, group: float) -> float | None:
@@ -100,4 +100,17 @@ def _sweep_algbw(sweep, nbytes: float, group: float) -> float | None:
 
 
 rule(Rule(id="per_param_allreduce", title="many small all-reduces per step", extract=extract_timeline,
-          judge=judge_per_param, **TEXT["per_param_allreduce"]))
+          judge=judge_per_param,
+          order=10, cross_rank=True,
+          cause=("Gradients are all-reduced one tensor at a time: every call pays the collective's fixed latency "
+                 "(launch, NCCL's protocol handshake, a few us even for 4 bytes) and its host overhead, so dozens of "
+                 "small tensors cost far more than the same bytes in a few large buffers."),
+          fix=("Let DistributedDataParallel bucket the gradients (bucket_cap_mb, default 25 MB; its buckets also "
+               "overlap with backward), or flatten them yourself (torch._utils._flatten_dense_tensors, or "
+               "torch.distributed's all_reduce_coalesced) into a few all-reduces of >= 25 MB."),
+          caveats=("The saving is estimated from the trace's own bandwidth at large sizes (or the sweep's): it counts "
+                   "the kernels' time, not the host time of issuing each call, nor the overlap with backward that DDP "
+                   "adds on top. Bucketing holds gradients until a bucket is full, and changes the reduction order "
+                   "(bitwise results may differ). Small all-reduces of activations (tensor parallelism: each waits for "
+                   "the layer before it) cannot be bucketed; the rule cannot tell them from gradients."),
+          notebook="dataloader_sync"))

@@ -1,0 +1,77 @@
+"""The finalize stage: each finding's cost capped at a step and its severity set, once, after the judges and the
+reconcile stage (:func:`finalize`); cross-rank costs marked partial when ranks of the job are missing; the
+:class:`kit.doctor.model.Diagnosis` assembled: the accounting rows (:func:`accounting_row`), the Flight Recorder's
+statements, the hardware and dates the traces were captured on (:func:`captured_on`)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Sequence
+
+from .model import RULES, Finding, severity
+
+
+def finalize(findings: list[Finding], step_us: float | None, partial: str | None = None) -> list[Finding]:
+    """Every finding capped at the job's step (:func:`capped`), with its severity (:func:`kit.doctor.model.
+    severity`), its rule's notebook when it names none, ``evidence["partial"]`` on cross-rank findings when
+    ``partial`` (the job check's note on missing ranks); most costly first."""
+    out = []
+    for f in findings:
+        f = capped(f, step_us)
+        r = RULES.get(f.rule)
+        f = replace(f, severity=severity(f.cost_us_per_step, step_us), notebook=f.notebook or (r.notebook if r else None))
+        if partial and r is not None and (r.needs_ranks > 1 or r.cross_rank):  # a cost read off some ranks only
+            f = replace(f, evidence={**f.evidence, "partial": partial})
+        out.append(f)
+    out.sort(key=lambda f: -(f.cost_us_per_step or 0))
+    return out
+
+
+def capped(f: Finding, step_us: float | None) -> Finding:
+    """No finding costs more than a step: a cost measured on a rank whose step is longer than the job's median
+    step is cut to the step, and the evidence says so."""
+    if not step_us or f.cost_us_per_step <= step_us:
+        return f
+    return replace(f, cost_us_per_step=round(float(step_us), 1),
+                   evidence={**f.evidence, "cost_capped_from_us": f.cost_us_per_step})
+
+
+def accounting_row(a, wait_us: float | None = None) -> dict[str, Any]:
+    """One rank's account as plain JSON: the mode, windows, mean window and per slice us per step and share;
+    ``comm_split``: the ``comm`` slice's waiting for peers (exposed, matched across ranks) and transfer, when the
+    collectives could be matched."""
+    from .accounting import SLICES
+
+    row = {"mode": a.mode, "steps": a.steps, "window_us": round(a.window_us, 1),
+           "step_us": round(a.step_us, 1) if a.step_us else None,
+           "us_per_step": {s: round(a.cost(s), 1) for s in SLICES},
+           "share": {s: round(a.share(s), 4) for s in SLICES}}
+    if wait_us is not None:
+        comm = a.cost("comm")
+        scale = (a.step_us or a.window_us) / a.window_us if a.window_us else 1.0
+        wait = min(comm, wait_us * scale)
+        row["comm_split"] = {"waiting_us": round(wait, 1), "transfer_us": round(comm - wait, 1)}
+    return row
+
+
+def flight_recorder_lines(flight_recorder) -> list[str]:
+    """What the Flight Recorder dumps show across ranks, one sentence each (:func:`kit.traces.fr_statements`)."""
+    if flight_recorder is None or not len(flight_recorder):
+        return []
+    from ..traces import fr_mismatches, fr_statements
+
+    return fr_statements(fr_mismatches(flight_recorder)) or [
+        f"{len(flight_recorder)} entries of {flight_recorder['rank'].nunique()} rank(s): every collective "
+        f"reached by every rank, the same op at each sequence number"]
+
+
+def captured_on(summaries: Sequence[Any]) -> dict[str, Any]:
+    """``devices`` (the GPU names the traces' headers give) and ``dates`` (UTC days their events span), for the
+    report's captions: which hardware, when."""
+    import datetime as dt
+
+    ids = [s.identity for s in summaries if s.identity is not None]
+    devices = sorted({i.device for i in ids if i.device})
+    days = {dt.datetime.fromtimestamp(t / 1e6, dt.timezone.utc).strftime("%Y-%m-%d")
+            for i in ids if i.span for t in i.span}
+    return {"devices": devices, "dates": sorted(days)}

@@ -1,0 +1,100 @@
+"""The one finding builder: a rule's finding with its fixed text (:func:`make`), the worst rank among the ranks
+where a rule fired, with every firing rank's evidence up to a limit (:func:`across_ranks`), and the finding for
+slices of the step accounting (:func:`slice_finding`, said with the explaining rule's
+:class:`kit.doctor.model.Explains`)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+from .model import RULES, SEVERITY_SHARE, Finding
+
+PER_RANK_LIMIT = 16
+"""evidence lists every firing rank's numbers up to this many ranks, else the :data:`PER_RANK_SHOWN` costliest"""
+PER_RANK_SHOWN = 8
+LOW = SEVERITY_SHARE["low"]
+
+
+def make(rid: str, cost: float, ranks: Iterable[int], evidence: dict, summary: str,
+         fix: str | None = None) -> Finding:
+    """A finding of rule ``rid`` with the rule's cause, fix (unless refined), caveats and notebook."""
+    r = RULES[rid]
+    return Finding(rule=rid, cost_us_per_step=float(cost), ranks=tuple(int(x) for x in ranks), evidence=evidence,
+                   summary=summary, cause=r.cause, fix=fix or r.fix, caveats=r.caveats, notebook=r.notebook)
+
+
+def who(worst: int, ranks: tuple[int, ...], of: int) -> str:
+    """'rank 3', 'every rank (4; worst: rank 3)' or '2 of 4 ranks (1, 3; worst: rank 3)'."""
+    if len(ranks) == 1:
+        return f"rank {worst}"
+    listed = ", ".join(map(str, ranks[:8])) + (", ..." if len(ranks) > 8 else "")
+    if of > 1 and len(ranks) == of:
+        return f"every rank ({len(ranks)}; worst: rank {worst})"
+    return f"{len(ranks)} of {of} ranks ({listed}; worst: rank {worst})"
+
+
+def across_ranks(fired: list[tuple[int, float, dict]]) -> tuple[int, tuple[int, ...], dict[str, Any]]:
+    """The worst rank (highest cost), every firing rank (sorted) and the ``per_rank`` evidence: each firing rank's
+    cost and numbers, the :data:`PER_RANK_SHOWN` costliest when more than :data:`PER_RANK_LIMIT` fired (then
+    ``per_rank_note`` says so)."""
+    fired = sorted(fired, key=lambda x: -x[1])
+    shown = fired if len(fired) <= PER_RANK_LIMIT else fired[:PER_RANK_SHOWN]
+    ev: dict[str, Any] = {"per_rank": {str(rk): {"cost_us_per_step": _r(c), **e} for rk, c, e in shown}}
+    if len(shown) < len(fired):
+        ev["per_rank_note"] = f"the {PER_RANK_SHOWN} costliest of {len(fired)} ranks"
+    return fired[0][0], tuple(sorted(rk for rk, _, _ in fired)), ev
+
+
+def worst_rank(rid: str, fired: list[tuple[int, float, dict]], of: int, sentence: Callable[[int, str], str],
+               evidence: Callable[[int], dict], excerpt: Callable[[int], dict | None] = lambda rk: None) -> Finding:
+    """One finding naming every rank where rule ``rid`` fired: the worst rank's cost, its evidence
+    (``evidence(rank)``) and sentence (``sentence(rank, who)``), every firing rank's numbers
+    (:func:`across_ranks`) and, when the rule points at one, the worst rank's timeline excerpt."""
+    worst, ranks, per = across_ranks(fired)
+    cost = max(c for _, c, _ in fired)
+    ev = {"rank": worst, **evidence(worst), **per}
+    ex = excerpt(worst)
+    if ex is not None:  # kit.doctor.notebook draws it
+        ev["excerpt"] = ex
+    return make(rid, round(cost, 1), ranks, ev, sentence(worst, who(worst, ranks, of)))
+
+
+def slice_finding(rid: str, slices: tuple[str, ...], accounts: list, whole: bool = False) -> list[Finding]:
+    """One finding for the idle ``slices`` of ``accounts`` (``[(rank, Account)]``) naming every rank where they cost
+    >= 'low' of its step; [] when none does. ``whole``: the whole slice, not only the part a finding charges
+    (:meth:`kit.doctor.accounting.Account.charged`). Said with rule ``rid``'s :class:`~kit.doctor.model.Explains`."""
+    def cost(a) -> float:
+        return sum(a.cost(s) * a.charged(s, whole) for s in slices)
+
+    def share(a) -> float:
+        return sum(a.share(s) * a.charged(s, whole) for s in slices)
+
+    ex = RULES[rid].explains
+    fired = [(rk, cost(a), {"share_of_step": _r(share(a), 4)}) for rk, a in accounts if share(a) >= LOW]
+    if not fired:
+        return []
+    of = dict(accounts)
+
+    def evidence(rk: int) -> dict:
+        a = of[rk]
+        ev = {"slices": list(slices), "share_of_step": _r(share(a), 4),
+              "job_level": len(accounts) > 1 and len(fired) == len(accounts),
+              "gpu_idle_share": _r(a.idle_us / a.window_us, 4) if a.window_us else None, "mode": a.mode,
+              "steps_with_it": f"{int((a.per_step[list(slices)].sum(axis=1) > 0).sum())} of {a.steps}"}
+        return {**ev, **ex.evidence(a)}
+
+    return [worst_rank(rid, fired, len(accounts), lambda rk, w: ex.sentence(of[rk], cost(of[rk]), share(of[rk]), w),
+                       evidence)]
+
+
+def slice_judge(rid: str):
+    """The judge of a rule that is its accounting slices (:attr:`kit.doctor.model.Rule.explains`)."""
+
+    def judge(summaries: list, ctx) -> list[Finding]:
+        return slice_finding(rid, RULES[rid].explains.slices, summaries)
+
+    return judge
+
+
+def _r(x: float | None, nd: int = 1) -> float | None:
+    return None if x is None else round(float(x), nd)

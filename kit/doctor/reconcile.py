@@ -1,0 +1,124 @@
+"""The reconcile stage (on the caller, after every judge): one microsecond, one cause, and no all-clear on a step
+that is not accounted for.
+
+* a signature rule (:attr:`kit.doctor.model.Explains.signature`: ``host_sync``, ``launch_bound``) that fired gets
+  its accounting slice as its cost; one that stayed silent while its slice costs at least 'low' is said from the
+  accounting under its id (:func:`explain_rest`);
+* a rank whose GPU idles >= :data:`MUST_SPEAK` of its step with no finding at or above 'low' naming it gets one
+  for its largest idle slice (:func:`must_speak`);
+* when ``late_rank`` names rank L and an idle-slice finding names L alone, that slice is why L is late: it becomes
+  late_rank's evidence and sentence (:func:`fold_into_late_rank`);
+* the ``comm`` slice of each rank split into waiting for peers and transfer (:func:`comm_waits`).
+
+Reads the findings, the accounts and the rules' declarations (:data:`kit.doctor.model.RULES`); never a rule's
+module."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .accounting import HOST, IDLE, Account
+from .context import JobContext
+from .findings import LOW, slice_finding
+from .model import RULES, SEVERITY_SHARE, Finding, severity, slice_rules
+
+MUST_SPEAK = SEVERITY_SHARE["high"]
+"""GPU idle at or above this share of a step is never left without a finding at or above 'low'"""
+LATE_RANK = "late_rank"
+"""the rule that names the rank the others wait for (its own idle slices are folded into it)"""
+
+
+def reconcile(findings: list[Finding], accounts: list[tuple[int, Account]], ctx: JobContext) -> list[Finding]:
+    """The findings after the judges, reconciled with the step accounting (module docstring)."""
+    findings = explain_rest(accounts, findings)
+    findings = findings + must_speak(accounts, findings, ctx)
+    return fold_into_late_rank(findings)
+
+
+def explain_rest(accounts: list[tuple[int, Account]], findings: list[Finding]) -> list[Finding]:
+    """The signature rules' slices: a finding that fired gets the accounted cost (its own estimate stays in its
+    evidence); a silent rule whose slice costs >= 'low' gets a finding from the accounting."""
+    have = {f.rule for f in findings}
+    out = list(findings)
+    for rid, r in RULES.items():
+        if r.explains is None or not r.explains.signature:
+            continue
+        slices = r.explains.slices
+        if rid in have:  # the signature rule names it; the accounting's slice is its cost (one us, one cause)
+            worst = max((sum(a.cost(s) * a.charged(s) for s in slices) for _, a in accounts), default=0.0)
+            out = [dataclasses.replace(f, cost_us_per_step=round(worst, 1), evidence={
+                **f.evidence, "rule_estimate_us_per_step": f.cost_us_per_step, "accounted_us_per_step": round(worst, 1)})
+                if f.rule == rid else f for f in out]
+            continue
+        out += slice_finding(rid, slices, accounts)
+    return out
+
+
+def must_speak(accounts: list[tuple[int, Account]], findings: list[Finding], ctx: JobContext) -> list[Finding]:
+    """The guard behind every all-clear: a rank whose GPU idles >= :data:`MUST_SPEAK` of its step while no
+    finding at or above 'low' names it gets one for its largest idle slice, at that slice's full cost."""
+    named = {rk for f in findings if severity(f.cost_us_per_step, ctx.step_us) != "info" for rk in f.ranks}
+    rule_of = slice_rules()
+    out = []
+    for rk, a in accounts:
+        idle = sum(a.share(s) for s in IDLE)
+        if rk in named or idle < MUST_SPEAK:
+            continue
+        s = max(IDLE, key=a.share)
+        f = slice_finding(rule_of[s], (s,), [(rk, a)], whole=True)
+        if not f:
+            continue
+        cost = max(a.cost(s), LOW * (a.step_us or a.window_us))
+        what = "GPU idle" if a.mode == "gpu" else "main thread waiting"
+        out.append(dataclasses.replace(f[0], cost_us_per_step=round(cost, 1), evidence={
+            **f[0].evidence, "note": f"{what} {100 * idle:.0f}% of the step: said although no rule found a "
+                                      f"cause above 'low'"}))
+    return out
+
+
+def own_idle_rules() -> set[str]:
+    """The rules whose slices are a rank's own host time (a blocked or slow host: :data:`kit.doctor.accounting.
+    HOST`), not the GPU's queue or the trace's gaps."""
+    return {r.id for r in RULES.values() if r.explains and set(r.explains.slices) & set(HOST)}
+
+
+def fold_into_late_rank(findings: list[Finding]) -> list[Finding]:
+    """One cause, one finding: when ``late_rank`` names rank L and an own-idle finding (:func:`own_idle_rules`)
+    names L alone (the other ranks do not idle for that reason), that slice is why L is late -- it becomes
+    late_rank's evidence (``own_idle``) and sentence, and is not said again. Slice findings on every rank stay
+    job-level findings."""
+    late = next((f for f in findings if f.rule == LATE_RANK), None)
+    if late is None or len(late.ranks) != 1:
+        return findings
+    L = late.ranks[0]
+    own_rules = own_idle_rules()
+    own = [f for f in findings if f.rule in own_rules and f.ranks == (L,)]
+    if not own:
+        return findings
+    ids = {id(f) for f in own}
+    text = "; ".join(f"{f.rule} {f.cost_us_per_step / 1e3:.2f} ms per step" for f in own)
+    merged = dataclasses.replace(late, summary=f"{late.summary}; on rank {L} itself the GPU idled for its own "
+                                               f"reasons ({text}): fix those and the others stop waiting",
+                                 evidence={**late.evidence, "own_idle": {f.rule: f.evidence for f in own}})
+    return [merged if f is late else f for f in findings if id(f) not in ids]
+
+
+def comm_waits(ctx: JobContext) -> dict[int, float]:
+    """Per rank, the communication time per step spent waiting for peers that no compute hid (the kernels of the
+    ranks that arrived early spin until the last one arrives): the ``comm`` slice's waiting part; the rest of the
+    slice is transfer. {} when the collectives cannot be matched across ranks (one rank, no NCCL metadata)."""
+    from .collectives import per_step_divisor
+
+    tls = sorted(ctx.comm.items())
+    if len(tls) < 2:
+        return {}
+    df = ctx.collectives("nccl")
+    if df is None or df.empty or (df["ranks_seen"] <= 1).all():
+        return {}
+    out = {}
+    for r, tl in tls:
+        mine = df[df["rank"] == r]
+        if tl.steps:
+            mine = mine[mine["step"].notna()]
+        out[r] = float(mine["exposed_wait_us"].sum()) / per_step_divisor(tl)
+    return out

@@ -1,0 +1,48 @@
+"""``input_bound``: the step waits while the host waits for its DataLoader (the accounting's ``input`` slice)."""
+
+from __future__ import annotations
+
+from ..accounting import Account, slice_extract
+from ..findings import slice_judge
+from ..model import Explains, Rule, rule
+
+
+def inside_text(a: Account) -> str:
+    """'; most of it in aten::pin_memory (4.3 ms per step) ...' when one op the trace kept takes at least half of
+    the DataLoader's time: the part of next() to fix."""
+    inside, total = a.calls.get("input_inside") or {}, sum(v["host_us"] for v in (a.calls.get("input") or {}).values())
+    if not inside or not total:
+        return ""
+    name, v = max(inside.items(), key=lambda kv: kv[1]["host_us"])
+    if v["host_us"] < 0.5 * total:
+        return ""
+    why = " -- the batch's pinning, which with num_workers=0 runs in the training thread" if "pin_memory" in name else ""
+    return f"; most of it in {name} ({v['host_us'] / a.steps / 1e3:.2f} ms per step){why}"
+
+
+def sentence(a: Account, c: float, sh: float, who: str) -> str:
+    loader = f" ({a.calls_text('input', 1)})" if a.calls.get("input") else ""
+    if a.mode == "cpu":
+        return (f"the main thread waited {c / 1e3:.2f} ms per step ({100 * sh:.1f}% of the step) for its DataLoader "
+                f"on {who}{loader}{inside_text(a)}")
+    return (f"the GPU sat idle {c / 1e3:.2f} ms per step ({100 * sh:.1f}% of the step) while the host waited for its "
+            f"DataLoader on {who}{loader}{inside_text(a)}")
+
+
+rule(Rule(
+    id="input_bound", title="the step waits for the DataLoader", order=110,
+    extract=slice_extract("input_bound"), judge=slice_judge("input_bound"),
+    explains=Explains(("input",), sentence, lambda a: {"dataloader": a.calls.get("input", {}),
+                                                       "dataloader_inside": a.calls.get("input_inside", {})}),
+    cause=("The host thread that issues the GPU's work was inside next(iter(DataLoader)) while the GPU had "
+           "nothing queued: batches are produced more slowly than the GPU consumes them (loading and "
+           "transforms in the training process, too few workers, or slow storage)."),
+    fix=("Load in worker processes (DataLoader(num_workers=N>0, persistent_workers=True, prefetch_factor=2+)), "
+         "pin_memory=True with .to(device, non_blocking=True), move per-sample transforms to the GPU or "
+         "precompute them; check that the workers keep up (their own profile, or time next(it) alone). When "
+         "the summary names pin_memory: pinning a large batch is a copy over every intra-op thread, which "
+         "straggles when they are as many as the cores -- workers (their pin-memory thread does it) or fewer "
+         "threads (torch.set_num_threads)."),
+    caveats=("The time counted is the GPU's idle time while the host waited, plus the host's catch-up after "
+             "it; with prefetching workers a short wait can remain at the first step of an epoch."),
+    notebook="dataloader_sync"))
