@@ -10,7 +10,7 @@ TORCH  ?= torch==2.13.0
 PY     := $(VENV)/bin/python
 ARGS   ?=
 
-.PHONY: setup report test test-fast test-gpu test-browser lab wheelhouse clean
+.PHONY: setup nbstripout-filter report test test-fast test-gpu test-browser lab wheelhouse clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv --system-site-packages $(VENV)
@@ -18,7 +18,27 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -e ".[test]"
 	touch $@
 
-setup: $(VENV)/.installed
+# Notebooks are committed without outputs. Of the two ways -- a git clean filter, or tests that only read what git
+# would commit -- the filter: with it a notebook run and saved in JupyterLab stays out of `git status`, and
+# `git commit -a` cannot take its outputs; the tests read a notebook through the same filter
+# (tests/notebook_commit.py), so a saved notebook breaks no test either. The filter is nbstripout (.gitattributes
+# names it); --keep-id: cells keep their ids (nbstripout would renumber them; JupyterLab keeps them across saves);
+# NB_EXTRA_KEYS: what JupyterLab adds to the kernel's language_info on every save (the Python version among it).
+# git keeps filters in the clone's own config, which a clone does not copy: hence this step on every `make setup`
+# / `make lab` (a no-op outside a git checkout). `make clean` removes it with the venv it runs from. After a save
+# `git status` may still list the notebook (git compares file sizes before running a filter); `git diff` is empty
+# and a `git add` stores nothing new and clears it.
+NBSTRIP := "$(abspath $(PY))" -m nbstripout --keep-id
+NB_EXTRA_KEYS := $(addprefix metadata.language_info.,codemirror_mode file_extension mimetype nbconvert_exporter \
+                   pygments_lexer version)
+
+nbstripout-filter: $(VENV)/.installed
+	@if git rev-parse --git-dir >/dev/null 2>&1; then \
+	  git config filter.nbstripout.clean '$(NBSTRIP)' && git config filter.nbstripout.smudge cat && \
+	  git config filter.nbstripout.required true && git config diff.ipynb.textconv '$(NBSTRIP) -t' && \
+	  git config filter.nbstripout.extrakeys '$(NB_EXTRA_KEYS)'; fi
+
+setup: $(VENV)/.installed nbstripout-filter
 
 report: setup                 ## every notebook, preset for this machine (configs/gpu.yaml or cpu-smoke.yaml)
 	$(VENV)/bin/kit run $(ARGS)
@@ -37,20 +57,23 @@ $(VENV)/.lab-installed: $(VENV)/.installed
 	touch $@
 
 # make lab ARGS="--ip=0.0.0.0 --no-browser --IdentityProvider.token=SECRET"; as root --allow-root is added
-lab: $(VENV)/.lab-installed   ## JupyterLab on the notebooks (JupyterLab installed once)
+lab: $(VENV)/.lab-installed nbstripout-filter  ## JupyterLab on the notebooks (JupyterLab installed once)
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(ARGS)
 
 $(VENV)/.browser-installed: $(VENV)/.installed
-	$(PY) -m pip install selenium
+	$(PY) -m pip install selenium -e ".[lab]"
 	touch $@
 
 # the newest report in headless Chromium (apt-get install -y chromium chromium-driver); not part of make test / CI
 # make test-browser ARGS="results/reports/<run-id> --screenshots docs/screenshots"
-test-browser: $(VENV)/.browser-installed  ## every page of the last report: images load, no error cell
+# make test-browser ARGS="--lab collectives": also run that notebook in JupyterLab, save it, and check that git
+# would commit it without outputs and that `git status` shows it unchanged (the file is put back after)
+test-browser: $(VENV)/.browser-installed nbstripout-filter  ## every page of the last report: images load, no error cell
 	$(PY) tests/browser/check_report.py $(ARGS)
 
 wheelhouse: setup             ## wheels for an offline node: make wheelhouse ARGS="wheels --python-version 3.12"
 	$(VENV)/bin/kit wheelhouse $(ARGS)
 
 clean:
+	-@git config --remove-section filter.nbstripout 2>/dev/null; git config --remove-section diff.ipynb 2>/dev/null; true
 	rm -rf $(VENV) *.egg-info

@@ -7,7 +7,10 @@ the system's Chromium (``apt-get install chromium chromium-driver``) through Sel
 that did not load (naturalWidth 0), on an error output of its executed notebook (``<name>.ipynb`` beside the page)
 or on a Python traceback in its text. ``--screenshots`` saves the index and every page as PNG (full width,
 up to 2400 px: the index from its top, a page from its run cell down). ``--lab collectives`` also starts JupyterLab (as ``make lab`` does), opens that notebook, runs
-all its cells, checks its progress bar ended at the planned points and drives the explorer's widgets (a value picked in a dropdown must change the table). Exit 0 when every page is clean, 1 with one line per problem, 2 on bad input. Not part of
+all its cells, checks its progress bar ended at the planned points, drives the explorer's widgets (a value picked in
+a dropdown must change the table), saves it (File > Save) and checks that git sees no change: ``git add`` would
+store the committed notebook unchanged, without outputs, and ``git diff`` is empty (the file's bytes are put back
+after, unless ``--keep-saved``). Exit 0 when every page is clean, 1 with one line per problem, 2 on bad input. Not part of
 ``make test``: it needs a browser and a report.
 """
 
@@ -75,9 +78,61 @@ def check_page(d, path: Path, shots: Path | None) -> list[str]:
     return problems
 
 
-def check_lab(d, name: str, shots: Path | None, timeout_s: float = 600) -> list[str]:
+def save_and_check_git(d, name: str, keep_saved: bool = False, timeout_s: float = 60) -> list[str]:
+    """File > Save (what Ctrl+S and autosave do) on the notebook just run; then the file must hold outputs (it was
+    saved), while git must see no change: ``git add`` would store the committed blob as it is (the nbstripout
+    filter, tests/notebook_commit.py) and ``git diff`` is empty. ``git status`` may still list the file (git
+    compares file sizes before it runs a filter) until a ``git add``, which stores nothing new. The file's bytes
+    are put back after, unless ``keep_saved``."""
+    import subprocess
+    import time
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from notebook_commit import as_committed, clean_filter
+
+    path = ROOT / "notebooks" / f"{name}.ipynb"
+    rel = str(path.relative_to(ROOT))
+    git = lambda *a: subprocess.run(["git", "-C", str(ROOT), *a], capture_output=True, text=True)  # noqa: E731
+    before, mtime = path.read_bytes(), path.stat().st_mtime_ns
+    problems = []
+    try:
+        d.execute_script("window.jupyterapp.commands.execute('docmanager:save')")
+        for _ in range(int(timeout_s * 2)):
+            if path.stat().st_mtime_ns != mtime:
+                break
+            time.sleep(0.5)
+        else:
+            return [f"lab {name}: File > Save did not write {path.name} in {timeout_s:.0f} s"]
+        time.sleep(1)  # the write is whole
+        n_out = sum(len(c.get("outputs", [])) for c in json.loads(path.read_text())["cells"])
+        left = sum(len(c.get("outputs", [])) for c in json.loads(as_committed(path))["cells"])
+        stored = git("hash-object", f"--path={rel}", "--", rel).stdout.strip()  # through the filter, not written
+        committed = git("rev-parse", f":{rel}").stdout.strip()
+        diff = git("diff", "--", rel).stdout
+        if not n_out:
+            problems.append(f"lab {name}: saved without outputs: nothing to check")
+        if clean_filter(path) is None:
+            problems.append(f"lab {name}: no git clean filter for notebooks (`make setup` installs nbstripout's)")
+        if left:
+            problems.append(f"lab {name}: git would commit {left} output(s) of the saved notebook")
+        if stored != committed or diff:
+            problems.append(f"lab {name}: after a save git sees a change (git add would store {stored[:10]}, "
+                            f"committed {committed[:10]}); git diff:\n{diff[:1500]}")
+        status = git("status", "--porcelain", "--", rel).stdout.strip()
+        print(f"lab {name}: saved ({n_out} outputs in the file); git add would store the committed blob "
+              f"{'unchanged' if stored == committed else 'CHANGED'} ({left} outputs), git diff "
+              f"{'empty' if not diff else 'NOT empty'}; git status: {status or 'clean'}"
+              f"{' (sizes differ: a git add stores nothing new and clears it)' if status and not diff else ''}")
+    finally:
+        if not keep_saved:
+            path.write_bytes(before)
+    return problems
+
+
+def check_lab(d, name: str, shots: Path | None, timeout_s: float = 600, keep_saved: bool = False) -> list[str]:
     """JupyterLab on notebooks/ (a free port, a token), ``name`` opened, Run > Run All Cells, then the explorer:
-    its 'column' dropdown set to another column must re-draw the table (the line 'N of M rows' changes)."""
+    its 'column' dropdown set to another column must re-draw the table (the line 'N of M rows' changes); then
+    File > Save and what git makes of the saved notebook (:func:`save_and_check_git`)."""
     import os
     import secrets
     import socket
@@ -155,6 +210,7 @@ def check_lab(d, name: str, shots: Path | None, timeout_s: float = 600) -> list[
             d.save_screenshot(str(shots / f"lab-{name}.png"))
         print(f"lab {name}: ran all cells, progress bar {' | '.join(t.replace(chr(10), ' ') for t in done[:1])!r}, "
               f"explorer: {len(col.options)} columns, table re-drawn on a pick")
+        problems += save_and_check_git(d, name, keep_saved)
     finally:
         lab.terminate()
         try:
@@ -168,7 +224,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("report", nargs="?", help="a report directory (default: the newest under results/reports/)")
     ap.add_argument("--screenshots", metavar="DIR", help="save a PNG of the index and of every page here")
-    ap.add_argument("--lab", metavar="NOTEBOOK", help="also run this notebook in JupyterLab and drive its widgets")
+    ap.add_argument("--lab", metavar="NOTEBOOK", help="also run this notebook in JupyterLab, drive its widgets, save "
+                                                     "it and check what git makes of it")
+    ap.add_argument("--keep-saved", action="store_true",
+                    help="with --lab: leave the notebook as JupyterLab saved it (outputs in the file)")
     a = ap.parse_args(argv)
     report = Path(a.report) if a.report else newest_report()
     if report is None or not (report / "index.html").exists():
@@ -194,7 +253,7 @@ def main(argv=None) -> int:
         for p in (p for p in pages if p.exists()):
             problems += check_page(d, p, shots)
         if a.lab:
-            problems += check_lab(d, a.lab, shots)
+            problems += check_lab(d, a.lab, shots, keep_saved=a.keep_saved)
     finally:
         d.quit()
     for line in problems:
