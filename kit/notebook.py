@@ -150,7 +150,7 @@ def choose(inv: contract.Investigation, made, analyse: Any = "auto") -> results.
     machine ran the investigation (a CPU run: it proves the path, not the hardware), this run's first table is
     shown too, so the page has this machine's own numbers beside the recorded ones."""
     runs = results.choose(inv.name, made, analyse)
-    print("analysing", runs)
+    print(analysing(runs))
     _note_provenance(runs)
     if made and not set(runs.dirs) & {r.dir for r in made}:
         here = results.RunSet([r.dir for r in made], "this run")
@@ -162,6 +162,32 @@ def choose(inv: contract.Investigation, made, analyse: Any = "auto") -> results.
                 _display(t.head(12).round(2))
                 break
     return runs
+
+
+def analysing(runs: results.RunSet) -> str:
+    """The line a page prints for the runs it shows: where they come from, how many, their status, and their
+    directories relative to the repository (not the recorded machine's or this one's absolute paths)."""
+    if not runs.dirs:
+        return "analysing: no runs"
+    statuses = ", ".join(sorted({results.run_status(m) for m in runs.metas}))
+    return (f"analysing {len(runs.dirs)} run(s) ({statuses}) from {runs.source or 'these directories'} -- "
+            + ", ".join(_short(d) for d in runs.dirs))
+
+
+def hardware(runs: results.RunSet) -> None:
+    """The machine the runs ran on (its sysinfo) and the nccl-tests binaries they ran, without that machine's own
+    paths: an environment value that is an absolute path names its last part only, a binary its file name."""
+    if not runs.dirs:
+        return
+    from . import sysinfo
+
+    info = dict(runs.meta.get("sysinfo") or {})
+    info["env"] = {k: (f".../{Path(v).name}" if isinstance(v, str) and v.startswith("/") else v)
+                   for k, v in (info.get("env") or {}).items()}
+    print(sysinfo.format_text(info) if info.get("hostname") else "hardware: not recorded with these runs")
+    bins = (runs.meta.get("nccl_tests") or {}).get("binaries") or {}
+    print("nccl-tests:", ", ".join(sorted(Path(b).name for b in bins.values())) if bins
+          else "not run (CPU/gloo run, or binaries not found)")
 
 
 def _note_provenance(runs: results.RunSet) -> None:

@@ -37,10 +37,20 @@ def save(fig, name: str, source: dict | None = None) -> Path:
     prefix = os.environ.get("KIT_FIGURE_PREFIX")
     fname = f"{prefix}-{name}.png" if prefix and not name.startswith(prefix + "-") else f"{name}.png"
     path = d / fname
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    fig.savefig(path, dpi=120, bbox_inches="tight", metadata={"Title": title_of(fig)})
     if source:
         note_source(figure=fname, **source)
     return path
+
+
+def title_of(fig) -> str:
+    """The figure's title as text: its suptitle, else its axes' titles (joined by " | "), else "". Kept in the PNG
+    (``Title``) so that the report index prints it legibly above the thumbnail."""
+    sup = getattr(fig, "_suptitle", None)
+    text = sup.get_text().strip() if sup is not None else ""
+    if not text:
+        text = " | ".join(t for ax in fig.axes if (t := ax.get_title().strip()))
+    return " ".join(text.split())
 
 
 def note_source(source: str, hardware: str = "", dates: list[str] | tuple[str, ...] = (), what: str = "",

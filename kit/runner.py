@@ -196,13 +196,34 @@ def figure_sources(fig_dir: Path, name: str, figures: list[Path]) -> dict[str, s
     return out
 
 
-def _thumb(f: str, shows: str | None) -> str:
-    """A thumbnail with a caption badge: green when it shows this machine's run, grey for the recorded runs."""
+THUMB_WIDTH = 380
+"""px: two figures side by side in the index's figures column of a 1400 px window, their axes readable"""
+
+
+def figure_title(path: Path) -> str:
+    """The title :func:`kit.plot.save` kept in a PNG (its ``Title`` text chunk), or "" (an older figure, another
+    tool's)."""
+    try:
+        from PIL import Image
+
+        with Image.open(path) as im:
+            return str(getattr(im, "text", {}).get("Title") or "")
+    except Exception:  # noqa: BLE001 - a missing or unreadable figure has no title; the img shows it broken
+        return ""
+
+
+def _thumb(f: str, shows: str | None, title: str = "") -> str:
+    """A thumbnail under its figure's title (HTML text: legible whatever the scale), with a caption badge: green
+    when it shows this machine's run, grey for the recorded runs."""
     color = "#070" if shows and shows.startswith("this machine") else "#666"
-    cap = (f'<figcaption style="font-size:75%;color:{color};max-width:220px">{html.escape(shows)}</figcaption>'
-           if shows else "")
-    return (f'<figure style="display:inline-block;margin:0 6px 6px 0;vertical-align:top">'
-            f'<a href="{f}"><img src="{f}" height="120" alt="{html.escape(Path(f).stem)}"></a>{cap}</figure>')
+    head = (f'<div style="font-size:85%;font-weight:bold;max-width:{THUMB_WIDTH}px">{html.escape(title)}</div>'
+            if title else "")
+    cap = (f'<figcaption style="font-size:80%;color:{color};max-width:{THUMB_WIDTH}px">{html.escape(shows)}'
+           f'</figcaption>' if shows else "")
+    return (f'<figure style="display:inline-block;margin:0 10px 12px 0;vertical-align:top;max-width:{THUMB_WIDTH}px">'
+            f'{head}<a href="{f}"><img src="{f}" style="width:{THUMB_WIDTH}px;height:auto" '
+            f'alt="{html.escape(title or Path(f).stem)}" title="{html.escape(title or Path(f).stem)}"></a>{cap}'
+            f'</figure>')
 
 
 _STATUS_STYLE = {"ok": ("ran here", "#070"), "skipped": ("cannot run here: recorded runs shown", "#a60"),
@@ -227,11 +248,11 @@ def write_index(report_dir: Path, entries: list[dict], config_path: Path | None)
         status = f'<b style="color:{color}">{html.escape(word)}</b>'
         why = "".join(f"<li>{html.escape(r)}</li>" for r in e.get("missing") or [])
         why = f"<ul>{why}</ul>" if why else ""
-        figs = "".join(_thumb(f, (e.get("shows") or {}).get(f)) for f in e["figures"])
+        figs = "".join(_thumb(f, (e.get("shows") or {}).get(f), figure_title(report_dir / f)) for f in e["figures"])
         err = f'<pre>{html.escape(e["error"])}</pre>' if e["error"] else ""
         q = f"<br><small>{html.escape(e.get('question') or '')}</small>"
         rows.append(f"<tr><td>{link}{q}</td><td>{status}{why}</td>"
-                    f"<td>{e['seconds']} s</td><td>{figs}{err}</td></tr>")
+                    f"<td style=\"white-space:nowrap\">{e['seconds']} s</td><td>{figs}{err}</td></tr>")
     counts = {k: sum(e["status"] == k for e in entries) for k in ("ok", "skipped", "failed")}
     summary = (f"{counts['ok']} ran on this machine, {counts['skipped']} cannot run here (their pages show the "
                f"recorded runs, labelled as such), {counts['failed']} failed")

@@ -145,3 +145,49 @@ def test_gpu_sizes_without_a_gpu_say_a_long_run_is_ahead(no_kit_env, monkeypatch
     monkeypatch.setenv("KIT_PRESET", "none")
     _, line = notebook.with_preset(contract.get("collectives"), _defaults("collectives"))
     assert "no CUDA GPU: max_bytes=1073741824 (CPU preset 65536)" in line and "a long run on CPU" in line
+
+
+def test_index_thumbnails_are_readable_and_the_time_does_not_wrap(tmp_path, monkeypatch):
+    """The index shows each figure 380 px wide under its title as HTML text (kept in the PNG by kit.plot.save), and
+    its time column does not break '29.6 s' over two lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from kit import plot
+
+    (tmp_path / "figures").mkdir()
+    monkeypatch.setenv("KIT_FIGURES_DIR", str(tmp_path / "figures"))
+    fig, ax = plt.subplots()
+    ax.plot([1, 2], [3, 4])
+    fig.suptitle("all_reduce busbw by message size")
+    plot.save(fig, "x-busbw")
+    plt.close(fig)
+    entry = {"name": "x", "html": "x.html", "status": "ok", "seconds": 29.6, "figures": ["figures/x-busbw.png"],
+             "error": None, "question": "q", "shows": {"figures/x-busbw.png": "this machine, CPU only, 2026-11-27"}}
+    page = runner.write_index(tmp_path, [entry], None).read_text()
+    assert '<td style="white-space:nowrap">29.6 s</td>' in page
+    assert 'font-weight:bold;max-width:380px">all_reduce busbw by message size</div>' in page
+    assert 'style="width:380px;height:auto"' in page and 'height="120"' not in page
+
+
+def test_a_page_names_its_runs_and_machine_without_absolute_paths():
+    """What a collectives page prints about the runs it analyses: a sentence with repository-relative directories
+    (not ``RunSet(...)``), and the recorded machine's sysinfo without its own paths (env values, nccl-tests
+    binaries)."""
+    import contextlib
+    import io
+
+    from kit import results
+
+    runs = results.choose("collectives", [], "recorded")
+    line = notebook.analysing(runs)
+    assert line.startswith("analysing 1 run(s) (ok) from recorded: 2x NVIDIA H200") and "RunSet" not in line
+    assert line.endswith("-- recorded/h200x2/collectives/20261123-022931-vm-d798f8")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        notebook.hardware(runs)
+    text = out.getvalue()
+    assert "NCCL_TESTS_DIR=.../build" in text and "nccl-tests: all_gather_perf, all_reduce_perf" in text
+    assert "/work/" not in text and "/usr/" not in text and str(ROOT) not in line
