@@ -37,7 +37,8 @@ def start(name: str, namespace: Mapping[str, Any]):
     plot.style()
     pd.set_option("display.width", 180, "display.max_columns", 30)
     values, line = with_preset(inv, namespace)
-    print(line)
+    if line:
+        print(line)
     return inv, inv.config(values)
 
 
@@ -58,10 +59,12 @@ def with_preset(inv: contract.Investigation, namespace: Mapping[str, Any]) -> tu
 
     fields = {f.name: f for f in dataclasses.fields(inv.Config)}
     values = {k: v for k, v in namespace.items() if k in fields}
-    if os.environ.get("KIT_PARAMS"):  # kit run: papermill injected the values of a config file
+    if inv.run is None:  # an analysis page (the doctor) runs nothing: no preset, no config to name; it says what it read
+        line = ""
+    elif os.environ.get("KIT_PARAMS"):  # kit run: papermill injected the values of a config file
         line = f"parameters: {os.environ['KIT_PARAMS']} (kit run)"
     else:
-        path = preset_path() if inv.run is not None else None
+        path = preset_path()
         defaults = dataclasses.asdict(inv.Config())
         preset = {}
         if path is not None:

@@ -287,7 +287,7 @@ def account(view: "RankView", host: "HostModel | None" = None) -> "Account | Non
     qd = pd.Series(dur[qm]).groupby(grp[qm]).sum()
     floor = float(qd.median()) if len(qd) >= 3 else 0.0
     above = float((qd - floor).clip(lower=0).sum()) if len(qd) else 0.0
-    return Account(rank=view.rank, mode="gpu", per_step=per_step, stalls=_stalls(view, calls, host, s, e, cls),
+    return Account(rank=view.rank, mode="gpu", per_step=per_step, stalls=in_step(_stalls(view, calls, host, s, e, cls), win),
                    calls=_behind(view, calls, s, e, cls, threads), launch=launch,
                    queued={"gaps_per_step": len(qd) / max(1, len(win)),
                            "median_us": float(qd.median()) if len(qd) else None,
@@ -394,6 +394,19 @@ def _stalls(view, calls, host, s, e, cls) -> tuple[dict, ...]:
     return tuple(kept[:TOP_STALLS])
 
 
+def in_step(stalls: tuple[dict, ...], win: "pd.DataFrame") -> tuple[dict, ...]:
+    """Each stall with where it is in words: ``step`` (the window it starts in; -1 without step annotations) and
+    ``into_step_us`` (how far into that window it starts)."""
+    import numpy as np
+
+    wa = win["start"].to_numpy(dtype=float)
+    out = []
+    for d in stalls:
+        i = int(np.clip(np.searchsorted(wa, d["start_us"], side="right") - 1, 0, len(wa) - 1))
+        out.append({**d, "step": int(win["step"].iloc[i]), "into_step_us": round(float(d["start_us"] - wa[i]), 1)})
+    return tuple(out)
+
+
 def _behind(view, calls, s, e, cls, threads) -> dict:
     """Per blocking slice, the calls (or annotations) behind it, counted inside the windows: what to look at."""
     import numpy as np
@@ -494,5 +507,5 @@ def account_cpu(view: "RankView", cpu_all: "pd.DataFrame", host: "HostModel | No
     if len(data):
         behind["input"] = {n: {"calls": int(len(x)), "host_us": round(float((x["end"] - x["ts"]).sum()), 1)}
                            for n, x in data.groupby(data["name"].astype(str))}
-    return Account(rank=view.rank, mode="cpu", per_step=per_step, stalls=tuple(stalls), calls=behind, threads=1,
+    return Account(rank=view.rank, mode="cpu", per_step=per_step, stalls=in_step(tuple(stalls), win), calls=behind, threads=1,
                    step_us=view.step_us)

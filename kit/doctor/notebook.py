@@ -39,11 +39,15 @@ def start(namespace: dict[str, Any]):
 
     from .. import notebook as nb
 
+    import pandas as pd
+
     ns = dict(namespace)
     t = ns.get("traces")
     if isinstance(t, str):
         ns["traces"] = json.loads(t) if t.strip().startswith("[") else [t]
-    return nb.start("doctor", ns)
+    out = nb.start("doctor", ns)
+    pd.set_option("display.max_colwidth", None)  # a finding's summary and a skip's reason are read whole
+    return out
 
 
 def resolve(paths: list[str]) -> list[str]:
@@ -80,6 +84,8 @@ def _hardware(d: Diagnosis) -> str:
     """'2 ranks on NVIDIA H200' from the traces' headers (the caption of the doctor's figures)."""
     n = len(d.ranks)
     who = f"{n} rank{'s' if n != 1 else ''}"
+    if d.accounting and {a["mode"] for a in d.accounting.values()} == {"cpu"}:  # no GPU activity in the traces
+        return f"{who} on CPU" + (f" (the host has {', '.join(d.devices)}, unused)" if d.devices else "")
     return f"{who} on {', '.join(d.devices)}" if d.devices else f"{who} (GPU not named in the traces)"
 
 
@@ -165,10 +171,18 @@ def accounting_figure(d: Diagnosis):
     ax.invert_yaxis()
     ax.set_xlim(0, 100)
     ax.set_xlabel("share of the rank's step (%)")
-    ax.set_title("Where each rank's step goes: GPU busy, then GPU idle by what the host did", fontsize=10)
+    ax.set_title(accounting_title(d), fontsize=10)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     fig.tight_layout()
     return fig
+
+
+def accounting_title(d: Diagnosis) -> str:
+    """The accounting figure's title: what its bars split, in the mode the doctor ran in, and on what hardware."""
+    modes = {a["mode"] for a in d.accounting.values()}
+    what = ("the main thread busy (ops, collectives), then waiting by cause" if modes == {"cpu"} else
+            "GPU busy, then GPU idle by what the host did")
+    return f"Where each rank's step goes: {what} ({_hardware(d)})"
 
 
 def accounting(d: Diagnosis, save: bool = True) -> "pd.DataFrame":
@@ -187,35 +201,44 @@ def accounting(d: Diagnosis, save: bool = True) -> "pd.DataFrame":
 
 def finding_text(f: Finding) -> str:
     """The finding as markdown: summary, cause, fix, caveats and the notebook that reproduces it."""
-    nb = f"[`notebooks/{f.notebook}.ipynb`](../notebooks/{f.notebook}.ipynb)" if f.notebook else "none"
     ranks = ", ".join(map(str, f.ranks)) or "-"
     return (f"### `{f.rule}` ({f.severity}, {f.cost_us_per_step:.0f} us per step, ranks {ranks})\n\n"
-            f"{f.summary}\n\n**Cause.** {f.cause}\n\n**Fix.** {f.fix}\n\n"
-            + (f"**Caveats.** {f.caveats}\n\n" if f.caveats else "") + f"**Reproduced in** {nb}")
+            f"{f.summary}\n\n**Cause.** {f.cause}\n\n**Fix.** {f.fix}"
+            + (f"\n\n**Caveats.** {f.caveats}" if f.caveats else "")
+            + (f"\n\n**Reproduced in** [`notebooks/{f.notebook}.ipynb`](../notebooks/{f.notebook}.ipynb)"
+               if f.notebook else ""))
 
 
 def _paths(d: Diagnosis) -> dict[int, str]:
     return {int(r): p for r, p in zip(d.ranks, d.traces)}
 
 
+def excerpt_title(d: Diagnosis, f: Finding) -> str:
+    """A finding's figure title: its rule, severity, cost and ranks, and the hardware (its sentence is the text
+    above the figure)."""
+    ranks = ", ".join(map(str, f.ranks[:8])) + (", ..." if len(f.ranks) > 8 else "")
+    return (f"{f.rule} ({f.severity}, {f.cost_us_per_step / 1e3:.2f} ms per step, rank{'s' if len(f.ranks) > 1 else ''} "
+            f"{ranks}): {_hardware(d)}")
+
+
 def excerpt_figure(d: Diagnosis, f: Finding):
     """The timeline excerpt of one finding (see the module docstring); a message figure when there is none."""
     ex = dict(f.evidence or {}).get("excerpt")
-    title = f"{f.rule}: {f.summary}"
+    title = excerpt_title(d, f)
     paths = _paths(d)
     if not ex or "t0_us" not in ex:
         rank = dict(f.evidence or {}).get("rank", f.ranks[0] if f.ranks else None)
         ex = _first_step(paths.get(int(rank))) if rank is not None and int(rank) in paths else None
         if ex is None:
-            return plot.message(f"no timeline excerpt for {f.rule}: see its evidence numbers", title[:160])
-        ex, title = {"rank": int(rank), **ex}, f"{title} [the rule names no moment: rank {rank}'s first step]"
+            return plot.message(f"no timeline excerpt for {f.rule}: see its evidence numbers", title)
+        ex, title = {"rank": int(rank), **ex}, f"{title}; the rule names no moment: rank {rank}'s first step"
     ranks = [int(r) for r in ex.get("ranks") or [ex["rank"]] if int(r) in paths]
     if not ranks:
-        return plot.message(f"the excerpt's ranks {ex.get('ranks')} are not among the traces given", title[:160])
+        return plot.message(f"the excerpt's ranks {ex.get('ranks')} are not among the traces given", title)
     try:
         return _draw(paths, ranks, int(ex["rank"]), float(ex["t0_us"]), float(ex["t1_us"]), title)
     except Exception as e:  # a trace moved or unreadable here: say so where the figure would be
-        return plot.message(f"cannot draw the excerpt: {type(e).__name__}: {e}", title[:160])
+        return plot.message(f"cannot draw the excerpt: {type(e).__name__}: {e}", title)
 
 
 def _first_step(path: str | None) -> dict[str, float] | None:

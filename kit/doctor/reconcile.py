@@ -97,8 +97,9 @@ def fold_into_late_rank(findings: list[Finding]) -> list[Finding]:
         return findings
     ids = {id(f) for f in own}
     text = "; ".join(f"{f.rule} {f.cost_us_per_step / 1e3:.2f} ms per step" for f in own)
-    merged = dataclasses.replace(late, summary=f"{late.summary}; on rank {L} itself the GPU idled for its own "
-                                               f"reasons ({text}): fix those and the others stop waiting",
+    what = "the GPU idled" if any(f.evidence.get("mode", "gpu") == "gpu" for f in own) else "its main thread lost time"
+    merged = dataclasses.replace(late, summary=f"{late.summary}; on rank {L} itself {what} for its own reasons "
+                                               f"({text}): fix those and the others stop waiting",
                                  evidence={**late.evidence, "own_idle": {f.rule: f.evidence for f in own}})
     return [merged if f is late else f for f in findings if id(f) not in ids]
 

@@ -9,7 +9,6 @@ skipped and why, what the traces lack (capture notes) and the traces that could 
 
 from __future__ import annotations
 
-import json
 import textwrap
 from typing import Any
 
@@ -24,11 +23,23 @@ def _wrap(label: str, text: str) -> list[str]:
         f"    {label}"]
 
 
+def _scalar(v: Any) -> bool:
+    return v is None or isinstance(v, (str, int, float, bool))
+
+
 def _value(v: Any) -> str:
+    """A value in words: numbers rounded; a flat mapping as ``key value, ...``, a flat list as ``a, b``; anything
+    deeper named by its keys or length (its numbers are in ``--json``), never a JSON blob."""
     if isinstance(v, float):
         return f"{v:.4g}" if abs(v) < 1000 else f"{v:.0f}"
-    if isinstance(v, (dict, list)):
-        return json.dumps(v, separators=(", ", ": "), default=str)
+    if isinstance(v, dict):
+        if all(_scalar(x) for x in v.values()):
+            return "(" + ", ".join(f"{k}: {_value(x)}" for k, x in v.items()) + ")" if v else "none"
+        return f"({', '.join(map(str, v))}: in --json)"
+    if isinstance(v, (list, tuple)):
+        if all(_scalar(x) for x in v):
+            return ", ".join(_value(x) for x in v) or "none"
+        return f"{len(v)} entr{'y' if len(v) == 1 else 'ies'} (in --json)"
     return str(v)
 
 
@@ -57,8 +68,19 @@ def finding_lines(i: int, f: Finding, step_us: float | None) -> list[str]:
     out += _wrap("cause", f.cause) + _wrap("fix", f.fix)
     if f.caveats:
         out += _wrap("caveats", f.caveats)
-    out.append(f"    notebook  notebooks/{f.notebook}.ipynb" if f.notebook else "    notebook  (none)")
+    if f.notebook:
+        out.append(f"    notebook  notebooks/{f.notebook}.ipynb")
     return out
+
+
+def accounting_header(modes: set[str]) -> str:
+    """What the accounting's slices mean, in the mode the doctor ran in: the GPU's timeline, or on a CPU-only job
+    (no GPU activity in the traces) the main thread's."""
+    if modes == {"cpu"}:
+        return ("step accounting (share of each rank's step; no GPU in the traces, the main thread's time: busy in "
+                "compute (its ops) or comm (a collective running), else waiting, by cause):")
+    return ("step accounting (share of each rank's step; GPU busy: compute, comm, memory; GPU idle, by what the host "
+            "was doing)" + ("; CPU-only ranks: the main thread's time" if "cpu" in modes else "") + ":")
 
 
 def accounting_lines(d: Diagnosis, max_ranks: int = 16) -> list[str]:
@@ -68,9 +90,8 @@ def accounting_lines(d: Diagnosis, max_ranks: int = 16) -> list[str]:
 
     if not d.accounting:
         return []
-    out = ["\nstep accounting (share of each rank's step; GPU busy: compute, comm, memory; GPU idle, by what the host "
-           "was doing):"]
     items = sorted(d.accounting.items(), key=lambda kv: int(kv[0]))
+    out = ["\n" + accounting_header({a["mode"] for _, a in items})]
     for rank, a in items[:max_ranks]:
         parts = [f"{s} {100 * a['share'][s]:.1f}%" for s in SLICES if a["share"].get(s, 0) >= 0.0005]
         idle = sum(a["share"][s] for s in SLICES if s not in BUSY)
@@ -79,7 +100,8 @@ def accounting_lines(d: Diagnosis, max_ranks: int = 16) -> list[str]:
             c = a["us_per_step"]["comm"]
             parts = [p + (f" (waiting for peers {100 * split['waiting_us'] / c:.0f}%)" if p.startswith("comm ") else "")
                      for p in parts]
-        out.append(f"  rank {rank}: idle {100 * idle:.1f}% | " + ", ".join(parts))
+        out.append(f"  rank {rank}: {'idle' if a['mode'] == 'gpu' else 'waiting'} {100 * idle:.1f}% | "
+                   + ", ".join(parts))
     if len(items) > max_ranks:
         out.append(f"  ... {len(items) - max_ranks} more ranks in --json")
     return out

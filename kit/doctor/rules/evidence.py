@@ -24,6 +24,14 @@ def excerpt(rank: int, a: float, b: float, ranks=None, pad: float = 0.15) -> dic
             "t1_us": float(b + pad * w)}
 
 
+def dur_text(us: float | None) -> str:
+    """'369 us', '3.83 ms', '180.7 ms' (a measured duration, in words)."""
+    if us is None:
+        return "?"
+    us = float(us)
+    return f"{us:.0f} us" if us < 1000 else f"{us / 1e3:.2f} ms" if us < 10_000 else f"{us / 1e3:.1f} ms"
+
+
 def size_text(b: float) -> str:
     """'25 MiB', '6.8 KiB', '4 B' (three significant digits)."""
     for unit, div in (("GiB", 1 << 30), ("MiB", MiB), ("KiB", 1 << 10)):

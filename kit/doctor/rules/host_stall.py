@@ -15,7 +15,9 @@ def stall_text(a: Account) -> str:
     around = f" between {s['before'] or 'the step start'} and {s['after'] or 'the step end'}"
     within = f", inside {', '.join(s['within'][:3])}" if s.get("within") else ""
     what = "without a recorded op" if a.mode == "cpu" else "without issuing GPU work"
-    return f"; the longest: {s['dur_us'] / 1e3:.1f} ms {what}{around}{within}"
+    where = (f" in step {s['step']}, {s['into_step_us'] / 1e3:.1f} ms into it" if s.get("step", -1) >= 0 else
+             f" {s['into_step_us'] / 1e3:.1f} ms into the traced span" if "into_step_us" in s else "")
+    return f"; the longest: {s['dur_us'] / 1e3:.1f} ms {what}{where}{around}{within}"
 
 
 def sentence(a: Account, c: float, sh: float, who: str) -> str:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from ..collectives import Timeline, per_step_divisor, timeline
 from ..findings import make
 from ..model import RULES, Finding, RankView, Rule, Skip, rule
-from .evidence import excerpt, num
+from .evidence import dur_text, excerpt, num
 from .late_arrival import activity, attribute
 from .same_kernels import KERNEL_TOP, SLOW_GPU, gpu_speed, kernel_speeds
 
@@ -73,6 +73,10 @@ FIX_BY_REASON = {
 REASON_TEXT = {"data_wait": "waiting for its DataLoader", "host_sync": "blocked in synchronising calls",
                "host_idle": "on the host without issuing any GPU work", "host_busy": "issuing work more slowly on "
                "the host", "gpu_busy": "with its GPU still busy (longer compute) when it launched the collective"}
+"""what the late rank was doing, by reason (a GPU job)"""
+REASON_TEXT_CPU = {**REASON_TEXT, "host_idle": "stalled on the host (no recorded op for 1 ms or more at a time)",
+                   "host_busy": "running its own ops more slowly"}
+"""... on a CPU-only job (no GPU: the main thread runs the work)"""
 
 
 def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip:
@@ -143,7 +147,8 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     slower = gpu_speed(late, {r: b.kernels for r, b in summaries})
     ev["same_kernels_slower_pct"] = num(100 * slower) if slower is not None else None
     ev["lateness_explained_share"] = num(seen / added, 3) if added > 0 else None
-    why = (f"; {REASON_TEXT[reason]} ({100 * excess[reason] / added:.0f}% of its lateness)" if reason else
+    words = REASON_TEXT_CPU if tl_of[late].gpu_kernels == 0 else REASON_TEXT
+    why = (f"; {words[reason]} ({100 * excess[reason] / added:.0f}% of its lateness)" if reason else
            f"; what made it late is not visible in the trace (its own activity explains "
            f"{100 * seen / added if added else 0:.0f}% of its lateness: it may have begun before the traced "
            f"window, or lie in work the trace does not record)")
@@ -154,10 +159,10 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
                 f"clocks, power or thermal limits, or other work on it), not more work" if slower >= SLOW_GPU
                 else f": its GPU ran the same kernels at the others' speed ({100 * slower:+.1f}%) -- more work")
     ev["reason"] = reason
-    summary = (f"rank {late} arrived last, by more than {ev['late_floor_us']:.0f} us, at {len(late_at)} of "
-               f"{len(inst)} collectives (median {ev['late_by_us_median']:.0f} us, max {ev['late_by_us_max']:.0f} "
-               f"us after the first rank; median {ev['after_next_latest_us_median']:.0f} us after the next-latest)"
-               f"{why}; the other ranks waited {cost:.0f} us per step for it alone with nothing else to do")
+    summary = (f"rank {late} arrived last at {len(late_at)} of {len(inst)} collectives, a median "
+               f"{dur_text(ev['after_next_latest_us_median'])} after the next-latest rank (up to "
+               f"{dur_text(ev['late_by_us_max'])} after the first){why}; the other ranks waited {dur_text(cost)} per "
+               f"step for it alone")
     return [make("late_rank", cost, [late], ev, summary, fix=f"{FIX_BY_REASON[reason]} {RULES['late_rank'].fix}"
                  if reason else None)]
 
@@ -174,6 +179,6 @@ rule(Rule(id="late_rank", title="one rank arrives late at the collectives", extr
                    " the GPU still busy), so a lag created once is blamed on what created it. The cost is the other "
                    "ranks' waiting that no compute hid, at the collectives this rank was last at; fixing the rank "
                    "may move some of it elsewhere. Arriving less than 1% of a step late is jitter, not counted; no "
-                   "finding when ranks take turns arriving last. Telling an idle host from a busy one needs CUDA "
-                   "runtime events (a CPU-only trace has none)."),
+                   "finding when ranks take turns arriving last. What the host was doing is the host model's (the "
+                   "step accounting's): CUDA runtime calls on a GPU job, every recorded op on a CPU-only one."),
           notebook="collective_tracing"))

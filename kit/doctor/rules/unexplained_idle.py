@@ -3,9 +3,17 @@ call that issued the next GPU work is not in the trace)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..accounting import Account, slice_extract
-from ..findings import slice_judge
-from ..model import Explains, Rule, rule
+from ..findings import slice_finding
+from ..model import Explains, Finding, Rule, rule
+
+CAPTURED_FIX = ("These traces were captured with kit.capture, which already records CPU and CUDA activity over whole "
+                "steps: the idle is GPU work issued before the recorded window began (its host call is not in the "
+                "trace) or the end of a step after its last GPU work. Look at the step's edges in the excerpt; a "
+                "larger warmup (kit.capture.profile(warmup=N)) starts the window later in steady state.")
+"""the fix on traces :mod:`kit.capture` recorded: its advice on how to profile is already followed"""
 
 
 def sentence(a: Account, c: float, sh: float, who: str) -> str:
@@ -13,9 +21,17 @@ def sentence(a: Account, c: float, sh: float, who: str) -> str:
             f"issued the next GPU work, or no GPU work followed, on {who}")
 
 
+def judge(summaries: list[tuple[int, Account]], ctx) -> list[Finding]:
+    """The slice finding; on traces kit.capture recorded, the fix does not advise a capture they already had."""
+    out = slice_finding("unexplained_idle", ("unexplained",), summaries)
+    if out and all(ctx.capture.get(rk) for rk in out[0].ranks):
+        out = [replace(out[0], fix=CAPTURED_FIX)]
+    return out
+
+
 rule(Rule(
     id="unexplained_idle", title="GPU idle time the trace cannot attribute", order=150,
-    extract=slice_extract("unexplained_idle"), judge=slice_judge("unexplained_idle"),
+    extract=slice_extract("unexplained_idle"), judge=judge,
     explains=Explains(("unexplained",), sentence),
     cause=("The GPU was idle and the trace does not say why: the host call that issued the next GPU work is "
            "not in the trace (issued before the recorded window began, or the profiler dropped CPU events), "
