@@ -26,9 +26,10 @@ thread, and the stretch is split by what the thread was doing, in this precedenc
    device-to-host copy behind ``.item()``);
 3. ``allocator``  -- in the caching allocator's device calls (:data:`kit.doctor.calls.ALLOC_CALLS`;
    ``empty_cache()`` is a run of ``cudaFree``);
-4. ``host_stall`` -- in a stretch of at least :data:`kit.doctor.host_model.STALL_US` in which no thread of the process issued GPU
-   work (a launch, copy, memset or graph replay whose activity is in the trace; the backward's kernels come from
-   the autograd thread while the main thread waits in ``backward()``), outside every recorded op: Python or
+4. ``host_stall`` -- in a stretch of at least :data:`kit.doctor.host_model.STALL_US` in which no thread of the
+   process issued GPU work (a launch, copy, memset or graph replay whose activity is in the trace; the
+   backward's kernels come from the autograd thread while the main thread waits in ``backward()``), outside
+   every recorded op (the host model's ``stall``, :mod:`kit.doctor.host_model`): Python or
    C++ work that issues nothing (logging, checkpointing, garbage collection, ``time.sleep``, a loop polling
    ``cudaEventQuery``); inside a long recorded op (kept by the trace layer, :data:`kit.traces.frames.
    LONG_CPU_OP_US`) it is the op's own host cost of issuing work: ``launch``;
@@ -287,7 +288,8 @@ def account(view: "RankView", host: "HostModel | None" = None) -> "Account | Non
     qd = pd.Series(dur[qm]).groupby(grp[qm]).sum()
     floor = float(qd.median()) if len(qd) >= 3 else 0.0
     above = float((qd - floor).clip(lower=0).sum()) if len(qd) else 0.0
-    return Account(rank=view.rank, mode="gpu", per_step=per_step, stalls=in_step(_stalls(view, calls, host, s, e, cls), win),
+    return Account(rank=view.rank, mode="gpu", per_step=per_step,
+                   stalls=in_step(_stalls(view, calls, host, s, e, cls), win),
                    calls=_behind(view, calls, s, e, cls, threads), launch=launch,
                    queued={"gaps_per_step": len(qd) / max(1, len(win)),
                            "median_us": float(qd.median()) if len(qd) else None,
@@ -507,5 +509,5 @@ def account_cpu(view: "RankView", cpu_all: "pd.DataFrame", host: "HostModel | No
     if len(data):
         behind["input"] = {n: {"calls": int(len(x)), "host_us": round(float((x["end"] - x["ts"]).sum()), 1)}
                            for n, x in data.groupby(data["name"].astype(str))}
-    return Account(rank=view.rank, mode="cpu", per_step=per_step, stalls=in_step(tuple(stalls), win), calls=behind, threads=1,
-                   step_us=view.step_us)
+    return Account(rank=view.rank, mode="cpu", per_step=per_step, stalls=in_step(tuple(stalls), win), calls=behind,
+                   threads=1, step_us=view.step_us)

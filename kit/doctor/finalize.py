@@ -19,7 +19,8 @@ def finalize(findings: list[Finding], step_us: float | None, partial: str | None
     for f in findings:
         f = capped(f, step_us)
         r = RULES.get(f.rule)
-        f = replace(f, severity=severity(f.cost_us_per_step, step_us), notebook=f.notebook or (r.notebook if r else None))
+        f = replace(f, severity=severity(f.cost_us_per_step, step_us),
+                    notebook=f.notebook or (r.notebook if r else None))
         if partial and r is not None and (r.needs_ranks > 1 or r.cross_rank):  # a cost read off some ranks only
             f = replace(f, evidence={**f.evidence, "partial": partial})
         out.append(f)

@@ -217,8 +217,8 @@ def excerpt_title(d: Diagnosis, f: Finding) -> str:
     """A finding's figure title: its rule, severity, cost and ranks, and the hardware (its sentence is the text
     above the figure)."""
     ranks = ", ".join(map(str, f.ranks[:8])) + (", ..." if len(f.ranks) > 8 else "")
-    return (f"{f.rule} ({f.severity}, {f.cost_us_per_step / 1e3:.2f} ms per step, rank{'s' if len(f.ranks) > 1 else ''} "
-            f"{ranks}): {_hardware(d)}")
+    s = "s" if len(f.ranks) > 1 else ""
+    return f"{f.rule} ({f.severity}, {f.cost_us_per_step / 1e3:.2f} ms per step, rank{s} {ranks}): {_hardware(d)}"
 
 
 def excerpt_figure(d: Diagnosis, f: Finding):

@@ -47,8 +47,8 @@ def explain_rest(accounts: list[tuple[int, Account]], findings: list[Finding]) -
         if rid in have:  # the signature rule names it; the accounting's slice is its cost (one us, one cause)
             worst = max((sum(a.cost(s) * a.charged(s) for s in slices) for _, a in accounts), default=0.0)
             out = [dataclasses.replace(f, cost_us_per_step=round(worst, 1), evidence={
-                **f.evidence, "rule_estimate_us_per_step": f.cost_us_per_step, "accounted_us_per_step": round(worst, 1)})
-                if f.rule == rid else f for f in out]
+                **f.evidence, "rule_estimate_us_per_step": f.cost_us_per_step,
+                "accounted_us_per_step": round(worst, 1)}) if f.rule == rid else f for f in out]
             continue
         out += slice_finding(rid, slices, accounts)
     return out

@@ -14,9 +14,8 @@ MIN_GRAPH_NCCL = 3
 """graph-replayed NCCL kernels a rank needs before ``graph_mixing_gap`` judges its gaps"""
 MIXING_RATIO, MIXING_EXCESS_US = 1.5, 1.0
 """``graph_mixing_gap`` fires when the median gap before graph-replayed NCCL kernels is at least 1.5x the median
-gap before the same graphs' other kernels and at least 1 us above it. Measured on the recorded 2xH200 runs
-(recorded/h200x2/graph_gaps, NCCL 2.28): mixing on, 5.6-6.9 us vs 2.4-2.7 us at 10 layers (2.3-2.6x) and 50-62 us vs
-2.6-2.9 us at 160 layers; mixing off (``NCCL_GRAPH_MIXING_SUPPORT=0``), 2.3 us vs 3.1-3.4 us (0.7x)."""
+gap before the same graphs' other kernels and at least 1 us above it: between the ratio with NCCL's graph mixing
+off and on (calibration: FINDINGS.md, "kit doctor's thresholds against the recorded runs")."""
 
 
 @dataclass(frozen=True)

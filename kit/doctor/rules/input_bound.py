@@ -16,7 +16,8 @@ def inside_text(a: Account) -> str:
     name, v = max(inside.items(), key=lambda kv: kv[1]["host_us"])
     if v["host_us"] < 0.5 * total:
         return ""
-    why = " -- the batch's pinning, which with num_workers=0 runs in the training thread" if "pin_memory" in name else ""
+    pinning = "pin_memory" in name
+    why = " -- the batch's pinning, which with num_workers=0 runs in the training thread" if pinning else ""
     return f"; most of it in {name} ({v['host_us'] / a.steps / 1e3:.2f} ms per step){why}"
 
 

@@ -19,11 +19,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
 MIN_LATE, LATE_MIN_US, LATE_STEP_SHARE = 2, 20.0, 0.01
 """late_rank needs the rank to be last at 2+ collective instances by at least 20 us, 5% of the transfer and 1% of
-the step: two ranks running the same step drift apart by less than that (0.4 ms in a 57 ms DDP step, 2xH200)"""
+the step: two ranks running the same step drift apart by less than that (calibration: FINDINGS.md, "kit doctor's
+thresholds against the recorded runs")"""
 LATE_PATTERN = 0.10
-"""... and materially late at this share of the matched instances or more: a rank late at 3 of 231 all-reduces
-(the first one of each step, 2xH200 per-parameter example) is a once-per-step hiccup, not a late rank; the
-planted late rank (a sleep before the step) is late at 21 of 33, collective_tracing's slow host at 22 of 25"""
+"""... and materially late at this share of the matched instances or more: a rank late at the first collective
+of each step only is a once-per-step hiccup, not a late rank"""
 LATE_EXPLAINED = 0.5
 """late_rank names a reason only when the rank's own excess over its peers (host activity, GPU still busy)
 explains at least this share of the lateness it added; otherwise it says the lateness is not visible"""

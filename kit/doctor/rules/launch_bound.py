@@ -24,10 +24,7 @@ STARVED_SHARE = 0.25
 """``launch_bound`` fires when (1) the median kernel is shorter than the median interval between the host's
 launch calls -- the GPU drains work faster than the host submits it, so no queue can build up -- and (2) at
 least this share of the kernels was *starved* (their launch call ended after the GPU had gone idle), so the GPU
-did wait for the host. On the recorded runs: collective_tracing's small DDP model, 12 us kernels launched every
-25-49 us, 42-85% starved (fires); graph_gaps' eager loops of 160 layers, 53-183 us kernels launched every
-22-108 us, at most 7% starved (silent: the host runs ahead, the 1.7-2.5 us gaps are the GPU's own dispatch);
-dataloader_sync, 25-35 us kernels every 19-35 us, at most 2% starved (silent)."""
+did wait for the host (calibration: FINDINGS.md, "kit doctor's thresholds against the recorded runs")."""
 
 
 @dataclass(frozen=True)

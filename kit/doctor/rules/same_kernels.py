@@ -16,10 +16,8 @@ KERNEL_TOP = 20
 enough to cover most of a step's compute, few enough to travel with the summary"""
 SLOW_GPU = 0.02
 """the same kernels >= 2% slower (time-weighted geometric mean of median ratios) = the late rank's GPU is slower
-at the same work. Between the two H200s of the example job's runs (recorded/h200x2/doctor) the ratio
-was within +-0.9% in 5 of 10 runs (clean, tiny-kernels, contention, both graph cases), and rank 0 was 2.6-8.3%
-slower in the others (item, pageable, p2p-disabled, h2d-on-compute-stream, per-param-allreduce): a difference
-of that machine from run to run, which the doctor then names (see that folder's README)"""
+at the same work: above the spread between two GPUs of one machine running the same kernels
+(calibration: FINDINGS.md, "kit doctor's thresholds against the recorded runs")"""
 
 
 def kernel_speeds(view: RankView) -> "pd.DataFrame | None":
