@@ -16,7 +16,7 @@ from ..model import RankView
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-HOST = {"data_wait": "data_wait", "host_sync": "sync", "host_idle": "stall"}
+HOST_REASONS = {"data_wait": "data_wait", "host_sync": "sync", "host_idle": "stall"}
 """the host activities :func:`activity` counts, from the host model's kinds (the rest of the host time is
 ``host_busy``)"""
 
@@ -36,12 +36,12 @@ def activity(view: RankView, tl: Timeline) -> "pd.DataFrame":
 
     rows = tl.rows
     moments = ("launch", "end", "step")
-    cols = ["step_ts"] + [f"{c}@{w}" for c in HOST for w in moments]
+    cols = ["step_ts"] + [f"{c}@{w}" for c in HOST_REASONS for w in moments]
     if rows.empty:
         return pd.DataFrame(columns=cols, index=rows.index, dtype=float)
     host = view.host
     empty = (np.empty(0), np.empty(0))
-    iv = {c: host.spans(k) if host is not None else empty for c, k in HOST.items()}
+    iv = {c: host.spans(k) if host is not None else empty for c, k in HOST_REASONS.items()}
     step_ts = rows["step"].map(dict(zip(view.steps["step"], view.steps["ts"]))).to_numpy(dtype=float)
     out = {"step_ts": step_ts}
     for w, t in (("launch", rows["launch_us"].to_numpy(dtype=float)), ("end", rows["end_us"].to_numpy(dtype=float)),
@@ -53,13 +53,13 @@ def activity(view: RankView, tl: Timeline) -> "pd.DataFrame":
 
 
 REASONS = ("data_wait", "host_sync", "host_idle", "host_busy", "gpu_busy")
-"""what a late rank may have been doing: the :data:`HOST` activities, issuing work (``host_busy``), its GPU still
+"""what a late rank may have been doing: the :data:`HOST_REASONS` activities, issuing work (``host_busy``), its GPU still
 busy with earlier work (``gpu_busy``)"""
 
 
 def arrival_parts(row: dict, origin: dict) -> dict:
     """How a rank got from ``origin`` (the end of an earlier collective every rank ran: the same moment on all
-    ranks) to the start of ``row``'s kernel: host time until the launch split into :data:`HOST` and
+    ranks) to the start of ``row``'s kernel: host time until the launch split into :data:`HOST_REASONS` and
     ``host_busy`` (the rest: issuing work), then ``gpu_busy`` (launched, but the GPU was still busy with earlier
     work). The parts add up to ``row.start - origin.end``, so their difference between two ranks adds up to how
     much later one arrived. Values may be numpy arrays (one entry per instance)."""
@@ -68,7 +68,7 @@ def arrival_parts(row: dict, origin: dict) -> dict:
     o_end, launch, start = origin["end_us"], row["launch_us"], row["start_us"]
     host_end = np.maximum(launch, o_end)
     after = launch > o_end
-    parts = {c: np.where(after, np.clip(row[f"{c}@launch"] - origin[f"{c}@end"], 0, None), 0.0) for c in HOST}
+    parts = {c: np.where(after, np.clip(row[f"{c}@launch"] - origin[f"{c}@end"], 0, None), 0.0) for c in HOST_REASONS}
     parts["host_busy"] = np.clip(host_end - o_end - sum(parts.values()), 0, None)
     parts["gpu_busy"] = np.clip(start - host_end, 0, None)
     return parts
@@ -86,7 +86,7 @@ def attribute(df: "pd.DataFrame", inst: "pd.DataFrame", late: int) -> tuple[dict
     how many instances added lateness that could be explained."""
     import numpy as np
 
-    cols = ["launch_us", "start_us", "end_us", "step_ts"] + [f"{c}@{w}" for c in HOST
+    cols = ["launch_us", "start_us", "end_us", "step_ts"] + [f"{c}@{w}" for c in HOST_REASONS
                                                               for w in ("launch", "end", "step")]
     wide = df.set_index(["match_key", "instance", "rank"])[cols].unstack("rank")
     inst = inst.set_index(["match_key", "instance"]).reindex(wide.index)
@@ -112,7 +112,7 @@ def attribute(df: "pd.DataFrame", inst: "pd.DataFrame", late: int) -> tuple[dict
         prev, here = row(np.clip(i - 1, 0, None), r), row(i, r)
         first = i == 0
         o = {"end_us": np.where(first, here["step_ts"], prev["end_us"])}
-        o.update({f"{c}@end": np.where(first, here[f"{c}@step"], prev[f"{c}@end"]) for c in HOST})
+        o.update({f"{c}@end": np.where(first, here[f"{c}@step"], prev[f"{c}@end"]) for c in HOST_REASONS})
         return o
 
     parts = {r: arrival_parts(row(k, r), origin(k, r)) for r in ranks}

@@ -34,7 +34,7 @@ LATE_DOMINANCE = 2 / 3
 @dataclass(frozen=True)
 class Before:
     """``late_rank``'s extract: a :class:`~kit.doctor.collectives.Timeline` and, per collective row, the rank's
-    cumulative host time in each of :data:`kit.doctor.rules.late_arrival.HOST` at the row's launch and at its end
+    cumulative host time in each of :data:`kit.doctor.rules.late_arrival.HOST_REASONS` at the row's launch and at its end
     (:func:`kit.doctor.rules.late_arrival.activity`)."""
 
     tl: Timeline
