@@ -320,3 +320,17 @@ def test_cli_legacy_categories_and_subsampled_trace(tmp_path):
     lines = p.stderr.splitlines()
     assert p.returncode == 0 and len(lines) == 1 and lines[0].startswith(
         "kit trace gaps: warning: s_rank0.json: looks subsampled: its GPU events come from 300 of the 59801 ops"), p.stderr
+
+
+def test_chunked_first_pass_selects_the_same_events(monkeypatch):
+    """The first pass reads ``cat`` a chunk at a time from one reused buffer and the selected events are decoded
+    after the file's bytes are dropped: with chunks of 7 events the frames are those of one chunk."""
+    from kit.traces import parse
+
+    path = Path(__file__).parent / "data" / "tp_rank0.json.gz"
+    whole = traces.load_trace(path, cpu="none", cache=False)
+    monkeypatch.setattr(parse, "HEAD_CHUNK", 7)
+    monkeypatch.setattr(parse, "CHUNK", 5)
+    small = traces.load_trace(path, cpu="none", cache=False)
+    assert len(small.gpu) == len(whole.gpu) > 50
+    assert small.gpu.equals(whole.gpu) and small.info == whole.info
