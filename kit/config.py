@@ -163,12 +163,6 @@ def to_dict(cfg) -> dict:
     return dataclasses.asdict(cfg)
 
 
-def from_namespace(cls: type, namespace: Mapping[str, Any]):
-    """Build and validate ``cls`` from the variables a notebook's parameters cell defined."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    return validate(cls, {k: v for k, v in namespace.items() if k in names}, where="parameters")
-
-
 def load_yaml(path: str | Path) -> dict:
     import yaml
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from .config import ConfigError, LaunchConfig, validate
+from .results import REPO_ROOT
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -42,7 +43,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from .launch import Ctx
     from .results import Run, RunSet
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = REPO_ROOT / "notebooks"
 
 # name -> module holding INVESTIGATION. Adding an investigation = one line here (see kit/README.md).

@@ -32,25 +32,27 @@ RECORDED_ROOT = REPO_ROOT / "recorded"
 MACHINE = "h200x2"
 """the machine whose recorded runs the notebooks show by default: 2x H200 (NV18)"""
 
-RECORDED_SETS: dict[str, tuple[str, str, tuple[str, ...]]] = {
-    # name: (machine, experiment, run ids) under recorded/<machine>/<experiment>/ -- every recorded set a notebook
-    # may show (results.choose(..., recorded=name); the name defaults to the experiment's own)
-    "collectives": ("h200x2", "collectives", ("20261123-022931-vm-d798f8",)),
-    "collective_tracing": ("h200x2", "collective_tracing", ("20261123-023252-vm-44640d",)),
-    "collective_tracing_fr": ("h200x2", "collective_tracing_fr", ("20261122-132914-vm-628776",)),
-    "dataloader_sync": ("h200x2", "dataloader_sync", ("20261123-023337-vm-5b27c3",)),
-    "graph_gaps": ("h200x2", "graph_gaps", ("20261123-075215-vm-1b7e8a", "20261123-075348-vm-47e57f")),
-    "p2p_transports": ("h200x2", "p2p_transports", ("20261123-104157-vm-baaf23",)),
-    # the same investigations on 2 emulated nodes of that machine (kit.regimes.beside)
-    "collectives@emulated": ("h200x2-emulated", "collectives", ("20261123-102933-vm-8196f6",)),
-    "dataloader_sync@emulated": ("h200x2-emulated", "dataloader_sync", ("20261123-073806-vm-4e24fb",)),
-    "p2p_transports@emulated": ("h200x2-emulated", "p2p_transports", ("20261123-073915-vm-d25db4",)),
-    # collective_tracing with NCCL's profiler plugin (plugin off and on), one node and emulated nodes
-    "collective_tracing@nccl-profiler": ("h200x2", "collective_tracing",
-                                         ("20261123-075111-vm-fab588", "20261123-075124-vm-8b9d89")),
-    "collective_tracing@nccl-profiler-emulated": ("h200x2-emulated", "collective_tracing",
-                                                  ("20261123-102040-vm-5e8da6",)),
-}
+SETS_FILE = RECORDED_ROOT / "sets.json"
+"""the data file naming the recorded runs the notebooks show (and the doctor page's default traces)"""
+
+
+def recorded_index(path: Path = SETS_FILE) -> dict[str, Any]:
+    """:data:`SETS_FILE` as read; {} where it is not there (an installed kit without the repository's runs)."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def recorded_sets(path: Path = SETS_FILE) -> dict[str, tuple[str, str, tuple[str, ...]]]:
+    """``name -> (machine, experiment, run ids)`` from :data:`SETS_FILE`."""
+    sets = recorded_index(path).get("sets", {})
+    return {k: (v["machine"], v["experiment"], tuple(v["runs"])) for k, v in sets.items()}
+
+
+RECORDED_SETS = recorded_sets()
+"""every recorded set a notebook may show (``results.choose(..., recorded=name)``; the name defaults to the
+experiment's own): runs under ``recorded/<machine>/<experiment>/``, as :data:`SETS_FILE` names them"""
 
 
 def new_run_dir(root: str | Path, experiment: str) -> Path:

@@ -38,10 +38,6 @@ CONFIGS = REPO / "configs"
 NOTEBOOKS: Path | None = None  # tests point this at a folder of modified notebooks; None = each investigation's own
 
 
-class NotebookFailed(RuntimeError):
-    pass
-
-
 def notebook_path(name: str) -> Path:
     return (NOTEBOOKS / f"{name}.ipynb") if NOTEBOOKS is not None else contract.get(name).notebook_path
 

@@ -38,12 +38,3 @@ def base_name(name: str) -> str:
     """A runtime/driver call's name without its version suffix (``cuMemcpyDtoH_v2`` -> ``cuMemcpyDtoH``,
     ``cudaLaunchKernel_v7000`` -> ``cudaLaunchKernel``)."""
     return _SUFFIX.sub("", str(name))
-
-
-def is_sync(name: str) -> bool:
-    n = base_name(name)
-    return n in SYNC_CALLS or n in BLOCKING_COPY_CALLS
-
-
-def is_alloc(name: str) -> bool:
-    return base_name(name) in ALLOC_CALLS

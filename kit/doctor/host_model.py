@@ -8,7 +8,8 @@ view of the host that the step accounting (:mod:`kit.doctor.accounting`), the ho
 * ``sync``      -- in a host call that waits for the GPU (:data:`kit.doctor.calls.SYNC_CALLS`, a blocking copy
   such as the device-to-host copy behind ``.item()``, a ``cudaMemcpyAsync`` from pageable memory to the host);
 * ``comm_wait`` -- blocked on a collective or a peer (:data:`COMM_WAIT_OPS` on the thread; on a CPU-only job a
-  collective op on any thread of the process: gloo runs it on its own thread while the main thread waits);
+  collective op (:data:`kit.traces.frames.COMM_OPS`) on any thread of the process: gloo runs it on its own
+  thread while the main thread waits);
 * ``alloc``     -- in the caching allocator's device calls (:data:`kit.doctor.calls.ALLOC_CALLS`);
 * ``stall``     -- a stretch of at least :data:`STALL_US` in which no thread of the process issued GPU work and
   the thread was in none of the above, outside every recorded op (on a CPU-only job: without any recorded op);
@@ -32,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..traces.frames import COMM_OPS
 from ..traces.gaps import DEFAULT_STALL_US
 from ..traces.intervals import cover, gaps_between, partition, subtract, union_np
 from .calls import ALLOC_CALLS, BLOCKING_COPY_CALLS, DATALOADER, STEP_PREFIX, SYNC_CALLS, base_name
@@ -54,8 +56,6 @@ host time, not issuing: the recorded calls of a thread issuing work come every 5
 COMM_WAIT_OPS = ("c10d::wait", "c10d::barrier", "c10d::monitored_barrier", "gloo:")
 """op names (prefixes) of a thread blocked on a collective or a peer in a GPU job: a ``wait()`` on a work
 handle, a barrier, a gloo op run on the thread itself"""
-COMM_OPS = ("gloo:", "nccl:", "c10d::", "record_param_comms")
-"""on a CPU-only job, the collective ops (prefixes) on any thread: the main thread waits while they run"""
 ALL = "*"
 """the key of :attr:`HostModel.sets` holding a kind's union over every thread of the process"""
 PER_STEP = ("step", "ts", "end", "dur") + tuple(f"{k}_us" for k in KINDS) + ("gpu_busy_us", "gpu_comm_us",
@@ -223,7 +223,7 @@ def _cpu_model(view: "RankView", cpu: "pd.DataFrame") -> HostModel | None:
     main = steps["tid"].mode().iloc[0] if len(steps) else with_ops["tid"].mode().iloc[0]
     mine = cpu[cpu["tid"] == main]
     ops = mine[mine["cat"] == "cpu_op"]
-    comm = cpu[cpu["name"].astype(str).str.startswith(COMM_OPS)]
+    comm = cpu[cpu["name"].astype(str).str.match(COMM_OPS)]  # the trace layer's collective ops, on any thread
     data = mine[(mine["cat"] == "user_annotation") & mine["name"].astype(str).str.startswith(DATALOADER)]
     win = step_windows(view.steps, None)
     if win["start"].isna().all():
@@ -308,7 +308,8 @@ def _names(act: "pd.DataFrame", events: "pd.DataFrame", cpu: "pd.DataFrame") -> 
     if not cpu.empty:
         ann = cpu[(cpu["cat"] == "user_annotation") & cpu["name"].astype(str).str.startswith(DATALOADER)]
         src["data_wait"] = ann
-        src["comm_wait"] = cpu[cpu["name"].astype(str).str.startswith(COMM_OPS + COMM_WAIT_OPS)]
+        names = cpu["name"].astype(str)
+        src["comm_wait"] = cpu[names.str.match(COMM_OPS) | names.str.startswith(COMM_WAIT_OPS)]
     out = [""] * len(act)
     for kind, ev in src.items():
         sel = np.flatnonzero((act["kind"] == kind).to_numpy())

@@ -12,9 +12,11 @@ from dataclasses import dataclass, field
 
 from ..config import LaunchConfig
 from ..contract import Investigation
+from ..results import recorded_index
 
-DEFAULT_TRACES = ["recorded/h200x2/doctor/late-rank/trace_rank*.json.gz"]
-"""the example job's recorded 2xH200 traces (examples/train_ddp.py): the page a plain ``kit run`` renders"""
+DEFAULT_TRACES = list(recorded_index().get("doctor_page_traces", []))
+"""the traces a plain ``kit run doctor`` diagnoses: ``doctor_page_traces`` in ``recorded/sets.json``
+(:data:`kit.results.SETS_FILE`)"""
 
 
 @dataclass

@@ -23,8 +23,6 @@ from pathlib import Path
 from .plugin import Plugin, PluginError
 
 ALL_EVENTS = 4095
-MASK_BITS = {"Group": 1, "Coll": 2, "P2p": 4, "ProxyOp": 8, "ProxyStep": 16, "ProxyCtrl": 32, "KernelCh": 64,
-             "NetPlugin": 128, "GroupApi": 256, "CollApi": 512, "P2pApi": 1024, "KernelLaunch": 2048}
 DUMP_STEM = "nccl_profiler"
 POOL_SIZE = 4096
 """events of each kind the example keeps (its default is 256: a traced window of a DDP step + sweep needs more)"""

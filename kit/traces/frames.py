@@ -158,11 +158,6 @@ def adapter_for(header: Mapping[str, Any], cats: Iterable[str | None] | None = N
     return next(a for a in ADAPTERS if a.detect(header))
 
 
-def _raw_cats(frame_cats: Iterable[str]) -> frozenset[str]:
-    want = set(frame_cats)
-    return frozenset(raw for a in ADAPTERS for raw, c in a.cats.items() if c in want)
-
-
 # ------------------------------------------------------------------------------------------------ the Trace
 @dataclass(frozen=True)
 class TraceInfo:

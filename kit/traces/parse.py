@@ -39,9 +39,6 @@ class TraceError(ValueError):
     """A file that is not a readable PyTorch profiler trace (message is meant for the user, no traceback)."""
 
 
-Scalar = int | float | str | None
-
-
 _NULL = msgspec.Raw(b"null")
 _EMPTY = msgspec.Raw(b'""')
 

@@ -37,7 +37,6 @@ from ... import timing, traces
 from . import harness as H
 from .pipeline import CommStreams, Stage, drive, drive_threads, forward, loss_of
 
-DRIVERS = ("host", "device")
 PART_WARMUP = 20  # forward+backward pairs before the timed ones: ~30 ms of GEMMs, so the GPU's clocks have ramped
 # up (after 3 warm-ups on 2xH200 a stage's backward still spread 0.93-1.28 ms, and the model came out 11% high)
 
