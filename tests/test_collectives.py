@@ -95,7 +95,7 @@ def test_old_rows_get_a_kind():
 
 
 def test_kernel_durations_without_nccl_kernels(monkeypatch):
-    """One rank: NCCL launches no kernel, the profile is empty -- no KeyError (issue 19)."""
+    """One rank: NCCL launches no kernel, the profile is empty -- no KeyError."""
     from kit import gpu_profile
 
     for empty in (pd.DataFrame(), pd.DataFrame(columns=["name", "nccl", "dur"]),

@@ -100,7 +100,7 @@ def test_config_is_typed():
     cfg = INV.config({"world_size": 2, "backend": "gloo", "samples": 16, "batch": 32})
     with pytest.raises(contract.Skipped, match="batch 32 is larger than the dataset's share per rank"):
         contract.execute("dataloader_sync", cfg)  # depends on the world size, i.e. on the machine: a reason
-    assert INV.needs(cfg, contract.Machine(gpus=0, world_size=1)) == []  # one rank is enough (issue 19)
+    assert INV.needs(cfg, contract.Machine(gpus=0, world_size=1)) == []  # one rank is enough
 
 
 # ------------------------------------------------------------------------------------------------ runs on gloo
@@ -142,7 +142,7 @@ def test_run_two_gloo_ranks(smoke):
 
 
 def test_run_one_rank(tmp_path):
-    """world_size 1 runs (issue 19): the H2D half is meaningful there; the all-reduce half says it needs 2+."""
+    """world_size 1 runs: the H2D half is meaningful there; the all-reduce half says it needs 2+."""
     cfg = INV.config({**SMALL, "world_size": 1, "sync_modes": ["per_param", "flat", "ddp"], "results_root": str(tmp_path)})
     run = contract.execute("dataloader_sync", cfg)
     assert run.meta["status"] == "ok"

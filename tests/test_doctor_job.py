@@ -1,5 +1,5 @@
 """kit doctor on whole recorded jobs (every rule at once), on odd input the review found, and on a real Dask
-LocalCluster (issue 11 verification, issue 18 item 5)."""
+LocalCluster."""
 
 import gzip
 import json

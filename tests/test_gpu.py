@@ -85,7 +85,7 @@ def test_collective_tracing_nccl_metadata(cfg):
 
 @pytest.mark.gpu(gpus=1)
 def test_graph_gaps_one_gpu(cfg):
-    """One GPU (issue 19): launch overhead and graph replay are measured; the gap before NCCL kernels is named
+    """One GPU: launch overhead and graph replay are measured; the gap before NCCL kernels is named
     as what one rank cannot show."""
     from kit.investigations import graph_gaps as G
 

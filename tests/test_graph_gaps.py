@@ -49,7 +49,7 @@ def test_gloo_path_rows_and_env_sets(tmp_path):
 
 
 def test_one_rank_runs_and_says_what_it_lacks(tmp_path):
-    """Issue 19: one rank is a configuration graph_gaps runs (launch overhead and graph replay need no peer)."""
+    """One rank is a configuration graph_gaps runs (launch overhead and graph replay need no peer)."""
     cfg = contract.make_config("graph_gaps", {"world_size": 1, "backend": "gloo", "layers": [2], "batch": 4,
                                               "hidden": 16, "iters": 1, "repeats": 2, "warmup": 0, "env_sets": [],
                                               "results_root": str(tmp_path)})
@@ -377,7 +377,7 @@ def test_one_gpu_run_gives_every_table_figure_and_finding():
     assert not any(k.startswith(("gap_vs_work[", "replay_gaps[", "gap_before_nccl")) for k in keys)
 
 
-# ------------------------------------------------------------------ issue 31: the one-GPU probe matrix, no PyTorch/NCCL
+# ------------------------------------------------------------------ the one-GPU probe matrix, no PyTorch/NCCL
 def _raw(path, n, replays, slope, work_us=200.0, **head):
     """A repro --raw file: busy_i (work_us) then tiny_i (1.5 us, 3 us after busy_i), the gap before busy_i
     slope * i us (i >= 1) -- as the kernels' %globaltimer stamps would say."""

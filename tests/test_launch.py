@@ -266,7 +266,7 @@ def test_slurm_style_in_place_run(tmp_path):
     assert set(df["rank"]) == {0, 1} and set(df["collective"]) == {"broadcast"}
 
 
-# ------------------------------------------------------------------------------------- runs that died (issue 19)
+# ------------------------------------------------------------------------------------- runs that died
 KILLED = textwrap.dedent("""
     import sys
     sys.path[:0] = [{tests!r}, {root!r}]

@@ -142,7 +142,7 @@ def test_cli_exit_code_on_failing_notebook(tmp_path):
 
 
 def test_world_size_one_what_fits_runs_the_rest_says_why(tmp_path, capsys):
-    """Issue 19 on CPU, cut to what it must prove: with one rank graph_gaps, dataloader_sync and the doctor fit
+    """On CPU, cut to what it must prove: with one rank graph_gaps, dataloader_sync and the doctor fit
     and the others are asked first and say what is missing; a notebook of one that does not fit prints it and
     analyses the recorded runs (rendering a skipped page, exit 0 and --strict's exit 3 are the toy
     investigation's test in test_contract). The two that fit run on one rank, with their tables, figures and
@@ -179,7 +179,7 @@ EIGHT_RANKS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(EIGHT_RANKS))
 def test_every_investigation_runs_on_eight_gloo_ranks(tmp_path, name):
-    """Issue 16 on CPU: an 8-GPU node's world size with gloo -- every investigation that launches ranks runs on
+    """On CPU: an 8-GPU node's world size with gloo -- every investigation that launches ranks runs on
     8 and every rank's rows arrive (the 8-stage pipeline, the 8x8 pair matrix, 8 DDP ranks with their loaders),
     at the smallest sizes that still run every part."""
     from kit import results

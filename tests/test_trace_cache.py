@@ -1,4 +1,4 @@
-"""The trace layer's decoding and cache (issue 18 items 1-3): msgspec decoding into narrow frames, the Parquet
+"""The trace layer's decoding and cache: msgspec decoding into narrow frames, the Parquet
 cache beside the trace -- hit, stale, corrupt, bypassed, unwritable folder -- on real 2xH200 traces."""
 
 import gzip

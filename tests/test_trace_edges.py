@@ -1,4 +1,4 @@
-"""Issue 30's edges of the trace layer: one job checked once (:func:`kit.traces.jobs.check_job` on real traces
+"""The edges of the trace layer: one job checked once (:func:`kit.traces.jobs.check_job` on real traces
 recorded on 2xH200 and copies of them changed where a second job would differ), the per-trace validation
 (``Trace.warnings``, fatal problems as one-line TraceErrors), and every ``kit trace`` verb's exit status and
 line on each edge (2 bad input, 3 partial), without a traceback."""

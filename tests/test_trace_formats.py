@@ -1,4 +1,4 @@
-"""Every PyTorch profiler trace users have (issue 30 item 3): the adapter picked by the events' categories,
+"""Every PyTorch profiler trace users have: the adapter picked by the events' categories,
 traces with stacks, ``[memory]`` events and ``python_function`` events, ``tensorboard_trace_handler``'s names,
 legacy (PyTorch 1.8-1.9) categories under ``schemaVersion: 1``, subsampled traces, and jobs from public
 repositories.

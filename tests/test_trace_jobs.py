@@ -1,4 +1,4 @@
-"""Many rank traces (issue 18 items 4-6): which files a directory or glob names, per-rank work in this process,
+"""Many rank traces: which files a directory or glob names, per-rank work in this process,
 in a local process pool and on a real ``distributed.LocalCluster`` (not a mock) with identical results, one
 bad file among many (named, the others analysed, exit 3), and 16 generated ranks whose collectives match
 across all of them."""

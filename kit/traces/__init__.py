@@ -24,7 +24,7 @@ The layer, bottom up:
 * analyses on the frames: :mod:`~kit.traces.gaps` (idle GPU time before kernels), :mod:`~kit.traces.comm`
   (collectives matched across ranks, bandwidth, summary), :mod:`~kit.traces.overlap` (communication hidden by
   compute), :mod:`~kit.traces.merge` (one clock for all ranks, one merged trace), :mod:`~kit.traces.census`
-  (CUDA-graph node types), :mod:`~kit.traces.flight_recorder`. No import cycle among these modules (``python ../shared/tools/cycles.py kit``).
+  (CUDA-graph node types), :mod:`~kit.traces.flight_recorder`. No import cycle among these modules (``tests/test_layers.py`` checks it).
 * :mod:`~kit.traces.names` -- ``trace_path(ctx, **tags)`` names the traces an investigation keeps and
   ``find_traces(dirs, **tags)`` finds them again (old names in ``recorded/`` included).
 

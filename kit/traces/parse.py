@@ -4,7 +4,7 @@
 (``json.loads``: 4.4 s for 100 MB; ``orjson``: 2.9 s) every CPU op's ``args`` -- input dims, strides, types of
 every tensor -- becomes Python objects that are thrown away. msgspec decodes straight into :class:`Event`
 structs that declare only the fields the trace layer maps: unknown keys are skipped while scanning, never
-materialised (0.4 s for the same 100 MB, issue 18). The ``args`` struct is *generated* from the adapters'
+materialised (0.4 s for the same 100 MB). The ``args`` struct is *generated* from the adapters'
 declarations (:data:`kit.traces.frames.ADAPTERS`): the raw keys an adapter names are the only ``args`` keys
 decoded, so adding an adapter for a new torch version adds its keys here with no code change.
 

@@ -1,4 +1,4 @@
-"""Planted-fault corpus for ``kit doctor`` (issue 26, item 6): small training jobs that are not kit code, each
+"""Planted-fault corpus for ``kit doctor``: small training jobs that are not kit code, each
 with one known fault (or none: a control), profiled the ways users profile, plus each job's step time measured
 without the profiler.
 

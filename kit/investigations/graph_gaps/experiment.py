@@ -114,8 +114,8 @@ def capture(fn, ctx, debug_dot: Path | None = None):
     and forgets it (``has_graph_ = false``), so ``reset()`` never frees it either. A leaked graph that captured
     NCCL kernels keeps NCCL's user object (its persistent plans) alive, and ``ncclCommDestroy`` /
     ``ncclCommFinalize`` wait for those forever (``commDestroySync``: "keep polling until all graphs
-    referencing us die", ``src/init.cc`` of NCCL v2.28.9-1): that was graph_gaps' teardown hang (issue 12;
-    ``recorded/probes/graph_gaps-teardown-h200x2/``). Only a torch without ``keep_graph`` needs debug mode for
+    referencing us die", ``src/init.cc`` of NCCL v2.28.9-1): that was graph_gaps' teardown hang
+    (``recorded/probes/graph_gaps-teardown-h200x2/``). Only a torch without ``keep_graph`` needs debug mode for
     the dump; there the graphs captured after the census leak and the rank's bounded teardown ends it."""
     import torch
 

@@ -1,4 +1,4 @@
-"""The one-GPU probe matrix of the growing gap (issue 31): no PyTorch, no NCCL, no profiler.
+"""The one-GPU probe matrix of the growing gap: no PyTorch, no NCCL, no profiler.
 
 ``recorded/probes/graph_gaps-repro/repro.cu`` captures N layers of a busy kernel (spins ``work_us`` on every SM, the
 stand-in for a GEMM) on the main stream and a one-thread kernel on a side stream (the stand-in for a collective),

@@ -22,7 +22,7 @@ from ...results import RECORDED_ROOT
 
 # the one-H200 probe of 2026-11-23
 PROBE = RECORDED_ROOT / "probes" / "graph_gaps-nonccl-h200"
-# the same probe and its bisection on one H100 (issue 31): <hw>/{probe,bisect,stream}/
+# the same probe and its bisection on one H100: <hw>/{probe,bisect,stream}/
 TORCH = RECORDED_ROOT / "probes" / "graph_gaps-torch"
 _NAME = re.compile(r"h(?P<hidden>\d+)_n(?P<layers>\d+)_(?P<graph>ext|plain)\.json\.gz$")
 TINY = "CUDAFunctorOnSelf_add"  # the side stream's kernel: one layer ends with it
