@@ -253,13 +253,14 @@ class MultiJob:
         x, y = x.to(self.dev, non_blocking=True), y.to(self.dev, non_blocking=True)
         ctx = (torch.autocast(self.dev.split(":")[0], dtype=torch.bfloat16)
                if self.bf16 and self.case["parallel"] == "ddp" else contextlib.nullcontext())
-        with ctx:
-            loss = self.model(x, y)
-        if self.extra:
-            self._extra_work(self.extra["matmuls"])()
-        scale = MICRO if self.kind.startswith("accum") else 1
+        # DDP decides in its forward whether the backward will all-reduce: no_sync() must hold both
         nosync = self.model.no_sync() if not sync and self.case["parallel"] == "ddp" else contextlib.nullcontext()
+        scale = MICRO if self.kind.startswith("accum") else 1
         with nosync:
+            with ctx:
+                loss = self.model(x, y)
+            if self.extra:
+                self._extra_work(self.extra["matmuls"])()
             (loss / scale).backward()
 
     def step(self):
