@@ -8,8 +8,13 @@ wall time and peak RSS from GNU time. Without traces it uses the 1-rank trace of
 ``benchmarks/bench_trace_tools.py`` (``make_job``, ``--mb`` MB).
 
     python benchmarks/bench_doctor.py [TRACE ...] [--baseline DIR] [--repeat 3] [--mb 100]
+    python benchmarks/bench_doctor.py --ranks 4 --mb 40 --workers 2 [--baseline DIR]   # a 4-rank job
 
-Prints one markdown row per (tree, trace): median wall, min-max, peak RSS.
+With ``--ranks N`` the generated job has N rank traces of ``--mb`` MB each (``make_job``: rank 0's events, each
+rank skewed) and one run diagnoses them all (the multi-GPU target: 4 ranks x 40 MB in <= 5 s and <= 300 MB with 2
+workers on two cores; peak RSS is the largest process's, as GNU time reports it).
+
+Prints one markdown row per (tree, trace or job): median wall, min-max, peak RSS.
 """
 
 from __future__ import annotations
@@ -24,10 +29,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def once(tree: Path, trace: Path) -> tuple[float, float]:
-    """One ``kit doctor`` run from ``tree``'s sources: (wall s, peak RSS MB)."""
+def once(tree: Path, trace: "Path | list[Path]", workers: int = 1) -> tuple[float, float]:
+    """One ``kit doctor`` run from ``tree``'s sources on one trace or a job's traces: (wall s, peak RSS MB)."""
     env = {**os.environ, "PYTHONPATH": str(tree), "KIT_TRACE_CACHE": "0"}
-    cmd = ["/usr/bin/time", "-f", "%e %M", sys.executable, "-m", "kit", "doctor", str(trace), "--workers", "1",
+    files = [str(t) for t in trace] if isinstance(trace, list) else [str(trace)]
+    cmd = ["/usr/bin/time", "-f", "%e %M", sys.executable, "-m", "kit", "doctor", *files, "--workers", str(workers),
            "--json"]
     p = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
     if p.returncode not in (0, 3, 4):
@@ -43,9 +49,16 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--mb", type=float, default=100)
     ap.add_argument("--workdir", default="/tmp/kit-bench-traces")
+    ap.add_argument("--ranks", type=int, default=1, help="a generated job of this many ranks (default 1)")
+    ap.add_argument("--workers", type=int, default=1, help="kit doctor --workers (default 1)")
     a = ap.parse_args()
     traces = a.traces
-    if not traces:
+    if a.ranks > 1:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from bench_trace_tools import make_job
+
+        traces = [make_job(Path(a.workdir) / f"doctor_{a.ranks}x{a.mb:g}mb", a.ranks, mb=a.mb)]
+    elif not traces:
         sys.path.insert(0, str(ROOT / "benchmarks"))
         from bench_trace_tools import make_job
 
@@ -56,11 +69,14 @@ def main() -> int:
         got: dict[str, list[tuple[float, float]]] = {n: [] for n, _ in trees}
         for _ in range(a.repeat):
             for name, tree in trees:  # alternating: a noisy neighbour hits both
-                got[name].append(once(tree, Path(t).resolve()))
+                got[name].append(once(tree, [Path(x).resolve() for x in t] if isinstance(t, list)
+                                      else Path(t).resolve(), a.workers))
         for name, _ in trees:
             w = [x for x, _ in got[name]]
             m = max(r for _, r in got[name])
-            print(f"| {name} | {Path(t).name} | {Path(t).stat().st_size / 1e6:.0f} | {statistics.median(w):.2f} "
+            label = f"{len(t)} ranks" if isinstance(t, list) else Path(t).name
+            mb = sum(Path(x).stat().st_size for x in (t if isinstance(t, list) else [t])) / 1e6
+            print(f"| {name} | {label} | {mb:.0f} | {statistics.median(w):.2f} "
                   f"({min(w):.2f}-{max(w):.2f}) | {m:.0f} |")
     return 0
 
