@@ -101,6 +101,32 @@ def test_control_has_nothing_as_large_as_a_planted_fault(case):
     assert worst < min(added), f"{case}: {d.problems[0].rule} {worst:.0f} us"
 
 
+CONTROL_MISSES: dict[str, str] = {
+    # multi-GPU control: what the doctor says that it should not, today
+}
+HOST_RULES = ("input_bound", "host_sync", "allocator_churn", "host_stall")
+SINGLE_RANK_SHARE, HOST_RULE_SHARE = 0.10, 0.05
+
+
+def _multi_controls():
+    for c in CASES:
+        if c.startswith("corpus-") and not _truth(c)["expected_rule"]:
+            marks = [pytest.mark.xfail(strict=True, reason=CONTROL_MISSES[c])] if c in CONTROL_MISSES else []
+            yield pytest.param(c, marks=marks, id=c)
+
+
+@pytest.mark.parametrize("case", list(_multi_controls()))
+def test_multi_gpu_control_has_no_rank_or_host_finding(case):
+    """A multi-GPU control (balanced, host-bound or GPU-bound; every rank the same code): no finding on a single
+    rank at 10% of the step or more, and no input/sync/allocator/stall finding at 5% or more."""
+    d = _result(case)
+    step = d.step_us
+    for f in d.problems:
+        share = f.cost_us_per_step / step
+        assert not (len(f.ranks) == 1 and share >= SINGLE_RANK_SHARE), f"{case}: {f.rule} {f.ranks} {share:.0%}"
+        assert not (f.rule in HOST_RULES and share >= HOST_RULE_SHARE), f"{case}: {f.rule} {share:.0%}"
+
+
 def test_the_clean_gpu_control_is_clean():
     """gpt-control: GPU-bound (98% busy), nothing at or above 'low' -- and that all-clear is backed by the step
     accounting: its idle slices are below 'low' each."""
