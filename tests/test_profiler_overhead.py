@@ -79,3 +79,23 @@ def test_table_choice(tmp_path):
     assert ov.pick_table("NVIDIA A100", True, root)["file"] in ("b-h100.json", "c-h200.json")
     assert ov.pick_table(None, False, root)["file"] == "a-cpu.json"
     ov.tables.cache_clear()
+
+
+@pytest.mark.skipif(not (CORPUS / "cnn-launch_bound").exists(), reason="corpus not here")
+def test_launch_costs_are_stated_net_of_the_profiler():
+    """finalize takes the profiler's overhead off a finding that explains the launch slice (and only such a
+    finding), with the traced cost and the overhead's numbers and basis in its evidence; the note says it."""
+    from kit.doctor import diagnose
+    from kit.doctor.finalize import net_of_profiler, profiler_notes
+
+    d = diagnose(sorted((CORPUS / "cnn-launch_bound").glob("*.json.gz")), workers=1)
+    f = next(f for f in d.findings if f.rule == "launch_bound")
+    o = ov.ProfilerOverhead(d.step_us, d.step_us - 1000.0, 1000.0, "measured", "a test")
+    g = net_of_profiler(f, {0: o})
+    assert g.cost_us_per_step == pytest.approx(f.cost_us_per_step - 1000.0, abs=0.1)
+    assert g.evidence["cost_traced_us_per_step"] == f.cost_us_per_step and g.evidence["basis"] == "measured"
+    assert g.evidence["profiler_overhead_us"] == 1000.0
+    other = next(x for x in d.findings if x.rule != "launch_bound")
+    assert net_of_profiler(other, {0: o}) is other
+    assert net_of_profiler(f, {0: ov.ProfilerOverhead(None, None, 0.0, "none", "")}) is f
+    assert "without the profiler (measured" in profiler_notes({0: o})[0]

@@ -26,7 +26,7 @@ def diagnose(traces: Iterable[str | Path], *, sweep=None, flight_recorder=None, 
     read, JobError when the traces are not one job."""
     from ..traces import TraceError
     from ..traces.jobs import expand, map_ranks
-    from .finalize import accounting_row, captured_on, finalize, flight_recorder_lines
+    from .finalize import accounting_row, captured_on, finalize, flight_recorder_lines, profiler_notes
     from .job_phase import check_one_job, job_context, judge_all
     from .notes import group_notes, job_notes
     from .rank_phase import rank_summary, strict
@@ -55,12 +55,13 @@ def diagnose(traces: Iterable[str | Path], *, sweep=None, flight_recorder=None, 
                 raise
             skipped.append(Skip("step_accounting", f"internal error (a kit bug: please report it with the traces): "
                                                    f"{type(e).__name__}: {e}"))
-    findings = finalize(findings, ctx.step_us, job.note() if job.partial else None)
+    findings = finalize(findings, ctx.step_us, job.note() if job.partial else None, ctx.overhead)
     waits = comm_waits(ctx)
     accounting = {str(s.rank): accounting_row(s.account, waits.get(int(s.rank))) for s in summaries
                   if s.account is not None and not isinstance(s.account, Skip)}
     return Diagnosis(findings=findings, checked=checked, skipped=skipped, traces=[s.path for s in summaries],
                      accounting=accounting, ranks=list(ctx.ranks), step_us=ctx.step_us, steps=ctx.steps,
-                     failed=failed, notes=job_notes(job, summaries) + group_notes(summaries) + partial,
+                     failed=failed, notes=job_notes(job, summaries) + group_notes(summaries) + partial
+                     + profiler_notes(ctx.overhead),
                      flight_recorder=flight_recorder_lines(flight_recorder), missing=list(job.missing),
                      world_size=job.world_size, **captured_on(summaries))

@@ -11,13 +11,22 @@ from typing import Any, Sequence
 from .model import RULES, Finding, severity
 
 
-def finalize(findings: list[Finding], step_us: float | None, partial: str | None = None) -> list[Finding]:
+NET_OF_PROFILER_SLICES = ("launch",)
+"""the accounting slices the profiler's own host time lands in: it records an event per op and per runtime call
+while the host issues them, so the host issues more slowly under it (:mod:`kit.doctor.overhead`); a finding that
+explains one of them is stated net of that overhead"""
+
+
+def finalize(findings: list[Finding], step_us: float | None, partial: str | None = None,
+             overhead: dict | None = None) -> list[Finding]:
     """Every finding capped at the job's step (:func:`capped`), with its severity (:func:`kit.doctor.model.
     severity`), its rule's notebook when it names none, ``evidence["partial"]`` on cross-rank findings when
-    ``partial`` (the job check's note on missing ranks); most costly first."""
+    ``partial`` (the job check's note on missing ranks); issuing costs net of the profiler's overhead
+    (:func:`net_of_profiler`, ``overhead``: rank -> :class:`kit.doctor.overhead.ProfilerOverhead`); most costly
+    first."""
     out = []
     for f in findings:
-        f = capped(f, step_us)
+        f = capped(net_of_profiler(f, overhead), step_us)
         r = RULES.get(f.rule)
         f = replace(f, severity=severity(f.cost_us_per_step, step_us),
                     notebook=f.notebook or (r.notebook if r else None))
@@ -26,6 +35,40 @@ def finalize(findings: list[Finding], step_us: float | None, partial: str | None
         out.append(f)
     out.sort(key=lambda f: -(f.cost_us_per_step or 0))
     return out
+
+
+def net_of_profiler(f: Finding, overhead: dict | None) -> Finding:
+    """A finding whose rule explains :data:`NET_OF_PROFILER_SLICES`, with the profiler's own overhead taken off its
+    cost (the median over its ranks of each rank's measured or estimated overhead); the traced cost and the
+    overhead's numbers and basis go into the evidence. Other findings unchanged."""
+    r = RULES.get(f.rule)
+    if not overhead or r is None or r.explains is None or not set(r.explains.slices) & set(NET_OF_PROFILER_SLICES):
+        return f
+    mine = sorted((o for rk, o in overhead.items() if rk in f.ranks and o.basis != "none"),
+                  key=lambda o: o.overhead_us)
+    if not mine:
+        return f
+    o = mine[len(mine) // 2]
+    net = o.net(f.cost_us_per_step)
+    return replace(f, cost_us_per_step=round(net, 1), evidence={
+        **f.evidence, "cost_traced_us_per_step": f.cost_us_per_step, **o.as_dict()})
+
+
+def profiler_notes(overhead: dict | None) -> list[str]:
+    """One line: the traced step against the step without the profiler (median over ranks), and how it is known."""
+    if not overhead:
+        return []
+    known = [o for o in overhead.values() if o.basis != "none" and o.traced_step_us]
+    if not known:
+        return []
+    import statistics
+
+    traced = statistics.median(o.traced_step_us for o in known)
+    unprof = statistics.median(o.unprofiled_step_us for o in known)
+    bases = sorted({o.basis for o in known})
+    return [f"the profiler's own overhead: traced step {traced / 1e3:.2f} ms, {unprof / 1e3:.2f} ms without the "
+            f"profiler ({' and '.join(bases)}, median over {len(known)} rank(s); {known[0].how}); launch-bound costs "
+            f"are stated net of it"]
 
 
 def capped(f: Finding, step_us: float | None) -> Finding:

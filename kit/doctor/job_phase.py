@@ -36,7 +36,9 @@ def job_context(summaries: Sequence[RankSummary], *, sweep=None, flight_recorder
                       host_steps={int(s.rank): s.host_steps for s in summaries  # type: ignore[arg-type]
                                   if s.host_steps is not None},
                       capture={int(s.rank): s.capture for s in summaries},  # type: ignore[arg-type]
-                      comm={int(s.rank): s.comm for s in summaries if s.comm is not None})  # type: ignore[arg-type]
+                      comm={int(s.rank): s.comm for s in summaries if s.comm is not None},  # type: ignore[arg-type]
+                      overhead={int(s.rank): s.overhead for s in summaries  # type: ignore[arg-type]
+                                if getattr(s, "overhead", None) is not None} or None)
 
 
 def judge_all(ctx: JobContext, only: Iterable[str] | None = None) -> tuple[list[Finding], list[str], list[Skip],

@@ -165,11 +165,14 @@ def _settings(view: "RankView", capture: dict | None) -> tuple[bool, bool, str]:
     return shapes, stack, "the trace (record_shapes from Input Dims on its kept ops, with_stack from Python frames)"
 
 
-def overhead(view_or_trace: Any, capture: dict | None = None, *, root: str | Path = TABLES) -> ProfilerOverhead:
+def overhead(view_or_trace: Any, capture: dict | None = None, *, cpu_all: "pd.DataFrame | None" = None,
+             root: str | Path = TABLES) -> ProfilerOverhead:
     """One rank's :class:`ProfilerOverhead` (module docstring). ``view_or_trace``: a :class:`RankView` with its host
     model, a :class:`kit.traces.Trace` or a path; ``capture``: the kitCapture facts (default: the trace's own,
-    :func:`kit.capture.capture_info`)."""
+    :func:`kit.capture.capture_info`); ``cpu_all``: every CPU event of a CPU-only trace, where the caller read it."""
     view = _view(view_or_trace)
+    if cpu_all is not None and view.memo.get("cpu_all") is None:
+        view.memo["cpu_all"] = cpu_all
     if capture is None:
         from ..capture import capture_info
 

@@ -45,6 +45,8 @@ class RankSummary:
     """how :mod:`kit.capture` recorded the trace (its ``kitCapture`` header), None when it did not"""
     comm: Any = None
     """the rank's collectives (:class:`kit.doctor.collectives.Timeline`), None when they could not be read"""
+    overhead: Any = None
+    """the profiler's own overhead on the rank's step (:class:`kit.doctor.overhead.ProfilerOverhead`), or None"""
 
 
 def rank_summary(path: str | Path) -> RankSummary:
@@ -58,6 +60,7 @@ def rank_summary(path: str | Path) -> RankSummary:
     from .accounting import rank_account
     from .collectives import timeline
     from .host_model import host_model
+    from .overhead import overhead
 
     t = traces.load_trace(path)
     # a CPU-only job: the host model reads every CPU op (small traces)
@@ -75,6 +78,8 @@ def rank_summary(path: str | Path) -> RankSummary:
                                                       name)
     view = replace(view, host=host if not isinstance(host, Skip) else None, account=acct)
     comm = _stage(lambda: timeline(view), None, name)
+    cap = capture_info(t)
+    ovh = _stage(lambda: overhead(view, cap, cpu_all=cpu_all), None, name) if view.host is not None else None
     per_rule: dict[str, Any] = {rid: _stage(lambda: r.extract(view), rid, name) for rid, r in RULES.items()}
     base = t.header.get("baseTimeNanoseconds")
     span = None
@@ -85,7 +90,8 @@ def rank_summary(path: str | Path) -> RankSummary:
                        account=acct, identity=rank_identity(t, path),
                        warnings=tuple(getattr(t, "warnings", ()) or ()),
                        host_steps=view.host.per_step if view.host is not None else None,
-                       capture=capture_info(t), comm=None if isinstance(comm, Skip) else comm)
+                       capture=cap, comm=None if isinstance(comm, Skip) else comm,
+                       overhead=None if isinstance(ovh, Skip) else ovh)
 
 
 def _stage(fn, rid: str | None, name: str):
