@@ -8,6 +8,7 @@ folder, prefixed with the notebook name) or else ``figures/`` at the repository 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from . import results
@@ -43,13 +44,20 @@ def save(fig, name: str, source: dict | None = None) -> Path:
     return path
 
 
+_RUN_LINE = re.compile(r"( \| torch |^\S+ run \d{4}-\d\d-\d\d$)")
+"""the lines of a suptitle that name the runs' hardware and date (:func:`kit.results.describe`): the index's
+caption says them already"""
+
+
 def title_of(fig) -> str:
-    """The figure's title as text: its suptitle, else its axes' titles (joined by " | "), else "". Kept in the PNG
-    (``Title``) so that the report index prints it legibly above the thumbnail."""
+    """The figure's title as text: its suptitle without the lines naming the runs' hardware and date, else its
+    axes' titles (each once, joined by " | "), else "". Kept in the PNG (``Title``) so that the report index
+    prints it legibly above the thumbnail."""
     sup = getattr(fig, "_suptitle", None)
-    text = sup.get_text().strip() if sup is not None else ""
-    if not text:
-        text = " | ".join(t for ax in fig.axes if (t := ax.get_title().strip()))
+    lines = sup.get_text().strip().splitlines() if sup is not None else []
+    text = " ".join(ln for ln in lines if ln.strip() and not _RUN_LINE.search(ln.strip()))
+    if not text.strip():
+        text = " | ".join(dict.fromkeys(t for ax in fig.axes if (t := ax.get_title().strip())))
     return " ".join(text.split())
 
 

@@ -148,8 +148,9 @@ def test_gpu_sizes_without_a_gpu_say_a_long_run_is_ahead(no_kit_env, monkeypatch
 
 
 def test_index_thumbnails_are_readable_and_the_time_does_not_wrap(tmp_path, monkeypatch):
-    """The index shows each figure 380 px wide under its title as HTML text (kept in the PNG by kit.plot.save), and
-    its time column does not break '29.6 s' over two lines."""
+    """The index shows each figure 380 px wide under its title as HTML text (kept in the PNG by kit.plot.save,
+    without the lines naming the runs' hardware and date, which the caption says), and its time column does not
+    break '29.6 s' over two lines."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -161,7 +162,8 @@ def test_index_thumbnails_are_readable_and_the_time_does_not_wrap(tmp_path, monk
     monkeypatch.setenv("KIT_FIGURES_DIR", str(tmp_path / "figures"))
     fig, ax = plt.subplots()
     ax.plot([1, 2], [3, 4])
-    fig.suptitle("all_reduce busbw by message size")
+    fig.suptitle("all_reduce busbw by message size\n2x NVIDIA H200 (NV18) | driver 580.159.04 | torch 2.11.0+cu130\n"
+                 "collectives run 2026-11-23")  # the runs' lines: the caption names them
     plot.save(fig, "x-busbw")
     plt.close(fig)
     entry = {"name": "x", "html": "x.html", "status": "ok", "seconds": 29.6, "figures": ["figures/x-busbw.png"],
