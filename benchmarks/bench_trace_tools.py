@@ -41,6 +41,8 @@ gaps`` and ``kit trace collectives`` on the same 2 files.
 
     python benchmarks/bench_trace_tools.py [--mb 100] [--ranks 64] [--workdir DIR] [--hta-python PATH]
                                            [--traceinsight-python PATH] [--skip-job]   # --skip-job: 1-2 ranks
+    python benchmarks/bench_trace_tools.py --real TRACE [--repeat 3] [--traceinsight-python PATH]
+                                           # one real trace as a user runs it: MB/s, peak RSS, vs traceinsight
 
 Prints a markdown table (for the README) and the targets of issue 18 with PASS/FAIL; exit 1 when a target
 fails.
@@ -184,22 +186,26 @@ would compile its modules again and the table would time the compiler"""
 
 def run(what: str, cmd: list[str], ranks: int, mb: float, stdout: Path | None = None, ok=(0,), env=None) -> Row:
     """Run ``cmd`` in a fresh process; wall time, the largest peak RSS of its process tree (and of any other
-    descendant of the benchmark alive meanwhile, e.g. Dask workers). ``ok``: the exit statuses that mean it
+    descendant of the benchmark alive meanwhile, e.g. Dask workers; the command's own from ``wait4``, exact). ``ok``: the exit statuses that mean it
     worked (``Row.rc`` is 0 for those)."""
     import resource
 
     t = time.perf_counter()
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    with TreeRSS() as rss, open(stdout or os.devnull, "w") as out:
-        p = subprocess.run(cmd, cwd=ROOT, stdout=out, stderr=subprocess.PIPE, text=True,
-                           env={**ENV, **(env or {})})
+    with TreeRSS() as rss, open(stdout or os.devnull, "w") as out, tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=err, text=True, env={**ENV, **(env or {})})
+        _, status, usage = os.wait4(p.pid, 0)  # the command's own peak RSS, exact (the sampler may miss a peak)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        stderr = err.read()
     dt = time.perf_counter() - t
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     rc = 0 if p.returncode in ok else p.returncode
     if rc:
-        print(f"  {what}: exit {p.returncode}: {p.stderr.strip()[-600:]}", file=sys.stderr)
-    row = Row(what, ranks, mb, dt, rss.max_mb, len(rss.peak), rc, p.stderr.strip()[-300:], cpu)
+        print(f"  {what}: exit {p.returncode}: {stderr.strip()[-600:]}", file=sys.stderr)
+    peak = max(rss.max_mb if rss.peak else 0.0, usage.ru_maxrss / 1024)  # ru_maxrss: KiB on Linux
+    row = Row(what, ranks, mb, dt, peak, max(len(rss.peak), 1), rc, stderr.strip()[-300:], cpu)
     print(f"  {what:<48} {ranks:>3} x {mb:>4.0f} MB  {dt:7.2f} s  cpu {cpu:6.2f} s  peak {row.peak_mb:7.0f} MB "
           f"({row.processes} processes)  rc {p.returncode}", flush=True)
     return row
@@ -218,9 +224,10 @@ print(f"parse {t1 - t:.2f} s, idle time breakdown {time.perf_counter() - t1:.2f}
 TRACEINSIGHT = """
 import sys, time
 from hta.configs.parser_config import ParserBackend, ParserConfig
-cfg = ParserConfig.get_default_cfg()
-cfg.set_parser_backend(ParserBackend(sys.argv[2]))
-ParserConfig.set_default_cfg(cfg)
+if sys.argv[2] != "default":
+    cfg = ParserConfig.get_default_cfg()
+    cfg.set_parser_backend(ParserBackend(sys.argv[2]))
+    ParserConfig.set_default_cfg(cfg)
 from hta.trace_analysis import TraceAnalysis
 t = time.perf_counter()
 a = TraceAnalysis(trace_dir=sys.argv[1])
@@ -278,9 +285,102 @@ def main() -> int:
     ap.add_argument("--traceinsight-python", default=None,
                     help="a Python where traceinsight (HTA's successor, module hta) is installed: both parser backends")
     ap.add_argument("--skip-job", action="store_true", help="only the 1- and 2-rank rows")
+    ap.add_argument("--real", metavar="TRACE", default=None,
+                    help="instead: one real rank trace (.json or .json.gz; e.g. record_stack_trace.py's): kit trace "
+                         "gaps as a user runs it and traceinsight on it (see measure_real)")
+    ap.add_argument("--repeat", type=int, default=3, help="with --real: runs of each kit row (default 3)")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="kit-bench-out-") as out:  # the commands' outputs (0.5 GB each)
-        return measure(a, Path(out))
+        return measure_real(a, Path(out)) if a.real else measure(a, Path(out))
+
+
+REAL_MBS, REAL_MEM = 177.0, 0.3
+"""``--real`` targets: ``kit trace gaps`` (defaults, a fresh copy) at least a C++ trace processor's JSON import
+(Perfetto's trace_processor, 177 MB/s), and at most this share of traceinsight's peak RSS on the same file"""
+
+
+def measure_real(a: argparse.Namespace, out: Path) -> int:
+    """``--real TRACE``: the trace's JSON (a ``.json.gz`` is decompressed once into ``--workdir``; the gzipped file
+    gets its own rows), MB = 10^6 bytes of JSON. Rows, alternating, ``--repeat`` times: ``kit trace gaps --json``
+    with its defaults on a fresh copy (no cache entry yet: parse + write the entry; the copy in the page cache, as
+    a file just written is), again on that copy (the entry read back), ``--no-cache``; then the gzipped file
+    (fresh copy, defaults); then traceinsight (``--traceinsight-python``) with its default backend and
+    ``ijson_batch_and_compress``, once each. Targets: the median defaults-on-a-fresh-copy row at
+    :data:`REAL_MBS` MB/s or more, its peak RSS at most :data:`REAL_MEM` of traceinsight's (default backend)."""
+    import statistics
+
+    src = Path(a.real).resolve()
+    work = Path(a.workdir) / "real"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    raw = gzip.decompress(src.read_bytes()) if src.name.endswith(".gz") else src.read_bytes()
+    plain = work / (src.name[:-3] if src.name.endswith(".gz") else src.name)
+    plain.write_bytes(raw)
+    packed = work / (plain.name + ".gz")
+    if src.name.endswith(".gz"):
+        shutil.copy(src, packed)
+    else:
+        packed.write_bytes(gzip.compress(raw, 5))
+    mb = len(raw) / 1e6
+    del raw
+    print(f"trace {src.name}: {mb:.1f} MB of JSON, {packed.stat().st_size / 1e6:.1f} MB gzipped; machine: "
+          f"{os.cpu_count()} cores, {platform.platform()}, Python {platform.python_version()}, load "
+          f"{os.getloadavg()[0]:.1f}", flush=True)
+    subprocess.run(KIT + ["trace", "gaps", "--help"], cwd=ROOT, capture_output=True, env=ENV)  # byte-compile
+
+    def fresh(f: Path, k: int) -> Path:
+        d = work / f"fresh{k}"
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir()
+        shutil.copy(f, d / f.name)
+        return d / f.name
+
+    rows: dict[str, list[Row]] = {"first": [], "again": [], "nocache": [], "gz": []}
+    for k in range(a.repeat):
+        f = fresh(plain, k)
+        rows["first"].append(run("kit trace gaps, defaults, a fresh copy", KIT + ["trace", "gaps", str(f), "--json"],
+                                 1, mb))
+        rows["again"].append(run("kit trace gaps, defaults, again (cache)", KIT + ["trace", "gaps", str(f), "--json"],
+                                 1, mb))
+        rows["nocache"].append(run("kit trace gaps --no-cache", KIT + ["trace", "gaps", str(f), "--json", "--no-cache"],
+                                   1, mb))
+        rows["gz"].append(run("kit trace gaps, defaults, a fresh copy of the .json.gz",
+                              KIT + ["trace", "gaps", str(fresh(packed, k)), "--json"], 1, mb))
+        shutil.rmtree(f.parent, ignore_errors=True)
+    ti: dict[str, Row] = {}
+    if a.traceinsight_python:
+        one = linked_dir(work / "ti", [plain])
+        for backend in ("default", "ijson_batch_and_compress"):
+            ti[backend] = run(f"traceinsight parse ({backend} backend) + idle time breakdown",
+                              [a.traceinsight_python, "-c", TRACEINSIGHT, str(one), backend], 1, mb)
+
+    def med(rs: list[Row], attr: str) -> float:
+        return statistics.median(getattr(r, attr) for r in rs)
+
+    print(f"\n| command ({src.name}, {mb:.0f} MB of JSON) | runs | wall s, median (min-max) | MB/s | CPU s | "
+          "peak RSS MB |")
+    print("|---|---|---|---|---|---|")
+    for key, rs in rows.items():
+        w = [r.wall_s for r in rs]
+        print(f"| {rs[0].what} | {len(rs)} | {med(rs, 'wall_s'):.2f} ({min(w):.2f}-{max(w):.2f}) | "
+              f"{mb / med(rs, 'wall_s'):.0f} | {med(rs, 'cpu_s'):.2f} | {max(r.peak_mb for r in rs):.0f} |")
+    for r in ti.values():
+        print(f"| {r.what} | 1 | {r.wall_s:.2f} | {mb / r.wall_s:.1f} | {r.cpu_s:.2f} | {r.peak_mb:.0f} |")
+    first = rows["first"]
+    speed = mb / med(first, "wall_s")
+    peak = max(r.peak_mb for r in first)
+    checks = [(f"kit trace gaps, defaults, fresh copy: >= {REAL_MBS:.0f} MB/s (median {speed:.0f})",
+               speed >= REAL_MBS and all(r.rc == 0 for r in first))]
+    if "default" in ti and ti["default"].rc == 0:
+        t = ti["default"]
+        print(f"\ntraceinsight (default backend) / kit: {t.wall_s / med(first, 'wall_s'):.1f}x the wall time; kit's "
+              f"peak RSS {peak / t.peak_mb:.2f}x traceinsight's ({peak:.0f} / {t.peak_mb:.0f} MB)")
+        checks.append((f"peak RSS <= {REAL_MEM}x traceinsight's ({peak / t.peak_mb:.2f}x)",
+                       peak <= REAL_MEM * t.peak_mb))
+    print("\ntargets (stack + memory traces):")
+    for name, good in checks:
+        print(f"  {'PASS' if good else 'FAIL'}  {name}")
+    return 0 if all(g for _, g in checks) else 1
 
 
 def measure(a: argparse.Namespace, out: Path) -> int:
