@@ -114,32 +114,48 @@ class _HostCtx:
         self.barriers += 1
 
 
-def test_measure_host_clock_keeps_every_sample():
-    import time
+class _Clock:
+    """The host clock kit.timing reads, advanced only by the work a test times: exact, whatever the machine's load."""
 
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def work(self, s: float) -> None:
+        self.now += s
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = _Clock()
+    monkeypatch.setattr(timing, "time", c)
+    return c
+
+
+def test_measure_host_clock_keeps_every_sample(clock):
     ctx = _HostCtx()
     calls = []
-    s = timing.measure(lambda: (calls.append(1), time.sleep(0.002)), ctx, iters=3, repeats=4, warmup=2)
+    s = timing.measure(lambda: (calls.append(1), clock.work(0.002)), ctx, iters=3, repeats=4, warmup=2)
     assert len(calls) == 2 + 3 * 4
     assert len(s.device_s) == 4 and ctx.barriers == 4  # one aligned start per sample
-    assert all(0.0019 < t < 0.05 for t in s.device_s)  # per call, not per sample
+    assert s.device_s == pytest.approx([0.002] * 4)  # per call, not per sample
     rows = s.rows(collective="x")
     assert [r["sample"] for r in rows] == [0, 1, 2, 3] and rows[0]["method"] == "eager"
 
 
-def test_measure_interleaved_takes_samples_in_turn():
+def test_measure_interleaved_takes_samples_in_turn(clock):
     """Functions compared in one point: every one warmed up, then sample i of each before sample i + 1, each
     sample barrier-aligned, so a drift of the machine reaches all of them; a slow one stays slow."""
-    import time
-
     ctx = _HostCtx()
     log = []
-    fns = {"a": lambda: log.append("a"), "b": lambda: (log.append("b"), time.sleep(0.002))}
+    fns = {"a": lambda: log.append("a"), "b": lambda: (log.append("b"), clock.work(0.002))}
     s = timing.measure_interleaved(fns, ctx, iters=2, repeats=3, warmup=1, finish={"a": lambda: log.append("|")})
     assert "".join(log) == "a|b" + "aa|bb" * 3  # a's finish once per sample (and after its warm-up), b has none
     assert ctx.barriers == 2 * 3 and list(s) == ["a", "b"]
     assert len(s["a"].device_s) == len(s["b"].device_s) == 3
-    assert max(s["a"].device_s) < 0.001 < min(s["b"].device_s)
+    assert s["a"].device_s == [0.0] * 3 and s["b"].device_s == pytest.approx([0.002] * 3)
 
 
 # ------------------------------------------------------------------------------------------------ sysinfo

@@ -395,7 +395,8 @@ def test_whole_experiment_on_gloo(tmp_path):
     pp = PA.pipeline(runs).iloc[0]
     assert pp.steps == 2 and pp.time_ms_median > 0 and pp.loss > 0
     # CPU-only rows: every analysis answers, the findings speak of gloo at the largest size it measured
-    _every_analysis_answers(runs)
+    _every_analysis_answers(runs, filled=("skipped", "bandwidth", "comm_comm", "comm_compute", "semantics",
+                                          "pipeline"))
     f = {x.key: x for x in INV.findings(runs)}
     assert f["bandwidth.one.gloo"].value > 0 and "64 KiB one way" in f["bandwidth.one.gloo"].text
     assert "skipped.copy" in f and "CUDA" in f["skipped.copy"].text
@@ -462,15 +463,18 @@ def test_notebook_is_thin():
 
 
 # ------------------------------------------------------------------------------------------------ analyses
-def _every_analysis_answers(runs):
-    """Every table is a DataFrame, every figure a Figure, findings a list -- none raises."""
+def _every_analysis_answers(runs, filled: tuple[str, ...] = ()):
+    """Every table is a DataFrame -- with rows for each of ``filled`` (what the runs measured) --, every figure a
+    Figure, findings a list: none raises."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     for name, fn in INV.tables.items():
-        assert isinstance(fn(runs), pd.DataFrame), name
+        t = fn(runs)
+        assert isinstance(t, pd.DataFrame), name
+        assert name not in filled or len(t), f"{name}: no rows from runs that measured it"
     for name, fn in INV.figures.items():
         fig = fn(runs)
         assert isinstance(fig, matplotlib.figure.Figure), name
