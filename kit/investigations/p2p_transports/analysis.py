@@ -119,22 +119,33 @@ def latency(data) -> pd.DataFrame:
     return t
 
 
-def matrix(data, transport: str) -> pd.DataFrame:
-    """src x dst GB/s at the matrix size for ``transport`` (empty with two endpoints)."""
-    b = bandwidth(data)
+def matrix(data, transport: str, direction: str = "one") -> pd.DataFrame:
+    """src x dst GB/s (per direction) at the matrix size for ``transport`` (empty with two endpoints); ``both``:
+    the pair both ways at once, shown in both cells of the pair."""
+    b = _matrix_rows(data)
     if b.empty:
         return b
-    b = b[(b["kind"] == "matrix") & (b["transport"] == transport)]
+    b = b[(b["transport"] == transport) & (b["direction"] == direction)]
     return b.pivot(index="src", columns="dst", values="gbps") if len(b) else pd.DataFrame()
 
 
-def matrices(data) -> pd.DataFrame:
-    """Table: every transport's GPU-pair matrix (rows: transport, source; columns: destination)."""
+def _matrix_rows(data) -> pd.DataFrame:
+    """The matrix rows of :func:`bandwidth`, a both-ways pair also under its reversed (src, dst)."""
     b = bandwidth(data)
     if b.empty or not (b["kind"] == "matrix").any():
         return pd.DataFrame()
     b = b[b["kind"] == "matrix"]
-    return b.pivot_table(index=["transport", "src"], columns="dst", values="gbps")
+    both = b[b["direction"] == "both"]
+    return pd.concat([b, both.assign(src=both["dst"], dst=both["src"])], ignore_index=True)
+
+
+def matrices(data) -> pd.DataFrame:
+    """Table: every transport's GPU-pair matrix, one way and both ways at once (rows: transport, direction,
+    source; columns: destination; GB/s per direction)."""
+    b = _matrix_rows(data)
+    if b.empty:
+        return b
+    return b.pivot_table(index=["transport", "direction", "src"], columns="dst", values="gbps")
 
 
 def comm_comm(data) -> pd.DataFrame:

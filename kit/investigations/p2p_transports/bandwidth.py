@@ -3,17 +3,33 @@ way at once (``both``), ``iters`` messages per sample, barrier-aligned samples t
 :func:`.harness.timed_rows` (CUDA events on each participating rank's stream, host clock on CPU). A sample's
 time is the slowest participant's (the receiver's stream ends when the data is there).
 
-``matrix`` rows: every ordered endpoint pair at ``matrix_bytes`` when there are more than two endpoints (as
-``p2pBandwidthLatencyTest`` does). :func:`references`: an in-process copy-engine transport's one-way points are
-timed in turn with a bare ``dst.copy_(src)`` loop from GPU 0 to GPU 1 (rows with ``transport`` = :data:`BARE`).
+``matrix`` rows: every ordered endpoint pair at ``matrix_bytes`` one way, and every pair both ways at once, when
+there are more than two endpoints (as ``p2pBandwidthLatencyTest`` does).
+
+References, timed in turn with the transport's own samples (:func:`references`), rows with their name as
+``transport``:
+
+* an in-process copy-engine transport's one-way points: the bare ``dst.copy_(src)`` loop from GPU 0 to GPU 1
+  (:data:`BARE`) and the CUDA floor under it -- ``cuMemcpyDtoDAsync`` issued in a loop with nothing ordering
+  the copies (:data:`FLOOR_COPY`) and an event round trip GPU 0 -> GPU 1 -> GPU 0 (:data:`FLOOR_EVENTS`: a
+  copy that must wait for the destination's stream and order it after the copy pays two such hops);
+* a cross-process copy-engine transport's both-ways points: a copy of the message inside each GPU
+  (:data:`LOCAL`), what a buffered receive's copy-out costs on its own.
+
+With ``profile`` the both-ways point at the largest size of every CUDA transport is profiled (``trace`` rows,
+``experiment=bandwidth``): where the time of a round goes (pieces on the link, copy-outs).
 """
 
 from __future__ import annotations
 
-from ... import stats
+from ... import stats, timing, traces
 from . import harness as H
 
 BARE = "copy_ loop"  # the reference transport name in rows
+FLOOR_COPY = "cuMemcpy loop"
+FLOOR_EVENTS = "event round trip"
+LOCAL = "local copy_"
+REFERENCES = (BARE, FLOOR_COPY, FLOOR_EVENTS, LOCAL)
 
 
 def experiment(cfg, ctx, T, S):
@@ -21,37 +37,95 @@ def experiment(cfg, ctx, T, S):
     matrix = n_end > 2
     pairs = [(0, 1), (1, 0)] + ([(a, b) for a in range(n_end) for b in range(n_end) if a != b] if matrix else [])
     T.setup(pairs, max(cfg.max_bytes, cfg.matrix_bytes if matrix else 0))
+    sizes = stats.pow2_sizes(cfg.min_bytes, cfg.max_bytes)
     for direction in cfg.directions:
-        for n in stats.pow2_sizes(cfg.min_bytes, cfg.max_bytes):
+        for n in sizes:
             ctx.step(f"{T.name} {direction} {stats.human_bytes(n)}", point=False)
             flows = [(0, 1, n)] + ([(1, 0, n)] if direction == "both" else [])
             keys = dict(transport=T.name, direction=direction, src=0, dst=1, bytes=n, iters=cfg.iters,
                         world_size=ctx.world_size, backend=ctx.backend)
-            ref = references(T, S) if direction == "one" else None
-            yield from H.timed_rows(cfg, ctx, T, S, flows, keys, kind="bandwidth", reference=ref)
+            yield from H.timed_rows(cfg, ctx, T, S, flows, keys, kind="bandwidth", reference=references(T, S, direction))
+            if direction == "both" and n == sizes[-1] and cfg.profile and S.is_cuda:
+                yield from profiled(ctx, T, S, flows)
             H.free(ctx)
     if matrix:
-        for a, b in pairs[2:]:
-            ctx.step(f"{T.name} matrix {a}->{b}", point=False)
-            keys = dict(transport=T.name, direction="one", src=a, dst=b, bytes=cfg.matrix_bytes, iters=cfg.iters,
-                        world_size=ctx.world_size, backend=ctx.backend)
-            yield from H.timed_rows(cfg, ctx, T, S, [(a, b, cfg.matrix_bytes)], keys, kind="matrix")
+        for direction in cfg.directions:
+            for a, b in pairs[2:]:
+                if direction == "both" and a > b:
+                    continue
+                ctx.step(f"{T.name} matrix {direction} {a}->{b}", point=False)
+                flows = [(a, b, cfg.matrix_bytes)] + ([(b, a, cfg.matrix_bytes)] if direction == "both" else [])
+                keys = dict(transport=T.name, direction=direction, src=a, dst=b, bytes=cfg.matrix_bytes,
+                            iters=cfg.iters, world_size=ctx.world_size, backend=ctx.backend)
+                yield from H.timed_rows(cfg, ctx, T, S, flows, keys, kind="matrix")
+            H.free(ctx)
 
 
-def references(T, S):
-    """The loops ``T``'s one-way point is compared with: for a transport that is copy engines driven in one
-    process, the bare ``dst.copy_(src)`` loop from GPU 0 to GPU 1 (:data:`BARE`) on the point's own buffers,
-    its samples taken in turn with the transport's (:func:`kit.timing.measure_interleaved`: a drift of the
-    machine reaches both; timed after the transports, on 2xH200 the bare loop once drifted 22.8-52.4 us at
-    1 KiB within one run). ``None`` for any other transport."""
-    if not (T.caps.in_process and T.caps.copy_engine and S.is_cuda):
+def profiled(ctx, T, S, flows, rounds: int = 3):
+    """One profiled window of ``rounds`` rounds of ``flows`` (after one untimed round); a ``trace`` row where this
+    process takes part."""
+    bufs = H.buffers(T, flows)
+    H.transfer(T, ctx, flows, bufs)
+    path = traces.trace_path(ctx, experiment="bandwidth", transport=T.name, direction="both")
+
+    def step():
+        for _ in range(rounds):
+            H.transfer(T, ctx, flows, bufs)
+
+    timing.trace_steps(step, S, 1, path, record_shapes=False)
+    if H.participates(T, flows) and S.devices:
+        yield dict(kind="trace", experiment="bandwidth", transport=T.name, direction="both",
+                   path=str(path.relative_to(ctx.run_dir)), rank=ctx.rank)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def references(T, S, direction: str = "one"):
+    """The loops ``T``'s point is compared with (see the module docstring), or None.
+
+    The floor loops issue the raw calls with objects made once (a stream handle, two reused events): what is
+    left is what CUDA itself costs per message, on the host and on the GPU."""
+    if not S.is_cuda or not T.caps.copy_engine:
         return None
+    if T.caps.in_process and direction == "one":
+        return _copy_references
+    if not T.caps.in_process and direction == "both":
+        return _local_reference
+    return None
 
-    def loops(bufs):
-        b = bufs[0]
-        if "send" not in b:  # the ranks that drive no GPU join the barriers only
-            return {BARE: lambda: None}
-        src, dst = b["send"], b["recv"]
-        return {BARE: lambda: dst.copy_(src)}
 
-    return loops
+def _copy_references(bufs):
+    import torch
+
+    from ...transports import mailbox
+
+    b = bufs[0]
+    if "send" not in b:  # the ranks that drive no GPU join the barriers only
+        return {k: (lambda: None) for k in (BARE, FLOOR_COPY, FLOOR_EVENTS)}
+    src, dst = b["send"], b["recv"]
+    s0, s1 = torch.cuda.current_stream(src.device), torch.cuda.current_stream(dst.device)
+    memcpy = mailbox.libcuda().cuMemcpyDtoDAsync_v2
+    d, s, n, h = dst.data_ptr(), src.data_ptr(), src.numel() * src.element_size(), s0.cuda_stream
+    e0, e1 = torch.cuda.Event(), torch.cuda.Event()
+
+    def floor_copy():  # the timed stream is the source's (this rank's device, current while it runs)
+        if memcpy(d, s, n, h):
+            raise RuntimeError("cuMemcpyDtoDAsync failed (is the source's device current?)")
+
+    def round_trip():
+        e0.record(s0)
+        s1.wait_event(e0)
+        e1.record(s1)
+        s0.wait_event(e1)
+
+    return {BARE: lambda: dst.copy_(src), FLOOR_COPY: floor_copy, FLOOR_EVENTS: round_trip}
+
+
+def _local_reference(bufs):
+    import torch
+
+    mine = [b["recv"] for b in bufs if "recv" in b]
+    if not mine:
+        return {LOCAL: lambda: None}
+    into = torch.empty_like(mine[0])
+    return {LOCAL: lambda: into.copy_(mine[0])}
