@@ -269,10 +269,24 @@ def test_thread_per_stage_driver_reports_deadlock_and_errors():
     assert threading.active_count() == before  # no stage thread left running
 
 
+def test_pipeline_model_simulates_the_schedule():
+    """The model runs the 1F1B schedule on the parts: p = 2, m = 3, F 1, B 2, c 0.5 (us), worked by hand -- stage
+    1: F0 1.5-2.5, B0 -4.5, F1 -5.5, B1 -7.5, F2 (its input at 8.5) -9.5, B2 -11.5; stage 0: F0, F1 to 2, B0 5-7,
+    F2 -8, B1 8-10, B2 (its gradient at 12) -14 -> 14 us, where the closed form sum(F+B) + (m-1) max(F+B) +
+    2(p-1)c says 13: with equal stages no stage has the slack to hide a transfer in the steady state."""
+    assert PA.simulate([1, 1], [2, 2], [0.5], 3) == 14.0
+    assert PA.simulate([1, 1], [2, 2], [0.0], 3) == 3 * 3 + 3  # no transfer: (m + p - 1)(F + B)
+    assert PA.simulate([1, 1, 1, 1], [2, 2, 2, 2], [0, 0, 0], 8) == (8 + 3) * 3
+    with pytest.raises(ValueError, match="hops"):
+        PA.simulate([1, 1], [2, 2], [], 3)
+
+
 def test_pipeline_model_formula():
-    """sum_s(F+B) + (m-1) max_s(F+B) + 2(p-1)c on hand-made parts: p = 2, m = 8, stage 0 F 1 + B 2, stage 1 F 1
-    + B 3 (us), one transfer 0.5 us -> 3 + 4 + 7 * 4 + 2 * 0.5 = 36 us; F/B pooled over transports (stage 1's B is
-    2 on one transport and 4 on the other: median 3), the transfer each transport's own."""
+    """The model on hand-made parts: p = 2, m = 8, stage 0 F 1 + B 2, stage 1 F 1 + B 3 (us); F/B pooled over
+    transports (stage 1's B is 2 on one transport and 4 on the other: median 3), the transfer each transport's own.
+    With one transfer 0.5 us stage 0's slack (1 us per micro-batch) hides both hops: the simulation gives the closed
+    form 3 + 4 + 7 * 4 + 2 * 0.5 = 36 us; with 1.5 us it cannot, and every micro-batch pays: 44 us where the closed
+    form says 38."""
     rows = []
     for t, b1, c in (("gloo", 2.0, 0.5), ("nccl", 4.0, 1.5)):
         for sample in range(3):
@@ -287,7 +301,11 @@ def test_pipeline_model_formula():
                  for k in range(2) for st in (0, 1)]
     mo = PA.model(pd.DataFrame(rows)).set_index("transport")
     assert mo.loc["gloo", "predicted_ms"] * 1e3 == pytest.approx(3 + 4 + 7 * 4 + 2 * 0.5)
-    assert mo.loc["nccl", "predicted_ms"] * 1e3 == pytest.approx(3 + 4 + 7 * 4 + 2 * 1.5)
+    assert mo.loc["gloo", "formula_ms"] == mo.loc["gloo", "predicted_ms"]
+    assert mo.loc["nccl", "predicted_ms"] * 1e3 == pytest.approx(44)
+    assert mo.loc["nccl", "formula_ms"] * 1e3 == pytest.approx(3 + 4 + 7 * 4 + 2 * 1.5)
+    # the spread: stage 1's backward is 2 or 4 us across the samples
+    assert mo.loc["gloo", "predicted_p10_ms"] < mo.loc["gloo", "predicted_ms"] < mo.loc["gloo", "predicted_p90_ms"]
     assert mo.loc["gloo", "bubble_fraction"] == pytest.approx(1 / 9)
     assert mo.loc["gloo", "measured_vs_model"] == pytest.approx(40 / 36)
 

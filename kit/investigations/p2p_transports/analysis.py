@@ -16,7 +16,7 @@ import pandas as pd
 
 from ... import stats, traces, transports
 from ...contract import Observation
-from .bandwidth import BARE
+from .bandwidth import BARE, FLOOR_COPY, LOCAL, REFERENCES
 
 _human = stats.human_bytes
 
@@ -40,7 +40,8 @@ def _ordered(names) -> list[str]:
     """Transport names in registry order (the reference row last), unknown names after."""
     reg = transports.names()
     names = list(dict.fromkeys(names))
-    return sorted(names, key=lambda t: (t == BARE, reg.index(t) if t in reg else len(reg), str(t)))
+    return sorted(names, key=lambda t: (t in REFERENCES, REFERENCES.index(t) if t in REFERENCES else 0,
+                                        reg.index(t) if t in reg else len(reg), str(t)))
 
 
 def _per_transport(d: pd.DataFrame):
@@ -68,6 +69,7 @@ def bandwidth(data) -> pd.DataFrame:
     s = stats.slowest_rank_stats(d, keys)
     s["gbps"] = stats.gbps(s["bytes"], s["time_us_median"])
     s["total_gbps"] = s["gbps"] * s["direction"].map({"one": 1, "both": 2})
+    s.loc[s["transport"] == LOCAL, "total_gbps"] = s["gbps"]  # a copy inside each GPU: no second direction
     return s.sort_values(keys).reset_index(drop=True)
 
 
@@ -116,6 +118,8 @@ def latency(data) -> pd.DataFrame:
     t = t.loc[_ordered(t.index), ["bytes", "time_us_median", "time_us_p10", "time_us_p90"]]
     if BARE in t.index:
         t["vs_copy_loop"] = t["time_us_median"] / t.loc[BARE, "time_us_median"]
+    if FLOOR_COPY in t.index:
+        t["vs_floor"] = t["time_us_median"] / t.loc[FLOOR_COPY, "time_us_median"]
     return t
 
 

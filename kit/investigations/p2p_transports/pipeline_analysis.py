@@ -68,39 +68,101 @@ def parts(data) -> pd.DataFrame:
     return stats.slowest_rank_stats(d, ["transport", "part", "where"])
 
 
-def model(data) -> pd.DataFrame:
-    """Per transport, driver and number of stages: the model's iteration time beside the measured one.
+def simulate(F, B, c, m: int) -> float:
+    """The 1F1B iteration (the time the last stage finishes) of stages with forward ``F[s]`` and backward ``B[s]``
+    per micro-batch and ``c[s]`` per transfer between stage ``s`` and ``s + 1`` (either way), ``m`` micro-batches:
+    every stage runs :func:`.pipeline.schedule` in order, a step starting when its stage is free and its input has
+    arrived (a forward: the previous stage's forward of that micro-batch plus the hop; a backward: the next stage's
+    backward plus the hop). Raises on a schedule that cannot finish."""
+    from .pipeline import schedule
 
-    ``F_s`` and ``B_s`` are pooled over every transport of the runs (median of all samples of stage ``s``): the
-    stages compute the same GEMMs whichever transport carries their messages, and alone their times spread
-    (2xH200, 2026-11-23: one stage's backward 0.67-1.0 ms across samples, medians per transport 0.71-0.97 ms), so
-    a per-transport median would give each transport its own model from that spread alone. ``c`` is the
-    transport's own: one activation alone, the slowest hop."""
+    p = len(F)
+    if len(B) != p or len(c) != p - 1:
+        raise ValueError(f"simulate: {p} forwards, {len(B)} backwards and {len(c)} hops (need p, p and p - 1)")
+    prog = [schedule(s, p, m) for s in range(p)]
+    nxt, free, end = [0] * p, [0.0] * p, {}
+    left = sum(len(x) for x in prog)
+    while left:
+        moved = False
+        for s in range(p):
+            while nxt[s] < len(prog[s]):
+                kind, i = prog[s][nxt[s]]
+                if kind == "F":
+                    dep = 0.0 if s == 0 else end.get(("F", s - 1, i))
+                    hop = c[s - 1] if s > 0 else 0.0
+                else:
+                    dep = 0.0 if s == p - 1 else end.get(("B", s + 1, i))
+                    hop = c[s] if s < p - 1 else 0.0
+                if dep is None:
+                    break
+                free[s] = end[(kind, s, i)] = max(free[s], dep + hop) + (F[s] if kind == "F" else B[s])
+                nxt[s] += 1
+                left -= 1
+                moved = True
+        if not moved:
+            raise RuntimeError("simulate: no stage can proceed (schedule deadlock)")
+    return max(free)
+
+
+def model(data) -> pd.DataFrame:
+    """Per transport, driver and number of stages: the 1F1B model's iteration time beside the measured one.
+
+    The model is :func:`simulate` on the parts measured alone: ``F_s`` / ``B_s`` pooled over every transport of the
+    runs (median of all samples of stage ``s``: the stages compute the same GEMMs whichever transport carries their
+    messages, and alone their times spread -- 2xH200, 2026-11-23: one stage's backward 0.67-1.0 ms across samples,
+    medians per transport 0.71-0.97 ms -- so a per-transport median would give each transport its own model from
+    that spread alone), each hop's ``c`` the transport's own (one activation alone). ``predicted_p10_ms`` /
+    ``predicted_p90_ms``: the same with every part at its p10 / p90 -- the model's spread; a transport below
+    ``predicted_p10_ms`` beats the model by more than its spread (the model is missing something).
+    ``formula_ms``: the closed form ``sum_s (F_s + B_s) + (m - 1) max_s (F_s + B_s) + 2 (p - 1) max c`` (see the
+    module docstring), which counts the transfers of the first and last micro-batch only; the simulation also
+    finds a transfer on the critical path in the steady state when no stage has the slack to hide it."""
     pp = pipeline(data)
     raw = rows_of(frame(data), "pipeline_part")
     if pp.empty or raw.empty:
         return pd.DataFrame()
-    pa = parts(data)
     out = []
     for r in pp.itertuples():
         same = raw[raw["world_size"] == r.stages] if "world_size" in raw.columns else raw
         comp = same[same["part"].isin(["F", "B"])]
         if comp.empty:
             continue
-        per_stage = comp.groupby(["stage", "part"])["time_us"].median().groupby("stage").sum()
-        b = comp[comp["part"] == "B"]["time_us"]
-        hop = pa.loc[(pa["transport"] == r.transport) & (pa["part"] == "transfer"), "time_us_median"]
-        c = float(hop.max()) if len(hop) else 0.0
         g = rows_of(frame(data), "pipeline")
         g = g[(g["transport"] == r.transport)]
         p, m = r.stages, int(g["micro_batches"].max())
-        pred = float(per_stage.sum() + (m - 1) * per_stage.max() + 2 * (p - 1) * c)
+        hops = same[(same["transport"] == r.transport) & (same["part"] == "transfer")]
+        pred = {}
+        for name, qq in (("median", 0.5), ("p10", 0.1), ("p90", 0.9)):
+            fb = comp.groupby(["stage", "part"])["time_us"].quantile(qq).unstack()
+            if not {"F", "B"} <= set(fb.columns) or len(fb) != p:
+                break
+            c = [_hop(hops, s, qq) for s in range(p - 1)]
+            pred[name] = simulate(list(fb["F"]), list(fb["B"]), c, m)
+        if "median" not in pred:
+            continue
+        per_stage = comp.groupby(["stage", "part"])["time_us"].median().groupby("stage").sum()
+        b = comp[comp["part"] == "B"]["time_us"]
+        cmax = max([_hop(hops, s, 0.5) for s in range(p - 1)] or [0.0])
+        formula = float(per_stage.sum() + (m - 1) * per_stage.max() + 2 * (p - 1) * cmax)
         out.append(dict(transport=r.transport, driver=r.driver, stages=p, micro_batches=m,
                         stage_f_plus_b_ms=float(per_stage.max()) / 1e3, backward_p10_ms=float(b.quantile(0.1)) / 1e3,
-                        backward_p90_ms=float(b.quantile(0.9)) / 1e3, transfer_ms=c / 1e3,
-                        bubble_fraction=(p - 1) / (m + p - 1), predicted_ms=pred / 1e3,
-                        measured_ms=r.time_ms_median, measured_vs_model=r.time_ms_median * 1e3 / pred))
+                        backward_p90_ms=float(b.quantile(0.9)) / 1e3, transfer_ms=cmax / 1e3,
+                        bubble_fraction=(p - 1) / (m + p - 1), predicted_ms=pred["median"] / 1e3,
+                        predicted_p10_ms=pred.get("p10", float("nan")) / 1e3,
+                        predicted_p90_ms=pred.get("p90", float("nan")) / 1e3, formula_ms=formula / 1e3,
+                        measured_ms=r.time_ms_median, measured_vs_model=r.time_ms_median * 1e3 / pred["median"]))
     return pd.DataFrame(out)
+
+
+def _hop(hops: pd.DataFrame, s: int, qq: float) -> float:
+    """Quantile ``qq`` of one activation's time from stage ``s`` to ``s + 1`` alone (slowest participant per
+    sample; 0 when the hop was not measured)."""
+    h = hops[(hops["src"] == s) & (hops["dst"] == s + 1)] if "src" in hops.columns else hops.iloc[:0]
+    if h.empty:
+        return 0.0
+    keys = [k for k in ("sample", "label", "run_id") if k in h.columns]
+    per = h.groupby(keys)["time_us"].max() if keys else h["time_us"]
+    return float(per.quantile(qq))
 
 
 # ------------------------------------------------------------------------------------------------ timelines
