@@ -213,11 +213,14 @@ def _issue(T, ops, comm: CommStreams | None = None, me: int | None = None) -> It
 
 
 class _on_streams:
-    """Make the comm streams current on every device (after waiting for that device's current stream) and
-    tell the caching allocator the op tensors are used there."""
+    """Make the comm streams of the devices the ops touch current (after waiting, where a device sends, for its
+    current stream) and tell the caching allocator the op tensors are used there. Only those devices: making a
+    stream current is a Python context (a device switch and back) per device, and one thread driving every stage
+    posts two such blocks per step."""
 
     def __init__(self, ops, streams):
-        self.ops, self.streams = ops, streams or {}
+        devs = {t.device.index for _k, t, _p in ops if t.is_cuda}
+        self.ops, self.streams = ops, {d: s for d, s in (streams or {}).items() if d in devs}
 
     def __enter__(self):
         import torch
