@@ -664,9 +664,12 @@ def test_gpu_transports_keep_data_intact(tmp_path):
     assert df.ok.all(), df[~df.ok]
 
 
-@pytest.mark.gpu
-def test_gpu_pipeline_same_numbers_over_every_transport(tmp_path):
-    cfg = experiments.make_config("p2p_transports", {"world_size": 2, "backend": "nccl", "timeout_s": 120,
+@pytest.mark.parametrize("world", [pytest.param(2, marks=pytest.mark.gpu),
+                                   pytest.param(4, marks=pytest.mark.gpu(gpus=4))])
+def test_gpu_pipeline_same_numbers_over_every_transport(tmp_path, world):
+    """2 and 4 stages (one GPU each): the same loss and gradients over every transport and driver; the model and
+    the timeline of every profiled iteration."""
+    cfg = experiments.make_config("p2p_transports", {"world_size": world, "backend": "nccl", "timeout_s": 120,
                                                      "results_root": str(tmp_path), "transports": ["copy", "ipc", "nccl"],
                                                      "parts": ["pipeline"], "pipeline_hidden": 256,
                                                      "pipeline_batch": 64, "pipeline_steps": 2, "dtype": "float32"})
