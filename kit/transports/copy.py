@@ -111,9 +111,9 @@ class CopyTransport(Transport):
         The Work's ``wait()`` orders the source device's current stream after that copy (buffer reusable)."""
         import torch
 
-        src = t.device.index
+        src = t.get_device()
         s = torch.cuda.current_stream(src)
-        data = flat_bytes(t)  # a strided t is packed here, on the stream it was produced on
+        data = t if t.is_contiguous() else flat_bytes(t)  # a strided t is packed here, on the stream it was produced on
         msg = _Msg(t, data, self._events.record(s), s)
         with self._cv:
             self._box.setdefault((src, dst), deque()).append(msg)
@@ -137,12 +137,14 @@ class CopyTransport(Transport):
 
     def irecv(self, out, src: int, stream=None) -> Work:
         """Issues the copy of the oldest message posted from ``src`` to ``out``'s device, on the stream the
-        data was produced on -- or on ``stream``, which then waits only for the data (the event recorded at the
-        send): a stream the sender has made wait for more since (its next send) would hold the copy back too. The
-        pipeline passes the receiver's receive stream (a copy engine of the receiving GPU pulls the bytes; peer
-        access is enabled in that direction, see :meth:`_peer`). The Work's ``wait()`` orders the destination
-        device's current stream after the copy."""
-        dst = out.device.index
+        data was produced on, after the receiver's current stream (``out`` may be overwritten from there) -- or on
+        ``stream``, which then waits for nothing but the data (the event recorded at the send): the caller
+        guarantees ``out`` may be written in that stream's order (the pipeline allocates it there), and a stream
+        the sender has made wait for more since (its next send) cannot hold the copy back. The pipeline passes
+        the receiver's receive stream (a copy engine of the receiving GPU pulls the bytes; peer access is
+        enabled in that direction, see :meth:`_peer`). The Work's ``wait()`` orders the destination device's
+        current stream after the copy."""
+        dst = out.get_device()
         with self._cv:
             box = self._box.get((src, dst))
             if not box:
@@ -157,13 +159,21 @@ class CopyTransport(Transport):
         if t.dtype != out.dtype or t.numel() != out.numel():
             raise ValueError(f"copy: sent {t.dtype}[{t.numel()}], receiving into {out.dtype}[{out.numel()}]")
         self._peer(src, dst)
-        s = stream if stream is not None else msg.stream
-        if s is not msg.stream:
+        cur = None
+        if stream is not None:  # the caller's stream, ordered for out by the caller: only the data to wait for
+            s = stream
             s.wait_event(msg.produced)
-        cur = torch.cuda.current_stream(dst)
-        if s != cur:  # out may be overwritten once the receiver's current stream got here
-            s.wait_event(self._events.record(cur))
-        into = out if out.is_contiguous() else torch.empty(out.shape, dtype=out.dtype, device=out.device)
+        else:
+            s = msg.stream
+            cur = torch.cuda.current_stream(dst)
+            if s != cur:  # out may be overwritten once the receiver's current stream got here
+                s.wait_event(self._events.record(cur))
+        into = out
+        if not out.is_contiguous():  # a temporary from the receiver's current stream, written on s: s waits for it
+            cur = cur if cur is not None else torch.cuda.current_stream(dst)
+            into = torch.empty(out.shape, dtype=out.dtype, device=out.device)
+            if s != cur:
+                s.wait_stream(cur)
         peer_memcpy(into, msg.data, nbytes(t), s)
         msg.data.record_stream(s)  # the allocator must not hand either buffer out again before the copy is done
         into.record_stream(s)
@@ -196,9 +206,9 @@ class CopyTransport(Transport):
         for i in pending:
             _, out, src = ops[i]
             s = None
-            if side:
+            if side:  # a stream of the source device per op; out may be written once the receiver got here
                 s = self._side.get(src, i)
-                s.wait_stream(torch.cuda.current_stream(src))
+                s.wait_stream(torch.cuda.current_stream(out.device))
             works[i] = self.irecv(out, src, stream=s)
         return [works[i] for i in range(len(ops))]
 

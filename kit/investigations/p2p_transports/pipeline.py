@@ -35,11 +35,12 @@ from typing import Iterator
 class CommStreams:
     """The communication streams of the stages of one process (device index -> CUDA stream).
 
-    ``send``: a device's outgoing transfers; it waits for that device's compute when a send is posted (the data
-    is produced there). ``recv``: where receive buffers are allocated and, for an in-process transport, where
-    the receive's copy runs (``T.irecv(out, src, stream=...)``); it waits for nothing but each message's own
-    send event, so a copy waits only for its data and its buffer -- not for what the receiving stage has queued
-    since, nor for what the sending stage queued after the send. With one stream for both (as the kit had
+    ``send``: a cross-process device's transfers; it waits for that device's compute when a transfer is posted
+    (the data is produced there). ``recv``: where receive buffers are allocated and, for an in-process transport,
+    where the receive's copy runs (``T.irecv(out, src, stream=...)``); it waits for nothing but each message's
+    own send event, so a copy waits only for its data and its buffer -- not for what the receiving stage has
+    queued since, nor for what the sending stage queued after the send (an in-process send is posted from the
+    compute stream that produced it: it records an event there and nothing else). With one stream for both (as the kit had
     until 2026-11-23), a receive posted together with a send (Megatron's pairing) waited, through that stream,
     for the compute that produced the send's data; and a copy issued on the sender's stream waited for every
     later send the sender had posted before the receive came (the host driver posts the next gradient before
@@ -184,11 +185,13 @@ class Stage:
 
 def _issue(T, ops, comm: CommStreams | None = None, me: int | None = None) -> Iterator[None]:
     """Post ``ops`` on ``T``; in one process (``T.caps.in_process``) post the sends, then yield until every receive
-    has a posted message. With ``comm`` the sends are posted on the send streams (each first waits for the
-    current stream of its device: the data was produced there) and an in-process transport's receives copy on
-    the receive streams (``irecv(..., stream=)``: they wait for nothing else); ``Work.wait()`` later orders the
-    compute stream after them.
-    Returns the Works (a generator's return value)."""
+    has a posted message. A cross-process transport's ops are posted on the device's comm stream (``comm.send``,
+    which first waits for the device's current stream: the data was produced there). In one process a send is
+    posted from the stream its data was produced on (it only records an event there) and a receive's copy runs
+    on the receiving device's receive stream (``irecv(..., stream=)``: it waits for nothing but its message's
+    event; the buffer was allocated on that stream) -- no stream is made current, which costs a device switch
+    and back per device in Python, twice per step of the one thread that may drive every stage.
+    ``Work.wait()`` later orders the compute stream after them. Returns the Works (a generator's return value)."""
     if not ops:
         return []
     send, recv = (comm.send, comm.recv) if comm is not None else (None, None)
@@ -196,19 +199,15 @@ def _issue(T, ops, comm: CommStreams | None = None, me: int | None = None) -> It
         with _on_streams(ops, send):
             return T.exchange(ops)
     # one process: post the sends first (the neighbour's matching exchange may be waiting for them), then
-    # yield until every receive's message is there -- never yield with the comm streams made current
-    works = {}
-    sends = [(i, op) for i, op in enumerate(ops) if op[0] == "send"]
-    recvs = [(i, op) for i, op in enumerate(ops) if op[0] == "recv"]
-    with _on_streams([op for _, op in sends], send):
-        works.update({i: T.isend(t, p) for i, (_k, t, p) in sends})
-    for _i, (_k, _t, p) in recvs:
+    # yield until every receive's message is there
+    works = {i: T.isend(t, p) for i, (k, t, p) in enumerate(ops) if k == "send"}
+    recvs = [(i, t, p) for i, (k, t, p) in enumerate(ops) if k == "recv"]
+    for _i, _t, p in recvs:
         while not T.poll(p, me):
             yield
-    with _on_streams([op for _, op in recvs], recv):
-        for i, (_k, t, p) in recvs:  # the copy on the receive stream: it waits only for its message's send event
-            s = recv.get(t.device.index) if recv and t.is_cuda else None
-            works[i] = T.irecv(t, p) if s is None else T.irecv(t, p, stream=s)
+    for i, t, p in recvs:
+        s = recv.get(t.device.index) if recv and t.is_cuda else None
+        works[i] = T.irecv(t, p) if s is None else T.irecv(t, p, stream=s)
     return [works[i] for i in range(len(ops))]
 
 
