@@ -3,8 +3,8 @@
 Variants, each timed by the kit's own harness (``timed_rows``: barrier-aligned samples of ``iters`` rounds,
 slowest rank per sample) at ``SIZE`` both ways, rows ``kind=probe`` with ``variant``:
 
-* ``ipc`` as shipped (8 pieces from 64 MiB), ``ipc 1 piece`` (no pieces), ``ipc 32 pieces``,
-* ``ipc CE copy-out``: the receiver's copy-out by ``cuMemcpyDtoDAsync`` (driver's copy) instead of ``copy_``,
+* ``ipc`` as shipped (round 1: 8 equal pieces from 64 MiB; round 2: halving pieces), ``ipc 8 equal pieces``,
+  ``ipc 1 piece`` (no pieces),
 * ``ipc-direct`` (no copy-out), ``ipc one way``,
 * ``local copy_`` alone: each GPU copies SIZE bytes inside itself (the copy-out alone: 2 x SIZE of HBM traffic),
 * ``local copy_ + incoming``: rank 0 copies SIZE inside GPU 0 while rank 1 pushes SIZE into GPU 0 (ipc-direct one
@@ -48,39 +48,21 @@ def probe(cfg, ctx):
         timing.trace_steps(step, S, 1, path, record_shapes=False)
         return rows
 
-    class CeCopyOut(I.IpcTransport):
-        """ipc whose receiver copies the slot out with cuMemcpyDtoDAsync instead of copy_."""
+    def equal_pieces(n):  # round 1's pieces: 8 equal ones from PIECE_MIN_BYTES
+        if n < I.PIECE_MIN_BYTES:
+            return [(0, n)]
+        step = -(-n // 8 // mailbox.SLOT_ALIGN) * mailbox.SLOT_ALIGN
+        return [(o, min(step, n - o)) for o in range(0, n, step)]
 
-        def _complete(self, ch, item):
-            out = item["out"]
-            seq, slot = ch.seq, ch.seq % self.slots
-            self._spin(lambda: int(ch.counters[0]) > seq, "waiting")
-            n = out.numel() * out.element_size()
-            stream = torch.cuda.current_stream(out.device)
-            box = ch.slots[slot]
-            for k, (o, m) in enumerate(I.pieces(n)):
-                stream.wait_event(ch.ready[slot * I.PIECES + k])
-                mailbox.memcpy_dtod(out.data_ptr() + o, box.data_ptr() + o, m, stream)
-            ch.consumed[slot].record(stream)
-            ch.counters[1] = seq + 1
-            ch.seq += 1
-            ev = torch.cuda.Event()
-            ev.record(stream)
-            item["done"] = ev
-            ch.pending.popleft()
-
-    pieces0, min0 = I.PIECES, I.PIECE_MIN_BYTES
-    plan = [("ipc", "ipc", 8, min0, both), ("ipc 1 piece", "ipc", 8, 1 << 62, both),
-            ("ipc 32 pieces", "ipc", 32, min0, both), ("ipc CE copy-out", CeCopyOut, 8, min0, both),
-            ("ipc-direct", "ipc-direct", 8, min0, both), ("ipc one way", "ipc", 8, min0, one),
-            ("ipc-direct one way", "ipc-direct", 8, min0, one)]
-    for variant, which, pieces, pmin, flows in plan:
+    shipped = I.pieces
+    min0 = I.PIECE_MIN_BYTES
+    plan = [("ipc", "ipc", shipped, min0, both), ("ipc 8 equal pieces", "ipc", equal_pieces, min0, both),
+            ("ipc 1 piece", "ipc", shipped, 1 << 62, both), ("ipc-direct", "ipc-direct", shipped, min0, both),
+            ("ipc one way", "ipc", shipped, min0, one), ("ipc-direct one way", "ipc-direct", shipped, min0, one)]
+    for variant, which, cut, pmin, flows in plan:
         ctx.step(variant)
-        I.PIECES, I.PIECE_MIN_BYTES = pieces, pmin
-        if isinstance(which, str):
-            T = transports.make(which, ctx, cfg.timeout_s, slots=cfg.ipc_slots)
-        else:
-            T = which(ctx, cfg.timeout_s, slots=cfg.ipc_slots)
+        I.pieces, I.PIECE_MIN_BYTES = cut, pmin
+        T = transports.make(which, ctx, cfg.timeout_s, slots=cfg.ipc_slots)
         T.setup([(0, 1), (1, 0)], SIZE)
         S = H.sync_for(T, ctx)
         local = None
@@ -96,7 +78,7 @@ def probe(cfg, ctx):
         finally:
             ctx.sync()
             T.close()
-            I.PIECES, I.PIECE_MIN_BYTES = pieces0, min0
+            I.pieces, I.PIECE_MIN_BYTES = shipped, min0
     # local copy alone on both GPUs, and local copy on GPU 0 while GPU 1 pushes into GPU 0 (one sample set each)
     T = transports.make("ipc-direct", ctx, cfg.timeout_s, slots=cfg.ipc_slots)
     T.setup([(1, 0)], SIZE)

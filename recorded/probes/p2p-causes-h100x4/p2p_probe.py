@@ -221,6 +221,8 @@ def section_call(n=64 << 10, reps=12):
     T._peer = timed("_peer", T._peer)
     T._copy = timed("_copy (whole)", T._copy)
 
+    warm = torch.empty(16, device="cuda:0")
+
     def idle(state):
         ctx.sync()
         if state == "sleep 5 ms":
@@ -229,19 +231,30 @@ def section_call(n=64 << 10, reps=12):
             t = time.perf_counter()
             while time.perf_counter() - t < 0.005:
                 pass
+        elif state == "spin 5 ms in torch":  # keeps PyTorch's CPU code and data hot, touches no GPU
+            t = time.perf_counter()
+            while time.perf_counter() - t < 0.005:
+                warm.reshape(-1).view(torch.uint8).is_contiguous()
         elif state == "sleep 50 ms":
             time.sleep(0.05)
 
     out = {}
-    for state in ("hot (no sync)", "sync only", "sleep 5 ms", "spin 5 ms", "sleep 50 ms"):
+    import resource
+
+    def faults():
+        r = resource.getrusage(resource.RUSAGE_THREAD)
+        return r.ru_minflt, r.ru_majflt, r.ru_nvcsw, r.ru_nivcsw
+
+    for state in ("hot (no sync)", "sync only", "sleep 5 ms", "spin 5 ms", "spin 5 ms in torch", "sleep 50 ms"):
         for api in ("copy_", "copy isend+irecv", "copy_ same-device"):
-            calls, waits, subs = [], [], []
+            calls, waits, subs, flt = [], [], [], []
             for i in range(-2, reps):
                 src = pattern(n, torch.device("cuda", 0), i, 0)
                 got = torch.empty(n, dtype=torch.uint8, device="cuda:1" if api != "copy_ same-device" else "cuda:0")
                 if state != "hot (no sync)":
                     idle(state)
                 acc.clear()
+                f0 = faults()
                 h0 = time.perf_counter()
                 if api == "copy isend+irecv":
                     T.isend(src, 1)
@@ -250,15 +263,19 @@ def section_call(n=64 << 10, reps=12):
                     got.copy_(src)
                     w = None
                 h1 = time.perf_counter()
+                f1 = faults()
                 if w is not None:
                     w.wait()
                     H.join(T, ctx, [(0, 1)])
                 h2 = time.perf_counter()
                 if i >= 0:
+                    flt.append([b - a for a, b in zip(f0, f1)])
                     calls.append((h1 - h0) * 1e6)
                     waits.append((h2 - h1) * 1e6)
                     subs.append(dict(acc))
             out[f"{state} | {api}"] = dict(call_us=summary(calls), wait_us=summary(waits),
+                                           faults_in_call=dict(zip(("minor", "major", "voluntary_cs", "involuntary_cs"),
+                                                                   [med([f[k] for f in flt]) for k in range(4)])),
                                            sub_us={k: med([s.get(k, 0.0) for s in subs]) for k in subs[0]} if subs else {})
     RES["call"] = out
     save()
@@ -347,6 +364,18 @@ def _with_comm(P, how, fn):
         P.comm = keep
 
 
+def _no_gc(fn):
+    """Run ``fn`` with Python's cyclic garbage collector off (Megatron-LM's ``--manual-gc``: a collection
+    in the middle of a step stalls the thread that triggers it)."""
+    import gc
+
+    gc.disable()
+    try:
+        return fn()
+    finally:
+        gc.enable()
+
+
 def _lean(fn):
     """Run ``fn`` with the pipeline's ``_on_streams`` making current only the comm streams of the devices its
     ops touch (the kit makes every device's comm stream current: a StreamContext enter and exit per device)."""
@@ -408,10 +437,7 @@ def section_pipeline(stages=(2, 4), steps=5):
             "copy threads": (lambda: drive_threads(list(P.programs()), T, devices)),
             "compute-only host": (lambda: _round_robin(list(_compute_programs(P)))),
             "compute-only threads": (lambda: _threads(list(_compute_programs(P)), devices)),
-            "copy host, one comm stream per GPU": (lambda: _with_comm(P, "shared", lambda: drive(list(P.programs()), T))),
-            "copy host, no comm streams": (lambda: _with_comm(P, None, lambda: drive(list(P.programs()), T))),
-            "copy host, lean stream switches": (lambda: _lean(lambda: drive(list(P.programs()), T))),
-            "copy threads, lean stream switches": (lambda: _lean(lambda: drive_threads(list(P.programs()), T, devices))),
+            "copy threads, GC off": (lambda: _no_gc(lambda: drive_threads(list(P.programs()), T, devices))),
         }
         for name, fn in variants.items():
             issue, total = [], []
@@ -434,7 +460,7 @@ def section_pipeline(stages=(2, 4), steps=5):
         if n == max(stages):
             from torch.profiler import ProfilerActivity, profile
 
-            for name in ("copy host", "compute-only host", "copy threads"):
+            for name in ("copy host", "copy threads"):
                 ctx.sync()
                 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                     variants[name]()
