@@ -63,6 +63,22 @@ def test_graph_gaps_census_and_profile(cfg):
     assert off.get("EVENT_RECORD", 0) + off.get("EVENT_WAIT", 0) == 0
 
 
+def test_graph_gaps_replay_streams(cfg):
+    """The graph replays into each stream it is asked for: the legacy default stream (handle 0x0), a created one,
+    the per-thread default stream (0x2) and a blocking one; each gets its timing, profile and position rows."""
+    streams = ["legacy", "created", "per_thread", "blocking"]
+    c = experiments.make_config("graph_gaps", {"world_size": 2, "layers": [4], "batch": 64, "hidden": 256,
+                                               "iters": 1, "repeats": 2, "warmup": 1, "control": False,
+                                               "mechanism": False, "launch_batches": [], "env_sets": [],
+                                               "replay_streams": streams, "results_root": cfg.results_root})
+    run = experiments.execute("graph_gaps", c)
+    info = {r["stream"]: r for r in run.rows if r["kind"] == "stream" and r["rank"] == 0}
+    assert all(info[s]["available"] for s in streams), info
+    assert info["legacy"]["stream_handle"] == "0x0" and info["per_thread"]["stream_handle"] == "0x2"
+    for kind in ("time", "profile", "position"):
+        assert {r["stream"] for r in run.rows if r["kind"] == kind and r["mode"] == "graph"} == set(streams), kind
+
+
 def test_collective_tracing_nccl_metadata(cfg):
     c = experiments.make_config("collective_tracing", {"world_size": 2, "ddp_layers": 2, "hidden": 512, "batch": 8,
                                                        "tp_layers": 1, "tp_tokens": 256, "tp_hidden": 512,

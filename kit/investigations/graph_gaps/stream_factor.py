@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ... import stats
+from ... import results, stats
 from ...contract import Observation
 from .analysis import LEGACY, rows
 from .mechanism import position_table
@@ -24,6 +24,8 @@ from .streams import STREAMS
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
+SETS = ("graph_gaps@streams", "graph_gaps@streams-x4")
+"""the recorded runs of the factor (kit.results.RECORDED_SETS): 2 GPUs, then 4 GPUs of the same machine"""
 KEYS = ["label", "world_size", "layers", "mode", "stream"]
 COLUMNS = ["label", "world_size", "layers", "replay", "time_ms_median", "time_ms_p10", "time_ms_p90", "samples",
            "over_eager", "gap_nccl_median_us", "gap_q1_us", "gap_q4_us", "slope_us_per_layer"]
@@ -35,6 +37,16 @@ def _replay(mode: str, stream: str) -> str:
 
 def _order(replay: str) -> int:
     return 0 if replay == "eager" else 1 + (STREAMS.index(replay[6:]) if replay[6:] in STREAMS else len(STREAMS))
+
+
+def stream_runs(made=None, analyse="auto") -> "results.RunSet":
+    """The runs the notebook's replay-stream section shows: :func:`kit.results.choose` over the recorded 2-GPU
+    set (so this run when it ran on CUDA GPUs), and beside recorded runs the recorded 4-GPU runs too."""
+    runs = results.choose("graph_gaps", made, analyse, set_name=SETS[0])
+    if not runs.source.startswith("recorded"):
+        return runs
+    dirs = runs.dirs + [d for name in SETS[1:] for d in results.recorded_set(name)]
+    return results.RunSet(dirs, runs.source + (" (+ 4 GPUs)" if len(dirs) > len(runs.dirs) else ""))
 
 
 def stream_table(df) -> "pd.DataFrame":
@@ -89,9 +101,9 @@ def _positions(d) -> "pd.DataFrame":
 
 
 def stream_figure(runs):
-    """Left: time per forward over eager against N, one line per (label, replay stream). Right: the gap before
-    each NCCL kernel against its position at the largest N (median over forwards and ranks), per label and
-    stream (log y)."""
+    """One row per world size. Left: time per forward over eager against N, one line per (label, replay
+    stream). Right: the gap before each NCCL kernel against its position at the largest N (median over forwards
+    and ranks), per label and stream (log y)."""
     import matplotlib.pyplot as plt
 
     from ... import plot
@@ -102,30 +114,36 @@ def stream_figure(runs):
         return plot.message("no graph replays of the allreduce model in these runs (CUDA, 2+ ranks)", runs.title)
     d = rows(runs.df)
     pos = d[(d["kind"] == "position") & (d["mode"] == "graph")]
-    fig, ax = plt.subplots(1, 2, figsize=(12, 4.2))
-    labels = list(dict.fromkeys(t["label"]))
-    for i, label in enumerate(labels):
-        for replay, g in t[t["label"] == label].groupby("replay", sort=False):
-            ls = "-" if replay == f"graph@{LEGACY}" else (":" if i else "--")
-            ax[0].plot(g["layers"], g["over_eager"], marker="o", ls=ls, color=f"C{_order(replay)}",
-                       label=f"{replay} | {label}")
-    ax[0].axhline(1, color="grey", lw=0.8)
-    ax[0].set_xscale("log")
-    ax[0].set_xlabel("layers N")
-    ax[0].set_ylabel("time per forward / eager")
-    ax[0].legend(fontsize=7)
-    ax[0].set_title("graph replay over eager, per replay stream", fontsize=9)
     if not pos.empty:
-        n = int(pos["layers"].max())
-        for i, ((label, stream), g) in enumerate(pos[pos["layers"] == n].groupby(["label", "stream"])):
+        pos = pos.assign(world_size=pos["world_size"].fillna(2).astype(int) if "world_size" in pos.columns else 2)
+    worlds = sorted(t["world_size"].unique())
+    labels = list(dict.fromkeys(t["label"]))
+    fig, axes = plt.subplots(len(worlds), 2, figsize=(12, 4 * len(worlds)), squeeze=False)
+    for (a0, a1), w in zip(axes, worlds):
+        for replay, g in t[t["world_size"] == w].groupby(["label", "replay"], sort=False):
+            label, replay = replay
+            a0.plot(g["layers"], g["over_eager"], marker="o", ls="-" if labels.index(label) == 0 else ":",
+                    color=f"C{_order(replay)}", label=f"{replay} | {label}")
+        a0.axhline(1, color="grey", lw=0.8)
+        a0.set_xscale("log")
+        a0.set_xlabel("layers N")
+        a0.set_ylabel("time per forward / eager")
+        a0.legend(fontsize=7)
+        a0.set_title(f"{w} GPUs: graph replay over eager, per replay stream", fontsize=9)
+        p = pos[pos["world_size"] == w] if not pos.empty else pos
+        if p.empty:
+            a1.axis("off")
+            continue
+        n = int(p["layers"].max())
+        for (label, stream), g in p[p["layers"] == n].groupby(["label", "stream"], sort=False):
             m = g[g["position"] > 0].groupby("position")["gap_us"].median()
-            ax[1].plot(m.index, m.values, lw=1, ls="-" if labels.index(label) == 0 else ":",
-                       color=f"C{_order('graph@' + stream)}", label=f"{stream} | {label}")
-        ax[1].set_yscale("log")
-        ax[1].set_xlabel(f"position of the NCCL kernel in the forward (N={n})")
-        ax[1].set_ylabel("gap before the NCCL kernel (us)")
-        ax[1].legend(fontsize=7)
-        ax[1].set_title("gap before each NCCL kernel along one replay", fontsize=9)
+            a1.plot(m.index, m.values, lw=1, ls="-" if labels.index(label) == 0 else ":",
+                    color=f"C{_order('graph@' + stream)}", label=f"{stream} | {label}")
+        a1.set_yscale("log")
+        a1.set_xlabel(f"position of the NCCL kernel in the forward (N={n})")
+        a1.set_ylabel("gap before the NCCL kernel (us)")
+        a1.legend(fontsize=7)
+        a1.set_title(f"{w} GPUs: gap before each NCCL kernel along one replay", fontsize=9)
     fig.suptitle(runs.title, fontsize=9)
     fig.tight_layout()
     return fig
