@@ -229,7 +229,11 @@ def main():
     (out / f"info_rank{rank}.json").write_text(json.dumps(info, indent=1))
     rows.close()
     dist.barrier()
-    dist.destroy_process_group()
+    torch.cuda.synchronize()
+    # no destroy_process_group: CUDA-graph trees keep their graphs (and with them NCCL's references on the
+    # communicator) alive to the end, and ncclCommDestroy waits for those graphs to die -- graph_gaps' teardown
+    # hang (recorded/probes/graph_gaps-teardown-h200x2/); this probe's first run sat there until its timeout
+    os._exit(0)
 
 
 if __name__ == "__main__":
