@@ -142,6 +142,46 @@ def test_recorded_runs_before_the_factor_replayed_in_the_legacy_stream():
     assert top.loc["graph@legacy", "over_eager"] == pytest.approx(1.88, abs=0.01)
 
 
+def test_recorded_replay_streams_on_2_and_4_gpus():
+    """The committed 4x H100 runs (2 and 4 GPUs of one host, NCCL 2.28.9): with mixing support on, only the graph
+    replayed into the legacy default stream grows (1.90x / 1.88x eager at N = 640, 0.57 / 0.56 us more gap per
+    layer); a created, the per-thread and a blocking stream stay within 2.3% of eager with a flat gap; with mixing
+    off every stream is within 0.6% of eager."""
+    rs = G.stream_runs(None, "recorded")
+    assert len(rs.dirs) == 4
+    t = G.stream_table(rs.df).set_index(["label", "world_size", "layers", "replay"])
+    on, off = "default env", "NCCL_GRAPH_MIXING_SUPPORT=0"
+    assert t.loc[(on, 2, 640, "graph@legacy"), "over_eager"] == pytest.approx(1.90, abs=0.01)
+    assert t.loc[(on, 4, 640, "graph@legacy"), "over_eager"] == pytest.approx(1.88, abs=0.01)
+    assert t.loc[(on, 2, 640, "graph@legacy"), "slope_us_per_layer"] == pytest.approx(0.57, abs=0.01)
+    assert t.loc[(on, 2, 640, "eager"), "samples"] == 8
+    for w, others in ((2, ("created", "per_thread", "blocking")), (4, ("created", "per_thread"))):
+        for st in others:
+            for n in (160, 640):
+                r = t.loc[(on, w, n, f"graph@{st}")]
+                assert 1.0 < r["over_eager"] < 1.025 and abs(r["slope_us_per_layer"]) < 0.01, (w, st, n)
+    o = t.xs(off, level="label")
+    assert o[o.index.get_level_values("layers") >= 160]["over_eager"].between(0.99, 1.01).all()
+    d = rs.df
+    handles = d[d["kind"] == "stream"].groupby("stream")["stream_handle"].first()
+    assert handles["legacy"] == "0x0" and handles["per_thread"] == "0x2"
+    f = {x.key: x for x in G.stream_findings(rs)}
+    assert f["created_cost[default env, 2 GPUs]"].value == pytest.approx(0.018, abs=0.002)
+    assert "1.902x eager" in f["stream[graph@legacy, default env, 2 GPUs]"].text
+
+
+def test_recorded_torch_compile_replays_into_the_current_stream():
+    """torch.compile(mode="reduce-overhead") on 2 H100s: CUDA-graph trees replay on the legacy default stream
+    (0x0) at 1.24x eager; called inside a stream context they replay there at 1.02x."""
+    c = G.compile_table().set_index(["hw", "mixing", "variant"])
+    r = c.loc[("h100x2", "1")]
+    assert r.loc["compile", "replays_by_stream"].startswith("0x0 (legacy default)")
+    assert r.loc["compile", "over_eager"] == pytest.approx(1.24, abs=0.01)
+    assert r.loc["compile+stream", "over_eager"] < 1.03 and "0x0" not in r.loc["compile+stream", "replays_by_stream"]
+    assert r.loc["train_graphed", "replays_by_stream"].startswith("0x0")
+    assert r.loc["eager", "replays_by_stream"] == "no replay"
+
+
 def test_bad_parameters():
     with pytest.raises(ConfigError, match="layers must be"):
         contract.make_config("graph_gaps", {"layers": []})
