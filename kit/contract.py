@@ -204,6 +204,15 @@ class Investigation:
             raise KeyError(f"{self.name}: row without declared column(s) {missing}: {dict(row)!r:.200}")
 
 
+
+def analysis_page(name: str, Config: type, question: str, notebook: Path | None = None) -> Investigation:
+    """An analysis page (``kit doctor``'s report): an entry of the registry that launches nothing, needs nothing of
+    the machine and has no runs to analyse -- its notebook reads the inputs its Config names (trace files);
+    ``kit run <name>`` renders it and the report index lists it."""
+    return Investigation(name=name, Config=Config, run=None, columns=("kind",), tables={}, figures={},
+                         findings=lambda runs: [], needs=lambda cfg, machine: [], question=question,
+                         notebook=notebook)
+
 def _lookup(d: Mapping[str, Analysis], key: str, inv: str, what: str) -> Analysis:
     if key not in d:
         raise KeyError(f"{inv} has no {what} {key!r}; it has: {', '.join(d)}")

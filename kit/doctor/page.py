@@ -1,9 +1,8 @@
 """The doctor's report page: ``kit run doctor -p traces=[...]`` renders ``notebooks/doctor.ipynb`` as HTML.
 
-An analysis page in the experiment contract (:class:`kit.contract.Investigation` with ``run=None``): it launches
-nothing and needs no GPU; its Config names the traces to diagnose. Its parameters derive from
-:class:`kit.config.LaunchConfig` only so that a config file's ``defaults`` section (world size, backend, ...)
-applies to every page alike; the doctor ignores them.
+An analysis page of the registry (:func:`kit.contract.analysis_page`): it launches nothing and needs no GPU; its
+Config names the traces to diagnose. Its parameters derive from :class:`kit.config.LaunchConfig` only so that a
+config file's ``defaults`` section (world size, backend, ...) applies to every page alike; the doctor ignores them.
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..config import LaunchConfig
-from ..contract import Investigation
+from ..contract import analysis_page
 from ..results import recorded_index
 
 DEFAULT_TRACES = list(recorded_index().get("doctor_page_traces", []))
@@ -43,14 +42,5 @@ class DoctorConfig(LaunchConfig):
         return bad
 
 
-INVESTIGATION = Investigation(
-    name="doctor",
-    Config=DoctorConfig,
-    run=None,
-    columns=("kind",),
-    tables={},
-    figures={},
-    findings=lambda runs: [],
-    needs=lambda cfg, machine: [],
-    question="which known causes does this job's trace show? (kit doctor on a job's per-rank traces)",
-)
+INVESTIGATION = analysis_page("doctor", DoctorConfig,
+                              "which known causes does this job's trace show? (kit doctor on a job's per-rank traces)")
