@@ -182,6 +182,29 @@ def test_recorded_torch_compile_replays_into_the_current_stream():
     assert r.loc["eager", "replays_by_stream"] == "no replay"
 
 
+def test_doctor_names_the_stream_a_graph_was_launched_into():
+    """kit doctor on the committed N = 12 replay traces (2 H100s, mixing on): replayed with g.replay() in a plain
+    loop the graph's NCCL kernels ran on stream 7, the legacy default stream, and graph_mixing_gap says so and
+    leads its fix with the replay stream; replayed inside a created stream the gap stays under the rule's bar."""
+    from conftest import finding
+    from kit.doctor import diagnose
+    from kit.doctor.rules.graph_mixing_gap import LEGACY_STREAM, GraphGaps
+
+    run = ROOT / "recorded/h100x2/graph_gaps/20261127-034350-vm-c1d235"
+    legacy = diagnose(sorted(run.glob("trace_*_mode=graph_rank*.json.gz")), workers=1, only=["graph_mixing_gap"])
+    f = finding(legacy, "graph_mixing_gap")
+    assert f is not None and f.evidence["graph_launched_into"].startswith("stream 7, the legacy default stream")
+    assert "legacy default stream" in f.summary and f.fix.startswith("Replay the graph from a created stream")
+    assert "NCCL_GRAPH_MIXING_SUPPORT=0" in f.fix
+    created = diagnose(sorted(run.glob("trace_*_stream=created_rank*.json.gz")), workers=1,
+                       only=["graph_mixing_gap"])
+    assert finding(created, "graph_mixing_gap") is None and "graph_mixing_gap" in created.checked
+    other = GraphGaps(graph_launches=1, nccl=12, gap_nccl_us=4.0, baseline_us=2.0, baseline_of="x", excess_us=24.0,
+                      steps=1, window=None, stream=21)
+    assert other.launched_into == f"stream 21, not the legacy default stream ({LEGACY_STREAM})"
+    assert "graph_launched_into" in other.evidence()
+
+
 def test_bad_parameters():
     with pytest.raises(ConfigError, match="layers must be"):
         contract.make_config("graph_gaps", {"layers": []})
