@@ -82,16 +82,24 @@ def _committed():
 
 
 @pytest.mark.parametrize("path", _committed(), ids=lambda p: str(p.relative_to(DATA)))
-def test_slices_sum_to_every_step_on_committed_traces(path):
+def test_slices_and_host_kinds_sum_to_every_step_on_committed_traces(path):
     t = traces.load_trace(path)
     if t.gpu.empty:
         pytest.skip("no GPU activity (CPU-only traces: kit.doctor.accounting.account_cpu)")
-    a = account(_view(t))
+    from kit.doctor.host_model import KINDS, host_model
+
+    view = _view(t)
+    a = account(view)
     ps = a.per_step
     assert len(ps) >= 1 and (ps["dur"] > 0).all()
     assert (ps[list(SLICES)] >= -1e-6).all().all()
     assert ((ps[list(SLICES)].sum(axis=1) - ps["dur"]).abs() <= 1e-6 * ps["dur"] + 1e-6).all()
     assert a.cost("compute") <= (a.step_us or a.window_us) + 1e-6
+    # the host model's kinds split the same windows, and its GPU busy time is the accounting's
+    hs = host_model(view).per_step
+    assert ((hs[[f"{k}_us" for k in KINDS]].sum(axis=1) - hs["dur"]).abs() <= 1e-6 * hs["dur"] + 1e-3).all()
+    busy = ps[["compute", "comm", "memory"]].sum(axis=1).to_numpy()
+    assert hs["gpu_busy_us"].to_numpy() == pytest.approx(busy, rel=1e-6, abs=1e-3)
 
 
 def test_diagnosis_carries_the_accounting_table_and_figure():
@@ -253,19 +261,6 @@ def test_host_model_splits_the_planted_step_and_feeds_the_accounting():
     assert row["gpu_busy_us"] == 3550 and row["gpu_comm_us"] == 0 and row["gpu_compute_us"] == 3550
     assert set(h.activity["kind"]) <= set(KINDS)
     assert h.activity.loc[h.activity["kind"] == "sync", "name"].tolist() == ["cudaStreamSynchronize"]
-
-
-@pytest.mark.parametrize("path", _committed(), ids=lambda p: str(p.relative_to(DATA)))
-def test_host_model_kinds_sum_to_every_step(path):
-    from kit.doctor.host_model import KINDS, host_model
-
-    t = traces.load_trace(path)
-    if t.gpu.empty:
-        pytest.skip("no GPU activity (the CPU-only model is checked on the gloo corpus)")
-    h = host_model(_view(t))
-    ps = h.per_step
-    assert ((ps[[f"{k}_us" for k in KINDS]].sum(axis=1) - ps["dur"]).abs() <= 1e-6 * ps["dur"] + 1e-3).all()
-    assert (ps["gpu_busy_us"] <= ps["dur"] + 1e-3).all() and (ps["gpu_compute_us"] >= -1e-6).all()
 
 
 def test_late_rank_reason_comes_from_the_host_activity_the_accounting_uses():

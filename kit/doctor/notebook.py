@@ -264,6 +264,7 @@ def _draw(paths: dict[int, str], ranks: list[int], clock_rank: int, t0: float, t
     import matplotlib.pyplot as plt
 
     from .. import traces
+    from .calls import STEP_PREFIX
 
     loaded = {r: traces.load_trace(paths[r]) for r in sorted(set(ranks) | {clock_rank})}
     offs = traces.clock_offsets(list(loaded.values())) if len(loaded) > 1 else {clock_rank: 0.0}
@@ -288,7 +289,7 @@ def _draw(paths: dict[int, str], ranks: list[int], clock_rank: int, t0: float, t
                            facecolors=[c for _, _, c in bars], edgecolors="none", linewidth=0)
     for r in ranks:  # step boundaries
         t, off = loaded[r], offs.get(r, 0.0)
-        st = t.cpu[(t.cpu["cat"] == "user_annotation") & t.cpu["name"].astype(str).str.startswith("ProfilerStep#")]
+        st = t.cpu[(t.cpu["cat"] == "user_annotation") & t.cpu["name"].astype(str).str.startswith(STEP_PREFIX)]
         for x in st["ts"] + off:
             if a <= x <= b:
                 ax.axvline((x - a) / 1e3, color="k", lw=0.6, ls=":")
