@@ -694,3 +694,31 @@ def test_gpu_pipeline_same_numbers_over_every_transport(tmp_path, world):
     assert (idle.busy_us > 0).all() and (idle.host_idle_us >= 0).all()
     # the graph replay launches everything at once: no GPU idles waiting for a launch
     assert idle[(idle.transport == "nccl") & (idle.driver == "device")].host_idle_us.max() < 50
+
+
+R1_H100X4 = ROOT / "recorded" / "probes" / "p2p-causes-h100x4" / "r1" / "kit4"
+
+
+def test_floors_matrix_and_model_of_the_4xh100_probe_run():
+    """The 4xH100 round-1 run (before the fixes; recorded/probes/p2p-causes-h100x4/README.md): the CUDA floor
+    beside every transport at 1 KiB, the copy-out alone beside ipc both ways, the pair matrix one way (12 ordered
+    pairs) and both ways (6 pairs), and the 4-stage model: nccl as one CUDA graph per stage within 2% of it, the
+    host-bound copy pipeline 4.2x."""
+    runs = results.RunSet([R1_H100X4], "r1")
+    approx = lambda v: pytest.approx(v, rel=0.01)  # noqa: E731
+    f = {x.key: x for x in INV.findings(runs)}
+    assert f["latency.floor"].value == approx(13.2) and "event round trip 24.7 us" in f["latency.floor"].text
+    assert f["latency.copy"].value == approx(1.47) and "4.58x the CUDA floor" in f["latency.copy"].text
+    assert f["bandwidth.both.local copy_"].value == approx(186.6) and "2.88 TB/s" in f["bandwidth.both.local copy_"].text
+    assert "854.3 us per round" in f["bandwidth.both.ipc"].text
+    assert not [k for k in f if k in ("bandwidth.one.event round trip", "latency.cuMemcpy loop")]
+    m = A.matrices(runs)
+    assert set(m.index.get_level_values("direction")) == {"one", "both"} and m.shape == (4 * 2 * 4, 4)
+    one = A.matrix(runs, "copy")
+    assert one.notna().sum().sum() == 12 and (one.fillna(400) > 350).all().all()
+    assert A.matrix(runs, "ipc-direct", "both").notna().sum().sum() == 12  # each pair in both of its cells
+    mo = PA.model(runs).set_index(["transport", "driver"])
+    assert (mo.stages == 4).all() and mo.bubble_fraction.eq(3 / 11).all()
+    assert mo.loc[("nccl", "device"), "measured_vs_model"] == approx(1.015)
+    assert mo.loc[("copy", "host"), "measured_vs_model"] == approx(4.237)
+    assert (mo.predicted_p10_ms < mo.predicted_ms).all() and (mo.predicted_ms < mo.predicted_p90_ms).all()

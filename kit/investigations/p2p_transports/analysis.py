@@ -16,7 +16,7 @@ import pandas as pd
 
 from ... import stats, traces, transports
 from ...contract import Observation
-from .bandwidth import BARE, FLOOR_COPY, LOCAL, REFERENCES
+from .bandwidth import BARE, FLOOR_COPY, FLOOR_EVENTS, LOCAL, REFERENCES
 
 _human = stats.human_bytes
 
@@ -264,11 +264,20 @@ def findings(data) -> list[Observation]:
     df = frame(data)
     out: list[Observation] = []
     for t, r in at_size(df, AT, "one").iterrows():
+        if t in (FLOOR_COPY, FLOOR_EVENTS):  # per-message floors: meaningful at the smallest size only
+            continue
         out.append(Observation(f"bandwidth.one.{t}", f"{t}: {_human(int(r.bytes))} one way: {r.gbps:.1f} GB/s",
                                float(r.gbps), "GB/s"))
-    for t, r in at_size(df, AT, "both").iterrows():
+    both = at_size(df, AT, "both")
+    for t, r in both.iterrows():
+        if t == LOCAL:  # a copy inside each GPU beside the cross-process points: what a copy-out costs alone
+            out.append(Observation(f"bandwidth.both.{t}", f"a copy of {_human(int(r.bytes))} inside one GPU (a buffered "
+                                   f"receive's copy-out, alone): {r.time_us_median:.1f} us, {2 * r.gbps / 1e3:.2f} TB/s "
+                                   "of memory reads + writes", float(r.time_us_median), "us"))
+            continue
         out.append(Observation(f"bandwidth.both.{t}", f"{t}: {_human(int(r.bytes))} each way at once: "
-                                                  f"{r.total_gbps:.1f} GB/s total", float(r.total_gbps), "GB/s"))
+                                                  f"{r.total_gbps:.1f} GB/s total ({r.time_us_median:.1f} us per round)",
+                               float(r.total_gbps), "GB/s"))
     for r in comm_compute(df).itertuples():
         out.append(Observation(f"comm_compute.{r.transport}.overlapped_vs_serial",
                                f"{r.transport}: compute + transfers overlapped {r.overlapped_us / 1e3:.2f} ms vs "
@@ -279,11 +288,18 @@ def findings(data) -> list[Observation]:
                                f"{r.comm_in_overlap_us / 1e3:.2f} ms overlapped with compute",
                                float(r.comm_in_overlap_us / 1e3), "ms"))
     lat = latency(df)
+    if FLOOR_COPY in lat.index:
+        ev = f", {FLOOR_EVENTS} {lat.loc[FLOOR_EVENTS, 'time_us_median']:.1f} us" if FLOOR_EVENTS in lat.index else ""
+        out.append(Observation("latency.floor", f"the CUDA floor at {_human(int(lat['bytes'].iloc[0]))} one way: "
+                               f"{FLOOR_COPY} {lat.loc[FLOOR_COPY, 'time_us_median']:.1f} us per message{ev}",
+                               float(lat.loc[FLOOR_COPY, "time_us_median"]), "us"))
     for t, r in lat.iterrows() if "vs_copy_loop" in lat.columns else []:
-        if t != BARE:
+        if t not in REFERENCES:
+            floor = (f", {r.vs_floor:.2f}x the CUDA floor ({FLOOR_COPY} {lat.loc[FLOOR_COPY, 'time_us_median']:.1f} us)"
+                     if "vs_floor" in lat.columns and r.vs_floor == r.vs_floor else "")
             out.append(Observation(f"latency.{t}", f"{t}: {_human(int(r.bytes))} one way {r.time_us_median:.1f} us per "
                                                f"message, {r.vs_copy_loop:.2f}x the bare copy_ loop's "
-                                               f"{lat.loc[BARE, 'time_us_median']:.1f} us", float(r.vs_copy_loop)))
+                                               f"{lat.loc[BARE, 'time_us_median']:.1f} us{floor}", float(r.vs_copy_loop)))
     out += _semantics_findings(df)
     cc = comm_comm(df)
     for (t, sc, mode), g in cc.groupby(["transport", "scenario", "mode"], sort=False) if len(cc) else []:
