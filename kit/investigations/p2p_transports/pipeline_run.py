@@ -174,8 +174,8 @@ def parts(cfg, ctx, T, S, P: Pipeline, keys: dict, act: int):
     for s, st in P.stages.items():
         ctx.step(f"{T.name} pipeline parts stage {s}", point=False)
         for i, us in enumerate(_compute_times(st, s == P.n - 1, max(cfg.warmup, PART_WARMUP), cfg.repeats, S.is_cuda)):
-            yield from (dict(keys, kind="pipeline_part", part=part, stage=s, sample=i, time_us=us[part])
-                        for part in ("F", "B"))
+            yield from (dict(keys, kind="pipeline_part", part=part, stage=s, sample=i, time_us=us[part],
+                             host_us=us[f"{part} host"]) for part in ("F", "B"))
     for s in range(P.n - 1):
         ctx.step(f"{T.name} pipeline parts transfer {s}->{s + 1}", point=False)
         yield from H.timed_rows(cfg, ctx, T, S, [(s, s + 1, act)],
@@ -184,7 +184,9 @@ def parts(cfg, ctx, T, S, P: Pipeline, keys: dict, act: int):
 
 
 def _compute_times(st: Stage, last: bool, warmup: int, repeats: int, cuda: bool) -> list[dict]:
-    """Per sample, {"F": us, "B": us}: one forward and one backward of a micro-batch on stage ``st`` alone."""
+    """Per sample, {"F": us, "B": us, "F host": us, "B host": us}: one forward and one backward of a micro-batch on
+    stage ``st`` alone, on the device and the host's time to issue each (the call's wall time: what a
+    host-driven pipeline spends per step before its GPU can start the next one)."""
     import torch
 
     x0 = st.inputs[0] if st.inputs is not None else torch.randn(st.batch, st.hidden, device=st.device, dtype=st.dtype)
@@ -194,13 +196,16 @@ def _compute_times(st: Stage, last: bool, warmup: int, repeats: int, cuda: bool)
         for i in range(-warmup, repeats):
             x = x0.detach().requires_grad_(st.stage > 0)
             timer = timing.PhaseTimer(cuda)
+            h0 = time.perf_counter()
             with timer.phase("F"):
                 y = forward(st.weights, x)
                 if last:
                     y = loss_of(y, st.m)
+            h1 = time.perf_counter()
             with timer.phase("B"):
                 y.backward(None if last else g)
-            us = timer.read()
+            h2 = time.perf_counter()
+            us = dict(timer.read(), **{"F host": (h1 - h0) * 1e6, "B host": (h2 - h1) * 1e6})
             st.zero_grad()
             if i >= 0:
                 out.append(us)

@@ -2,7 +2,8 @@
 # Build the device snapshot /work/main/.device/p2p from the worktree (working tree, not HEAD): $1 = round script
 set -eu
 W=/work/wt-p2p
-D=/work/main/.device/p2p
+FINAL=/work/main/.device/p2p
+D=$FINAL.new
 rm -rf $D && mkdir -p $D
 cd $W
 tar -c --exclude=__pycache__ kit configs benchmarks notebooks examples pyproject.toml tests/conftest.py tests/exps.py \
@@ -15,4 +16,6 @@ for p in pytest _pytest pluggy iniconfig packaging py.py; do [ -e $SP/$p ] && cp
 find $D/pylib -name __pycache__ -prune -exec rm -rf {} +
 cp "$1" $D/run.sh
 chmod +x $D/run.sh
-du -sh $D
+[ -n "${2:-}" ] && touch $D/$2   # READY-rN
+rm -rf $FINAL.old; [ -d $FINAL ] && mv $FINAL $FINAL.old; mv $D $FINAL; rm -rf $FINAL.old
+du -sh $FINAL
