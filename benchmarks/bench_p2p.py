@@ -80,6 +80,9 @@ def check_run(df, check: Check, label: str) -> None:
         above_spread = not (r.measured_ms < r.predicted_p10_ms)
         check(what, r.measured_vs_model, f"<= {PIPE_VS_MODEL}, >= model p10 {r.predicted_p10_ms / r.predicted_ms:.3f}",
               within and above_spread)
+        if r.host_model_ms == r.host_model_ms:
+            print(f"    (the model with the host's time to issue each step: {r.host_model_ms:.2f} ms, measured "
+                  f"{r.measured_vs_host_model:.2f}x of it)")
     if ws > 2:
         b = A.bandwidth(df)
         b = b[b["kind"] == "matrix"] if len(b) else b

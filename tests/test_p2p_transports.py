@@ -287,6 +287,16 @@ def test_pipeline_model_simulates_the_schedule():
         PA.simulate([1, 1], [2, 2], [], 3)
 
 
+def test_pipeline_model_with_the_host():
+    """A host-driven pipeline's model: each step also issued by a host (2 us per step here, F 1 and B 2 us on the
+    GPU, no transfer, p = 2, m = 3). One host per stage: a step's GPU work ends no earlier than its issue, and a
+    receive is issued after its sender's step -- worked by hand, 16 us. One host for both stages (one thread
+    driving every GPU): its 12 steps one after another, 24 us. Without host times, the device model (12 us)."""
+    assert PA.simulate([1, 1], [2, 2], [0.0], 3, [2, 2], [2, 2]) == 16.0
+    assert PA.simulate([1, 1], [2, 2], [0.0], 3, [2, 2], [2, 2], shared_host=True) == 24.0
+    assert PA.simulate([1, 1], [2, 2], [0.5], 3, [0, 0], [0, 0], shared_host=True) == PA.simulate([1, 1], [2, 2], [0.5], 3)
+
+
 def test_pipeline_model_formula():
     """The model on hand-made parts: p = 2, m = 8, stage 0 F 1 + B 2, stage 1 F 1 + B 3 (us); F/B pooled over
     transports (stage 1's B is 2 on one transport and 4 on the other: median 3), the transfer each transport's own.

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ... import plot, stats
+from ... import plot, stats, transports
 from ...traces.overlap import length, union
 from ...contract import Observation
 from . import analysis as A
@@ -68,19 +68,27 @@ def parts(data) -> pd.DataFrame:
     return stats.slowest_rank_stats(d, ["transport", "part", "where"])
 
 
-def simulate(F, B, c, m: int) -> float:
+def simulate(F, B, c, m: int, hF=None, hB=None, shared_host: bool = False) -> float:
     """The 1F1B iteration (the time the last stage finishes) of stages with forward ``F[s]`` and backward ``B[s]``
     per micro-batch and ``c[s]`` per transfer between stage ``s`` and ``s + 1`` (either way), ``m`` micro-batches:
     every stage runs :func:`.pipeline.schedule` in order, a step starting when its stage is free and its input has
     arrived (a forward: the previous stage's forward of that micro-batch plus the hop; a backward: the next stage's
-    backward plus the hop). Raises on a schedule that cannot finish."""
+    backward plus the hop). Raises on a schedule that cannot finish.
+
+    With the host's time to issue each step (``hF[s]``, ``hB[s]``: a host-driven pipeline) a step is also issued
+    by a host -- one per stage, or one for every stage (``shared_host``: one thread driving every GPU, taking turns
+    as :func:`.pipeline.drive` does: a stage issues what it can, then the next) -- after that host's previous step
+    and after the host that issues its input's step (a message is posted when its sender issued it); its GPU work
+    starts no earlier than its issue begins and ends no earlier than its issue ends."""
     from .pipeline import schedule
 
     p = len(F)
     if len(B) != p or len(c) != p - 1:
         raise ValueError(f"simulate: {p} forwards, {len(B)} backwards and {len(c)} hops (need p, p and p - 1)")
+    host = hF is not None and hB is not None
     prog = [schedule(s, p, m) for s in range(p)]
-    nxt, free, end = [0] * p, [0.0] * p, {}
+    nxt, free, end, issued = [0] * p, [0.0] * p, {}, {}
+    hfree = [0.0] * (1 if shared_host else p)
     left = sum(len(x) for x in prog)
     while left:
         moved = False
@@ -88,14 +96,24 @@ def simulate(F, B, c, m: int) -> float:
             while nxt[s] < len(prog[s]):
                 kind, i = prog[s][nxt[s]]
                 if kind == "F":
-                    dep = 0.0 if s == 0 else end.get(("F", s - 1, i))
+                    src = ("F", s - 1, i) if s > 0 else None
                     hop = c[s - 1] if s > 0 else 0.0
                 else:
-                    dep = 0.0 if s == p - 1 else end.get(("B", s + 1, i))
+                    src = ("B", s + 1, i) if s < p - 1 else None
                     hop = c[s] if s < p - 1 else 0.0
-                if dep is None:
+                if src is not None and src not in end:
                     break
-                free[s] = end[(kind, s, i)] = max(free[s], dep + hop) + (F[s] if kind == "F" else B[s])
+                dep = end[src] + hop if src is not None else 0.0
+                start = max(free[s], dep)
+                dur = F[s] if kind == "F" else B[s]
+                if host:
+                    h = 0 if shared_host else s
+                    hs = max(hfree[h], issued[src] if src is not None else 0.0)
+                    hfree[h] = issued[(kind, s, i)] = hs + (hF[s] if kind == "F" else hB[s])
+                    start = max(start, hs)
+                    free[s] = end[(kind, s, i)] = max(start + dur, hfree[h])
+                else:
+                    free[s] = end[(kind, s, i)] = start + dur
                 nxt[s] += 1
                 left -= 1
                 moved = True
@@ -140,6 +158,7 @@ def model(data) -> pd.DataFrame:
             pred[name] = simulate(list(fb["F"]), list(fb["B"]), c, m)
         if "median" not in pred:
             continue
+        hosted = _host_model(comp, hops, p, m, r)
         per_stage = comp.groupby(["stage", "part"])["time_us"].median().groupby("stage").sum()
         b = comp[comp["part"] == "B"]["time_us"]
         cmax = max([_hop(hops, s, 0.5) for s in range(p - 1)] or [0.0])
@@ -150,8 +169,28 @@ def model(data) -> pd.DataFrame:
                         bubble_fraction=(p - 1) / (m + p - 1), predicted_ms=pred["median"] / 1e3,
                         predicted_p10_ms=pred.get("p10", float("nan")) / 1e3,
                         predicted_p90_ms=pred.get("p90", float("nan")) / 1e3, formula_ms=formula / 1e3,
-                        measured_ms=r.time_ms_median, measured_vs_model=r.time_ms_median * 1e3 / pred["median"]))
+                        host_model_ms=hosted / 1e3, measured_ms=r.time_ms_median,
+                        measured_vs_model=r.time_ms_median * 1e3 / pred["median"],
+                        measured_vs_host_model=r.time_ms_median * 1e3 / hosted))
     return pd.DataFrame(out)
+
+
+def _host_model(comp: pd.DataFrame, hops: pd.DataFrame, p: int, m: int, r) -> float:
+    """:func:`simulate` with the host's time to issue each stage's forward and backward alone (the parts'
+    ``host_us``): one host for every stage where one thread drives them all (an in-process transport,
+    host-driven), one per stage otherwise; a device-bound CUDA graph has none (the device model). NaN without
+    host times (runs from before they were measured)."""
+    if "host_us" not in comp.columns or comp["host_us"].isna().all():
+        return float("nan")
+    fb = comp.groupby(["stage", "part"])["time_us"].median().unstack()
+    h = comp.groupby(["stage", "part"])["host_us"].median().unstack()
+    how = getattr(r, "how", "host")
+    c = [_hop(hops, s, 0.5) for s in range(p - 1)]
+    if how == "graph":
+        return simulate(list(fb["F"]), list(fb["B"]), c, m)
+    caps = transports.capabilities(r.transport)
+    shared = how == "host" and caps is not None and caps.in_process
+    return simulate(list(fb["F"]), list(fb["B"]), c, m, list(h["F"]), list(h["B"]), shared_host=shared)
 
 
 def _hop(hops: pd.DataFrame, s: int, qq: float) -> float:
@@ -335,7 +374,10 @@ def findings(df) -> list[Observation]:
                                f"{r.transport} ({r.driver}): measured {r.measured_ms:.2f} ms vs 1F1B model "
                                f"{r.predicted_ms:.2f} ms ({r.measured_vs_model:.2f}x; p={r.stages}, m={r.micro_batches}, "
                                f"bubble {r.bubble_fraction:.0%}, slowest stage F+B {r.stage_f_plus_b_ms:.3f} ms, "
-                               f"transfer {r.transfer_ms:.3f} ms)", float(r.measured_vs_model)))
+                               f"transfer {r.transfer_ms:.3f} ms)"
+                               + (f"; with the host's time to issue each step {r.host_model_ms:.2f} ms "
+                                  f"({r.measured_vs_host_model:.2f}x)" if r.host_model_ms == r.host_model_ms else ""),
+                               float(r.measured_vs_model)))
     losses = pp["loss"].dropna() if len(pp) else pd.Series(dtype=float)
     if len(losses):
         spread = float((losses.max() - losses.min()) / abs(losses.median())) if losses.median() else float("nan")
