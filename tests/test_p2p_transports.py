@@ -291,10 +291,12 @@ def test_pipeline_model_with_the_host():
     """A host-driven pipeline's model: each step also issued by a host (2 us per step here, F 1 and B 2 us on the
     GPU, no transfer, p = 2, m = 3). One host per stage: a step's GPU work ends no earlier than its issue, and a
     receive is issued after its sender's step -- worked by hand, 16 us. One host for both stages (one thread
-    driving every GPU): its 12 steps one after another, 24 us. Without host times, the device model (12 us)."""
+    driving every GPU): its 12 steps one after another, 24 us. Without host times, the device model (12 us).""" 
     assert PA.simulate([1, 1], [2, 2], [0.0], 3, [2, 2], [2, 2]) == 16.0
     assert PA.simulate([1, 1], [2, 2], [0.0], 3, [2, 2], [2, 2], shared_host=True) == 24.0
     assert PA.simulate([1, 1], [2, 2], [0.5], 3, [0, 0], [0, 0], shared_host=True) == PA.simulate([1, 1], [2, 2], [0.5], 3)
+    # and 1 us of host time per message (6 of them), on the receiving step: 24 + 6
+    assert PA.simulate([1, 1], [2, 2], [0.0], 3, [2, 2], [2, 2], shared_host=True, hsend=[0], hrecv=[1]) == 30.0
 
 
 def test_pipeline_model_formula():

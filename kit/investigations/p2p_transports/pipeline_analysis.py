@@ -68,7 +68,7 @@ def parts(data) -> pd.DataFrame:
     return stats.slowest_rank_stats(d, ["transport", "part", "where"])
 
 
-def simulate(F, B, c, m: int, hF=None, hB=None, shared_host: bool = False) -> float:
+def simulate(F, B, c, m: int, hF=None, hB=None, shared_host: bool = False, hsend=None, hrecv=None) -> float:
     """The 1F1B iteration (the time the last stage finishes) of stages with forward ``F[s]`` and backward ``B[s]``
     per micro-batch and ``c[s]`` per transfer between stage ``s`` and ``s + 1`` (either way), ``m`` micro-batches:
     every stage runs :func:`.pipeline.schedule` in order, a step starting when its stage is free and its input has
@@ -79,7 +79,9 @@ def simulate(F, B, c, m: int, hF=None, hB=None, shared_host: bool = False) -> fl
     by a host -- one per stage, or one for every stage (``shared_host``: one thread driving every GPU, taking turns
     as :func:`.pipeline.drive` does: a stage issues what it can, then the next) -- after that host's previous step
     and after the host that issues its input's step (a message is posted when its sender issued it); its GPU work
-    starts no earlier than its issue begins and ends no earlier than its issue ends."""
+    starts no earlier than its issue begins and ends no earlier than its issue ends. ``hsend[k]`` / ``hrecv[k]``:
+    the host's time per message over hop ``k`` on the sending / receiving side, added to the step that sends /
+    receives it."""
     from .pipeline import schedule
 
     p = len(F)
@@ -109,7 +111,13 @@ def simulate(F, B, c, m: int, hF=None, hB=None, shared_host: bool = False) -> fl
                 if host:
                     h = 0 if shared_host else s
                     hs = max(hfree[h], issued[src] if src is not None else 0.0)
-                    hfree[h] = issued[(kind, s, i)] = hs + (hF[s] if kind == "F" else hB[s])
+                    cost = hF[s] if kind == "F" else hB[s]
+                    if src is not None and hrecv is not None:  # this step receives over the hop it came by
+                        cost += hrecv[s - 1 if kind == "F" else s]
+                    out_hop = (s if s < p - 1 else None) if kind == "F" else (s - 1 if s > 0 else None)
+                    if out_hop is not None and hsend is not None:  # and sends its output on
+                        cost += hsend[out_hop]
+                    hfree[h] = issued[(kind, s, i)] = hs + cost
                     start = max(start, hs)
                     free[s] = end[(kind, s, i)] = max(start + dur, hfree[h])
                 else:
@@ -177,9 +185,11 @@ def model(data) -> pd.DataFrame:
 
 def _host_model(comp: pd.DataFrame, hops: pd.DataFrame, p: int, m: int, r) -> float:
     """:func:`simulate` with the host's time to issue each stage's forward and backward alone (the parts'
-    ``host_us``): one host for every stage where one thread drives them all (an in-process transport,
-    host-driven), one per stage otherwise; a device-bound CUDA graph has none (the device model). NaN without
-    host times (runs from before they were measured)."""
+    ``host_us``) and each message alone (the transfer part's ``host_us``: per message, each rank's own side; one
+    process issues both sides of an in-process transport's message, counted once, on the receiving step): one
+    host for every stage where one thread drives them all (an in-process transport, host-driven), one per stage
+    otherwise; a device-bound CUDA graph has none (the device model). NaN without host times (runs from before
+    they were measured)."""
     if "host_us" not in comp.columns or comp["host_us"].isna().all():
         return float("nan")
     fb = comp.groupby(["stage", "part"])["time_us"].median().unstack()
@@ -190,7 +200,19 @@ def _host_model(comp: pd.DataFrame, hops: pd.DataFrame, p: int, m: int, r) -> fl
         return simulate(list(fb["F"]), list(fb["B"]), c, m)
     caps = transports.capabilities(r.transport)
     shared = how == "host" and caps is not None and caps.in_process
-    return simulate(list(fb["F"]), list(fb["B"]), c, m, list(h["F"]), list(h["B"]), shared_host=shared)
+    hsend, hrecv = [], []
+    for k in range(p - 1):  # the host's time per message alone, each side's own (one process: both in one)
+        t = hops[(hops["src"] == k) & (hops["dst"] == k + 1)] if "src" in hops.columns else hops.iloc[:0]
+        hu = t.dropna(subset=["host_us"]) if "host_us" in t.columns else t.iloc[:0]
+        if caps is not None and caps.in_process:
+            hsend.append(0.0)
+            hrecv.append(float(hu["host_us"].median()) if len(hu) else 0.0)
+        else:
+            by = hu.groupby("rank")["host_us"].median() if len(hu) else pd.Series(dtype=float)
+            hsend.append(float(by.get(k, 0.0)))
+            hrecv.append(float(by.get(k + 1, 0.0)))
+    return simulate(list(fb["F"]), list(fb["B"]), c, m, list(h["F"]), list(h["B"]), shared_host=shared,
+                    hsend=hsend, hrecv=hrecv)
 
 
 def _hop(hops: pd.DataFrame, s: int, qq: float) -> float:

@@ -79,7 +79,7 @@ def kit_runs(d):
     from kit.investigations.p2p_transports import analysis as A
     from kit.investigations.p2p_transports import pipeline_analysis as PA
 
-    for sub in ("kit2", "kit4"):
+    for sub in ("kit2", "kit4", "h100x2", "h100x4"):
         dirs = glob.glob(os.path.join(d, sub, "p2p_transports", "*"))
         for run in dirs:
             print(f"== {sub}: {run}")
@@ -92,7 +92,7 @@ def kit_runs(d):
             mo = PA.model(rs)
             if len(mo):
                 print(mo[["transport", "driver", "stages", "transfer_ms", "predicted_ms", "predicted_p10_ms", "predicted_p90_ms",
-                          "formula_ms", "measured_ms", "measured_vs_model"]].round(3).to_string())
+                          "formula_ms", "host_model_ms", "measured_ms", "measured_vs_model", "measured_vs_host_model"]].round(3).to_string())
             pa = PA.parts(rs)
             if len(pa):
                 print(pa.round(1).to_string())
@@ -105,6 +105,10 @@ def kit_runs(d):
             except Exception as e:  # noqa: BLE001
                 print("matrix failed", e)
             print(A.at_size(df, 256 << 20, "both"))
+            print(A.latency(df).round(2).to_string())
+            raw = df[df.kind == "pipeline_part"]
+            if "host_us" in raw.columns:
+                print(raw.groupby(["transport", "part", "stage"])[["time_us", "host_us"]].median().round(1).unstack("transport").to_string())
             sk = A.skipped(df)
             if len(sk):
                 print(sk.to_string())
