@@ -67,6 +67,7 @@ def test_cpu_only_job_speaks_of_the_main_thread(cpu_job):
     (late,) = [f for f in cpu_job.findings if f.rule == "late_rank"]
     assert "stalled on the host" in late.summary and "main thread" in late.summary
     assert "GPU" not in late.summary
+    assert not any("ProfilerActivity" in s.why for s in cpu_job.skipped)  # advice is the capture note's alone
 
 
 def test_cpu_only_page_figure_title_names_no_gpu(cpu_job):

@@ -170,7 +170,7 @@ def rank_account(view: "RankView", host: "HostModel | None", cpu_all: "pd.DataFr
             "step_accounting", "every GPU activity in the trace lasts 0 us: nothing to account the step by")
     if host is None or cpu_all is None:
         return Skip("step_accounting", "no GPU activity and no CPU ops in the trace: nothing to account the step "
-                                       "by (profile with ProfilerActivity.CUDA, or CPU for a CPU-only job)")
+                                       "by (the capture notes say what to record)")
     return account_cpu(view, cpu_all, host) or Skip("step_accounting", "no step annotations and no CPU ops on any "
                                                                        "thread to place a window on")
 

@@ -22,7 +22,7 @@ def gpu_extract(rule_id: str):
         if tl.gpu_kernels == 0:
             return Skip(rule_id, "gloo collectives run on CPU threads and the trace has no GPU kernels: nothing to "
                                  "overlap" if tl.backend == "gloo" else
-                                 "no GPU kernels in the trace (was it recorded with ProfilerActivity.CUDA?)")
+                                 "no GPU kernels in the trace (the capture notes say why)")
         return tl
 
     extract.__name__ = f"extract_{rule_id}"

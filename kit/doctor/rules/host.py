@@ -128,8 +128,7 @@ def cannot_read(h: HostTimeline, rid: str, runtime_for: str | None) -> Skip | No
     """Why rule ``rid`` cannot run on this rank, or None: no GPU activity at all (nothing the host issued), or --
     when ``runtime_for`` says what the rule reads of them -- no CUDA runtime calls."""
     if len(h.starts) == 0:
-        return Skip(rid, "no GPU activity in the trace (recorded with ProfilerActivity.CUDA?): nothing issued to "
-                         "the GPU to look at")
+        return Skip(rid, "no GPU activity in the trace: nothing issued to a GPU to look at")
     if runtime_for and not h.has_runtime:
         return Skip(rid, "no CUDA runtime events in the trace (profile with ProfilerActivity.CPU as well as CUDA): "
                          f"the host calls that issue and wait for GPU work are not there ({runtime_for})")

@@ -74,7 +74,7 @@ REASON_TEXT = {"data_wait": "waiting for its DataLoader", "host_sync": "blocked 
                "host_idle": "on the host without issuing any GPU work", "host_busy": "issuing work more slowly on "
                "the host", "gpu_busy": "with its GPU still busy (longer compute) when it launched the collective"}
 """what the late rank was doing, by reason (a GPU job)"""
-REASON_TEXT_CPU = {**REASON_TEXT, "host_idle": "stalled on the host (no recorded op for 1 ms or more at a time)",
+REASON_TEXT_CPU = {**REASON_TEXT, "host_idle": "stalled on the host, with no recorded op for 1 ms or more at a time",
                    "host_busy": "running its own ops more slowly"}
 """... on a CPU-only job (no GPU: the main thread runs the work)"""
 
