@@ -291,7 +291,7 @@ def test_pipeline_model_with_the_host():
     """A host-driven pipeline's model: each step also issued by a host (2 us per step here, F 1 and B 2 us on the
     GPU, no transfer, p = 2, m = 3). One host per stage: a step's GPU work ends no earlier than its issue, and a
     receive is issued after its sender's step -- worked by hand, 16 us. One host for both stages (one thread
-    driving every GPU): its 12 steps one after another, 24 us. Without host times, the device model (12 us).""" 
+    driving every GPU): its 12 steps one after another, 24 us. Without host times, the device model (12 us)."""
     assert PA.simulate([1, 1], [2, 2], [0.0], 3, [2, 2], [2, 2]) == 16.0
     assert PA.simulate([1, 1], [2, 2], [0.0], 3, [2, 2], [2, 2], shared_host=True) == 24.0
     assert PA.simulate([1, 1], [2, 2], [0.5], 3, [0, 0], [0, 0], shared_host=True) == PA.simulate([1, 1], [2, 2], [0.5], 3)
@@ -734,3 +734,31 @@ def test_floors_matrix_and_model_of_the_4xh100_probe_run():
     assert mo.loc[("nccl", "device"), "measured_vs_model"] == approx(1.015)
     assert mo.loc[("copy", "host"), "measured_vs_model"] == approx(4.237)
     assert (mo.predicted_p10_ms < mo.predicted_ms).all() and (mo.predicted_ms < mo.predicted_p90_ms).all()
+
+
+def test_the_recorded_h100_runs():
+    """The 4x and 2x H100 runs the notebook shows after the fixes (FINDINGS.md, 'P2P transports on 2 and 4 H100s'):
+    the pipeline per transport and driver against the model on 4 and 2 stages, both ways against copy, 1 KiB
+    against the bare loop, every pair of the 4 GPUs."""
+    approx = lambda v: pytest.approx(v, rel=0.01)  # noqa: E731
+    four = results.choose("p2p_transports", [], "recorded", set_name="p2p_transports@h100x4")
+    two = results.choose("p2p_transports", [], "recorded", set_name="p2p_transports@h100x2")
+    mo = PA.model(four).set_index(["transport", "driver"])
+    assert (mo.stages == 4).all()
+    for k, ms, ratio in ((("copy", "host"), 41.30, 2.40), (("copy", "device"), 30.43, 1.77),
+                         (("ipc", "host"), 25.62, 1.47), (("ipc-direct", "host"), 24.36, 1.38),
+                         (("nccl", "host"), 18.23, 1.05), (("nccl", "device"), 17.13, 0.98)):
+        assert mo.loc[k, "measured_ms"] == approx(ms) and mo.loc[k, "measured_vs_model"] == pytest.approx(ratio, abs=0.01)
+    assert (mo.measured_ms > mo.predicted_p10_ms).all()  # nothing beats the model by more than its spread
+    m2 = PA.model(two).set_index(["transport", "driver"])
+    assert m2.loc[("nccl", "device"), "measured_vs_model"] == pytest.approx(0.94, abs=0.01)
+    assert m2.loc[("copy", "device"), "measured_vs_model"] == pytest.approx(1.32, abs=0.01)
+    both = INV.table("at_256mib_both", four)
+    assert both.loc["ipc", "vs copy"] == pytest.approx(0.872, abs=0.002)
+    assert both.loc["ipc-direct", "vs copy"] == pytest.approx(0.967, abs=0.002)
+    assert both.loc["local copy_", "time_us_median"] == approx(186.0) and pd.isna(both.loc["local copy_", "vs copy"])
+    lat = A.latency(four)
+    assert lat.loc["copy", "vs_copy_loop"] == pytest.approx(1.76, abs=0.01)
+    assert lat.loc[X.BARE, "vs_floor"] == pytest.approx(1.79, abs=0.01)
+    m = A.matrices(four)
+    assert m.notna().sum().sum() == 4 * (12 + 12)  # 4 transports: 12 ordered pairs one way, 6 pairs both ways x 2 cells
