@@ -174,7 +174,7 @@ def test_recorded_torch_compile_replays_into_the_current_stream():
     """torch.compile(mode="reduce-overhead") and make_graphed_callables on 2 H100s: both replay on the legacy
     default stream (0x0) in a plain loop, at 1.24x and 1.12x eager with mixing on; called inside a stream context
     they replay there at 1.01x and 1.00x; with mixing off the plain call is at 1.01x."""
-    c = G.compile_table().set_index(["hw", "mixing", "variant"])
+    c = G.compile_table().set_index(["hw", "mixing", "variant"]).sort_index()
     on, off = c.loc[("h100x2", "1")], c.loc[("h100x2", "0")]
     for r in (on, off):
         assert r.loc["compile", "replays_by_stream"].startswith("0x0 (legacy default)")
