@@ -117,10 +117,11 @@ def join(T, ctx, flows) -> None:
                 main.wait_event(ev)
 
 
-def transfer(T, ctx, flows, bufs, joined: bool = True) -> None:
+def transfer(T, ctx, flows, bufs, joined: bool = True, op_list=None) -> None:
     """This process's part of one round of ``flows`` (every message posted at once, then waited for: what a
-    program does). ``joined``: then :func:`join` (the timed loop joins once per sample instead)."""
-    o = ops(T, flows, bufs)
+    program does). ``joined``: then :func:`join` (the timed loop joins once per sample instead). ``op_list``: the
+    round's :func:`ops`, made once by a loop that repeats the round (at 1 KiB every microsecond is the message's)."""
+    o = op_list if op_list is not None else ops(T, flows, bufs)
     works = post(T, o)
     # receives first, as a program waits for the data it needs and for its sends later: a send's wait orders the
     # current stream after the whole outgoing copy, and a receive completed after it (ipc: its copy-out queued on
@@ -166,8 +167,10 @@ def timed_rows(cfg, ctx, T, S, flows, keys: dict, kind: str, reference=None) -> 
             verified_transfer(T, ctx, flows, bufs, seq[0])
             seq[0] += 1
     else:
+        op_list = ops(T, flows, bufs)
+
         def fn():
-            transfer(T, ctx, flows, bufs, joined=False)
+            transfer(T, ctx, flows, bufs, joined=False, op_list=op_list)
     refs = reference(bufs) if reference is not None else {}
     joins = {T.name: lambda: join(T, ctx, flows)} if participates(T, flows) else {}  # the others stay off the GPUs
     s = timing.measure_interleaved({T.name: fn, **refs}, S, iters=cfg.iters, repeats=cfg.repeats, warmup=cfg.warmup,
