@@ -334,3 +334,14 @@ def test_chunked_first_pass_selects_the_same_events(monkeypatch):
     small = traces.load_trace(path, cpu="none", cache=False)
     assert len(small.gpu) == len(whole.gpu) > 50
     assert small.gpu.equals(whole.gpu) and small.info == whole.info
+
+
+def test_a_gzip_of_two_members_is_read_whole(tmp_path):
+    """The reader sizes its buffer from the gzip trailer (the last member's size only): a file of two gzip members
+    (``cat a.gz b.gz``) is read on to its end, as ``gzip`` reads it."""
+    path = Path(__file__).parent / "data" / "tp_rank0.json.gz"
+    raw = gzip.decompress(path.read_bytes())
+    two = tmp_path / "two_members_rank0.json.gz"
+    two.write_bytes(gzip.compress(raw[:1000]) + gzip.compress(raw[1000:]))
+    a, b = (traces.load_trace(p, cpu="none", cache=False) for p in (path, two))
+    assert len(a.gpu) == len(b.gpu) > 50 and a.gpu.equals(b.gpu)

@@ -394,12 +394,21 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
             out = [y if x is None else x for x, y in zip(out, a[r])]
         return out
 
-    def add(into: dict[str, list], evs: list, nm: list) -> dict[str, tuple]:
+    def raw_keys(cols) -> tuple[str, ...]:
+        """The raw args keys that fill ``cols``: the only ones a frame's events have decoded (msgspec skips the
+        others, and each decoded key is one more value per event to transpose)."""
+        return tuple(sorted({r for c in cols for r in by_col.get(c, ()) if r in keys}))
+
+    g_keys, c_keys = raw_keys(("device", "stream", *g_cols)), raw_keys(c_cols)
+    cats = ad.cats
+
+    def add(into: dict[str, list], evs: list, nm: list, gpu: bool) -> dict[str, tuple]:
         into["name"] += nm
-        into["cat"] += [_cat(ad.cats[e.cat], n) for e, n in zip(evs, nm)]
+        # a GPU event's category is its adapter's; only a cpu_op's may change with its name (_cat)
+        into["cat"] += [cats[e.cat] for e in evs] if gpu else [_cat(cats[e.cat], n) for e, n in zip(evs, nm)]
         into["ts"] += [e.ts for e in evs]
         into["dur"] += [e.dur for e in evs]
-        return arg_columns(evs, keys)
+        return arg_columns(evs, g_keys if gpu else c_keys)
 
     seen = 0
     windows: list[tuple[float, float]] = []
@@ -408,7 +417,7 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
         w = [e for e in events if e.cat == WINDOW_CAT and e.ph == "X" and e.ts is not None and e.dur]
         windows += [(e.ts, e.ts + e.dur) for e, n in zip(w, names(w)) if n.startswith(WINDOW_NAME)]
         g_ev = [e for e in events if e.cat in gpu_raw and e.ph == "X"]
-        a = add(g, g_ev, names(g_ev))
+        a = add(g, g_ev, names(g_ev), True)
         g["device"] += [e.pid if d is None else d for e, d in zip(g_ev, arg(a, "device", len(g_ev)))]
         g["stream"] += [e.tid if s is None else s for e, s in zip(g_ev, arg(a, "stream", len(g_ev)))]
         for c in g_cols:
@@ -421,7 +430,7 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
                    if keep_cpu(ad.cats[e.cat], n) or (cpu == "default" and (e.dur or 0) >= LONG_CPU_OP_US)]
             c_ev += [e for e, _ in sel]
             c_names += [n for _, n in sel]
-        a = add(cc, c_ev, c_names)
+        a = add(cc, c_ev, c_names, False)
         cc["pid"] += [e.pid for e in c_ev]
         cc["tid"] += [e.tid for e in c_ev]
         for c in c_cols:
