@@ -8,7 +8,8 @@ Two host-bound loops of tiny ops (each step synchronised at its end, in both con
 * ``view``:   ``x.view(-1)`` -- an op that launches nothing (``aten::view``).
 
 Each loop is timed per step (``time.perf_counter`` between step ends, many steps, median) under
-``torch.profiler.profile`` and right after without it (paired: a busy shared host drifts) with each setting: activities CPU (+ CUDA on a GPU), ``record_shapes`` off/on,
+``torch.profiler.profile`` and right after without it (paired: a busy host drifts), ``--rounds`` pairs per setting
+(the median of their differences is kept), with each setting: activities CPU (+ CUDA on a GPU), ``record_shapes`` off/on,
 ``with_stack`` off/on. The recorded events per step are counted in the exported trace with the kit's own reader
 (``kit.traces.load_trace(cpu="all")``: ``cpu_op``, ``cuda_runtime``/``cuda_driver``, ``user_annotation``), and the
 extra time per step is split over them by least squares over the two loops: ``us_per_op`` (an ``aten::`` op) and
@@ -77,7 +78,7 @@ def _count(path: Path) -> dict[str, float]:
             "annotation": float((cats == "user_annotation").sum() / n)}
 
 
-def measure(device: str, n: int, steps: int, warm: int) -> dict:
+def measure(device: str, n: int, steps: int, warm: int, rounds: int = 3) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile, schedule
 
@@ -99,17 +100,22 @@ def measure(device: str, n: int, steps: int, warm: int) -> dict:
             per = {}
             for kind in ("launch", "view"):
                 path = Path(tmp) / f"{kind}.json.gz"
-                with profile(activities=acts, record_shapes=st["record_shapes"], with_stack=st["with_stack"],
-                             schedule=schedule(wait=0, warmup=1, active=steps),
-                             on_trace_ready=lambda p, path=path: p.export_chrome_trace(str(path))) as prof:
-                    _steps(kind, x, n, 1, sync, prof)  # the warm-up step
-                    samples = _steps(kind, x, n, steps, sync, prof)
-                paired = _steps(kind, x, n, steps, sync)  # the same loop unprofiled right after: drift cancels
+                prof_s, unprof_s, extras = [], [], []
+                for _ in range(rounds):  # profiled, then the same loop unprofiled right after: drift cancels
+                    with profile(activities=acts, record_shapes=st["record_shapes"], with_stack=st["with_stack"],
+                                 schedule=schedule(wait=0, warmup=1, active=steps),
+                                 on_trace_ready=lambda p, path=path: p.export_chrome_trace(str(path))) as prof:
+                        _steps(kind, x, n, 1, sync, prof)  # the warm-up step
+                        samples = _steps(kind, x, n, steps, sync, prof)
+                    paired = _steps(kind, x, n, steps, sync)
+                    prof_s += samples
+                    unprof_s += paired
+                    extras.append(statistics.median(samples) - statistics.median(paired))
                 counts = _count(path)
-                extra = statistics.median(samples) - statistics.median(paired)
-                per[kind] = {"samples_us": [round(s, 1) for s in samples], "counts_per_step": counts,
-                             "unprofiled_samples_us": [round(s, 1) for s in paired],
-                             "extra_us_per_step": round(extra, 1)}
+                per[kind] = {"samples_us": [round(s, 1) for s in prof_s], "counts_per_step": counts,
+                             "unprofiled_samples_us": [round(s, 1) for s in unprof_s],
+                             "extra_us_per_round": [round(e, 1) for e in extras],
+                             "extra_us_per_step": round(statistics.median(extras), 1)}
             # least squares over the two loops: extra = a * ops + b * runtime calls (b only on a GPU)
             import numpy as np
 
@@ -129,7 +135,7 @@ def measure(device: str, n: int, steps: int, warm: int) -> dict:
     except Exception as e:  # the measurement stands without it
         info["host_error"] = f"{type(e).__name__}: {e}"
     return {"what": "profiler host cost per recorded event (benchmarks/bench_profiler_overhead.py)",
-            "ops_per_step": n, "steps": steps, "warm": warm,
+            "ops_per_step": n, "steps": steps, "warm": warm, "rounds": rounds,
             "unprofiled_us": {k: {"median": round(statistics.median(v), 1), "samples": [round(s, 1) for s in v]}
                               for k, v in base.items()},
             "settings": rows, "machine": info,
@@ -142,6 +148,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ops", type=int, default=1000, help="ops per step (default 1000)")
     ap.add_argument("--steps", type=int, default=30, help="timed steps per condition (default 30)")
     ap.add_argument("--warm", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3, help="profiled/unprofiled pairs per setting; the median "
+                    "difference is kept (default 3)")
     ap.add_argument("--out", type=Path, help="write the JSON here (default: print it)")
     a = ap.parse_args(argv)
     import torch
@@ -149,7 +157,7 @@ def main(argv=None) -> int:
     if a.device == "cuda" and not torch.cuda.is_available():
         print("bench_profiler_overhead: --device cuda without a GPU", file=sys.stderr)
         return 2
-    res = measure(a.device, a.ops, a.steps, a.warm)
+    res = measure(a.device, a.ops, a.steps, a.warm, a.rounds)
     for r in res["settings"]:
         print(f"cuda={r['cuda']!s:5} record_shapes={r['record_shapes']!s:5} with_stack={r['with_stack']!s:5}  "
               f"{r['us_per_op']:7.2f} us/op  {r['us_per_runtime']:7.2f} us/runtime call")
