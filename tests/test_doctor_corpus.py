@@ -30,13 +30,55 @@ FIRST_MISSES = {
     # case: why the top finding is not the planted fault, or its cost not 0.5-2x the added time, today
     "corpus/cnn-host_sync": "input_bound comes first: in the profiled run the DataLoader took 6-9 ms per step (2.2 ms "
                             "in the first step) while the per-parameter .item() loop kept the host behind",
-    "corpus/gpt-host_sync": "launch_bound comes first: the per-parameter grad.norm().item() loop is both -- its syncs "
-                            "drain the queue (host_sync, ~1.0 ms) and its ~100 norm launches cost the host ~1.1 ms "
-                            "the GPU waits for",
+    "corpus/gpt-host_sync": "host_sync comes first (launch_bound's cost is now net of the profiler's estimated "
+                            "overhead) but costs 0.8 ms, 0.4x the 2.05 ms added: the per-parameter "
+                            "grad.norm().item() loop is both -- its syncs drain the queue and its ~100 norm launches "
+                            "cost the host time the GPU waits for",
     "corpus/gpt-input_bound-nosteps": "input_bound costs 2-4x the added time: profiled without a schedule, the "
                                       "traced span starts cold (32 ms against 20 ms unprofiled) and the "
                                       "DataLoader's share grows with it",
+    "corpus-h100x2/gpt-ddp-bf16-accum_no_sync": "launch_bound comes first (27 ms net of the measured profiler "
+                                                "overhead, on one rank) ahead of repeated_grad_sync (21.5 ms, 2.1x "
+                                                "the 10 ms added): the 4 micro-batches' eager launches dominate the "
+                                                "profiled step on the rank the other waits for",
+    "corpus-h100x2/gpt-ddp-bf16-gpu_rank": "late_rank names rank 1 (its GPU busy) but costs the others' waiting, "
+                                           "16 ms, 3.8x the 4.2 ms its 8 ms of extra matmuls added unprofiled: "
+                                           "under the profiler the step is host-bound and the waiting grows",
+    "corpus-h100x2/gpt-ddp-bf16-tiny_buckets": "the 150 per-parameter all-reduces add 2.4 ms unprofiled (5%); "
+                                               "in the profiled step their launches are part of a host-bound "
+                                               "step: launch_bound comes first, per_param_allreduce is not said",
+    "corpus-h100x2/gpt-fsdp-bf16-stall_rank": "late_rank on rank 1, the right rank and reason, costs the "
+                                              "others' waiting, 40 ms: 2.05x the 19.6 ms added (the stall plus "
+                                              "the profiled step's host-bound slack)",
+    "corpus-h100x4/cnn-ddp-fp32-stall_rank": "the 3 waiting ranks' GPU idle is 'unexplained' (6.4 ms) and comes "
+                                             "before late_rank (6.3 ms, 0.3x the 21 ms added): in the last traced "
+                                             "step they wait in the profiler's closing synchronisation, not in an "
+                                             "NCCL kernel, so their waiting is not seen as waiting for rank 1",
+    "corpus-h100x4/gpt-ddp-bf16-input_rank": "late_rank names rank 1 with its DataLoader but costs the others' "
+                                             "waiting, 24 ms, 2.6x the 9.1 ms added: the per-sample transform's "
+                                             "ops are profiled too",
 }
+NAMED_MISSES = {
+    "corpus-h100x2/gpt-ddp-bf16-tiny_buckets": FIRST_MISSES["corpus-h100x2/gpt-ddp-bf16-tiny_buckets"],
+}
+CONTROL_MISSES: dict[str, str] = {
+    # multi-GPU control: what the doctor says that it should not, today
+    "corpus-h100x2/cnn-ddp-fp32-control": "late_rank on rank 0, 4 ms (24%): its GPU computed 3.5 ms more per step "
+                                          "than rank 1's in the traced step (fp32 convolutions beside rank 1's "
+                                          "spinning NCCL kernel), above the noise floor",
+    "corpus-h100x2/gpt-ddp-bf16-accum": "launch_bound on rank 1 alone, 17 ms net of the measured overhead: the "
+                                        "other rank waits for it, so its launch-bound time is not seen there; one "
+                                        "job-level finding is not made yet",
+    "corpus-h100x2/gpt-ddp-bf16-control": "launch_bound on rank 0 alone (3.5 ms net, 21%): every rank is "
+                                          "host-bound under the profiler, the waiting rank's is hidden",
+    "corpus-h100x2/gpt-ddp-bf16-deep": "launch_bound on rank 0 alone (33 ms net): as gpt-ddp-bf16-accum",
+    "corpus-h100x2/gpt-fsdp-bf16-control": "late_rank on rank 1, 24 ms: a tb_handler trace, so the profiler's "
+                                           "overhead is estimated (1.4 ms, far below the ~8 ms the corpus "
+                                           "measured on kit.capture traces) and the noise floor stays low",
+}
+LARGE_MISSES = ("corpus-h100x2/gpt-ddp-bf16-accum", "corpus-h100x2/gpt-ddp-bf16-deep",
+                "corpus-h100x2/gpt-fsdp-bf16-control")
+"""controls whose largest finding is also larger than a planted fault of their family"""
 
 
 def _truth(case: str) -> dict:
@@ -65,7 +107,14 @@ def _faults():
             yield pytest.param(c, marks=marks, id=c)
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if _truth(c)["expected_rule"]])
+def _named():
+    for c in CASES:
+        if _truth(c)["expected_rule"]:
+            marks = [pytest.mark.xfail(strict=True, reason=NAMED_MISSES[c])] if c in NAMED_MISSES else []
+            yield pytest.param(c, marks=marks, id=c)
+
+
+@pytest.mark.parametrize("case", list(_named()))
 def test_fault_is_named(case):
     """The planted fault is among the findings at or above 'low' (on its rank where it was planted on one)."""
     t, d = _truth(case), _result(case)
@@ -88,7 +137,16 @@ def test_fault_is_first_with_its_cost(case):
                                              f"{t['added_us']:.0f} us"
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if not _truth(c)["expected_rule"]])
+def _controls():
+    for c in CASES:
+        if not _truth(c)["expected_rule"]:
+            miss = CONTROL_MISSES.get(c) if c in LARGE_MISSES else None
+            yield pytest.param(c, marks=[pytest.mark.xfail(strict=True, reason=miss)] if miss else [], id=c)
+
+
+
+
+@pytest.mark.parametrize("case", list(_controls()))
 def test_control_has_nothing_as_large_as_a_planted_fault(case):
     t, d = _truth(case), _result(case)
     corpus = case.split("/")[0]
@@ -101,9 +159,6 @@ def test_control_has_nothing_as_large_as_a_planted_fault(case):
     assert worst < min(added), f"{case}: {d.problems[0].rule} {worst:.0f} us"
 
 
-CONTROL_MISSES: dict[str, str] = {
-    # multi-GPU control: what the doctor says that it should not, today
-}
 HOST_RULES = ("input_bound", "host_sync", "allocator_churn", "host_stall")
 SINGLE_RANK_SHARE, HOST_RULE_SHARE = 0.10, 0.05
 
@@ -154,3 +209,26 @@ def test_straggler_is_named_with_its_own_stall():
     assert top.rule == "late_rank" and top.ranks == (1,)
     assert "host_stall" in top.evidence.get("own_idle", {})
     assert d.accounting["0"]["share"]["comm"] > 0.5 and d.accounting["1"]["share"]["host_stall"] > 0.4
+
+
+def test_gradient_sync_after_every_micro_batch_is_named():
+    """4 micro-batches per optimizer step, each backward all-reduced: repeated_grad_sync names the job (both ranks)
+    with 4 rounds per step; the same job with no_sync() on the first 3 is not named."""
+    if "corpus-h100x2/gpt-ddp-bf16-accum_no_sync" not in CASES:
+        pytest.skip("corpus not here")
+    f = next(f for f in _result("corpus-h100x2/gpt-ddp-bf16-accum_no_sync").findings if f.rule == "repeated_grad_sync")
+    assert f.ranks == (0, 1) and f.evidence["rounds_per_step"] == 4 and f.evidence["job_level"] is True
+    assert 0 < f.cost_us_per_step <= f.evidence["extra_rounds_exposed_us_per_step"] + 0.1
+    assert "no_sync" in f.fix
+    assert "repeated_grad_sync" not in {x.rule for x in _result("corpus-h100x2/gpt-ddp-bf16-accum").findings}
+
+
+@pytest.mark.parametrize("case", ["corpus-h100x2/gpt-ddp-bf16-control", "corpus-h100x2/gpt-ddp-bf16-accum",
+                                  "corpus-h100x2/gpt-ddp-bf16-deep", "corpus-h100x4/gpt-ddp-bf16-control"])
+def test_the_slowest_of_equal_hosts_is_not_a_late_rank(case):
+    """Every rank runs the same code; under the profiler one host is the slowest and the others wait for it. Its
+    own time (issuing, data, stalls; GPU compute) does not exceed the others' by more than the profiler's noise:
+    no late_rank."""
+    if case not in CASES:
+        pytest.skip("corpus not here")
+    assert "late_rank" not in {f.rule for f in _result(case).findings}

@@ -201,12 +201,14 @@ def overhead(view_or_trace: Any, capture: dict | None = None, *, cpu_all: "pd.Da
     shapes, stack, where = _settings(view, capture)
     row = _row(table, gpu, shapes, stack)
     ops, runtime, full = _counts(view, ps)
-    host_us = ops * row["us_per_op"] + runtime * row["us_per_runtime"]
+    # a least-squares split of a noisy measurement can come out below zero: no event makes the host faster
+    c_op, c_rt = max(0.0, float(row["us_per_op"])), max(0.0, float(row["us_per_runtime"]))
+    host_us = ops * c_op + runtime * c_rt
     busy = float(ps["gpu_busy_us"].median()) if gpu and "gpu_busy_us" in ps else 0.0
-    unprof = max(traced - host_us, busy)
+    unprof = min(traced, max(traced - host_us, busy))
     basis_ops = "ops counted" if full else "ops taken as one per launching call (the frame keeps only long ops)"
     how = (f"estimated: {ops:.0f} ops and {runtime:.0f} runtime calls per step ({basis_ops}) x "
-           f"{row['us_per_op']:.2f} / {row['us_per_runtime']:.2f} us each, measured by "
+           f"{c_op:.2f} / {c_rt:.2f} us each, measured by "
            f"benchmarks/bench_profiler_overhead.py on {table['machine'].get('device')} ({table['file']}, "
            f"record_shapes={row['record_shapes']}, with_stack={row['with_stack']}; settings read from {where}) = "
            f"{host_us:.0f} us of host time per step"

@@ -98,3 +98,56 @@ def pace(own: "pd.DataFrame", step_us: float | None = None) -> dict[str, Any]:
     if excess > spread and excess >= MIN_EXCESS_SHARE * step:
         out["late"] = slow
     return out
+
+
+DISTINCT_HOST = ("data_wait_us", "stall_us", "alloc_us", "issue_us")
+"""a rank's own host time (the host model's kinds): waiting for its DataLoader, stalling (no op, no call: Python
+work, a sleep), the allocator's device calls, issuing its work. Not its short idle gaps: under the profiler they
+are mostly the profiler's own time between the events it records"""
+OWN_GPU = "gpu_compute_us"
+"""a rank's own GPU time: busy outside the collectives"""
+MIN_OWN_EXCESS_SHARE = 0.05
+"""a late rank's own excess must reach this share of the step"""
+PROFILER_NOISE = 0.5
+"""... and this share of the profiler's own overhead on the late rank's step (:mod:`kit.doctor.overhead`): the
+profiler slows every rank's host by about that much, unevenly -- in the multi-GPU corpus's controls (every rank the
+same code) the slowest host issued 2-5 ms more per step than the others under 10-40 ms of profiler overhead"""
+
+
+def own_excess(host_steps: dict, late: int, step_us: float | None, gpu_us: dict | None = None,
+               overhead_us: float = 0.0) -> dict | None:
+    """Does rank ``late`` have time of its own -- :data:`DISTINCT_HOST` on its host, or GPU compute (``gpu_us``:
+    rank -> its compute kernels' summed time per step, where given: kernels that overlap a collective count too;
+    else :data:`OWN_GPU`) -- beyond
+    every other rank's, by more than their spread, :data:`MIN_OWN_EXCESS_SHARE` of the step and
+:data:`PROFILER_NOISE` of the profiler's overhead on its step (``overhead_us``)? ``confirmed``,
+    ``excess_us`` (per step: what the job would gain were the rank as fast as the next slowest), ``kind`` ('host' or
+    'gpu'), ``spread_us`` and per rank the medians. None when the ranks' host steps are not all there."""
+    import numpy as np
+
+    have = {int(r): ps[ps["step"] >= 0] if (ps["step"] >= 0).any() else ps for r, ps in host_steps.items()
+            if ps is not None and not ps.empty}
+    if late not in have or len(have) < 2:
+        return None
+    per = {}
+    for r, ps in have.items():
+        host = ps[list(DISTINCT_HOST)].sum(axis=1).to_numpy(dtype=float)
+        gpu = ps[OWN_GPU].to_numpy(dtype=float)
+        if gpu_us and r in gpu_us and gpu_us[r] is not None:
+            gpu = np.array([float(gpu_us[r])])
+        per[r] = {"host_us": float(np.median(host)), "gpu_us": float(np.median(gpu)),
+                  "host_spread_us": float(np.ptp(np.percentile(host, [10, 90]))),
+                  "gpu_spread_us": float(np.ptp(np.percentile(gpu, [10, 90])))}
+    others = [p for r, p in per.items() if r != late]
+    out = {}
+    for kind in ("host", "gpu"):
+        vals = [p[f"{kind}_us"] for p in others]
+        spread = (max(vals) - min(vals)) + max(p[f"{kind}_spread_us"] for p in others)
+        out[kind] = (per[late][f"{kind}_us"] - max(vals), spread)
+    kind = max(out, key=lambda k: out[k][0] - out[k][1])
+    excess, spread = out[kind]
+    step = step_us or float(np.median([ps["dur"].median() for ps in have.values()]))
+    floor = max(spread, MIN_OWN_EXCESS_SHARE * step, PROFILER_NOISE * overhead_us)
+    return {"confirmed": bool(excess > floor), "excess_us": round(excess, 1), "kind": kind,
+            "spread_us": round(spread, 1), "floor_us": round(floor, 1),
+            "per_rank": {str(r): {k: round(v, 1) for k, v in p.items()} for r, p in sorted(per.items())}}

@@ -1,7 +1,8 @@
 """What ``kit doctor`` says on each case of a planted-fault corpus, beside the truth: the planted fault and its
 added time (unprofiled), the top finding, its cost as traced and net of the profiler's own overhead
-(:mod:`kit.doctor.overhead`: measured where kit.capture timed unprofiled steps, else estimated), and the profiler's
-overhead per rank (traced vs unprofiled step).
+as the doctor states it (net of the profiler's overhead for launch-bound costs: :mod:`kit.doctor.overhead`, measured
+where kit.capture timed unprofiled steps, else estimated), and the profiler's overhead per rank (traced vs
+unprofiled step).
 
     python tests/corpus/verdicts.py tests/data/doctor/corpus-h100x2 [--sweep RUN_DIR] [--markdown]
 
@@ -35,8 +36,8 @@ def verdict(case: Path, sweep=None) -> dict:
     ov_us = statistics.median([o.overhead_us for o in ovs]) if ovs else 0.0
     traced = statistics.median([o.traced_step_us for o in ovs if o.traced_step_us]) if ovs else None
     top = d.problems[0] if d.problems else None
-    cost = top.cost_us_per_step if top else 0.0
-    net = max(0.0, cost - ov_us) if top else 0.0
+    net = top.cost_us_per_step if top else 0.0  # the doctor's cost: net of the profiler where it states so
+    cost = float(top.evidence.get("cost_traced_us_per_step", net)) if top else 0.0
     added = t.get("added_us")
     return {"case": t["case"], "fault": t["fault"], "variant": t.get("variant"), "expected": t["expected_rule"],
             "expected_ranks": t.get("expected_ranks"), "added_us": added,
@@ -51,7 +52,7 @@ def verdict(case: Path, sweep=None) -> dict:
 
 def markdown(rows: list[dict]) -> str:
     out = ["| case | truth [ranks] | added ms | unprofiled / traced ms (overhead, basis) | top finding [ranks] | "
-           "cost ms traced / net | ratio traced / net | next |", "|---|---|---|---|---|---|---|---|"]
+           "cost ms traced / stated | ratio traced / stated | next |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         truth = (r["expected"] or "none") + (f" {r['expected_ranks']}" if r["expected_ranks"] else "")
         added = "--" if r["added_us"] is None else f"{r['added_us'] / 1e3:+.2f}"

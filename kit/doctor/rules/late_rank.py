@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from ..collectives import Timeline, per_step_divisor, timeline
 from ..findings import make
 from ..model import RULES, Finding, RankView, Rule, Skip, rule
+from ..own_time import own_excess
 from .evidence import dur_text, excerpt, num
 from .late_arrival import activity, attribute
 from .same_kernels import KERNEL_TOP, SLOW_GPU, gpu_speed, kernel_speeds
@@ -27,6 +28,11 @@ of each step only is a once-per-step hiccup, not a late rank"""
 LATE_EXPLAINED = 0.5
 """late_rank names a reason only when the rank's own excess over its peers (host activity, GPU still busy)
 explains at least this share of the lateness it added; otherwise it says the lateness is not visible"""
+SAME_WORK_REASONS = (None, "host_busy", "host_idle")
+"""reasons a rank may be late that ranks running the same code share: issuing the same work more slowly, idle
+host gaps (under the profiler mostly its own time between events), nothing visible. With them, late_rank names a
+rank only when its own time exceeds the others' (:func:`kit.doctor.own_time.own_excess`); otherwise the slowest
+of equal hosts sets the pace and fixing "that rank" would move the waiting to the next one"""
 LATE_DOMINANCE = 2 / 3
 """late_rank names a rank only when the waiting it caused is at least this share of all waiting for late ranks"""
 
@@ -128,11 +134,18 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     mine = inst[inst["rank"] == late]
     if mine["material"].sum() < max(MIN_LATE, LATE_PATTERN * len(inst)):
         return []  # late once or rarely (e.g. the first collective after start-up): no pattern
+    gpu_us = {r: float(b.kernels["total_us"].sum()) / per_step_divisor(tl_of[r]) for r, b in summaries
+              if b.kernels is not None and r in tl_of}
     excess, explained = attribute(df, inst, late)
     added = excess.pop("_added", 0.0)
     seen = sum(excess.values())
     visible = added > 0 and seen >= LATE_EXPLAINED * added
     reason = max(excess, key=excess.get) if explained and visible and max(excess.values()) > 0 else None
+    ovh = (ctx.overhead or {}).get(late)
+    own = (own_excess(ctx.host_steps, late, ctx.step_us, gpu_us, ovh.overhead_us if ovh is not None else 0.0)
+           if ctx.host_steps and tl_of[late].gpu_kernels else None)
+    if own is not None and not own["confirmed"] and reason in SAME_WORK_REASONS:
+        return []  # late for issuing its work more slowly, no more of it: the slowest of equal hosts (job-level)
     n = per_step_divisor(tl_of[late])
     late_at = mine[mine["material"]]
     worst = late_at.loc[late_at["late_by_us"].idxmax()]
@@ -144,6 +157,8 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
           "explained_instances": explained, "reason_us_per_step": {c: num(v / n) for c, v in excess.items()},
           "excerpt": excerpt(late, float(worst["start_us"]) - 2 * float(worst["late_by_us"]), float(worst["end_us"]),
                               ranks=sorted(tl_of))}
+    if own is not None:  # its own time beyond the next slowest rank's: what made the others wait
+        ev["own_excess"] = own
     slower = gpu_speed(late, {r: b.kernels for r, b in summaries})
     ev["same_kernels_slower_pct"] = num(100 * slower) if slower is not None else None
     ev["lateness_explained_share"] = num(seen / added, 3) if added > 0 else None
