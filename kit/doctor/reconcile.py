@@ -8,6 +8,7 @@ that is not accounted for.
   for its largest idle slice (:func:`must_speak`);
 * when ``late_rank`` names rank L and an idle-slice finding names L alone, that slice is why L is late: it becomes
   late_rank's evidence and sentence (:func:`fold_into_late_rank`);
+* exposed communication that runs below the machine's sweep is said once, as ``low_busbw`` (:func:`fold_into_low_busbw`);
 * the ``comm`` slice of each rank split into waiting for peers and transfer (:func:`comm_waits`).
 
 Reads the findings, the accounts and the rules' declarations (:data:`kit.doctor.model.RULES`); never a rule's
@@ -32,7 +33,7 @@ def reconcile(findings: list[Finding], accounts: list[tuple[int, Account]], ctx:
     """The findings after the judges, reconciled with the step accounting (module docstring)."""
     findings = explain_rest(accounts, findings)
     findings = findings + must_speak(accounts, findings, ctx)
-    return fold_into_late_rank(findings)
+    return fold_into_low_busbw(fold_into_late_rank(findings))
 
 
 def explain_rest(accounts: list[tuple[int, Account]], findings: list[Finding]) -> list[Finding]:
@@ -102,6 +103,22 @@ def fold_into_late_rank(findings: list[Finding]) -> list[Finding]:
                                                f"({text}): fix those and the others stop waiting",
                                  evidence={**late.evidence, "own_idle": {f.rule: f.evidence for f in own}})
     return [merged if f is late else f for f in findings if id(f) not in ids]
+
+
+def fold_into_low_busbw(findings: list[Finding]) -> list[Finding]:
+    """One cause, one finding: communication left exposed (``exposed_comm``) by collectives that run far below what
+    the machine's links deliver (``low_busbw``, against its sweep) is exposed *because* it is slow -- the two name
+    the same microseconds. When both fire and low_busbw names every rank exposed_comm names, exposed_comm's numbers
+    become low_busbw's evidence (``exposed``) and its sentence, at the larger of the two costs."""
+    low = next((f for f in findings if f.rule == "low_busbw"), None)
+    exp = next((f for f in findings if f.rule == "exposed_comm"), None)
+    if low is None or exp is None or not set(exp.ranks) <= set(low.ranks):
+        return findings
+    merged = dataclasses.replace(
+        low, cost_us_per_step=max(low.cost_us_per_step, exp.cost_us_per_step),
+        summary=f"{low.summary}; that is why communication is left exposed: {exp.summary}",
+        evidence={**low.evidence, "exposed": {"cost_us_per_step": exp.cost_us_per_step, **exp.evidence}})
+    return [merged if f is low else f for f in findings if f is not exp]
 
 
 def comm_waits(ctx: JobContext) -> dict[int, float]:
