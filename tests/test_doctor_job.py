@@ -73,3 +73,15 @@ def test_dask_local_cluster_gives_the_same_diagnosis():
             distributed.Client(c) as client:
         remote = diagnose([CASES / "item"], client=client).to_json()
     assert remote == local
+
+
+def test_rules_selection_does_not_change_the_answers():
+    """--rules runs fewer rules, never different ones: each selected rule's cost and severity are those of the
+    full run (the accounting's cost for a signature rule, its finding from the accounting when it stayed
+    silent)."""
+    item = ROOT / "tests" / "data" / "doctor" / "item"
+    full = {f.rule: f for f in diagnose([item], workers=1).findings}
+    some = {f.rule: f for f in diagnose([item], workers=1, only=["host_sync", "launch_bound"]).findings}
+    assert set(some) == {"host_sync", "launch_bound"} & set(full) == {"host_sync", "launch_bound"}
+    for rid, f in some.items():
+        assert (f.cost_us_per_step, f.severity) == (full[rid].cost_us_per_step, full[rid].severity), rid

@@ -47,9 +47,9 @@ def diagnose(traces: Iterable[str | Path], *, sweep=None, flight_recorder=None, 
     findings, checked, skipped, partial = judge_all(ctx, only)
     accounts = [(int(s.rank), s.account) for s in summaries  # type: ignore[arg-type]
                 if s.account is not None and not isinstance(s.account, Skip)]
-    if accounts and only is None:
+    if accounts:
         try:
-            findings = reconcile(findings, accounts, ctx)
+            findings = reconcile(findings, accounts, ctx, None if only is None else set(only))
         except Exception as e:
             if strict():
                 raise

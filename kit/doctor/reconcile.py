@@ -29,20 +29,25 @@ LATE_RANK = "late_rank"
 """the rule that names the rank the others wait for (its own idle slices are folded into it)"""
 
 
-def reconcile(findings: list[Finding], accounts: list[tuple[int, Account]], ctx: JobContext) -> list[Finding]:
-    """The findings after the judges, reconciled with the step accounting (module docstring)."""
-    findings = explain_rest(accounts, findings)
-    findings = findings + must_speak(accounts, findings, ctx)
+def reconcile(findings: list[Finding], accounts: list[tuple[int, Account]], ctx: JobContext,
+              only: set[str] | None = None) -> list[Finding]:
+    """The findings after the judges, reconciled with the step accounting (module docstring). ``only`` (the
+    rules asked for): the same answers for those rules; :func:`must_speak` (a guard over every rule) is skipped."""
+    findings = explain_rest(accounts, findings, only)
+    if only is None:
+        findings = findings + must_speak(accounts, findings, ctx)
     return fold_into_low_busbw(fold_into_late_rank(findings))
 
 
-def explain_rest(accounts: list[tuple[int, Account]], findings: list[Finding]) -> list[Finding]:
-    """The signature rules' slices: a finding that fired gets the accounted cost (its own estimate stays in its
-    evidence); a silent rule whose slice costs >= 'low' gets a finding from the accounting."""
+def explain_rest(accounts: list[tuple[int, Account]], findings: list[Finding],
+                 only: set[str] | None = None) -> list[Finding]:
+    """The signature rules' slices (of ``only`` when given): a finding that fired gets the accounted cost (its
+    own estimate stays in its evidence); a silent rule whose slice costs >= 'low' gets a finding from the
+    accounting."""
     have = {f.rule for f in findings}
     out = list(findings)
     for rid, r in RULES.items():
-        if r.explains is None or not r.explains.signature:
+        if r.explains is None or not r.explains.signature or (only is not None and rid not in only):
             continue
         slices = r.explains.slices
         if rid in have:  # the signature rule names it; the accounting's slice is its cost (one us, one cause)
