@@ -155,9 +155,12 @@ def test_exposed_comm_fires_when_buckets_run_after_backward(ddp_jitter, per_para
 
 def test_exposed_comm_separates_waiting_and_stays_quiet_on_overlapped_ddp(ddp):
     f = finding(ddp, "exposed_comm")
-    assert silent(ddp, "exposed_comm") and f.cost_us_per_step == pytest.approx(378, rel=0.2)
+    # exposed by collectives below the sweep: said once, inside low_busbw (kit.doctor.reconcile.fold_into_low_busbw)
+    ev = f.evidence if f is not None else finding(ddp, "low_busbw").evidence["exposed"]
+    cost = f.cost_us_per_step if f is not None else ev["cost_us_per_step"]
+    assert silent(ddp, "exposed_comm") and cost == pytest.approx(378, rel=0.2)
     # rank 0's kernels are long because rank 1 was late: that is waiting (late_rank's), not exposed transfer
-    r0 = f.evidence["per_rank"]["0"]
+    r0 = ev["per_rank"]["0"]
     assert r0["exposed_wait_us_per_step"] > 5 * r0["exposed_transfer_us_per_step"]
 
 
