@@ -442,6 +442,13 @@ def test_world_sizes_that_differ_exit_2(tmp_path, capsys):
     assert rc == 2 and "world size 4" in err and "different jobs" in err
 
 
+def test_html_folder_that_cannot_be_made_exits_2_before_the_diagnosis(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    assert kit_main(["doctor", str(DATA / "colls_rank0.json.gz"), "--html", str(tmp_path / "file" / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kit doctor: --html: cannot create") and "Traceback" not in err and len(err.splitlines()) == 1
+
+
 def test_unknown_rule_and_empty_directory_exit_2(tmp_path, capsys):
     assert kit_main(["doctor", str(DATA / "colls_rank0.json.gz"), "--rules", "nope"]) == 2
     assert "unknown rule(s) nope" in capsys.readouterr().err

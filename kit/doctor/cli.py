@@ -23,7 +23,8 @@ exit status:
      were not given (named); the others were diagnosed, cross-rank costs marked partial
      (3 whatever they show)
   2  bad input, nothing diagnosed: missing, truncated or foreign files, traces of different jobs, one rank
-     twice, an unknown rule id, an unreadable sweep or Flight Recorder dump (one line per problem)
+     twice, an unknown rule id, an unreadable sweep or Flight Recorder dump, an --html DIR that cannot be
+     created (one line per problem)
   1  the diagnosis ran but --html could not render the notebook
 """
 
@@ -76,6 +77,11 @@ def cmd(args) -> int:
 
     if getattr(args, "no_cache", False):  # the workers (local or Dask, started from here) inherit it
         os.environ["KIT_TRACE_CACHE"] = "0"
+    if args.html:  # before the diagnosis: a folder that cannot be made is bad input, not a late traceback
+        try:
+            Path(args.html).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            return _fail(f"--html: cannot create {args.html}: {e.strerror or e}")
     try:
         try:
             only = parse_ids(args.rules)
