@@ -85,3 +85,19 @@ def test_rules_selection_does_not_change_the_answers():
     assert set(some) == {"host_sync", "launch_bound"} & set(full) == {"host_sync", "launch_bound"}
     for rid, f in some.items():
         assert (f.cost_us_per_step, f.severity) == (full[rid].cost_us_per_step, full[rid].severity), rid
+
+
+def test_a_stage_error_is_listed_not_dropped(monkeypatch):
+    """A bug in a stage every rule reads (the collectives timeline, the profiler's overhead) outside strict mode:
+    one skip line per rank naming the stage, the rest of the diagnosis still there."""
+    import kit.doctor.collectives as collectives
+
+    def broken(view):
+        raise RuntimeError("planted")
+
+    monkeypatch.delenv("KIT_DOCTOR_STRICT")
+    monkeypatch.setattr(collectives, "timeline", broken)
+    d = diagnose([ROOT / "tests" / "data" / "doctor" / "item"], workers=1)
+    mine = [s for s in d.skipped if s.rule == "collectives"]
+    assert len(mine) == 2 and all("internal error" in s.why and "planted" in s.why for s in mine)
+    assert "host_sync" in {f.rule for f in d.findings}

@@ -45,6 +45,7 @@ def diagnose(traces: Iterable[str | Path], *, sweep=None, flight_recorder=None, 
         sweep = load_sweep(sweep)
     ctx = job_context(summaries, sweep=sweep, flight_recorder=flight_recorder)
     findings, checked, skipped, partial = judge_all(ctx, only)
+    skipped += [e for s in summaries for e in s.stage_errors]  # a stage's bug on a rank: said, never dropped
     accounts = [(int(s.rank), s.account) for s in summaries  # type: ignore[arg-type]
                 if s.account is not None and not isinstance(s.account, Skip)]
     if accounts:

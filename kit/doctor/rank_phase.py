@@ -47,6 +47,8 @@ class RankSummary:
     """the rank's collectives (:class:`kit.doctor.collectives.Timeline`), None when they could not be read"""
     overhead: Any = None
     """the profiler's own overhead on the rank's step (:class:`kit.doctor.overhead.ProfilerOverhead`), or None"""
+    stage_errors: tuple[Skip, ...] = ()
+    """a stage that failed on this rank (a kit bug; its ``rule`` is the stage's name): listed with the skipped rules"""
 
 
 def rank_summary(path: str | Path) -> RankSummary:
@@ -77,9 +79,10 @@ def rank_summary(path: str | Path) -> RankSummary:
     acct = host if isinstance(host, Skip) else _stage(lambda: rank_account(view, host, cpu_all), "step_accounting",
                                                       name)
     view = replace(view, host=host if not isinstance(host, Skip) else None, account=acct)
-    comm = _stage(lambda: timeline(view), None, name)
+    comm = _stage(lambda: timeline(view), "collectives", name)
     cap = capture_info(t)
-    ovh = _stage(lambda: overhead(view, cap, cpu_all=cpu_all), None, name) if view.host is not None else None
+    ovh = (_stage(lambda: overhead(view, cap, cpu_all=cpu_all), "profiler_overhead", name)
+           if view.host is not None else None)
     per_rule: dict[str, Any] = {rid: _stage(lambda: r.extract(view), rid, name) for rid, r in RULES.items()}
     base = t.header.get("baseTimeNanoseconds")
     span = None
@@ -91,18 +94,19 @@ def rank_summary(path: str | Path) -> RankSummary:
                        warnings=tuple(getattr(t, "warnings", ()) or ()),
                        host_steps=view.host.per_step if view.host is not None else None,
                        capture=cap, comm=None if isinstance(comm, Skip) else comm,
-                       overhead=None if isinstance(ovh, Skip) else ovh)
+                       overhead=None if isinstance(ovh, Skip) else ovh,
+                       stage_errors=tuple(x for x in (comm, ovh) if isinstance(x, Skip)))
 
 
-def _stage(fn, rid: str | None, name: str):
-    """``fn()``; a bug in it becomes a Skip (of rule ``rid``; None for a stage every rule reads) so that it does not
-    lose the other rules' findings of this rank, unless ``KIT_DOCTOR_STRICT`` is set."""
+def _stage(fn, rid: str, name: str):
+    """``fn()``; a bug in it becomes a Skip (of rule or stage ``rid``) so that it does not lose the other rules'
+    findings of this rank, unless ``KIT_DOCTOR_STRICT`` is set."""
     try:
         return fn()
     except Exception as e:
         if strict():
             raise
-        return Skip(rid or "", f"internal error on {name} (a kit bug: please report it with the trace): "
+        return Skip(rid, f"internal error on {name} (a kit bug: please report it with the trace): "
                                f"{type(e).__name__}: {e}")
 
 
