@@ -186,25 +186,29 @@ would compile its modules again and the table would time the compiler"""
 
 def run(what: str, cmd: list[str], ranks: int, mb: float, stdout: Path | None = None, ok=(0,), env=None) -> Row:
     """Run ``cmd`` in a fresh process; wall time, the largest peak RSS of its process tree (and of any other
-    descendant of the benchmark alive meanwhile, e.g. Dask workers; the command's own from ``wait4``, exact). ``ok``: the exit statuses that mean it
+    descendant of the benchmark alive meanwhile, e.g. Dask workers; the command's own from GNU time, exact). ``ok``: the exit statuses that mean it
     worked (``Row.rc`` is 0 for those)."""
     import resource
 
     t = time.perf_counter()
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # the command's own peak RSS, exact, from GNU time (the sampler may miss a short peak; the rusage of a child of
+    # this process would not do: Linux counts the parent's memory at the fork into the child's ru_maxrss)
+    timed = Path(tempfile.mkstemp(prefix="kit-bench-rss-")[1])
+    gnu_time = ["/usr/bin/time", "-f", "%M", "-o", str(timed)] if Path("/usr/bin/time").exists() else []
     with TreeRSS() as rss, open(stdout or os.devnull, "w") as out, tempfile.TemporaryFile("w+") as err:
-        p = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=err, text=True, env={**ENV, **(env or {})})
-        _, status, usage = os.wait4(p.pid, 0)  # the command's own peak RSS, exact (the sampler may miss a peak)
-        p.returncode = os.waitstatus_to_exitcode(status)
+        p = subprocess.run(gnu_time + cmd, cwd=ROOT, stdout=out, stderr=err, text=True, env={**ENV, **(env or {})})
         err.seek(0)
         stderr = err.read()
+    exact = timed.read_text().strip().splitlines()[-1:] if gnu_time else []
+    timed.unlink()
     dt = time.perf_counter() - t
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     rc = 0 if p.returncode in ok else p.returncode
     if rc:
         print(f"  {what}: exit {p.returncode}: {stderr.strip()[-600:]}", file=sys.stderr)
-    peak = max(rss.max_mb if rss.peak else 0.0, usage.ru_maxrss / 1024)  # ru_maxrss: KiB on Linux
+    peak = max(rss.max_mb if rss.peak else 0.0, int(exact[0]) / 1024 if exact and exact[0].isdigit() else 0.0)
     row = Row(what, ranks, mb, dt, peak, max(len(rss.peak), 1), rc, stderr.strip()[-300:], cpu)
     print(f"  {what:<48} {ranks:>3} x {mb:>4.0f} MB  {dt:7.2f} s  cpu {cpu:6.2f} s  peak {row.peak_mb:7.0f} MB "
           f"({row.processes} processes)  rc {p.returncode}", flush=True)

@@ -213,13 +213,14 @@ def test_every_real_trace_parses(tmp_path):
     assert len(files) > 30
     for f in files:
         t = traces.load_trace(f)
-        one_gpu = "h100x1" in f.parts
-        assert len(t.gpu) and t.info.world_size == (1 if one_gpu else 2) and t.info.rank in (0, 1), f
+        world = t.info.world_size  # 1, 2 or 4: the machines' folders (a probe may run 2 ranks on a 4-GPU box)
+        assert len(t.gpu) and world in (1, 2, 4) and t.info.rank in range(world), f
         assert (t.gpu.end >= t.gpu.ts).all()
         g = traces.gaps(t.gpu)
-        assert len(g) == (t.gpu.cat == "kernel").sum() - t.gpu.device.nunique() or len(g) > 0, f
+        k = t.gpu[t.gpu.cat == "kernel"]  # one gap per kernel but each device's first (a copy-only trace: none)
+        assert len(g) == len(k) - k.device.nunique() or len(g) > 0, f
         o = traces.overlap(t.gpu)
-        assert (o.overlapped_us <= o.comm_us + 1e-6).all() and set(o.device) == set(t.gpu.device), f
+        assert (o.overlapped_us <= o.comm_us + 1e-6).all() and set(o.device) == set(k.device), f
         c = traces.collectives([t])
         n = t.counts()
         assert len(c) == n["nccl_kernels"] + n["gloo_ops"] and c.collective.notna().all(), f

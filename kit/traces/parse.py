@@ -74,6 +74,13 @@ def args_type(raw_keys: Iterable[str]) -> tuple[type, dict[str, str]]:
     return _args_struct(keys), {k: f"a{i}" for i, k in enumerate(keys)}
 
 
+def _array(raws: list[msgspec.Raw]) -> bytes:
+    """``[raw,raw,...]`` in one join (joining the views, then wrapping the result in brackets, held two copies)."""
+    if len(raws) == 1:
+        return b"[" + bytes(raws[0]) + b"]"
+    return b",".join([b"[" + bytes(raws[0]), *raws[1:-1], bytes(raws[-1]) + b"]"])
+
+
 def _batch(raws: list[msgspec.Raw], type_: Any) -> list:
     """Decode many raw JSON values in one call (one C-level parse of ``[v1,v2,...]``, not one per value)."""
     if not raws:
@@ -232,6 +239,36 @@ CHUNK = 65536
 """events decoded at a time: the structs of one chunk (~20 MB) live at once, not those of the whole file"""
 
 
+def _address(obj: Any) -> int:
+    """Where the bytes of a buffer (bytes, bytearray, memoryview, :class:`msgspec.Raw`) start in memory: how the
+    views msgspec returns are placed in the file's bytes. Through the buffer protocol with ctypes, not numpy: the
+    parse holds the whole file until it has picked its events, and importing numpy then (14 MB) would add to that
+    peak; numpy comes after the file is dropped."""
+    import ctypes
+
+    view = _py_buffer()()
+    if ctypes.pythonapi.PyObject_GetBuffer(ctypes.py_object(obj), ctypes.byref(view), 0) != 0:
+        raise TypeError(f"not a buffer: {type(obj).__name__}")  # pragma: no cover - every caller passes one
+    try:
+        return int(view.buf or 0)
+    finally:
+        ctypes.pythonapi.PyBuffer_Release(ctypes.byref(view))
+
+
+@lru_cache(maxsize=1)
+def _py_buffer() -> type:
+    """CPython's ``Py_buffer`` as a ctypes structure (``obj`` a plain pointer: ``PyBuffer_Release`` owns it)."""
+    import ctypes
+
+    class PyBuffer(ctypes.Structure):
+        _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.c_void_p), ("len", ctypes.c_ssize_t),
+                    ("itemsize", ctypes.c_ssize_t), ("readonly", ctypes.c_int), ("ndim", ctypes.c_int),
+                    ("format", ctypes.c_char_p), ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
+                    ("suboffsets", ctypes.c_void_p), ("internal", ctypes.c_void_p)]
+
+    return PyBuffer
+
+
 class _Top(msgspec.Struct, gc=False):
     """A trace's top level as one pass sees it: the events as raw views, every other key skipped."""
 
@@ -252,11 +289,9 @@ def _one_pass(p: Path, buf: bytes) -> tuple[dict[str, Any], Any, list[msgspec.Ra
         return None  # the two-pass path says what is wrong
     if not raws:
         return None
-    import numpy as np
-
-    base = np.frombuffer(buf, np.uint8).ctypes.data
-    first = np.frombuffer(raws[0], np.uint8).ctypes.data - base
-    last = np.frombuffer(raws[-1], np.uint8).ctypes.data - base + len(raws[-1])
+    base = _address(buf)
+    first = _address(raws[0]) - base
+    last = _address(raws[-1]) - base + len(raws[-1])
     if not (0 <= first < last <= len(buf)) or buf[first:first + len(raws[0])] != bytes(raws[0]) \
             or buf[last - len(raws[-1]):last] != bytes(raws[-1]):
         return None
@@ -324,9 +359,9 @@ class _Head(msgspec.Struct, gc=False):
     cat: str | None = None
 
 
-HEAD_CHUNK = 1 << 16
+HEAD_CHUNK = 1 << 14
 """events whose ``cat`` the first pass reads at a time: its structs and strings (~90 bytes an event) live for one
-chunk, not for the whole file (~50 MB at once for a 150 MB trace of 600,000 events)"""
+chunk (1.5 MB), not for the whole file (~50 MB at once for a 150 MB trace of 600,000 events)"""
 
 
 def _select(raw: Any, raws: list[msgspec.Raw], want: set[str]) -> list[msgspec.Raw]:
@@ -339,12 +374,10 @@ def _select(raw: Any, raws: list[msgspec.Raw], want: set[str]) -> list[msgspec.R
     separator bytes just before and after it (a comma or a blank, between two events) are set to ``[`` and ``]``
     for the call and put back after -- no copy (copying each stretch cost ~0.04 s per 60 MB, joining the views
     anew for each chunk +0.1 s of system time per 100 MB in page faults). Otherwise each chunk is copied out."""
-    import numpy as np
-
     out: list[msgspec.Raw] = []
     mv = memoryview(raw).cast("B")
-    base = np.frombuffer(mv, np.uint8).ctypes.data if len(mv) else 0
-    addr = lambda r: np.frombuffer(r, np.uint8).ctypes.data - base  # noqa: E731
+    base = _address(mv) if len(mv) else 0
+    addr = lambda r: _address(r) - base  # noqa: E731
     for i in range(0, len(raws), HEAD_CHUNK):
         part = raws[i:i + HEAD_CHUNK]
         a, b = addr(part[0]), addr(part[-1]) + len(part[-1])
@@ -392,7 +425,7 @@ def decode(path: str | Path, cats: Iterable[str] | None = None,
             sel = _select(raw, raws, set(cats))
         except (msgspec.ValidationError, msgspec.DecodeError) as e:  # pragma: no cover - raw_events validated it
             raise TraceError(f"{p}: not a PyTorch profiler trace (traceEvents: {e})") from None
-        blobs = [b"".join((b"[", b",".join(sel[i:i + size]), b"]")) for i in range(0, len(sel), size)]
+        blobs = [_array(sel[i:i + size]) for i in range(0, len(sel), size)]
         del raw, raws, sel  # the views were the last references to the file's bytes
 
     def chunks() -> Iterator[list[Event]]:
