@@ -91,6 +91,19 @@ def test_a_directorys_other_json_is_not_a_rank(tmp_path):
     assert not d.failed and sorted(d.ranks) == [0, 1]
 
 
+def test_a_directorys_json_that_is_not_json_is_read_and_named(tmp_path):
+    """``rank0.json`` holding something else than JSON (a log written under the wrong name) is kept, so that
+    reading it says what is wrong with it, not that other JSON was skipped."""
+    from kit.doctor import diagnose
+    from kit.traces import TraceError
+
+    (tmp_path / "rank0.json").write_text("Traceback (most recent call last):\n")
+    assert [p.name for p in expand([tmp_path])] == ["rank0.json"]
+    with pytest.raises(TraceError) as e:
+        diagnose([tmp_path], workers=1)
+    assert "rank0.json" in str(e.value) and "other JSON skipped" not in str(e.value)
+
+
 # ------------------------------------------------------------------------------------------------ map_ranks
 def _kernels(path):
     return int((traces.load_trace(path, cpu="none").gpu["cat"] == "kernel").sum())

@@ -88,8 +88,9 @@ SNIFF_BYTES = 1 << 16
 def _has_trace_events(p: Path) -> bool:
     """Whether the file's first :data:`SNIFF_BYTES` name ``traceEvents``: a directory's ``config.json``,
     ``metrics.json`` or a corpus' ``truth.json`` is not a rank of the job (a Kineto trace names its events after a
-    header of a few KB). Only asked of files whose name says neither rank nor trace; unreadable or empty (a
-    profiler stopped before it wrote: ``rank0.json`` of 0 bytes): kept, so that reading it names the problem."""
+    header of a few KB). Only asked of files whose name says neither rank nor trace; unreadable, empty (a
+    profiler stopped before it wrote: ``rank0.json`` of 0 bytes) or not JSON at all (no ``{`` or ``[`` first):
+    kept, so that reading it names the problem."""
     import gzip
 
     try:
@@ -97,7 +98,7 @@ def _has_trace_events(p: Path) -> bool:
             head = f.read(SNIFF_BYTES)
     except (OSError, EOFError):
         return True
-    return b'"traceEvents"' in head or not head.strip()
+    return b'"traceEvents"' in head or head.lstrip()[:1] not in (b"{", b"[")
 
 
 def _rank_key(p: Path) -> tuple:
