@@ -9,6 +9,7 @@ that is not accounted for.
 * when ``late_rank`` names rank L and an idle-slice finding names L alone, that slice is why L is late: it becomes
   late_rank's evidence and sentence (:func:`fold_into_late_rank`);
 * exposed communication that runs below the machine's sweep is said once, as ``low_busbw`` (:func:`fold_into_low_busbw`);
+* launch-bound on the ranks the others wait for, with no rank late, is said for the whole job (:func:`job_level_launch`);
 * the ``comm`` slice of each rank split into waiting for peers and transfer (:func:`comm_waits`).
 
 Reads the findings, the accounts and the rules' declarations (:data:`kit.doctor.model.RULES`); never a rule's
@@ -36,7 +37,7 @@ def reconcile(findings: list[Finding], accounts: list[tuple[int, Account]], ctx:
     findings = explain_rest(accounts, findings, only)
     if only is None:
         findings = findings + must_speak(accounts, findings, ctx)
-    return fold_into_low_busbw(fold_into_late_rank(findings))
+    return job_level_launch(fold_into_low_busbw(fold_into_late_rank(findings)), ctx)
 
 
 def explain_rest(accounts: list[tuple[int, Account]], findings: list[Finding],
@@ -108,6 +109,31 @@ def fold_into_late_rank(findings: list[Finding]) -> list[Finding]:
                                                f"({text}): fix those and the others stop waiting",
                                  evidence={**late.evidence, "own_idle": {f.rule: f.evidence for f in own}})
     return [merged if f is late else f for f in findings if id(f) not in ids]
+
+
+def job_level_launch(findings: list[Finding], ctx: JobContext) -> list[Finding]:
+    """Every rank host-bound, said once for the job: ``launch_bound`` fires only on the ranks the others wait for
+    (a waiting rank's launch time is hidden in its wait), yet when no rank is late -- no late_rank finding, and the
+    slowest rank's own time does not exceed the others' (:func:`kit.doctor.own_time.own_excess`) -- the ranks run
+    the same work and the slowest of equal hosts sets the pace: the finding names every rank, ``job_level``, with
+    the slowest as context. Fixing "that rank" would only move the waiting to the next one."""
+    from .own_time import own_excess
+
+    f = next((f for f in findings if f.rule == "launch_bound"), None)
+    if f is None or any(x.rule == LATE_RANK for x in findings) or len(ctx.ranks) < 2 or \
+            set(ctx.ranks) <= set(f.ranks) or not ctx.host_steps:
+        return findings
+    slowest = max(ctx.host_steps, key=lambda r: float(ctx.host_steps[r]["issue_us"].median()))
+    ovh = (ctx.overhead or {}).get(slowest)
+    own = own_excess(ctx.host_steps, slowest, ctx.step_us, None, ovh.overhead_us if ovh is not None else 0.0)
+    if own is None or own["confirmed"]:
+        return findings
+    merged = dataclasses.replace(f, ranks=tuple(sorted(ctx.ranks)), summary=(
+        f"every rank's host issues its work more slowly than its GPU runs it; the others wait for the slowest "
+        f"host (rank {slowest}), whose own time exceeds theirs by no more than ranks running the same code "
+        f"differ: {f.summary}"), evidence={**f.evidence, "job_level": True, "slowest_rank": slowest,
+                                           "ranks_seen_launch_bound": list(f.ranks), "own_excess": own})
+    return [merged if x is f else x for x in findings]
 
 
 def fold_into_low_busbw(findings: list[Finding]) -> list[Finding]:
