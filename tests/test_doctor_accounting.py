@@ -83,11 +83,11 @@ def _committed():
 
 @pytest.mark.parametrize("path", _committed(), ids=lambda p: str(p.relative_to(DATA)))
 def test_slices_and_host_kinds_sum_to_every_step_on_committed_traces(path):
-    t = traces.load_trace(path)
-    if t.gpu.empty:
-        pytest.skip("no GPU activity (CPU-only traces: kit.doctor.accounting.account_cpu)")
     from kit.doctor.host_model import KINDS, host_model
 
+    t = traces.load_trace(path)
+    if t.gpu.empty:  # a CPU-only trace: read with every CPU op, the main thread plays the device
+        return _cpu_slices_are_the_host_models_kinds(path, t)
     view = _view(t)
     a = account(view)
     ps = a.per_step
@@ -100,6 +100,30 @@ def test_slices_and_host_kinds_sum_to_every_step_on_committed_traces(path):
     assert ((hs[[f"{k}_us" for k in KINDS]].sum(axis=1) - hs["dur"]).abs() <= 1e-6 * hs["dur"] + 1e-3).all()
     busy = ps[["compute", "comm", "memory"]].sum(axis=1).to_numpy()
     assert hs["gpu_busy_us"].to_numpy() == pytest.approx(busy, rel=1e-6, abs=1e-3)
+
+
+def _cpu_slices_are_the_host_models_kinds(path, t):
+    """One precedence on a CPU-only job: each slice is the sum of the host model's kinds it maps
+    (:data:`kit.doctor.accounting.CPU_SLICES`), step by step, and the slices sum to the step."""
+    from kit.doctor.accounting import CPU_SLICES, account_cpu
+    from kit.doctor.host_model import KINDS, host_model
+    from kit.doctor.steps import find_steps
+
+    cpu_all = traces.load_trace(path, cpu="all").cpu
+    if cpu_all.empty:
+        pytest.skip("no GPU activity and no CPU ops")
+    view = RankView(trace=t, steps=find_steps(t.cpu, cpu_all), rank=0)
+    view = replace(view, step_us=step_time(view))
+    host = host_model(view, cpu_all)
+    a = account_cpu(view, cpu_all, host)
+    if a is None:
+        pytest.skip("no CPU ops to place a window on")
+    ps, hs = a.per_step, host.per_step
+    assert a.mode == "cpu" and len(ps) == len(hs) >= 1 and (ps["dur"] > 0).all()
+    assert set(k for ks in CPU_SLICES.values() for k in ks) == set(KINDS)
+    for sl, kinds in CPU_SLICES.items():
+        assert ps[sl].to_numpy() == pytest.approx(hs[[f"{k}_us" for k in kinds]].sum(axis=1).to_numpy(), abs=1e-6)
+    assert ((ps[list(SLICES)].sum(axis=1) - ps["dur"]).abs() <= 1e-6 * ps["dur"] + 1e-3).all()
 
 
 def test_diagnosis_carries_the_accounting_table_and_figure():

@@ -50,10 +50,12 @@ GPU work of the trace is split by what the thread that issued that work did next
 The slices of a window sum to the window (a test checks it on every committed trace).
 
 **CPU-only traces** (gloo jobs): no GPU activity; the main thread (the one holding the step annotations) plays
-the device, in this precedence: ``input`` (its DataLoader requests), ``compute`` (its CPU ops), ``comm`` (a
-collective running on any thread of the process -- gloo runs it on its own thread while the main thread waits),
-``host_stall`` (>= 1 ms without a recorded op); the main thread's time between ops (Python, dispatch) is compute
-too: on a CPU-only job the host is the device. This needs every CPU op, so such a trace is
+the device, split by the host model's kinds in the host model's precedence (:data:`CPU_SLICES`: one order,
+derived once in :mod:`kit.doctor.host_model`): ``input`` (``data_wait``: its DataLoader requests), ``comm``
+(``comm_wait``: a collective running on any thread of the process -- gloo runs it on its own thread while the
+main thread waits), ``host_stall`` (``stall``: >= :data:`kit.doctor.host_model.STALL_US` without a recorded op),
+``compute`` (the rest: its CPU ops and its time between them -- Python, dispatch -- on a CPU-only job the host is
+the device). This needs every CPU op, so such a trace is
 read once more with ``cpu="all"`` (CPU-only traces are small).
 """
 
@@ -458,11 +460,16 @@ def _inside(cpu: "pd.DataFrame", spans: "pd.DataFrame", n: int = 3) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ CPU mode
+CPU_SLICES = {"input": ("data_wait",), "comm": ("comm_wait",), "host_stall": ("stall",),
+              "compute": ("issue", "idle", "sync", "alloc")}
+"""the slices of a CPU-only trace, each the sum of the host model's per-step kinds of the main thread (module
+docstring)"""
+
+
 def account_cpu(view: "RankView", cpu_all: "pd.DataFrame", host: "HostModel | None" = None) -> "Account | None":
     """The account of a CPU-only trace (module docstring): the main thread plays the device; None without CPU ops
-    to place a window on. The spans are the host model's (:mod:`kit.doctor.host_model`); ``cpu_all`` names the
+    to place a window on. The split is the host model's per-step kinds (:data:`CPU_SLICES`); ``cpu_all`` names the
     ops around a stall."""
-    import numpy as np
     import pandas as pd
 
     if host is None:
@@ -475,28 +482,13 @@ def account_cpu(view: "RankView", cpu_all: "pd.DataFrame", host: "HostModel | No
                    & cpu_all["name"].astype(str).str.startswith(DATALOADER)]
     win = host.windows
     wa, wb = win["start"].to_numpy(dtype=float), win["end"].to_numpy(dtype=float)
-    sets = {"comm": host.spans("comm_wait", main), "input": host.spans("data_wait", main),
-            "compute": host.spans("issue", main)}
     lo, hi = float(wa.min()), float(wb.max())
     stall = host.spans("stall", main)
-    pts = partition(list(sets.values()) + [stall], extra=np.r_[wa, wb])
-    pts = pts[(pts >= wa.min()) & (pts <= wb.max())]
-    s, e = pts[:-1], pts[1:]
-    w = np.searchsorted(wa, s, side="right") - 1
-    ok = (w >= 0) & (s < wb[np.clip(w, 0, None)])
-    s, e, w = s[ok], e[ok], w[ok]
-    # precedence: input > compute > comm > host_stall > the rest: the main thread's own time between ops (< 1 ms:
-    # Python and dispatch), which on a CPU-only job is the job's work too -- compute
-    cls = np.full(s.shape, "compute", dtype=object)
-    cls[cover(*stall, s)] = "host_stall"
-    cls[cover(*sets["comm"], s)] = "comm"
-    cls[cover(*sets["compute"], s)] = "compute"
-    cls[cover(*sets["input"], s)] = "input"
-    dur = e - s
-    per = pd.DataFrame({"w": w, "cls": cls, "dur": dur}).pivot_table(index="w", columns="cls", values="dur",
-                                                                         aggfunc="sum", fill_value=0.0)
-    per = per.reindex(index=range(len(win)), columns=list(SLICES), fill_value=0.0)
-    per_step = pd.concat([win.reset_index(drop=True).assign(dur=wb - wa), per.reset_index(drop=True)], axis=1)
+    hs = host.per_step
+    per = pd.DataFrame({sl: sum(hs[f"{k}_us"].to_numpy(dtype=float) for k in kinds)
+                        for sl, kinds in CPU_SLICES.items()})
+    per = per.reindex(columns=list(SLICES), fill_value=0.0)
+    per_step = pd.concat([win.reset_index(drop=True).assign(dur=wb - wa), per], axis=1)
     stalls = []
     inside = [(x, y) for x, y in zip(*stall) if x >= lo and y <= hi]
     for x, y in sorted(inside, key=lambda p: p[0] - p[1])[:TOP_STALLS]:
