@@ -762,3 +762,27 @@ def test_the_recorded_h100_runs():
     assert lat.loc[X.BARE, "vs_floor"] == pytest.approx(1.79, abs=0.01)
     m = A.matrices(four)
     assert m.notna().sum().sum() == 4 * (12 + 12)  # 4 transports: 12 ordered pairs one way, 6 pairs both ways x 2 cells
+
+
+R3_H100 = ROOT / "recorded" / "probes" / "p2p-causes-h100x4" / "r3"
+
+
+def test_the_model_with_the_host_on_the_h100_rerun():
+    """The rerun of the pipeline part with the parts' host times (recorded/probes/p2p-causes-h100x4/r3): copy
+    host-driven on 2 stages within 6% of the model -- one thread keeps up with two GPUs -- and on 4 stages 2.16x the
+    device model, of which the model with the host (one host for every stage, each step's and message's host time
+    alone) accounts for 25.6 ms; NCCL as one CUDA graph per stage at the model on both."""
+    approx = lambda v: pytest.approx(v, abs=0.01)  # noqa: E731
+    four = PA.model(results.RunSet([R3_H100 / "h100x4"], "r3")).set_index(["transport", "driver"])
+    two = PA.model(results.RunSet([R3_H100 / "h100x2"], "r3")).set_index(["transport", "driver"])
+    assert two.loc[("copy", "host"), "measured_vs_model"] == approx(1.06)
+    assert two.loc[("copy", "host"), "host_model_ms"] == pytest.approx(two.loc[("copy", "host"), "predicted_ms"])
+    assert four.loc[("copy", "host"), "measured_vs_model"] == approx(2.16)
+    assert four.loc[("copy", "host"), "host_model_ms"] == pytest.approx(25.64, abs=0.01)
+    assert four.loc[("copy", "host"), "measured_vs_host_model"] == approx(1.44)
+    # a graph replay has no host; a thread per stage is one host per stage, which keeps up alone
+    for m in (four, two):
+        assert m.loc[("nccl", "device"), "host_model_ms"] == m.loc[("nccl", "device"), "predicted_ms"]
+        assert m.loc[("nccl", "device"), "measured_vs_model"] < 1.0
+    lat = A.latency(results.RunSet([R3_H100 / "lat"], "r3"))
+    assert lat.loc["copy", "vs_copy_loop"] == approx(1.71)

@@ -185,7 +185,8 @@ def model(data) -> pd.DataFrame:
 
 def _host_model(comp: pd.DataFrame, hops: pd.DataFrame, p: int, m: int, r) -> float:
     """:func:`simulate` with the host's time to issue each stage's forward and backward alone (the parts'
-    ``host_us``) and each message alone (the transfer part's ``host_us``: per message, each rank's own side; one
+    ``host_us``, the transport's own run's: one process measures its stages one after another, several processes
+    theirs at once, and the host's time per step differs between the two) and each message alone (the transfer part's ``host_us``: per message, each rank's own side; one
     process issues both sides of an in-process transport's message, counted once, on the receiving step): one
     host for every stage where one thread drives them all (an in-process transport, host-driven), one per stage
     otherwise; a device-bound CUDA graph has none (the device model). NaN without host times (runs from before
@@ -193,7 +194,8 @@ def _host_model(comp: pd.DataFrame, hops: pd.DataFrame, p: int, m: int, r) -> fl
     if "host_us" not in comp.columns or comp["host_us"].isna().all():
         return float("nan")
     fb = comp.groupby(["stage", "part"])["time_us"].median().unstack()
-    h = comp.groupby(["stage", "part"])["host_us"].median().unstack()
+    own = comp[comp["transport"] == r.transport].dropna(subset=["host_us"])  # issued as this transport's run issues
+    h = (own if len(own) else comp).groupby(["stage", "part"])["host_us"].median().unstack()
     how = getattr(r, "how", "host")
     c = [_hop(hops, s, 0.5) for s in range(p - 1)]
     if how == "graph":
