@@ -53,11 +53,13 @@ def title_of(fig) -> str:
     """The figure's title as text: its suptitle without the lines naming the runs' hardware and date, else its
     axes' titles (each once, joined by " | "), else "". Kept in the PNG (``Title``) so that the report index
     prints it legibly above the thumbnail."""
+    def own(text: str) -> str:
+        return " ".join(ln for ln in text.strip().splitlines() if ln.strip() and not _RUN_LINE.search(ln.strip()))
+
     sup = getattr(fig, "_suptitle", None)
-    lines = sup.get_text().strip().splitlines() if sup is not None else []
-    text = " ".join(ln for ln in lines if ln.strip() and not _RUN_LINE.search(ln.strip()))
+    text = own(sup.get_text()) if sup is not None else ""
     if not text.strip():
-        text = " | ".join(dict.fromkeys(t for ax in fig.axes if (t := ax.get_title().strip())))
+        text = " | ".join(dict.fromkeys(t for ax in fig.axes if (t := own(ax.get_title()))))
     return " ".join(text.split())
 
 

@@ -169,6 +169,10 @@ def test_index_thumbnails_are_readable_and_the_time_does_not_wrap(tmp_path, monk
     entry = {"name": "x", "html": "x.html", "status": "ok", "seconds": 29.6, "figures": ["figures/x-busbw.png"],
              "error": None, "question": "q", "shows": {"figures/x-busbw.png": "this machine, CPU only, 2026-11-27"}}
     page = runner.write_index(tmp_path, [entry], None).read_text()
+    fig, ax = plt.subplots()
+    ax.set_title("gap vs layers\n2x NVIDIA H200 (NV18) | driver 580.159.04 | torch 2.11.0+cu130")
+    assert plot.title_of(fig) == "gap vs layers"  # an axes title without its runs' line too
+    plt.close(fig)
     assert '<td style="white-space:nowrap">29.6 s</td>' in page
     assert 'font-weight:bold;max-width:380px">all_reduce busbw by message size</div>' in page
     assert 'style="width:380px;height:auto"' in page and 'height="120"' not in page

@@ -229,7 +229,7 @@ def main(argv=None) -> int:
     ap.add_argument("--keep-saved", action="store_true",
                     help="with --lab: leave the notebook as JupyterLab saved it (outputs in the file)")
     a = ap.parse_args(argv)
-    report = Path(a.report) if a.report else newest_report()
+    report = Path(a.report).resolve() if a.report else newest_report()
     if report is None or not (report / "index.html").exists():
         print(f"no report at {report or ROOT / 'results/reports'}: run `make report` first", file=sys.stderr)
         return 2
