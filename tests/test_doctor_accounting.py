@@ -298,3 +298,18 @@ def test_late_rank_reason_comes_from_the_host_activity_the_accounting_uses():
     assert f.evidence["reason"] == "host_idle"
     stall = f.evidence["own_idle"]["host_stall"]["longest_stalls"][0]["dur_us"]
     assert f.evidence["reason_us_per_step"]["host_idle"] == pytest.approx(stall, rel=0.1)
+
+
+def test_excerpt_host_lane_draws_the_host_models_sync_calls():
+    """A cudaMemcpyAsync into pageable host memory (``.cpu()``) blocks like a sync: the excerpt draws it as the
+    accounting counts it (a synchronising call), not as an 'other call'; a collective op is drawn as one."""
+    from kit.doctor import notebook as dn
+
+    ev = [_x("ProfilerStep#1", "user_annotation", 0, 3000), _launch(1, 0), _kernel(1, 20, 100),
+          _x("cudaMemcpyAsync", "cuda_runtime", 200, 900, correlation=2),
+          _x("Memcpy DtoH (Device -> Pageable)", "gpu_memcpy", 1000, 50, tid=7, device=0, stream=7, correlation=2),
+          _x("c10d::allreduce_", "cpu_op", 1200, 300), _launch(3, 1600), _kernel(3, 1700, 100)]
+    t = traces.from_dict({"schemaVersion": 1, "traceEvents": ev})
+    bars = dn._host_bars(t, 0.0, 0.0, 3000.0)
+    assert (200.0, 900.0, dn.SYNC_COLOR) in bars and not any(c == dn.CALL_COLOR for _, _, c in bars)
+    assert (1200.0, 300.0, dn.COMM_COLOR) in bars

@@ -65,7 +65,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..traces.intervals import cover, partition, union_np
-from .calls import ALLOC_CALLS, BLOCKING_COPY_CALLS, DATALOADER, STEP_PREFIX, SYNC_CALLS
+from .calls import STEP_PREFIX
 from .host_model import HostModel, host_model
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -229,7 +229,7 @@ def account(view: "RankView", host: "HostModel | None" = None) -> "Account | Non
     first_own = np.full(len(wa), np.inf)
     np.minimum.at(first_own, kw[own], starts[own])
 
-    threads = list(host.threads)
+    threads, model = list(host.threads), host
     host = {t: {s: host.spans(k, t) for s, k in HOST_KIND.items()} for t in threads}
     extra = [wa, wb, call_end[~np.isnan(call_end)]]
     pts = partition(list(sets.values()) + [s for h in host.values() for s in h.values()], extra=np.concatenate(extra))
@@ -292,7 +292,7 @@ def account(view: "RankView", host: "HostModel | None" = None) -> "Account | Non
     above = float((qd - floor).clip(lower=0).sum()) if len(qd) else 0.0
     return Account(rank=view.rank, mode="gpu", per_step=per_step,
                    stalls=in_step(_stalls(view, calls, host, s, e, cls), win),
-                   calls=_behind(view, calls, s, e, cls, threads), launch=launch,
+                   calls=_behind(view, model, s, e, threads), launch=launch,
                    queued={"gaps_per_step": len(qd) / max(1, len(win)),
                            "median_us": float(qd.median()) if len(qd) else None,
                            "above_median_share": above / float(qd.sum()) if len(qd) and qd.sum() > 0 else 0.0},
@@ -411,31 +411,39 @@ def in_step(stalls: tuple[dict, ...], win: "pd.DataFrame") -> tuple[dict, ...]:
     return tuple(out)
 
 
-def _behind(view, calls, s, e, cls, threads) -> dict:
-    """Per blocking slice, the calls (or annotations) behind it, counted inside the windows: what to look at."""
-    import numpy as np
-
+def _behind(view, host: HostModel, s, e, threads) -> dict:
+    """Per blocking slice, the calls (or annotations) behind it, counted inside the windows: what to look at. The
+    calls' kinds and the DataLoader waits are the host model's (:attr:`HostModel.calls`, :attr:`HostModel.activity`)."""
     out: dict[str, dict] = {}
     lo, hi = (float(s.min()), float(e.max())) if len(s) else (0.0, 0.0)
+    calls = host.calls
     c = calls[(calls["ts"] >= lo) & (calls["ts"] < hi) & calls["tid"].isin(threads)]
-    for k, names in (("sync", SYNC_CALLS | BLOCKING_COPY_CALLS), ("allocator", ALLOC_CALLS)):
-        sel = c[c["base"].isin(names) | ((c["pageable_d2h"]) if k == "sync" else False)]
+    for k, kind in (("sync", "sync"), ("allocator", "alloc")):
+        sel = c[c["kind"] == kind]
         if len(sel):
             agg = sel.groupby("name")["ts"].count()
             us = (sel["end"] - sel["ts"]).groupby(sel["name"]).sum()
             out[k] = {n: {"calls": int(agg[n]), "host_us": round(float(us[n]), 1)} for n in agg.index}
-    cpu = view.trace.cpu
-    if not cpu.empty:
-        d = cpu[(cpu["cat"] == "user_annotation") & cpu["name"].astype(str).str.startswith(DATALOADER)
-                & (cpu["ts"] >= lo) & (cpu["ts"] < hi)]
-        if len(d):
-            out["input"] = {n: {"calls": int(len(x)), "host_us": round(float((x["end"] - x["ts"]).sum()), 1)}
-                            for n, x in d.groupby(d["name"].astype(str))}
-            inside = _inside(cpu, d)
-            if inside:
-                out["input_inside"] = inside
-    del np
+    d = _data_waits(host, lo, hi)
+    if len(d):
+        out["input"] = _by_name(d)
+        inside = _inside(view.trace.cpu, d) if not view.trace.cpu.empty else {}
+        if inside:
+            out["input_inside"] = inside
     return out
+
+
+def _data_waits(host: HostModel, lo: float, hi: float, tid: Any = None) -> "pd.DataFrame":
+    """The host model's DataLoader waits (``data_wait`` stretches, named by their annotation) starting in
+    ``[lo, hi)`` (of thread ``tid``; of any modelled thread when None)."""
+    act = host.activity
+    m = (act["kind"] == "data_wait") & (act["ts"] >= lo) & (act["ts"] < hi)
+    return act[m & (act["tid"] == tid)] if tid is not None else act[m]
+
+
+def _by_name(rows: "pd.DataFrame") -> dict:
+    return {n: {"calls": int(len(x)), "host_us": round(float((x["end"] - x["ts"]).sum()), 1)}
+            for n, x in rows.groupby(rows["name"].astype(str))}
 
 
 def _inside(cpu: "pd.DataFrame", spans: "pd.DataFrame", n: int = 3) -> dict:
@@ -478,8 +486,6 @@ def account_cpu(view: "RankView", cpu_all: "pd.DataFrame", host: "HostModel | No
         return None
     main = host.main_tid
     ops = cpu_all[(cpu_all["tid"] == main) & (cpu_all["cat"] == "cpu_op")]
-    data = cpu_all[(cpu_all["tid"] == main) & (cpu_all["cat"] == "user_annotation")
-                   & cpu_all["name"].astype(str).str.startswith(DATALOADER)]
     win = host.windows
     wa, wb = win["start"].to_numpy(dtype=float), win["end"].to_numpy(dtype=float)
     lo, hi = float(wa.min()), float(wb.max())
@@ -497,9 +503,7 @@ def account_cpu(view: "RankView", cpu_all: "pd.DataFrame", host: "HostModel | No
         stalls.append({"start_us": round(float(x), 1), "dur_us": round(float(y - x), 1),
                        "idle_us": round(float(y - x), 1), "before": before[0] if before else None,
                        "after": after[0] if after else None, "within": []})
-    behind = {}
-    if len(data):
-        behind["input"] = {n: {"calls": int(len(x)), "host_us": round(float((x["end"] - x["ts"]).sum()), 1)}
-                           for n, x in data.groupby(data["name"].astype(str))}
+    data = _data_waits(host, lo, hi, main)
+    behind = {"input": _by_name(data)} if len(data) else {}
     return Account(rank=view.rank, mode="cpu", per_step=per_step, stalls=in_step(tuple(stalls), win), calls=behind,
                    threads=1, step_us=view.step_us)

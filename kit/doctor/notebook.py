@@ -273,9 +273,7 @@ def _draw(paths: dict[int, str], ranks: list[int], clock_rank: int, t0: float, t
     lanes: list[tuple[str, list, str]] = []  # (label, [(start, dur, color)], kind)
     for r in ranks:
         t, off = loaded[r], offs.get(r, 0.0)
-        cpu = t.cpu.assign(ts=t.cpu["ts"] + off, end=t.cpu["end"] + off)
-        cpu = cpu[(cpu["end"] > a) & (cpu["ts"] < b)]
-        lanes.append((f"rank {r} host", _host_bars(cpu), "host"))
+        lanes.append((f"rank {r} host", _host_bars(t, off, a, b), "host"))
         gpu = t.gpu.assign(ts=t.gpu["ts"] + off, end=t.gpu["end"] + off)
         gpu = gpu[(gpu["end"] > a) & (gpu["ts"] < b)]
         for (dev, stream), g in gpu.groupby(["device", "stream"], sort=True):
@@ -311,21 +309,32 @@ def _draw(paths: dict[int, str], ranks: list[int], clock_rank: int, t0: float, t
     return fig
 
 
-def _host_bars(cpu: "pd.DataFrame") -> list[tuple[float, float, str]]:
-    """The host events an excerpt shows: DataLoader waits, synchronising calls, other long runtime calls (a
-    pageable copy, a launch into a full queue), collective calls."""
-    from .calls import BLOCKING_COPY_CALLS, DATALOADER, SYNC_CALLS, base_name
+def _host_bars(t, off: float, a: float, b: float) -> list[tuple[float, float, str]]:
+    """The host events an excerpt shows in ``[a, b)`` (the trace's clock + ``off``): DataLoader waits, synchronising
+    calls and other long runtime calls (a launch into a full queue) as the host model classifies them
+    (:func:`kit.doctor.host_model.runtime_calls`: a device-to-pageable-host copy is a sync), collective ops (the
+    trace layer's :data:`kit.traces.frames.COMM_OPS`)."""
+    from ..traces.frames import COMM_OPS
+    from .calls import DATALOADER
+    from .host_model import runtime_calls
+    from .model import RankView
+    from .steps import steps_frame
 
+    def cut(df):
+        df = df.assign(ts=df["ts"] + off, end=df["end"] + off)
+        return df[(df["end"] > a) & (df["ts"] < b)]
+
+    cpu = cut(t.cpu)
+    calls = cut(runtime_calls(RankView(trace=t, steps=steps_frame(t.cpu), rank=-1))) if not t.cpu.empty else cpu
     names = cpu["name"].astype(str)
-    runtime = cpu["cat"].isin(["cuda_runtime", "cuda_driver"])
-    sync = names.map(base_name).isin(SYNC_CALLS | BLOCKING_COPY_CALLS)
-    kinds = [(cpu["cat"].eq("user_annotation") & names.str.startswith(DATALOADER), DATA_COLOR),
-             (runtime & sync, SYNC_COLOR),
-             (runtime & ~sync & (cpu["dur"] > LONG_CALL_US), CALL_COLOR),
-             (cpu["cat"].eq("user_annotation") & names.str.match(r"^(nccl|gloo):"), COMM_COLOR)]
+    sync = calls["kind"].eq("sync") if "kind" in calls else calls["ts"].isna() & False
+    kinds = [(cpu, cpu["cat"].eq("user_annotation") & names.str.startswith(DATALOADER), DATA_COLOR),
+             (calls, sync, SYNC_COLOR),
+             (calls, ~sync & (calls["dur"] > LONG_CALL_US), CALL_COLOR),
+             (cpu, cpu["cat"].isin(["user_annotation", "cpu_op"]) & names.str.match(COMM_OPS), COMM_COLOR)]
     out = []
-    for mask, color in kinds:
-        sel = cpu[mask]
+    for df, mask, color in kinds:
+        sel = df[mask]
         out += [(s, e - s, color) for s, e in zip(sel["ts"], sel["end"])][:MAX_BARS]
     return out
 
