@@ -313,3 +313,35 @@ def test_excerpt_host_lane_draws_the_host_models_sync_calls():
     bars = dn._host_bars(t, 0.0, 0.0, 3000.0)
     assert (200.0, 900.0, dn.SYNC_COLOR) in bars and not any(c == dn.CALL_COLOR for _, _, c in bars)
     assert (1200.0, 300.0, dn.COMM_COLOR) in bars
+
+
+def test_capture_notes_read_driver_calls_and_every_graph_launch_name():
+    """Launches through the driver API (``cuLaunchKernel``) are CUDA calls the host rules read: no 'no CUDA runtime
+    events' note; a graph replayed by ``cudaGraphLaunch_v10000`` is a graph replay."""
+    from kit.doctor.notes import capture_notes
+
+    def notes(ev):
+        t = traces.from_dict({"schemaVersion": 1, "traceEvents": [_x("ProfilerStep#1", "user_annotation", 0, 3000)]
+                              + ev})
+        return capture_notes(t, steps_frame(t.cpu))
+
+    drv = [_x("cuLaunchKernel", "cuda_driver", 0, 10, correlation=1), _kernel(1, 20, 100)]
+    assert not any("no CUDA runtime events" in n for n in notes(drv))
+    nccl = [_x("cudaGraphLaunch_v10000", "cuda_runtime", 0, 10, correlation=1),
+            _x("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "kernel", 20, 100, tid=7, device=0, stream=7,
+               correlation=1)]
+    got = [n for n in notes(nccl) if n.startswith("NCCL kernels carry no collective metadata")]
+    assert got and "replayed from CUDA graphs" in got[0]
+
+
+def test_host_rules_skip_without_a_host_model():
+    """The host rules read the host model only: a rank without one (its stage failed) is a skip line, never a
+    second view of the host built on the side."""
+    import kit.doctor.rules  # noqa: F401  (registers every rule)
+    from kit.doctor.model import RULES, Skip
+
+    view = _view(planted())
+    assert view.host is None
+    for rid in ("launch_bound", "host_sync", "pageable_h2d", "graph_mixing_gap"):
+        got = RULES[rid].extract(view)
+        assert isinstance(got, Skip) and "no host model" in got.why, rid

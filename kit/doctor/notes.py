@@ -8,7 +8,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
+from .calls import GRAPH_LAUNCH
 from .steps import INFERRED
+
+
+def _runtime(trace):
+    """The trace's CUDA runtime and driver calls (the host model's :func:`kit.doctor.host_model.runtime_calls`
+    reads the same two categories)."""
+    cpu = trace.cpu
+    return cpu[cpu["cat"].isin(["cuda_runtime", "cuda_driver"])] if not cpu.empty else cpu
 
 
 def cuda_device(trace) -> bool:
@@ -45,14 +53,14 @@ def capture_notes(trace, steps) -> list[str]:
                      "taken from the file names")
     nccl = trace.gpu[trace.gpu["nccl"]] if not trace.gpu.empty else trace.gpu
     if len(nccl) and nccl["in_nelems"].isna().all():
-        rt = trace.cpu[trace.cpu["cat"] == "cuda_runtime"] if not trace.cpu.empty else trace.cpu
-        replayed = len(rt) and rt["name"].astype(str).eq("cudaGraphLaunch").any() and not (
+        rt = _runtime(trace)
+        replayed = len(rt) and rt["name"].astype(str).str.startswith(GRAPH_LAUNCH).any() and not (
             trace.cpu["cat"].eq("cpu_op") & trace.cpu["name"].astype(str).str.startswith("c10d::")).any()
         notes.append("NCCL kernels carry no collective metadata: "
                      + ("they are replayed from CUDA graphs, whose kernels the profiler records without the "
                         "launching op's metadata" if replayed else "torch < 2.3, or the collectives ran outside "
                         "the recorded ops") + "; bytes and busbw are unknown")
-    if not trace.gpu.empty and (trace.cpu.empty or not (trace.cpu["cat"] == "cuda_runtime").any()):
+    if not trace.gpu.empty and _runtime(trace).empty:
         notes.append("no CUDA runtime events: host-side rules (launches, syncs, copies) cannot run")
     ops = trace.cpu[trace.cpu["cat"] == "cpu_op"] if not trace.cpu.empty else trace.cpu
     if len(ops) and "input_dims" in ops and ops["input_dims"].isna().all():
@@ -100,8 +108,9 @@ def capture_facts_notes(facts: dict[str, Any] | None) -> list[str]:
     return notes
 
 
-def job_notes(job, summaries: Sequence[RankSummary]) -> list[str]:
-    """The job check's lines (missing ranks, ranks taken from file order) and each trace warning once."""
+def job_notes(job, summaries: Sequence[Any]) -> list[str]:
+    """``summaries``: :class:`kit.doctor.rank_phase.RankSummary` (not imported: that module imports this one). The
+    job check's lines (missing ranks, ranks taken from file order) and each trace warning once."""
     out = ([job.note()] if job.partial else []) + list(job.warnings)
     seen = set()
     for s in summaries:
@@ -112,8 +121,9 @@ def job_notes(job, summaries: Sequence[RankSummary]) -> list[str]:
     return out
 
 
-def group_notes(summaries: Sequence[RankSummary]) -> list[str]:
-    """Each capture note once: without a prefix when every rank has it, else with the ranks that do."""
+def group_notes(summaries: Sequence[Any]) -> list[str]:
+    """Each capture note once (``summaries``: :class:`kit.doctor.rank_phase.RankSummary`): without a prefix when
+    every rank has it, else with the ranks that do."""
     by_note: dict[str, list[int]] = {}
     for s in summaries:
         for n in s.notes:

@@ -31,8 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ...traces.gaps import DEFAULT_STALL_US, gaps
-from ...traces.intervals import union_np
-from ..calls import DATALOADER, GRAPH_LAUNCH
+from ..calls import GRAPH_LAUNCH
 from ..findings import worst_rank
 from ..model import Finding, RankView, Skip
 
@@ -83,10 +82,10 @@ def as_str(s: "pd.Series") -> "pd.Series":
 def _build(view: RankView) -> HostTimeline:
     import numpy as np
 
-    from ..host_model import ALL, runtime_calls
+    from ..host_model import ALL
 
     gpu = view.trace.gpu
-    calls = view.host.calls if view.host is not None else runtime_calls(view)  # classified once, by the host model
+    calls = view.host.calls  # classified once, by the host model
     issued = view.issued()
     kernels = gaps(issued, DEFAULT_STALL_US)  # the kernels' rows of issued, + gap_us, before, stall
     gap = kernels["gap_us"].to_numpy(dtype=float)
@@ -106,13 +105,7 @@ def _build(view: RankView) -> HostTimeline:
     b = calls[(calls["kind"] == "sync") & ~calls["correlation"].isin(h2d_pageable) & (calls["ts"] > first)
               & (calls["ts"] < last)]
     b = b[view.in_steps(b["ts"])][["name", "ts", "end", "dur", "tid", "correlation"]]
-    if view.host is not None:
-        data_a, data_b = view.host.spans("data_wait", ALL)
-    else:
-        cpu = view.trace.cpu
-        data = cpu[(cpu["cat"] == "user_annotation") & as_str(cpu["name"]).str.startswith(DATALOADER)] \
-            if not cpu.empty else cpu
-        data_a, data_b = union_np(data["ts"], data["end"])
+    data_a, data_b = view.host.spans("data_wait", ALL)
     return HostTimeline(kernels=kernels, copies=copies, calls=calls, blocking=b, starts=starts,
                         busy_until=busy_until, data_a=data_a, data_b=data_b, has_runtime=bool(len(calls)),
                         graph_launches=int(calls["name"].str.startswith(GRAPH_LAUNCH).sum()))
@@ -137,10 +130,15 @@ def cannot_read(h: HostTimeline, rid: str, runtime_for: str | None) -> Skip | No
 
 def host_extract(rid: str, runtime_for: str | None):
     """Decorates ``fn(view, timeline) -> summary`` into a rule's ``extract(view)``: the rank's
-    :class:`HostTimeline`, or the :class:`Skip` of :func:`cannot_read` when the trace lacks what the rule reads."""
+    :class:`HostTimeline`, or a :class:`Skip` when the rank has no host model (:attr:`RankView.host`) or the trace
+    lacks what the rule reads (:func:`cannot_read`)."""
 
     def wrap(fn):
         def extract(view: RankView):
+            if view.host is None:  # the one view of the host is the host model: without it, no second one
+                return Skip(rid, "no GPU activity in the trace: nothing issued to a GPU to look at"
+                            if view.trace.gpu.empty else "no host model for this rank (every GPU activity lasts "
+                            "0 us, or the step accounting's skip line says why)")
             h = host_timeline(view)
             return cannot_read(h, rid, runtime_for) or fn(view, h)
 
