@@ -10,7 +10,7 @@ TORCH  ?= torch==2.13.0
 PY     := $(VENV)/bin/python
 ARGS   ?=
 
-.PHONY: setup nbstripout-filter report test test-fast test-gpu test-browser lab wheelhouse clean
+.PHONY: setup nbstripout-filter report docs-rules test test-fast test-gpu test-browser lab wheelhouse clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv --system-site-packages $(VENV)
@@ -42,6 +42,9 @@ setup: $(VENV)/.installed nbstripout-filter
 
 report: setup                 ## every notebook, preset for this machine (configs/gpu.yaml or cpu-smoke.yaml)
 	$(VENV)/bin/kit run $(ARGS)
+
+docs-rules: setup             ## regenerate docs/cli.md's table of the doctor's rules from the rule registry
+	$(PY) -c "from kit.doctor.rules import write_table; write_table('docs/cli.md')"
 
 test: setup                   ## every CPU test (what CI runs); -v names each test as it starts
 	$(PY) -m pytest -v --durations=15 $(ARGS)

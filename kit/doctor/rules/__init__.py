@@ -5,7 +5,9 @@ folder; the modules that hold no rule are what several rules share: :mod:`.comm`
 :mod:`.host` (the host rules' timeline and judge), :mod:`.late_arrival`, :mod:`.same_kernels`,
 :mod:`.sync_costs`, :mod:`.evidence`.
 
-:func:`parse_ids` is the one parser of a ``--rules`` list (the CLI, the doctor page and its notebook use it).
+:func:`parse_ids` is the one parser of a ``--rules`` list (the CLI, the doctor page and its notebook use it);
+:func:`table` renders the rules' table of ``docs/cli.md`` from the registry (``make docs-rules`` writes it,
+:func:`write_table`; a test checks the committed one).
 """
 
 from __future__ import annotations
@@ -38,3 +40,32 @@ def parse_ids(spec: str | None) -> list[str] | None:
 def ids() -> list[str]:
     """Every rule id, in order."""
     return list(RULES)
+
+
+TABLE_HEAD = "| rule | what it finds |\n|---|---|\n"
+"""the first lines of the rules' table in ``docs/cli.md`` (the table runs to the next blank line)"""
+
+
+def table() -> str:
+    """The markdown table of every rule, in order: id, title, and what it needs beyond one rank's trace."""
+    rows = []
+    for r in RULES.values():
+        needs = ([f"needs {r.needs_ranks} ranks"] if r.needs_ranks > 1 else []) + (
+            ["against a collectives sweep of the same machine, `--sweep`"] if r.needs_sweep else [])
+        said = f" ({'; '.join(needs)})" if needs else ""
+        rows.append(f"| `{r.id}` | {r.title}{said} |\n")
+    return TABLE_HEAD + "".join(rows)
+
+
+def write_table(path: str = "docs/cli.md") -> bool:
+    """Replace the rules' table in ``path`` by :func:`table`; whether the file changed."""
+    from pathlib import Path
+
+    p = Path(path)
+    text = p.read_text()
+    i = text.index(TABLE_HEAD)
+    j = text.index("\n\n", i) + 1
+    new = text[:i] + table() + text[j:]
+    if new != text:
+        p.write_text(new)
+    return new != text
