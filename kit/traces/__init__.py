@@ -42,10 +42,6 @@ Quick use::
 
 from __future__ import annotations
 
-from .census import NODE_TYPES, graph_census, graph_edges
-from .comm import (COLLECTIVE_COLUMNS, collective_rows, collectives, explain_empty, format_text, match_instances,
-                   summary, to_json, write_json)
-from .flight_recorder import dump_flight_recorder, fr_entries, fr_mismatches, fr_statements
 from .frames import (ADAPTERS, CPU_COLUMNS, GPU_CATS, GPU_COLUMNS, KINETO, KINETO_LEGACY, Adapter, Trace,
                      TraceInfo, from_dict, gpu_events, is_nccl_kernel, load_trace)
 from .gaps import DEFAULT_STALL_US, combine_gaps, format_gaps, gap_summary, gaps, trace_gaps
@@ -54,6 +50,27 @@ from .merge import aligned_gpu, clock_offsets, merge
 from .names import TraceFile, find_traces, parse_name, trace_path
 from .overlap import OVERLAP_COLUMNS, overlap
 from .parse import TraceError, load
+
+_LAZY = {  # imported on first use (PEP 562): `kit trace gaps` needs none of them (the collectives' modules and
+    # multiprocessing were 0.03 s of its CPU). The names that are also a submodule's (gaps, merge, overlap) stay
+    # above: a submodule imported after the package would rebind the name to itself.
+    **dict.fromkeys(("NODE_TYPES", "graph_census", "graph_edges"), "census"),
+    **dict.fromkeys(("COLLECTIVE_COLUMNS", "collective_rows", "collectives", "explain_empty", "format_text",
+                     "match_instances", "summary", "to_json", "write_json"), "comm"),
+    **dict.fromkeys(("dump_flight_recorder", "fr_entries", "fr_mismatches", "fr_statements"), "flight_recorder"),
+}
+
+
+def __getattr__(name: str):
+    from importlib import import_module
+
+    if name in _LAZY:
+        value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    if name in {"census", "comm", "flight_recorder", "collective_frame"}:  # kit.traces.comm without importing it
+        return import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = ["ADAPTERS", "Adapter", "COLLECTIVE_COLUMNS", "CPU_COLUMNS", "DEFAULT_STALL_US", "GPU_CATS", "GPU_COLUMNS",
            "JobCheck", "JobError", "KINETO", "KINETO_LEGACY", "NODE_TYPES", "OVERLAP_COLUMNS", "RankFailure", "RankIdentity", "RankResults", "Trace",

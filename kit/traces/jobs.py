@@ -42,10 +42,8 @@ ranks it held the same way (``BrokenProcessPool``, Dask's ``KilledWorker``).
 from __future__ import annotations
 
 import glob
-import multiprocessing
 import os
 import re
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, Sequence, TypeVar
@@ -193,6 +191,8 @@ def _guarded(fn: Callable[[Path], T], path: Path) -> tuple[bool, Any]:
 def _pool_context(fn: Callable):
     """forkserver where there is one (Linux): the server imports ``fn``'s module once and forks each worker
     from it, so a worker starts in milliseconds with pandas already imported; else spawn."""
+    import multiprocessing  # here, not at the top: most commands never start a pool (0.02 s of CPU to import)
+
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     ctx = multiprocessing.get_context("forkserver")
@@ -524,6 +524,8 @@ def map_ranks(paths: Iterable[str | Path], fn: Callable[[Path], T], *, workers: 
         if n <= 1:
             done = [_guarded(fn, p) for p in paths]
         else:
+            from concurrent.futures import ProcessPoolExecutor
+
             with ProcessPoolExecutor(n, mp_context=_pool_context(fn), max_tasks_per_child=MAX_TASKS_PER_CHILD) as ex:
                 done = _collect([ex.submit(_guarded, fn, p) for p in paths])
     res: RankResults[T] = RankResults()
