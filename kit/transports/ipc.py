@@ -5,16 +5,14 @@ The sender copies its tensor straight into a slot of the receiver's mailbox (``c
 stream: a copy engine); the receiver copies the slot into the caller's tensor, a local device copy about 5x
 faster than the link. That second copy is the price of a buffered transport. One way it hides behind the next
 message's transfer (it runs on the other GPU); both ways at once it did not: each rank's copy-out queued on the
-stream that carries its own outgoing copy, so every round was the transfer *then* the copy-out (2xH200, 256 MiB:
-840 us per round vs copy's 726, 0.86x). So a message of at least :data:`PIECE_MIN_BYTES` moves in pieces
+stream that carries its own outgoing copy, so every round was the transfer *then* the copy-out. So a message of at least :data:`PIECE_MIN_BYTES` moves in pieces
 (:func:`pieces`), each signalled by its own ready event, on a send stream of its own (one per caller stream, so
 flows a caller puts on two streams stay on two, and a receive's copy-out -- on the caller's stream -- never queues
 behind this rank's own outgoing pieces), and the receiver copies piece ``k`` out while piece ``k + 1`` crosses
 the link: only the last piece's copy-out remains. The pieces halve (1/2, 1/4, ... of the message, the last two
-:data:`TAIL_BYTES` or less): a piece's copy-out (a local copy, ~4x the link's rate alone, ~3x beside the incoming
-and outgoing transfers -- 4xH100: 256 MiB in 183 / 239 us, the link 716 us) hides behind the next piece's transfer,
-and what stays exposed is the copy-out of a small last piece instead of 1/8 of the message (8 equal pieces on
-4xH100: 854 us per 256 MiB round both ways, ipc-direct 729).
+:data:`TAIL_BYTES` or less): a piece's copy-out (a local copy, several times the link's rate) hides behind the
+next piece's transfer, and what stays exposed is the copy-out of a small last piece instead of 1/8 of the message
+(equal pieces). The measurements behind these choices: FINDINGS.md, "P2P transports for pipeline parallelism".
 (``ipc-direct`` has no second copy at all.) The endpoint is the rank.
 """
 
@@ -27,9 +25,9 @@ from .base import Capabilities, SideStreams, Transport, Work, event_work, flat_b
 from .registry import register
 
 MAX_PIECES = 16  # ready events per mailbox slot: a message moves in at most this many pieces
-PIECE_MIN_BYTES = 64 << 20  # below this a message moves whole: at 64 MiB its copy-out is ~45 us of a ~175 us
-# transfer over NVLink (H200), while each piece costs a driver call and an event record on the host
-TAIL_BYTES = 4 << 20  # the pieces halve down to this: the last piece's copy-out (~4 us) is what stays exposed
+PIECE_MIN_BYTES = 64 << 20  # below this a message moves whole: its copy-out is a small part of its transfer, while
+# each piece costs a driver call and an event record on the host (FINDINGS.md)
+TAIL_BYTES = 4 << 20  # the pieces halve down to this: the last piece's copy-out is what stays exposed
 
 
 def pieces(n: int) -> list[tuple[int, int]]:

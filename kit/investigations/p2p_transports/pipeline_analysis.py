@@ -135,9 +135,8 @@ def model(data) -> pd.DataFrame:
 
     The model is :func:`simulate` on the parts measured alone: ``F_s`` / ``B_s`` pooled over every transport of the
     runs (median of all samples of stage ``s``: the stages compute the same GEMMs whichever transport carries their
-    messages, and alone their times spread -- 2xH200, 2026-11-23: one stage's backward 0.67-1.0 ms across samples,
-    medians per transport 0.71-0.97 ms -- so a per-transport median would give each transport its own model from
-    that spread alone), each hop's ``c`` the transport's own (one activation alone). ``predicted_p10_ms`` /
+    messages, and alone their times spread -- FINDINGS.md -- so a per-transport median would give each transport
+    its own model from that spread alone), each hop's ``c`` the transport's own (one activation alone). ``predicted_p10_ms`` /
     ``predicted_p90_ms``: the same with every part at its p10 / p90 -- the model's spread; a transport below
     ``predicted_p10_ms`` beats the model by more than its spread (the model is missing something).
     ``formula_ms``: the closed form ``sum_s (F_s + B_s) + (m - 1) max_s (F_s + B_s) + 2 (p - 1) max c`` (see the
