@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import secrets
 import socket
 import subprocess
@@ -253,14 +254,44 @@ def describe(run: str | Path | dict, title: bool = False) -> str:
 RECORD_MAX_FILE = 2 * 2**20  # files larger than this stay behind (keep the repository small)
 
 
+# the model in a GPU's name: H100 in 'NVIDIA H100 80GB HBM3', A100 in 'NVIDIA A100-SXM4-80GB', L40S, GH200
+_GPU_MODEL = re.compile(r"\b([A-Z]{1,2}\d{1,4}[A-Z]?)\b")
+
+
+def gpu_model(name: str) -> str:
+    """The model word of a GPU name, lower case: 'h100' for 'NVIDIA H100 80GB HBM3', 'h200' for 'NVIDIA H200',
+    'a100' for 'NVIDIA A100-SXM4-80GB'; else its first word with a digit ('4090' for 'NVIDIA GeForce RTX
+    4090'), else its last word."""
+    m = _GPU_MODEL.search(name)
+    if m:
+        return m.group(1).lower()
+    words = name.split() or ["gpu"]
+    return next((w for w in words if any(c.isdigit() for c in w)), words[-1]).lower()
+
+
+def run_gpu_count(meta: dict) -> int:
+    """How many GPUs a run used: its world size (the launcher runs one rank per GPU), else the devices
+    ``CUDA_VISIBLE_DEVICES`` in its sysinfo left visible, else every GPU of the host. Not the length of the
+    sysinfo's GPU list: NVML lists every GPU of the host, whatever ``CUDA_VISIBLE_DEVICES`` says."""
+    info = meta.get("sysinfo") or {}
+    gpus = info.get("gpus") or []
+    if isinstance(meta.get("world_size"), int) and meta["world_size"] > 0:
+        return meta["world_size"]
+    visible = (info.get("env") or {}).get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return min(len([d for d in visible.split(",") if d.strip()]), len(gpus))
+    return len(gpus)
+
+
 def machine_name(meta: dict) -> str:
     """The folder a run's machine gets under ``recorded/``: ``h200x2`` (2x NVIDIA H200), ``h100x1``, with
-    ``-emulated`` for runs on emulated nodes; ``cpu`` without GPUs."""
+    ``-emulated`` for runs on emulated nodes; ``cpu`` without GPUs. The model is :func:`gpu_model`, the count
+    :func:`run_gpu_count` (the GPUs the run used, not the host's)."""
     gpus = (meta.get("sysinfo") or {}).get("gpus") or []
     if not gpus:
         return "cpu"
-    model = gpus[0].get("name", "gpu").split()[-1].lower()
-    return f"{model}x{len(gpus)}" + ("-emulated" if meta.get("emulated") else "")
+    model = gpu_model(gpus[0].get("name", "gpu"))
+    return f"{model}x{run_gpu_count(meta)}" + ("-emulated" if meta.get("emulated") else "")
 
 
 def record(run_dir: str | Path, root: str | Path | None = None) -> Path:

@@ -3,6 +3,7 @@
 import json
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -84,6 +85,44 @@ def test_meta_written_atomically(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ timing
+def _recorded_metas(machine: str) -> list[tuple[Path, dict]]:
+    return [(f, json.loads(f.read_text())) for f in sorted((results.RECORDED_ROOT / machine).rglob("meta.json"))]
+
+
+@pytest.mark.parametrize("machine", ["h100x1", "h100x2", "h100x4", "h200x2", "h200x2-emulated"])
+def test_machine_name_of_recorded_runs_is_their_folder(machine):
+    """The GPU model word (not 'hbm3' of 'NVIDIA H100 80GB HBM3') and the GPUs the run used: the h100x2 runs
+    were taken with CUDA_VISIBLE_DEVICES=0,1 on a 4-GPU host whose sysinfo lists all four."""
+    runs = _recorded_metas(machine)
+    if not runs:
+        pytest.skip(f"no recorded runs under recorded/{machine}")
+    assert {f.relative_to(results.RECORDED_ROOT).as_posix(): results.machine_name(m) for f, m in runs} == \
+        {f.relative_to(results.RECORDED_ROOT).as_posix(): machine for f, _ in runs}
+    if machine == "h100x2":  # the case that was filed as 'hbm3x4'
+        assert any(len(m["sysinfo"]["gpus"]) == 4 for _, m in runs)
+
+
+def test_machine_name_counts_visible_devices_without_world_size(tmp_path):
+    f, meta = (_recorded_metas("h100x2") or [(None, None)])[0]
+    if meta is None:
+        pytest.skip("no recorded runs under recorded/h100x2")
+    meta.pop("world_size")
+    assert results.run_gpu_count(meta) == 2  # CUDA_VISIBLE_DEVICES=0,1 of the host's four
+    meta["sysinfo"]["env"].pop("CUDA_VISIBLE_DEVICES")
+    assert results.machine_name(meta) == "h100x4"  # nothing says fewer: every GPU of the host
+    run = tmp_path / "runs" / "collectives" / f.parent.name
+    run.mkdir(parents=True)
+    (run / "meta.json").write_text(json.dumps({**meta, "world_size": 2}))
+    assert results.record(run, root=tmp_path / "rec") == tmp_path / "rec" / "h100x2" / "collectives" / run.name
+
+
+@pytest.mark.parametrize("name, model", [("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H200", "h200"),
+                                         ("NVIDIA A100-SXM4-80GB", "a100"), ("NVIDIA L40S", "l40s"),
+                                         ("NVIDIA GeForce RTX 4090", "4090")])
+def test_gpu_model_word(name, model):
+    assert results.gpu_model(name) == model
+
+
 def test_stats_known_values():
     st = stats.stats(list(range(1, 11)))  # 1..10
     assert st["n"] == 10 and st["median"] == 5.5 and st["min"] == 1
