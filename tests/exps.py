@@ -28,6 +28,14 @@ def write_pid(ctx):
     tmp.replace(d / str(ctx.rank))
 
 
+def slept_out(ctx):
+    """Reached only when the sleep before it ran to its end: ``<run dir>/slept/<rank>``. A test that finds every rank
+    process gone and no such file knows the sleeping rank was ended, not waited out (no clock involved)."""
+    d = Path(ctx.run_dir) / "slept"
+    d.mkdir(exist_ok=True)
+    (d / str(ctx.rank)).write_text("")
+
+
 def raise_on_rank1(cfg, ctx):
     """Rows first (they must survive), then rank 1 raises while rank 0 waits in a collective."""
     import torch.distributed as dist
@@ -40,6 +48,7 @@ def raise_on_rank1(cfg, ctx):
         raise ValueError("deliberate failure on rank 1")
     dist.barrier()
     time.sleep(60)
+    slept_out(ctx)
 
 
 def hang_on_rank1(cfg, ctx):
@@ -48,6 +57,7 @@ def hang_on_rank1(cfg, ctx):
     if ctx.rank == 1:
         ctx.step("stuck in a sleep")
         time.sleep(600)
+        slept_out(ctx)
     else:
         ctx.step("waiting for rank 1")
         import torch.distributed as dist
@@ -60,7 +70,11 @@ def hang_in_teardown(cfg, ctx):
     import torch.distributed as dist
 
     write_pid(ctx)
-    dist.destroy_process_group = lambda *a, **k: time.sleep(600)
+    def hang(*a, **k):
+        time.sleep(600)
+        slept_out(ctx)
+
+    dist.destroy_process_group = hang
     yield {"done": 1}
 
 
@@ -94,6 +108,7 @@ def raise_on_rank1_while_rank0_ignores_sigterm(cfg, ctx):
         raise RuntimeError("deliberate failure on rank 1")
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     time.sleep(120)
+    slept_out(ctx)
     yield {"x": 1}
 
 

@@ -38,20 +38,17 @@ def test_rows_from_both_ranks_and_env_override(cfg):
 
 
 def test_rank_raises_names_rank_and_keeps_rows(cfg):
-    t0 = time.monotonic()
     with pytest.raises(LaunchError) as ei:
         launch(exps.raise_on_rank1, cfg, "raise")
-    elapsed = time.monotonic() - t0
     e = ei.value
     msg = str(e)
     assert e.rank == 1 and e.kind == "error"
     assert "rank 1 raised" in msg and "deliberate failure on rank 1" in msg
     assert "Traceback" in msg and "raise ValueError" in msg  # the rank's own traceback
     assert "about to fail" in msg  # its last step
-    # rank 0 was blocked in a barrier and would then sleep 60 s: the launch returned before that sleep could end,
-    # so the supervisor stopped it (the bound is the rank's own sleep: a condition, not a speed target)
-    assert elapsed < 60, elapsed
-    assert wait_dead(pids_of(e.run.dir), 30) == []
+    # rank 0 was blocked in a barrier and would then sleep 60 s: every rank is gone and none slept out -- the
+    # supervisor stopped it (wait_dead's 30 s is a hang guard only)
+    assert wait_dead(pids_of(e.run.dir), 30) == [] and not (e.run.dir / "slept").exists()
     # rows produced before the fault are kept, in memory and on disk, with the error
     assert sorted((r["rank"], r["i"]) for r in e.run.rows) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
     assert (e.run.dir / "rows.csv").read_text().count("\n") == 7
@@ -70,18 +67,16 @@ def test_other_ranks_are_gone_after_a_raise(cfg):
 
 def test_hang_watchdog_names_rank_and_step(cfg):
     cfg = dataclasses.replace(cfg, timeout_s=3)
-    t0 = time.monotonic()
     with pytest.raises(LaunchError) as ei:
         launch(exps.hang_on_rank1, cfg, "hang")
-    elapsed = time.monotonic() - t0
     e = ei.value
     msg = str(e)
     assert e.kind == "hang" and e.rank == 1
     assert msg.startswith("rank 1 hung") and "stuck in a sleep" in msg
     assert "rank 0: last step 'waiting for rank 1'" in msg
     assert "Python stack of rank 1" in msg and "hang_on_rank1" in msg  # faulthandler dump of the culprit
-    assert elapsed < 600  # rank 1's sleep: the watchdog ended the run, it was not waited out
-    assert wait_dead(pids_of(e.run.dir), 30) == []
+    # rank 1's sleep: the watchdog ended it (every rank gone, none slept out), it was not waited out
+    assert wait_dead(pids_of(e.run.dir), 30) == [] and not (e.run.dir / "slept").exists()
     assert [r["i"] for r in e.run.rows] == [0, 0]
 
 
@@ -89,15 +84,14 @@ def test_teardown_hang_is_bounded_and_results_kept(cfg):
     """destroy_process_group hangs: each rank gives up after teardown_s / 2 and exits on its own (its log says
     so, the run's warnings too); nothing is killed and the results are complete."""
     cfg = dataclasses.replace(cfg, teardown_s=2)
-    t0 = time.monotonic()
     run = launch(exps.hang_in_teardown, cfg, "teardown")
-    assert time.monotonic() - t0 < 600  # the hang's own sleep: the teardown was cut, not waited out
     assert [r["done"] for r in run.rows] == [1, 1]
     assert run.meta["status"] == "ok"
     assert any("exited without completing their teardown" in w for w in run.meta["warnings"])
     assert not any("killed" in w for w in run.meta["warnings"])
     assert "teardown did not finish within 1 s" in (run.dir / "logs" / "rank0.log").read_text()
-    assert wait_dead(pids_of(run.dir), 10) == []
+    # the hang's own sleep: the teardown was cut (every rank gone, none slept out), not waited out
+    assert wait_dead(pids_of(run.dir), 10) == [] and not (run.dir / "slept").exists()
 
 
 def test_teardown_bound_by_the_supervisor_when_the_rank_cannot_leave(cfg):
