@@ -83,10 +83,11 @@ def test_table_choice(tmp_path):
 
 @pytest.mark.skipif(not (CORPUS / "cnn-launch_bound").exists(), reason="corpus not here")
 def test_launch_costs_are_stated_net_of_the_profiler():
-    """finalize takes the profiler's overhead off a finding that explains the launch slice (and only such a
+    """reconcile takes the profiler's overhead off a finding that explains the launch slice (and only such a
     finding), with the traced cost and the overhead's numbers and basis in its evidence; the note says it."""
     from kit.doctor import diagnose
-    from kit.doctor.finalize import net_of_profiler, profiler_notes
+    from kit.doctor.finalize import profiler_notes
+    from kit.doctor.reconcile import net_of_profiler
 
     d = diagnose(sorted((CORPUS / "cnn-launch_bound").glob("*.json.gz")), workers=1)
     f = next(f for f in d.findings if f.rule == "launch_bound")
@@ -99,3 +100,41 @@ def test_launch_costs_are_stated_net_of_the_profiler():
     assert net_of_profiler(other, {0: o}) is other
     assert net_of_profiler(f, {0: ov.ProfilerOverhead(None, None, 0.0, "none", "")}) is f
     assert "without the profiler (measured" in profiler_notes({0: o})[0]
+
+
+@pytest.mark.skipif(not (CORPUS / "cnn-control").exists(), reason="corpus not here")
+def test_the_all_clear_guard_judges_the_same_costs_the_findings_state():
+    """The guard behind an all-clear (reconcile.must_speak) judges the GPU's idle net of the profiler, as the
+    findings' costs are stated: cnn-control's GPU idles 11.4% of the traced step, most of it the host issuing
+    (launch); with no overhead the guard speaks for that slice at its traced cost, with the launch slice's worth of
+    overhead it stays silent (the idle left is below the guard), and a diagnosis grades each finding once, on the
+    cost it states."""
+    from dataclasses import replace
+
+    from kit.doctor import diagnose
+    from kit.doctor.accounting import IDLE
+    from kit.doctor.job_phase import check_one_job, job_context
+    from kit.doctor.model import severity
+    from kit.doctor.rank_phase import rank_summary
+    from kit.doctor.reconcile import MUST_SPEAK, must_speak, net_costs
+
+    paths = sorted((CORPUS / "cnn-control").glob("*.json.gz"))
+    summaries, _ = check_one_job([rank_summary(p) for p in paths])
+    ctx = job_context(summaries)
+    accounts = [(int(s.rank), s.account) for s in summaries]
+    (rk, a), = accounts
+    step = a.step_us or a.window_us
+    idle = sum(a.cost(s) for s in IDLE) / step
+    assert idle >= MUST_SPEAK > (sum(a.cost(s) for s in IDLE) - a.cost("launch")) / step
+    said, = must_speak(accounts, [], replace(ctx, overhead=None))
+    assert said.rule == "launch_bound" and said.cost_us_per_step == pytest.approx(a.cost("launch"), abs=0.1)
+    o = ov.ProfilerOverhead(step, step - a.cost("launch"), a.cost("launch"), "measured", "a test")
+    assert net_costs(a, o)["launch"] == 0.0
+    assert must_speak(accounts, [], replace(ctx, overhead={rk: o})) == []
+    half = ov.ProfilerOverhead(step, step - 100.0, 100.0, "measured", "a test")
+    said, = must_speak(accounts, [], replace(ctx, overhead={rk: half}))
+    assert said.cost_us_per_step == pytest.approx(a.cost("launch") - 100.0, abs=0.1)
+    assert said.evidence["cost_traced_us_per_step"] == pytest.approx(a.cost("launch"), abs=0.1)
+
+    d = diagnose(paths, workers=1)
+    assert all(f.severity == severity(f.cost_us_per_step, d.step_us) for f in d.findings)

@@ -3,9 +3,9 @@
 Per rank, in parallel (:func:`kit.traces.jobs.map_ranks`: local processes, or a Dask cluster with ``client=``):
 :func:`kit.doctor.rank_phase.rank_summary` -- parse -> steps -> host model -> accounting -> collectives ->
 every rule's ``extract``. Then, on the caller: the job check and the :class:`~kit.doctor.context.JobContext`
-(:mod:`.job_phase`) -> every rule's ``judge`` -> :mod:`.reconcile` -> :mod:`.finalize` (severity and capping,
-once) -> the :class:`~kit.doctor.model.Diagnosis`. A rank whose trace cannot be read is named in
-``Diagnosis.failed`` and the other ranks are still diagnosed.
+(:mod:`.job_phase`) -> every rule's ``judge`` -> :mod:`.reconcile` (costs net of the profiler) ->
+:mod:`.finalize` (severity and capping, once) -> the :class:`~kit.doctor.model.Diagnosis`. A rank whose trace
+cannot be read is named in ``Diagnosis.failed`` and the other ranks are still diagnosed.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def diagnose(traces: Iterable[str | Path], *, sweep=None, flight_recorder=None, 
     from .job_phase import check_one_job, job_context, judge_all
     from .notes import group_notes, job_notes
     from .rank_phase import rank_summary, strict
-    from .reconcile import comm_waits, reconcile
+    from .reconcile import comm_waits, net_of_profiler, reconcile
 
     paths = expand(traces)
     res = map_ranks(paths, rank_summary, workers=workers, client=client)
@@ -56,7 +56,9 @@ def diagnose(traces: Iterable[str | Path], *, sweep=None, flight_recorder=None, 
                 raise
             skipped.append(Skip("step_accounting", f"internal error (a kit bug: please report it with the traces): "
                                                    f"{type(e).__name__}: {e}"))
-    findings = finalize(findings, ctx.step_us, job.note() if job.partial else None, ctx.overhead)
+    else:  # nothing to reconcile with: the costs are still stated net of the profiler
+        findings = [net_of_profiler(f, ctx.overhead) for f in findings]
+    findings = finalize(findings, ctx.step_us, job.note() if job.partial else None)
     waits = comm_waits(ctx)
     accounting = {str(s.rank): accounting_row(s.account, waits.get(int(s.rank))) for s in summaries
                   if s.account is not None and not isinstance(s.account, Skip)}

@@ -1,5 +1,5 @@
 """The finalize stage: each finding's cost capped at a step and its severity set, once, after the judges and the
-reconcile stage (:func:`finalize`); cross-rank costs marked partial when ranks of the job are missing; the
+reconcile stage (:func:`finalize`; the costs are already net of the profiler's overhead); cross-rank costs marked partial when ranks of the job are missing; the
 :class:`kit.doctor.model.Diagnosis` assembled: the accounting rows (:func:`accounting_row`), the Flight Recorder's
 statements, the hardware and dates the traces were captured on (:func:`captured_on`)."""
 
@@ -11,22 +11,14 @@ from typing import Any, Sequence
 from .model import RULES, Finding, severity
 
 
-NET_OF_PROFILER_SLICES = ("launch",)
-"""the accounting slices the profiler's own host time lands in: it records an event per op and per runtime call
-while the host issues them, so the host issues more slowly under it (:mod:`kit.doctor.overhead`); a finding that
-explains one of them is stated net of that overhead"""
-
-
-def finalize(findings: list[Finding], step_us: float | None, partial: str | None = None,
-             overhead: dict | None = None) -> list[Finding]:
+def finalize(findings: list[Finding], step_us: float | None, partial: str | None = None) -> list[Finding]:
     """Every finding capped at the job's step (:func:`capped`), with its severity (:func:`kit.doctor.model.
     severity`), its rule's notebook when it names none, ``evidence["partial"]`` on cross-rank findings when
-    ``partial`` (the job check's note on missing ranks); issuing costs net of the profiler's overhead
-    (:func:`net_of_profiler`, ``overhead``: rank -> :class:`kit.doctor.overhead.ProfilerOverhead`); most costly
-    first."""
+    ``partial`` (the job check's note on missing ranks); most costly first. Costs arrive net of the profiler's
+    overhead (:func:`kit.doctor.reconcile.net_of_profiler`): this stage only caps and grades them."""
     out = []
     for f in findings:
-        f = capped(net_of_profiler(f, overhead), step_us)
+        f = capped(f, step_us)
         r = RULES.get(f.rule)
         f = replace(f, severity=severity(f.cost_us_per_step, step_us),
                     notebook=f.notebook or (r.notebook if r else None))
@@ -35,23 +27,6 @@ def finalize(findings: list[Finding], step_us: float | None, partial: str | None
         out.append(f)
     out.sort(key=lambda f: -(f.cost_us_per_step or 0))
     return out
-
-
-def net_of_profiler(f: Finding, overhead: dict | None) -> Finding:
-    """A finding whose rule explains :data:`NET_OF_PROFILER_SLICES`, with the profiler's own overhead taken off its
-    cost (the median over its ranks of each rank's measured or estimated overhead); the traced cost and the
-    overhead's numbers and basis go into the evidence. Other findings unchanged."""
-    r = RULES.get(f.rule)
-    if not overhead or r is None or r.explains is None or not set(r.explains.slices) & set(NET_OF_PROFILER_SLICES):
-        return f
-    mine = sorted((o for rk, o in overhead.items() if rk in f.ranks and o.basis != "none"),
-                  key=lambda o: o.overhead_us)
-    if not mine:
-        return f
-    o = mine[len(mine) // 2]
-    net = o.net(f.cost_us_per_step)
-    return replace(f, cost_us_per_step=round(net, 1), evidence={
-        **f.evidence, "cost_traced_us_per_step": f.cost_us_per_step, **o.as_dict()})
 
 
 def profiler_notes(overhead: dict | None) -> list[str]:

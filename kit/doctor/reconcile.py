@@ -4,12 +4,13 @@ that is not accounted for.
 * a signature rule (:attr:`kit.doctor.model.Explains.signature`: ``host_sync``, ``launch_bound``) that fired gets
   its accounting slice as its cost; one that stayed silent while its slice costs at least 'low' is said from the
   accounting under its id (:func:`explain_rest`);
-* a rank whose GPU idles >= :data:`MUST_SPEAK` of its step with no finding at or above 'low' naming it gets one
-  for its largest idle slice (:func:`must_speak`);
+* launch-bound on the ranks the others wait for, with no rank late, is said for the whole job (:func:`job_level_launch`);
+* issuing costs net of the profiler's own overhead (:func:`net_of_profiler`), before anything is judged on them;
+* a rank whose GPU idles >= :data:`MUST_SPEAK` of its step (net of the profiler) with no finding at or above 'low'
+  naming it gets one for its largest idle slice (:func:`must_speak`);
 * when ``late_rank`` names rank L and an idle-slice finding names L alone, that slice is why L is late: it becomes
   late_rank's evidence and sentence (:func:`fold_into_late_rank`);
 * exposed communication that runs below the machine's sweep is said once, as ``low_busbw`` (:func:`fold_into_low_busbw`);
-* launch-bound on the ranks the others wait for, with no rank late, is said for the whole job (:func:`job_level_launch`);
 * the ``comm`` slice of each rank split into waiting for peers and transfer (:func:`comm_waits`).
 
 Reads the findings, the accounts and the rules' declarations (:data:`kit.doctor.model.RULES`); never a rule's
@@ -26,6 +27,10 @@ from .model import RULES, SEVERITY_SHARE, Finding, severity, slice_rules
 
 MUST_SPEAK = SEVERITY_SHARE["high"]
 """GPU idle at or above this share of a step is never left without a finding at or above 'low'"""
+NET_OF_PROFILER_SLICES = ("launch",)
+"""the accounting slices the profiler's own host time lands in: it records an event per op and per runtime call
+while the host issues them, so the host issues more slowly under it (:mod:`kit.doctor.overhead`); a finding that
+explains one of them is stated net of that overhead, and so is the idle that :func:`must_speak` guards"""
 LATE_RANK = "late_rank"
 """the rule that names the rank the others wait for (its own idle slices are folded into it)"""
 
@@ -34,10 +39,11 @@ def reconcile(findings: list[Finding], accounts: list[tuple[int, Account]], ctx:
               only: set[str] | None = None) -> list[Finding]:
     """The findings after the judges, reconciled with the step accounting (module docstring). ``only`` (the
     rules asked for): the same answers for those rules; :func:`must_speak` (a guard over every rule) is skipped."""
-    findings = explain_rest(accounts, findings, only)
+    findings = job_level_launch(explain_rest(accounts, findings, only), ctx)
+    findings = [net_of_profiler(f, ctx.overhead) for f in findings]  # every cost judged from here on is net
     if only is None:
         findings = findings + must_speak(accounts, findings, ctx)
-    return job_level_launch(fold_into_low_busbw(fold_into_late_rank(findings)), ctx)
+    return fold_into_low_busbw(fold_into_late_rank(findings))
 
 
 def explain_rest(accounts: list[tuple[int, Account]], findings: list[Finding],
@@ -61,25 +67,57 @@ def explain_rest(accounts: list[tuple[int, Account]], findings: list[Finding],
     return out
 
 
+def net_of_profiler(f: Finding, overhead: dict | None) -> Finding:
+    """A finding whose rule explains :data:`NET_OF_PROFILER_SLICES`, with the profiler's own overhead taken off its
+    cost (the median over its ranks of each rank's measured or estimated overhead); the traced cost and the
+    overhead's numbers and basis go into the evidence. Other findings unchanged."""
+    r = RULES.get(f.rule)
+    if not overhead or r is None or r.explains is None or not set(r.explains.slices) & set(NET_OF_PROFILER_SLICES):
+        return f
+    mine = sorted((o for rk, o in overhead.items() if rk in f.ranks and o.basis != "none"),
+                  key=lambda o: o.overhead_us)
+    if not mine:
+        return f
+    o = mine[len(mine) // 2]
+    return dataclasses.replace(f, cost_us_per_step=round(o.net(f.cost_us_per_step), 1), evidence={
+        **f.evidence, "cost_traced_us_per_step": f.cost_us_per_step, **o.as_dict()})
+
+
+def net_costs(a: Account, ovh) -> dict[str, float]:
+    """A rank's idle slices' costs per step net of the profiler's overhead on it (``ovh``: a
+    :class:`kit.doctor.overhead.ProfilerOverhead` or None): taken off :data:`NET_OF_PROFILER_SLICES`, in order,
+    never below zero."""
+    out = {s: a.cost(s) for s in IDLE}
+    left = ovh.overhead_us if ovh is not None and ovh.basis != "none" else 0.0
+    for s in NET_OF_PROFILER_SLICES:
+        take = min(out[s], max(0.0, left))
+        out[s] -= take
+        left -= take
+    return out
+
+
 def must_speak(accounts: list[tuple[int, Account]], findings: list[Finding], ctx: JobContext) -> list[Finding]:
-    """The guard behind every all-clear: a rank whose GPU idles >= :data:`MUST_SPEAK` of its step while no
-    finding at or above 'low' names it gets one for its largest idle slice, at that slice's full cost."""
+    """The guard behind every all-clear: a rank whose GPU idles >= :data:`MUST_SPEAK` of its step -- net of the
+    profiler's overhead (:func:`net_costs`), the costs the findings are judged on -- while no finding at or above
+    'low' names it gets one for its largest idle slice, at that slice's full (net) cost."""
     named = {rk for f in findings if severity(f.cost_us_per_step, ctx.step_us) != "info" for rk in f.ranks}
     rule_of = slice_rules()
     out = []
     for rk, a in accounts:
-        idle = sum(a.share(s) for s in IDLE)
+        step = a.step_us or a.window_us
+        cost = net_costs(a, (ctx.overhead or {}).get(rk))
+        idle = sum(cost.values()) / step if step else 0.0
         if rk in named or idle < MUST_SPEAK:
             continue
-        s = max(IDLE, key=a.share)
+        s = max(IDLE, key=cost.__getitem__)
         f = slice_finding(rule_of[s], (s,), [(rk, a)], whole=True)
         if not f:
             continue
-        cost = max(a.cost(s), LOW * (a.step_us or a.window_us))
-        what = "GPU idle" if a.mode == "gpu" else "main thread waiting"
-        out.append(dataclasses.replace(f[0], cost_us_per_step=round(cost, 1), evidence={
-            **f[0].evidence, "note": f"{what} {100 * idle:.0f}% of the step: said although no rule found a "
-                                      f"cause above 'low'"}))
+        ev = {**f[0].evidence, "note": f"{'GPU idle' if a.mode == 'gpu' else 'main thread waiting'} {100 * idle:.0f}% "
+                                       f"of the step: said although no rule found a cause above 'low'"}
+        if cost[s] < a.cost(s):
+            ev.update({"cost_traced_us_per_step": round(a.cost(s), 1), **ctx.overhead[rk].as_dict()})
+        out.append(dataclasses.replace(f[0], cost_us_per_step=round(max(cost[s], LOW * step), 1), evidence=ev))
     return out
 
 
