@@ -71,15 +71,24 @@ def new_run_dir(root: str | Path, experiment: str) -> Path:
 
 
 def git_commit() -> str | None:
+    """The checkout's commit, ``-dirty`` when tracked files differ from it; None outside a git checkout.
+
+    ``git status`` runs the notebooks' clean filter (nbstripout, a Python start per notebook) after a checkout or
+    pull, which can take seconds: a status that does not answer in time leaves the commit known and says
+    ``-dirty-unknown`` rather than losing the commit."""
     try:
         out = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5)
-        if out.returncode != 0:
-            return None
-        dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=5).stdout.strip()
-        return out.stdout.strip() + ("-dirty" if dirty else "")
-    except Exception:
+    except (OSError, subprocess.SubprocessError):
         return None
+    if out.returncode != 0:
+        return None
+    commit = out.stdout.strip()
+    try:
+        dirty = subprocess.run(["git", "-C", str(REPO_ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return commit + "-dirty-unknown"
+    return commit + ("-dirty" if dirty else "")
 
 
 def _jsonable(x: Any) -> Any:

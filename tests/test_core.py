@@ -257,3 +257,23 @@ def test_sysinfo_topology_from_fake_nvml(monkeypatch):
     assert [g["nvlinks_up"] for g in info["gpus"]] == [18, 18, 0]
     assert info["topology"] == [["X", "NV18", "PHB"], ["NV18", "X", "PHB"], ["PHB", "PHB", "X"]]
     assert sysinfo.summary(info).startswith("3x GPU-X (NV18)")
+
+
+def test_git_commit_survives_a_slow_status(monkeypatch):
+    """A ``git status`` that does not answer in time (the notebooks' clean filter starting after a checkout) keeps
+    the commit and says its state is unknown; a checkout's commit is a 40-hex hash either way."""
+    import subprocess
+
+    real = subprocess.run
+
+    def slow_status(cmd, *a, **k):
+        if "status" in cmd:
+            raise subprocess.TimeoutExpired(cmd, k.get("timeout", 0))
+        return real(cmd, *a, **k)
+
+    good = results.git_commit()
+    if good is None:
+        pytest.skip("not a git checkout")
+    monkeypatch.setattr(subprocess, "run", slow_status)
+    got = results.git_commit()
+    assert got == good.split("-")[0] + "-dirty-unknown" and len(got.split("-")[0]) == 40
