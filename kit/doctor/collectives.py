@@ -192,17 +192,6 @@ def in_steps(rows: "pd.DataFrame", tl: Timeline) -> "pd.DataFrame":
     return rows[rows["step"].notna()] if tl.steps else rows
 
 
-def collected(summaries: list[tuple[int, Timeline]], backend: str | None = None) -> "pd.DataFrame | None":
-    """Every rank's rows matched across ranks (:func:`matched`), only ``backend``'s when given; None when there is
-    no such collective at all (the rule was checked and has nothing to look at)."""
-    if no_collectives(summaries):
-        return None
-    df = matched(summaries)
-    if backend is not None:
-        df = df[df["backend"] == backend]
-    return None if df.empty else df
-
-
 def no_collectives(summaries: list[tuple[int, Timeline]]) -> bool:
     """No rank traced any collective."""
     return all(tl.rows.empty for _, tl in summaries)

@@ -1,5 +1,5 @@
 """What every judge gets besides its rule's per-rank summaries: the :class:`JobContext` of the job -- the ranks, the
-step time, the optional sweep and Flight Recorder entries, every rank's small per-step host frame and capture
+step time, the optional sweep, every rank's small per-step host frame and capture
 facts, and the collectives matched across ranks, computed once, on first use, for every judge that asks."""
 
 from __future__ import annotations
@@ -24,8 +24,6 @@ class JobContext:
     """profiled steps (the minimum over ranks)"""
     sweep: "pd.DataFrame | None" = None
     """a collectives sweep of the same machine: ``collective, bytes, busbw_gbps`` rows"""
-    flight_recorder: "pd.DataFrame | None" = None
-    notes: tuple[str, ...] = ()
     summaries: dict = field(default_factory=dict, repr=False)
     """rank -> :class:`kit.doctor.rank_phase.RankSummary`"""
     host_steps: "dict[int, pd.DataFrame]" = field(default_factory=dict, repr=False)

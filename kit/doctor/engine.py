@@ -43,7 +43,7 @@ def diagnose(traces: Iterable[str | Path], *, sweep=None, flight_recorder=None, 
         from .sweep import load_sweep
 
         sweep = load_sweep(sweep)
-    ctx = job_context(summaries, sweep=sweep, flight_recorder=flight_recorder)
+    ctx = job_context(summaries, sweep=sweep)
     findings, checked, skipped, partial = judge_all(ctx, only)
     skipped += [e for s in summaries for e in s.stage_errors]  # a stage's bug on a rank: said, never dropped
     accounts = [(int(s.rank), s.account) for s in summaries  # type: ignore[arg-type]

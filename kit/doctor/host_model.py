@@ -62,8 +62,6 @@ PER_STEP = ("step", "ts", "end", "dur") + tuple(f"{k}_us" for k in KINDS) + ("gp
                                                                             "gpu_compute_us")
 """the columns of :attr:`HostModel.per_step`"""
 
-Spans = "tuple[np.ndarray, np.ndarray]"
-
 
 @dataclass(frozen=True)
 class HostModel:

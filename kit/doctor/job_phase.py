@@ -25,13 +25,13 @@ def check_one_job(summaries: Sequence[RankSummary]):
     return filled, check
 
 
-def job_context(summaries: Sequence[RankSummary], *, sweep=None, flight_recorder=None) -> JobContext:
+def job_context(summaries: Sequence[RankSummary], *, sweep=None) -> JobContext:
     """The job as every judge sees it: ranks, the median step time, the per-rank host steps, capture facts and
     collectives timelines (matched across ranks on first use)."""
     step_times = [s.step_us for s in summaries if s.step_us]
     return JobContext(ranks=tuple(int(s.rank) for s in summaries),  # type: ignore[arg-type]
                       step_us=statistics.median(step_times) if step_times else None,
-                      steps=min((s.steps for s in summaries), default=0), sweep=sweep, flight_recorder=flight_recorder,
+                      steps=min((s.steps for s in summaries), default=0), sweep=sweep,
                       summaries={int(s.rank): s for s in summaries},  # type: ignore[arg-type]
                       host_steps={int(s.rank): s.host_steps for s in summaries  # type: ignore[arg-type]
                                   if s.host_steps is not None},

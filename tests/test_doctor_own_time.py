@@ -1,0 +1,29 @@
+"""kit.doctor.own_time: a rank's own time against the others', on small per-step frames."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from kit.doctor.own_time import own_excess
+
+
+def _steps(issue_us: list[float], gpu_us: float = 1000.0) -> pd.DataFrame:
+    n = len(issue_us)
+    return pd.DataFrame({"step": range(n), "dur": [10_000.0] * n, "data_wait_us": 0.0, "stall_us": 0.0,
+                         "alloc_us": 0.0, "issue_us": issue_us, "gpu_compute_us": gpu_us})
+
+
+def test_a_rank_is_late_only_beyond_the_others_spread_the_step_share_and_the_profiler():
+    """Rank 1 issues 3 ms more per step than rank 0 (whose steps vary by 0.4 ms): late by its host, the excess
+    is what the job would gain; under 8 ms of profiler overhead (half of it is noise) it is not confirmed, nor with
+    a 0.2 ms excess (below 5% of the step)."""
+    even = [2000.0, 2100.0, 2400.0, 2200.0, 2000.0]
+    late = own_excess({0: _steps(even), 1: _steps([x + 3000.0 for x in even])}, 1, 10_000.0)
+    assert late["confirmed"] and late["kind"] == "host" and late["excess_us"] == 3000.0
+    assert late["floor_us"] == 500.0  # 5% of the step: more than rank 0's spread
+    assert not own_excess({0: _steps(even), 1: _steps([x + 3000.0 for x in even])}, 1, 10_000.0,
+                          overhead_us=8000.0)["confirmed"]
+    assert not own_excess({0: _steps(even), 1: _steps([x + 200.0 for x in even])}, 1, 10_000.0)["confirmed"]
+    gpu = own_excess({0: _steps(even), 1: _steps(even)}, 1, 10_000.0, gpu_us={0: 1000.0, 1: 4000.0})
+    assert gpu["confirmed"] and gpu["kind"] == "gpu" and gpu["excess_us"] == 3000.0
+    assert own_excess({0: _steps(even)}, 0, 10_000.0) is None
