@@ -16,7 +16,9 @@ is done on the caller, once per job (:meth:`kit.doctor.context.JobContext.collec
 arrived, so on the early ranks it is long. Per instance, the shortest duration over ranks is the transfer
 (``instance_min_us``); the rest of each rank's kernel is waiting (``wait_us``). The rules keep them apart:
 ``exposed_comm`` counts the transfer part of each kernel (its last ``instance_min_us``) that no compute hid,
-``late_rank`` the waiting part -- so one microsecond is never blamed on two causes. ``per_param_allreduce``,
+``late_rank`` the waiting part -- so one microsecond is never blamed on two causes. Who arrived last at each
+instance (``last``) and whether a row was launched inside a step (``in_step``) are columns of the matched frame
+(:func:`arrivals`), derived once. ``per_param_allreduce``,
 ``comm_compute_contention`` and ``low_busbw`` time transfers, never waits.
 
 **Per step.** With ``ProfilerStep#N`` annotations, a cost is the total over the kernels launched inside the
@@ -187,9 +189,19 @@ def per_step_divisor(tl: Timeline) -> int:
     return tl.steps if tl.steps else 1
 
 
-def in_steps(rows: "pd.DataFrame", tl: Timeline) -> "pd.DataFrame":
-    """The rows launched inside a profiled step (all rows when the trace has no steps)."""
-    return rows[rows["step"].notna()] if tl.steps else rows
+def arrivals(df: "pd.DataFrame", tl_of: dict[int, Timeline]) -> "pd.DataFrame":
+    """``df`` (:func:`matched`) with ``last`` -- the row of each instance seen on 2+ ranks whose kernel is shortest:
+    the rank that arrived last and waited for no one (the first such row on a tie); False on rows seen on one rank
+    only -- and ``in_step``: launched inside a profiled step of its rank (every row of a rank whose trace has no
+    steps). Derived here once for every reader (:meth:`kit.doctor.context.JobContext.collectives`)."""
+    import numpy as np
+
+    multi = df[df["ranks_seen"] > 1]
+    last = np.zeros(len(df), dtype=bool)
+    if len(multi):
+        last[df.index.get_indexer(multi.groupby(["match_key", "instance"])["dur_us"].idxmin())] = True
+    stepped = df["rank"].map(lambda r: bool(tl_of[int(r)].steps)).to_numpy(dtype=bool)
+    return df.assign(last=last, in_step=~stepped | df["step"].notna().to_numpy())
 
 
 def no_collectives(summaries: list[tuple[int, Timeline]]) -> bool:

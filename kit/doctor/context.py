@@ -39,12 +39,15 @@ class JobContext:
     def collectives(self, backend: str | None = None) -> "pd.DataFrame | None":
         """Every rank's collectives matched across ranks (:func:`kit.doctor.collectives.matched`), with each
         kernel's waiting and transfer parts that no compute hid (:func:`kit.doctor.collectives.exposed_parts`);
-        only ``backend``'s rows when given. None when no rank traced such a collective. Matched once per job."""
-        from .collectives import exposed_parts, matched, no_collectives
+        with who arrived last and whether launched inside a step (``last``, ``in_step``: :func:`kit.doctor.
+        collectives.arrivals`); only ``backend``'s rows when given. None when no rank traced such a collective.
+        Matched once per job."""
+        from .collectives import arrivals, exposed_parts, matched, no_collectives
 
         if "all" not in self._memo:
             tls = sorted(self.comm.items())
-            self._memo["all"] = None if not tls or no_collectives(tls) else exposed_parts(matched(tls), self.comm)
+            self._memo["all"] = None if not tls or no_collectives(tls) else arrivals(
+                exposed_parts(matched(tls), self.comm), self.comm)
         df = self._memo["all"]
         if df is None:
             return None

@@ -204,8 +204,6 @@ def comm_waits(ctx: JobContext) -> dict[int, float]:
         return {}
     out = {}
     for r, tl in tls:
-        mine = df[df["rank"] == r]
-        if tl.steps:
-            mine = mine[mine["step"].notna()]
+        mine = df[(df["rank"] == r) & df["in_step"]]
         out[r] = float(mine["exposed_wait_us"].sum()) / per_step_divisor(tl)
     return out

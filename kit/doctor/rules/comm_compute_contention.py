@@ -3,7 +3,7 @@ size (transfer-only kernels: the last-arriving rank's, so waiting does not pass 
 
 from __future__ import annotations
 
-from ..collectives import Timeline, in_steps, per_step_divisor
+from ..collectives import Timeline, per_step_divisor
 from ..findings import make
 from ..model import Finding, Rule, Skip, rule
 from .comm import gpu_extract
@@ -16,14 +16,12 @@ OVERLAPPED_SHARE, ALONE_SHARE = 0.2, 0.02
 
 
 def judge_contention(summaries: list[tuple[int, Timeline]], ctx) -> list[Finding] | Skip:
-    import numpy as np
-
     df = ctx.collectives("nccl")
     if df is None:
         return []
     tl_of = dict(summaries)
     # transfer-only kernels: the rank that arrived last (its kernel waited for no one), or unmatched kernels
-    pure = df[(df["ranks_seen"] <= 1) | (df["wait_us"] <= np.maximum(2.0, 0.05 * df["dur_us"]))].copy()
+    pure = df[(df["ranks_seen"] <= 1) | df["last"]].copy()
     pure["share"] = pure["overlap_us"] / pure["dur_us"].where(pure["dur_us"] > 0)
     known = pure["bytes"].notna() & (pure["bytes"] > 0)
     if not known.any():  # like with like only: kernels of unknown size may be of any size
@@ -44,7 +42,7 @@ def judge_contention(summaries: list[tuple[int, Timeline]], ctx) -> list[Finding
         extra = {}
         for rank, gr in over.groupby("rank"):
             tl = tl_of[int(rank)]
-            extra[int(rank)] = float((in_steps(gr, tl)["dur_us"] - ma).clip(lower=0).sum()) / per_step_divisor(tl)
+            extra[int(rank)] = float((gr.loc[gr["in_step"], "dur_us"] - ma).clip(lower=0).sum()) / per_step_divisor(tl)
         out.append({"collective": coll, "bytes": None if size < 0 else int(size), "overlapped": len(over),
                     "alone": len(alone), "overlapped_us_p50": mo, "alone_us_p50": ma, "ratio": mo / ma,
                     "overlap_share_p50": float(over["share"].median()), "extra": extra,

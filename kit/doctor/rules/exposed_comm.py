@@ -16,7 +16,7 @@ def judge_exposed(summaries, ctx) -> list[Finding] | Skip:
     if df is None:
         return []
     steps = any(tl.steps for tl in tl_of.values())
-    df = df[df["step"].notna()] if steps else df
+    df = df[df["in_step"]]
     n = max(per_step_divisor(tl) for tl in tl_of.values())
     multi = bool(df["ranks_seen"].max() > 1)
     per_rank = {}
@@ -30,8 +30,7 @@ def judge_exposed(summaries, ctx) -> list[Finding] | Skip:
                                "hidden_share": num(1 - ex / tr, 3) if tr else None}
     # the job's cost: per collective instance, the exposure on the rank that arrived last (the others were
     # waiting for it anyway); collectives seen on one rank only (point-to-point) count on their own rank
-    m = df[df["ranks_seen"] > 1]
-    last = m.loc[m.groupby(["match_key", "instance"])["dur_us"].idxmin()] if len(m) else m
+    last = df[df["last"]]
     single = df[df["ranks_seen"] <= 1].groupby("rank")["exposed_transfer_us"].sum()
     cost = (float(last["exposed_transfer_us"].sum()) + float(single.max() if len(single) else 0.0)) / n
     if cost <= 0:

@@ -102,7 +102,7 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
                                  "traces of different windows of the job)")
     tl_of = dict(tls)
     keys = ["match_key", "instance"]
-    last = df.loc[df.groupby(keys)["dur_us"].idxmin()]
+    last = df[df["last"]]
     inst = last[keys + ["rank", "start_us", "end_us"]].assign(
         rank=last["rank"].astype(int), dur_min_us=last["dur_us"].to_numpy(dtype=float))
     inst = inst.merge(df.groupby(keys)["wait_us"].max().rename("late_by_us").reset_index(), on=keys)
@@ -114,8 +114,7 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     floor = np.maximum(np.maximum(LATE_MIN_US, 0.05 * inst["dur_min_us"]), LATE_STEP_SHARE * (ctx.step_us or 0.0))
     inst["material"] = inst["lead_us"] >= floor
     # what each rank's lateness cost the others: their exposed waiting at the instances it was materially last at
-    if any(tl.steps for tl in tl_of.values()):
-        df = df.assign(exposed_wait_us=df["exposed_wait_us"].where(df["step"].notna(), 0.0))
+    df = df.assign(exposed_wait_us=df["exposed_wait_us"].where(df["in_step"], 0.0))
     df = df.merge(inst[keys + ["lead_us"]], on=keys, how="left")
     df["charged_us"] = np.minimum(df["exposed_wait_us"], df["lead_us"].fillna(0.0))
     waits = df.pivot_table(index=keys, columns="rank", values="charged_us", aggfunc="sum", fill_value=0.0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from ...collective_ops import bus_factor
-from ..collectives import Timeline, in_steps, per_step_divisor
+from ..collectives import Timeline, per_step_divisor
 from ..findings import make
 from ..model import Finding, Rule, Skip, rule
 from .comm import extract_timeline
@@ -52,7 +52,7 @@ def judge_per_param(summaries: list[tuple[int, Timeline]], ctx) -> list[Finding]
     per_rank, fired = {}, []
     for rank, g in ar.groupby("rank", sort=True):
         tl = tl_of[int(rank)]
-        g = in_steps(g, tl)
+        g = g[g["in_step"]]
         n = per_step_divisor(tl)
         small = g[g["bytes"] < SMALL_BYTES]
         sub = g[g["bytes"] < BUCKET_BYTES]
@@ -75,7 +75,7 @@ def judge_per_param(summaries: list[tuple[int, Timeline]], ctx) -> list[Finding]
         return []
     worst = max(fired, key=lambda r: per_rank[str(r)]["saving_us_per_step"] or 0.0)
     w = per_rank[str(worst)]
-    g0 = in_steps(ar[(ar["rank"] == worst) & (ar["bytes"] < SMALL_BYTES)], tl_of[worst]).sort_values("start_us")
+    g0 = ar[(ar["rank"] == worst) & (ar["bytes"] < SMALL_BYTES) & ar["in_step"]].sort_values("start_us")
     first_step = g0[g0["step"] == g0["step"].min()] if tl_of[worst].steps else g0
     first_step = first_step.iloc[:2 * MANY_SMALL_PER_STEP]  # a run of them, readable on a timeline
     ev = {**w, "latency_us": num(latency, 2), "reference_algbw_gbps": num(algbw / 1e3, 1),
