@@ -289,15 +289,15 @@ def test_host_model_splits_the_planted_step_and_feeds_the_accounting():
 
 def test_late_rank_reason_comes_from_the_host_activity_the_accounting_uses():
     """gloo3-cnn-late_rank: rank 1 sleeps before its backward. The accounting calls that stretch host_stall;
-    late_rank's reason reads the same host model, so it says the rank stalled on the host (host_idle), not that it
+    late_rank's reason reads the same host model, so it says the rank stalled on the host (host_stall), not that it
     issued work more slowly while listing a 30 ms stall beside it."""
     from kit.doctor import diagnose
 
     d = diagnose([DATA / "doctor" / "corpus" / "gloo3-cnn-late_rank"], workers=1)
     (f,) = [f for f in d.findings if f.rule == "late_rank"]
-    assert f.evidence["reason"] == "host_idle"
+    assert f.evidence["reason"] == "host_stall"
     stall = f.evidence["own_idle"]["host_stall"]["longest_stalls"][0]["dur_us"]
-    assert f.evidence["reason_us_per_step"]["host_idle"] == pytest.approx(stall, rel=0.1)
+    assert f.evidence["reason_us_per_step"]["host_stall"] == pytest.approx(stall, rel=0.1)
 
 
 def test_excerpt_host_lane_draws_the_host_models_sync_calls():

@@ -274,7 +274,7 @@ def test_example_per_param_allreduce(example):
 def test_example_late_rank_names_the_sleeping_rank(example):
     f = finding(example("late-rank"), "late_rank")  # rank 1 sleeps 200 ms at the start of every step
     assert f is not None and f.severity == "high" and f.ranks == (1,)
-    assert f.evidence["reason"] == "host_idle" and "sleep" in f.fix
+    assert f.evidence["reason"] == "host_stall" and "sleep" in f.fix
     assert f.evidence["late_by_us_max"] == pytest.approx(180733, rel=0.05)
     assert f.cost_us_per_step == pytest.approx(164233, rel=0.15)
 
@@ -288,7 +288,7 @@ def test_example_late_rank_tells_a_slower_gpu_from_more_work(example):
     assert f.evidence["reason"] == "gpu_slow" and f.evidence["same_kernels_slower_pct"] == pytest.approx(3.1, abs=1)
     assert "same kernels 3." in f.summary and "nvidia-smi -q -d PERFORMANCE,CLOCK" in f.fix
     g = finding(example("late-rank"), "late_rank")
-    assert g.evidence["same_kernels_slower_pct"] < 0 and g.evidence["reason"] == "host_idle"
+    assert g.evidence["same_kernels_slower_pct"] < 0 and g.evidence["reason"] == "host_stall"
     from kit.doctor.rules.same_kernels import gpu_speed
 
     k = {r: b.kernels for r, b in [(0, _before("clean", 0)), (1, _before("clean", 1))]}

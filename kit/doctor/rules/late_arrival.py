@@ -16,7 +16,7 @@ from ..model import RankView
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
-HOST_REASONS = {"data_wait": "data_wait", "host_sync": "sync", "host_idle": "stall"}
+HOST_REASONS = {"data_wait": "data_wait", "host_sync": "sync", "host_stall": "stall"}
 """the host activities :func:`activity` counts, from the host model's kinds (the rest of the host time is
 ``host_busy``)"""
 
@@ -27,7 +27,7 @@ def activity(view: RankView, tl: Timeline) -> "pd.DataFrame":
 
     * ``data_wait`` -- the host model's ``data_wait`` (the host waiting for the next batch, any thread);
     * ``host_sync`` -- its ``sync`` (synchronising calls and blocking copies, any thread);
-    * ``host_idle`` -- its ``stall`` (stretches of >= 1 ms in which the issuing threads issued nothing, outside
+    * ``host_stall`` -- its ``stall`` (stretches of >= 1 ms in which the issuing threads issued nothing, outside
       every recorded op: ``time.sleep``, Python work, a blocked GIL) -- the accounting's ``host_stall``.
 
     Differences between two moments give the activity in between (:func:`arrival_parts`)."""
@@ -52,7 +52,7 @@ def activity(view: RankView, tl: Timeline) -> "pd.DataFrame":
     return pd.DataFrame(out, index=rows.index)[cols]
 
 
-REASONS = ("data_wait", "host_sync", "host_idle", "host_busy", "gpu_busy")
+REASONS = ("data_wait", "host_sync", "host_stall", "host_busy", "gpu_busy")
 """what a late rank may have been doing: the :data:`HOST_REASONS` activities, issuing work (``host_busy``), its GPU still
 busy with earlier work (``gpu_busy``)"""
 

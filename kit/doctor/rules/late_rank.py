@@ -28,7 +28,7 @@ of each step only is a once-per-step hiccup, not a late rank"""
 LATE_EXPLAINED = 0.5
 """late_rank names a reason only when the rank's own excess over its peers (host activity, GPU still busy)
 explains at least this share of the lateness it added; otherwise it says the lateness is not visible"""
-SAME_WORK_REASONS = (None, "host_busy", "host_idle")
+SAME_WORK_REASONS = (None, "host_busy", "host_stall")
 """reasons a rank may be late that ranks running the same code share: issuing the same work more slowly, idle
 host gaps (under the profiler mostly its own time between events), nothing visible. With them, late_rank names a
 rank only when its own time exceeds the others' (:func:`kit.doctor.own_time.own_excess`); otherwise the slowest
@@ -62,7 +62,7 @@ FIX_BY_REASON = {
                   "prefetching (prefetch_factor), faster storage or pre-processed shards on that node."),
     "host_sync": ("Remove the synchronising calls from the step on that rank (.item(), .cpu(), printing or "
                   "logging tensors, torch.cuda.synchronize()); log asynchronously every N steps."),
-    "host_idle": ("Find what that rank's host does between steps without launching work (sleep, checkpointing, "
+    "host_stall": ("Find what that rank's host does between steps without launching work (sleep, checkpointing, "
                   "logging, garbage collection, another process on its cores): py-spy dump on that rank."),
     "host_busy": ("That rank's host issues the same work more slowly: check its CPU binding and NUMA node "
                   "(one core per rank near its GPU), CPU frequency and other load on the host; CUDA graphs "
@@ -77,10 +77,10 @@ FIX_BY_REASON = {
 
 
 REASON_TEXT = {"data_wait": "waiting for its DataLoader", "host_sync": "blocked in synchronising calls",
-               "host_idle": "on the host without issuing any GPU work", "host_busy": "issuing work more slowly on "
+               "host_stall": "on the host without issuing any GPU work", "host_busy": "issuing work more slowly on "
                "the host", "gpu_busy": "with its GPU still busy (longer compute) when it launched the collective"}
 """what the late rank was doing, by reason (a GPU job)"""
-REASON_TEXT_CPU = {**REASON_TEXT, "host_idle": "stalled on the host, with no recorded op for 1 ms or more at a time",
+REASON_TEXT_CPU = {**REASON_TEXT, "host_stall": "stalled on the host, with no recorded op for 1 ms or more at a time",
                    "host_busy": "running its own ops more slowly"}
 """... on a CPU-only job (no GPU: the main thread runs the work)"""
 
