@@ -58,13 +58,32 @@ def explain_rest(accounts: list[tuple[int, Account]], findings: list[Finding],
             continue
         slices = r.explains.slices
         if rid in have:  # the signature rule names it; the accounting's slice is its cost (one us, one cause)
-            worst = max((sum(a.cost(s) * a.charged(s) for s in slices) for _, a in accounts), default=0.0)
-            out = [dataclasses.replace(f, cost_us_per_step=round(worst, 1), evidence={
-                **f.evidence, "rule_estimate_us_per_step": f.cost_us_per_step,
-                "accounted_us_per_step": round(worst, 1)}) if f.rule == rid else f for f in out]
+            out = [accounted(f, slices, accounts) if f.rule == rid else f for f in out]
             continue
         out += slice_finding(rid, slices, accounts)
     return out
+
+
+def accounted(f: Finding, slices: tuple[str, ...], accounts: list[tuple[int, Account]]) -> Finding:
+    """A signature rule's finding with the accounting's cost, one number throughout: the cost (the worst rank's
+    charged ``slices``), each rank's cost in ``per_rank``, and the sentence saying that the number it quotes is
+    the rule's estimate; the rule's own numbers stay in the evidence (``rule_estimate_us_per_step``)."""
+    of = dict(accounts)
+
+    def cost(rk) -> float:
+        return sum(of[rk].cost(s) * of[rk].charged(s) for s in slices) if rk in of else 0.0
+
+    worst = max((cost(rk) for rk in of), default=0.0)
+    ev = {**f.evidence, "rule_estimate_us_per_step": f.cost_us_per_step, "accounted_us_per_step": round(worst, 1)}
+    if isinstance(ev.get("per_rank"), dict):
+        ev["per_rank"] = {rk: {**n, "cost_us_per_step": round(cost(int(rk)), 1),
+                               "rule_estimate_us_per_step": n.get("cost_us_per_step")} if isinstance(n, dict) and
+                          int(rk) in of else n for rk, n in ev["per_rank"].items()}
+    if round(worst) == round(f.cost_us_per_step):
+        return dataclasses.replace(f, cost_us_per_step=round(worst, 1), evidence=ev)
+    return dataclasses.replace(f, cost_us_per_step=round(worst, 1), evidence=ev, summary=(
+        f"{f.summary} (the rule's estimate, {f.cost_us_per_step:.0f} us per step; the step accounting, which gives "
+        f"each idle microsecond one cause, charges it {worst:.0f} us per step)"))
 
 
 def net_of_profiler(f: Finding, overhead: dict | None) -> Finding:
@@ -79,8 +98,17 @@ def net_of_profiler(f: Finding, overhead: dict | None) -> Finding:
     if not mine:
         return f
     o = mine[len(mine) // 2]
-    return dataclasses.replace(f, cost_us_per_step=round(o.net(f.cost_us_per_step), 1), evidence={
-        **f.evidence, "cost_traced_us_per_step": f.cost_us_per_step, **o.as_dict()})
+    ev = {**f.evidence, "cost_traced_us_per_step": f.cost_us_per_step, **o.as_dict()}
+    if isinstance(ev.get("per_rank"), dict):  # each rank's cost net of its own overhead
+        ev["per_rank"] = {rk: _net_rank(n, overhead.get(int(rk))) for rk, n in ev["per_rank"].items()}
+    return dataclasses.replace(f, cost_us_per_step=round(o.net(f.cost_us_per_step), 1), evidence=ev)
+
+
+def _net_rank(n, o):
+    if not isinstance(n, dict) or n.get("cost_us_per_step") is None or o is None or o.basis == "none":
+        return n
+    return {**n, "cost_us_per_step": round(o.net(n["cost_us_per_step"]), 1),
+            "cost_traced_us_per_step": n["cost_us_per_step"]}
 
 
 def net_costs(a: Account, ovh) -> dict[str, float]:
