@@ -423,3 +423,22 @@ def test_notebook_tables_text_and_figures(ddp):
     assert "rank 0 host" in labels and "rank 1 host" in labels and any("rank 1 GPU" in x for x in labels)
     bare = Finding("x", 1.0, (0,), {}, "no excerpt", "c", "f")
     assert isinstance(dn.excerpt_figure(ddp, bare), Figure)  # a message, not an error
+
+
+def test_who_arrived_last_and_in_step_are_derived_once():
+    """JobContext.collectives() marks, per instance seen on 2+ ranks, exactly one row ``last`` -- the shortest
+    kernel (the rank that waited for no one) -- and none on rows seen on one rank; ``in_step`` is the row's step
+    on a trace with steps."""
+    from kit.doctor.job_phase import check_one_job, job_context
+    from kit.doctor.rank_phase import rank_summary
+
+    summaries, _ = check_one_job([rank_summary(p) for p in traces("late-rank")])
+    df = job_context(summaries).collectives()
+    multi = df[df["ranks_seen"] > 1]
+    assert len(multi) and (multi.groupby(["match_key", "instance"])["last"].sum() == 1).all()
+    mins = multi.groupby(["match_key", "instance"])["dur_us"].transform("min")
+    assert (multi.loc[multi["last"], "dur_us"] == mins[multi["last"]]).all()
+    assert not df.loc[df["ranks_seen"] <= 1, "last"].any()
+    stepped = {int(s.rank) for s in summaries if s.comm is not None and s.comm.steps}
+    mine = df[df["rank"].isin(stepped)]
+    assert (mine["in_step"] == mine["step"].notna()).all()

@@ -7,9 +7,9 @@ trace): the rank's collectives frame (:attr:`kit.traces.Trace.collectives`, one 
 with, per row, the step it was launched in (by its launching runtime call, through the kernel's ``correlation``)
 and the host time it was launched at; and the compute-kernel time inside the communication windows (the union
 of non-NCCL kernels, cut to the union of NCCL kernels, per device). ``late_rank`` adds how much host time each
-rank had spent waiting for data, blocked in synchronising calls or idle until each collective
-(:func:`kit.doctor.rules.late_arrival.activity`). What needs two ranks -- the same collective instance on every
-rank (:func:`matched`, :func:`by_step`, :func:`kit.traces.comm.match_instances`) and how long the others waited --
+rank had spent waiting for data, blocked in synchronising calls or stalled until each collective
+(:func:`kit.doctor.rules.late_arrival.host_time_until`). What needs two ranks -- the same collective instance on
+every rank (:func:`matched`, :func:`by_step`, :func:`kit.traces.comm.match_instances`) and how long the others waited --
 is done on the caller, once per job (:meth:`kit.doctor.context.JobContext.collectives`); the judges read that.
 
 **Waiting and transfer.** A collective's kernel starts when its rank reaches it and spins until every peer has

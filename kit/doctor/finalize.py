@@ -1,7 +1,8 @@
 """The finalize stage: each finding's cost capped at a step and its severity set, once, after the judges and the
-reconcile stage (:func:`finalize`; the costs are already net of the profiler's overhead); cross-rank costs marked partial when ranks of the job are missing; the
-:class:`kit.doctor.model.Diagnosis` assembled: the accounting rows (:func:`accounting_row`), the Flight Recorder's
-statements, the hardware and dates the traces were captured on (:func:`captured_on`)."""
+reconcile stage (:func:`finalize`; the costs arrive net of the profiler's overhead); cross-rank costs marked
+partial when ranks of the job are missing; the :class:`kit.doctor.model.Diagnosis` assembled: the accounting rows
+(:func:`accounting_row`), the Flight Recorder's statements, the hardware and dates the traces were captured on
+(:func:`captured_on`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """How each rank got to each collective, for ``late_rank``: the rank's host time until each collective, split by
 the host model (:mod:`kit.doctor.host_model`: the same host activity the step accounting reads) into waiting for
-data, synchronising calls and stalls (:func:`activity`), how one arrival splits into host and GPU parts
+data, synchronising calls and stalls (:func:`host_time_until`), how one arrival splits into host and GPU parts
 (:func:`arrival_parts`), and why the late rank arrived last, per reason, over the instances it was last at
 (:func:`attribute`)."""
 
@@ -17,11 +17,11 @@ if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
 HOST_REASONS = {"data_wait": "data_wait", "host_sync": "sync", "host_stall": "stall"}
-"""the host activities :func:`activity` counts, from the host model's kinds (the rest of the host time is
+"""the host activities :func:`host_time_until` counts, from the host model's kinds (the rest of the host time is
 ``host_busy``)"""
 
 
-def activity(view: RankView, tl: Timeline) -> "pd.DataFrame":
+def host_time_until(view: RankView, tl: Timeline) -> "pd.DataFrame":
     """Per collective row, how much host time the rank had spent, from the trace's start until the row's launch,
     until its end and until the start of its step (``step_ts``), in
 

@@ -12,7 +12,7 @@ from ..findings import make
 from ..model import RULES, Finding, RankView, Rule, Skip, rule
 from ..own_time import own_excess
 from .evidence import dur_text, excerpt, num
-from .late_arrival import activity, attribute
+from .late_arrival import attribute, host_time_until
 from .same_kernels import KERNEL_TOP, SLOW_GPU, gpu_speed, kernel_speeds
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -41,7 +41,7 @@ LATE_DOMINANCE = 2 / 3
 class Before:
     """``late_rank``'s extract: a :class:`~kit.doctor.collectives.Timeline` and, per collective row, the rank's
     cumulative host time in each of :data:`kit.doctor.rules.late_arrival.HOST_REASONS` at the row's launch and at its end
-    (:func:`kit.doctor.rules.late_arrival.activity`)."""
+    (:func:`kit.doctor.rules.late_arrival.host_time_until`)."""
 
     tl: Timeline
     cum: "pd.DataFrame"
@@ -54,7 +54,7 @@ class Before:
 
 def extract_late(view: RankView) -> Before:
     tl = timeline(view)
-    return Before(tl, activity(view, tl), kernel_speeds(view))
+    return Before(tl, host_time_until(view, tl), kernel_speeds(view))
 
 
 FIX_BY_REASON = {
