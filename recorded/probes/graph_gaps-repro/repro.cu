@@ -25,6 +25,14 @@
 // where PyTorch replays unless a stream is current) instead of the created non-blocking stream s0; --launch per_thread
 // into the per-thread default stream (cudaStreamPerThread), --launch blocking into a stream made by cudaStreamCreate
 // (both blocking streams: they synchronise with the legacy stream, but are not it).
+// Where the legacy launch's growth sits (all off by default, the graph and its stamps unchanged without them):
+// --post 1 puts a one-thread stamp kernel post_i on the side stream right after the record (the join then follows
+// it) and prints, by quarter, the lag from tiny_i's end to post_i's start (the record node and an edge on its own
+// branch) and from post_i's end to the next layer's start (the edge across to the main branch);
+// --after legacy launches a one-thread kernel into the legacy stream after every graph launch (a graph launched
+// into a blocking stream then has a legacy-stream operation waiting on it: the implicit synchronisation engaged);
+// --blockers K creates K blocking streams (cudaStreamCreate, one kernel each) before the replays, that a launch into
+// the legacy stream is documented to synchronise with.
 // build: nvcc -O2 -arch=sm_90 -o repro repro.cu -lcublas
 // reproduce (the gap before layer i grows with i):  ./repro --launch legacy --busy gemm --tail 1 --record shared
 // controls (flat):  the same with --launch created (the default), or with --record none
@@ -88,18 +96,20 @@ __global__ void fill(float* x, size_t n, float scale, unsigned seed) {  // unifo
 
 __global__ void tick(volatile unsigned* ctr) { *ctr = *ctr + 1; }
 
+__global__ void noop() {}
+
 struct Opt {
   int n = 160, replays = 20, upload = 0, priority = 0, grid = 0, queued = 0, quiet = 0, hidden = 2048, tail = 0,
-      autofree = 0, pdl = 0;
+      autofree = 0, pdl = 0, post = 0, blockers = 0;
   double work_us = 200;
-  std::string record = "shared", where = "side", join = "edge", busy = "spin", raw, launch = "created";
+  std::string record = "shared", where = "side", join = "edge", busy = "spin", raw, launch = "created", after = "none";
 };
 
 static void usage() {
   fprintf(stderr, "usage: repro [--n N] [--work-us US] [--replays R] [--record none|internal|shared|distinct|node]\n"
                   "  [--where side|main] [--join edge|extwait|none] [--upload 0|1] [--priority 0|1|2] [--grid BLOCKS]\n"
                   "  [--queued 0|1] [--busy spin|copy|gemm] [--hidden H] [--tail 0|1] [--autofree 0|1] [--pdl 0..3] [--raw FILE]\n"
-                  "  [--launch created|legacy|per_thread|blocking]\n"
+                  "  [--launch created|legacy|per_thread|blocking] [--post 0|1] [--after none|legacy] [--blockers K]\n"
                   "  [--quiet 1]\n");
   exit(64);
 }
@@ -119,13 +129,16 @@ static Opt parse(int argc, char** argv) {
     else if (k == "--busy") o.busy = v; else if (k == "--hidden") o.hidden = atoi(v);
     else if (k == "--tail") o.tail = atoi(v); else if (k == "--autofree") o.autofree = atoi(v);
     else if (k == "--pdl") o.pdl = atoi(v);
+    else if (k == "--post") o.post = atoi(v); else if (k == "--blockers") o.blockers = atoi(v);
+    else if (k == "--after") { o.after = v; if (o.after != "none" && o.after != "legacy") usage(); }
     else if (k == "--launch") { o.launch = v; if (o.launch != "legacy" && o.launch != "created" && o.launch != "per_thread" && o.launch != "blocking") usage(); }
     else usage();
   }
   const char* recs[] = {"none", "internal", "shared", "distinct", "node"};
   bool ok = o.n >= 1 && o.replays >= 1 && o.work_us >= 0 && (o.where == "side" || o.where == "main") &&
             (o.join == "edge" || o.join == "extwait" || o.join == "none") && o.hidden >= 16 &&
-            (o.busy == "spin" || o.busy == "copy" || o.busy == "gemm") &&
+            (o.busy == "spin" || o.busy == "copy" || o.busy == "gemm") && o.blockers >= 0 &&
+            (o.post == 0 || (o.post == 1 && o.where == "side")) &&
             std::find(std::begin(recs), std::end(recs), o.record) != std::end(recs);
   bool ext = o.record == "shared" || o.record == "distinct" || o.record == "node";
   if (!ok || (o.join == "extwait" && !ext)) usage();  // an external wait needs an external record to wait on
@@ -145,6 +158,10 @@ int main(int argc, char** argv) {
   u64 *st, *en; unsigned* ctr;
   CK(cudaMalloc(&st, cells * sizeof(u64))); CK(cudaMalloc(&en, cells * sizeof(u64))); CK(cudaMalloc(&ctr, 4));
   CK(cudaMemset(st, 0xff, cells * sizeof(u64))); CK(cudaMemset(en, 0, cells * sizeof(u64))); CK(cudaMemset(ctr, 0, 4));
+  const size_t pcells = (size_t)(o.replays + 1) * o.n;  // --post: post_i's stamps, [replay][layer]
+  u64 *pst, *pen;
+  CK(cudaMalloc(&pst, pcells * sizeof(u64))); CK(cudaMalloc(&pen, pcells * sizeof(u64)));
+  CK(cudaMemset(pst, 0xff, pcells * sizeof(u64))); CK(cudaMemset(pen, 0, pcells * sizeof(u64)));
 
   int lo = 0, hi = 0;
   CK(cudaDeviceGetStreamPriorityRange(&lo, &hi));  // hi = the greatest priority (numerically lowest)
@@ -206,6 +223,7 @@ int main(int argc, char** argv) {
       CK(cudaGraphAddEventRecordNode(&node, g, deps, nd, shared_ev));
       CK(cudaStreamUpdateCaptureDependencies(side, &node, nullptr, 1, cudaStreamSetCaptureDependencies));
     }
+    if (o.post) { tiny<<<1, 1, 0, side>>>(pst, pen, ctr, i, o.n); CK(cudaGetLastError()); }
     if (side != s0 && o.join == "edge") { CK(cudaEventRecord(ev[3 * i + 1], s1)); CK(cudaStreamWaitEvent(s0, ev[3 * i + 1], 0)); }
     if (o.join == "extwait") CK(cudaStreamWaitEvent(s0, rec, cudaEventWaitExternal));
   }
@@ -229,9 +247,13 @@ int main(int argc, char** argv) {
   if (o.launch == "legacy") ls = cudaStreamLegacy;
   else if (o.launch == "per_thread") ls = cudaStreamPerThread;
   else if (o.launch == "blocking") CK(cudaStreamCreate(&ls));
+  std::vector<cudaStream_t> blockers(o.blockers);
+  for (auto& b : blockers) { CK(cudaStreamCreate(&b)); noop<<<1, 1, 0, b>>>(); CK(cudaGetLastError()); }
+  CK(cudaDeviceSynchronize());
   for (int r = 0; r < o.replays; r++) {
     CK(cudaGraphLaunch(exec, ls));
-    if (!o.queued) CK(cudaStreamSynchronize(ls));
+    if (o.after == "legacy") { noop<<<1, 1, 0, cudaStreamLegacy>>>(); CK(cudaGetLastError()); }
+    if (!o.queued) CK(o.after == "legacy" ? cudaDeviceSynchronize() : cudaStreamSynchronize(ls));
   }
   CK(cudaDeviceSynchronize());
   CK(cudaGetLastError());
@@ -273,8 +295,8 @@ int main(int argc, char** argv) {
   printf("# n %d busy %s work_us %g hidden %d tail %d record %s where %s join %s upload %d priority %d autofree %d "
          "grid %d queued %d replays %d nodes %zu\n", o.n, o.busy.c_str(), o.work_us, o.hidden, o.tail, o.record.c_str(),
          o.where.c_str(), o.join.c_str(), o.upload, o.priority, o.autofree, grid, o.queued, o.replays, nodes);
-  printf("# pdl %d launch %s; nodes: kernel %d memcpy %d memset %d event_record %d wait_event %d other %d\n", o.pdl,
-         o.launch.c_str(), types[cudaGraphNodeTypeKernel], types[cudaGraphNodeTypeMemcpy],
+  printf("# pdl %d launch %s post %d after %s blockers %d; nodes: kernel %d memcpy %d memset %d event_record %d wait_event %d other %d\n", o.pdl,
+         o.launch.c_str(), o.post, o.after.c_str(), o.blockers, types[cudaGraphNodeTypeKernel], types[cudaGraphNodeTypeMemcpy],
          types[cudaGraphNodeTypeMemset], types[cudaGraphNodeTypeEventRecord], types[cudaGraphNodeTypeWaitEvent],
          (int)nodes - types[cudaGraphNodeTypeKernel] - types[cudaGraphNodeTypeMemcpy] - types[cudaGraphNodeTypeMemset] -
              types[cudaGraphNodeTypeEventRecord] - types[cudaGraphNodeTypeWaitEvent]);
@@ -282,9 +304,39 @@ int main(int argc, char** argv) {
          "(%.1f us per layer)\n", median(busy_us), median(layer_us), median(span), median(span) / o.n);
   printf("# median gap before busy_i by quarter (i>=1): %.2f %.2f %.2f %.2f us; slope %.4f us per layer\n",
          qn[0] ? q[0] / qn[0] : 0, qn[1] ? q[1] / qn[1] : 0, qn[2] ? q[2] / qn[2] : 0, qn[3] ? q[3] / qn[3] : 0, slope);
+  std::vector<double> lrec(o.n), ljoin(o.n);  // --post: median over replays of each lag, per layer
+  if (o.post) {
+    std::vector<u64> ps(pcells), pe(pcells);
+    CK(cudaMemcpy(ps.data(), pst, pcells * sizeof(u64), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(pe.data(), pen, pcells * sizeof(u64), cudaMemcpyDeviceToHost));
+    for (int i = 0; i < o.n; i++) {
+      std::vector<double> a, b;
+      for (int r = 0; r < o.replays; r++) {
+        size_t c = (size_t)r * o.n + i, t = (size_t)r * slots + 2 * i + 1;
+        if (ps[c] == ~0ULL || pe[c] == 0) { fprintf(stderr, "replay %d post %d never stamped\n", r, i); return 3; }
+        a.push_back(((double)ps[c] - (double)he[t]) / 1e3);
+        if (i + 1 < o.n) b.push_back(((double)hs[t + 1] - (double)pe[c]) / 1e3);
+      }
+      lrec[i] = median(a); ljoin[i] = median(b);
+    }
+    auto quarters = [&](const std::vector<double>& v, int upto, double* out) {
+      double s4[4] = {0, 0, 0, 0}; int c4[4] = {0, 0, 0, 0};
+      for (int i = 1; i < upto; i++) { int b = std::min(3, i * 4 / o.n); s4[b] += v[i]; c4[b]++; }
+      for (int b = 0; b < 4; b++) out[b] = c4[b] ? s4[b] / c4[b] : 0;
+    };
+    double qa[4], qb[4];
+    quarters(lrec, o.n, qa); quarters(ljoin, o.n - 1, qb);
+    printf("# post: tiny_i end -> post_i start (the record, same branch) by quarter: %.2f %.2f %.2f %.2f us; "
+           "post_i end -> next layer start (the edge across) by quarter: %.2f %.2f %.2f %.2f us\n",
+           qa[0], qa[1], qa[2], qa[3], qb[0], qb[1], qb[2], qb[3]);
+  }
   if (!o.quiet) {
-    printf("position,gap_before_busy_us,gap_before_tiny_us\n");
-    for (int i = 0; i < o.n; i++) printf("%d,%.3f,%.3f\n", i, mb[i], median(gt[i]));
+    printf("position,gap_before_busy_us,gap_before_tiny_us%s\n", o.post ? ",record_lag_us,join_lag_us" : "");
+    for (int i = 0; i < o.n; i++) {
+      printf("%d,%.3f,%.3f", i, mb[i], median(gt[i]));
+      if (o.post) printf(",%.3f,%.3f", lrec[i], ljoin[i]);
+      printf("\n");
+    }
   }
   if (!o.raw.empty()) {  // raw stamps: one header line, then int64 start,end per [replay][slot]
     FILE* f = fopen(o.raw.c_str(), "wb");
