@@ -579,6 +579,54 @@ def test_probe_matrix_figure_and_tables(matrix_rows):
     assert INVESTIGATION.table("probe_matrix_launch", None).equals(matrix_rows[2])
 
 
+_POST_RUN = """NVIDIA H100 80GB HBM3, 580.159.04
+$ CUDA_DEVICE_MAX_CONNECTIONS=1 ./repro --n 8 --busy spin --launch legacy --post 1
+# device NVIDIA H100 80GB HBM3  sm_90  SMs 132  driver 13.0  runtime 13.0
+# n 8 busy spin work_us 200 hidden 2048 tail 0 record shared where side join edge upload 0 priority 0 autofree 0 grid 264 queued 0 replays 20 nodes 41
+# pdl 0 launch legacy post 1 after none blockers 0; nodes: kernel 25 memcpy 0 memset 0 event_record 8 wait_event 0 other 8
+# busy-slot kernel median 200.3 us; busy-slot start to tiny start 201.7 us; replay span median 1700.0 us (212.5 us per layer)
+# median gap before busy_i by quarter (i>=1): 1.00 2.00 3.00 4.00 us; slope 0.5000 us per layer
+# post: tiny_i end -> post_i start (the record, same branch) by quarter: 0.50 0.60 0.70 0.80 us; post_i end -> next layer start (the edge across) by quarter: 0.90 1.40 2.30 3.20 us
+position,gap_before_busy_us,gap_before_tiny_us,record_lag_us,join_lag_us
+0,0.000,200.000,0.500,0.900
+rc=0
+$  ./repro --n 8 --launch created
+rc=124
+"""
+
+
+def test_repro_printouts_to_rows(tmp_path):
+    """The reproducer's printouts as rows: the environment from the command line, the switches, the quarters and,
+    with --post, the two lags; a run that never printed its summary (timed out) is no row."""
+    (tmp_path / "v").mkdir()
+    (tmp_path / "v" / "gpu2-legacy-post-spin.txt").write_text(_POST_RUN)
+    t = G.outputs_table(root=tmp_path)
+    assert len(t) == 1
+    r = t.iloc[0]
+    assert (r["env"], r["launch"], r["post"], r["after"], r["blockers"]) == ("CUDA_DEVICE_MAX_CONNECTIONS=1", "legacy",
+                                                                            1, "none", 0)
+    assert (r["layer_us"], r["q4_us"], r["slope_us_per_layer"]) == (212.5, 4.0, 0.5)
+    assert (r["rec_q1_us"], r["rec_q4_us"], r["join_q1_us"], r["join_q4_us"]) == (0.5, 0.8, 0.9, 3.2)
+
+
+def test_repro_printouts_committed():
+    """The committed printouts of the reproducer (one H100, N = 160, one shared external record per layer): only
+    the launch into the legacy default stream grows; the printouts of before the launch-stream switch count as
+    created-stream runs."""
+    t = G.outputs_table()
+    if t.empty:
+        pytest.skip("no committed reproducer printouts")
+    ext = t[(t["record"] == "shared") & (t["post"] == 0) & (t["after"] == "none") & (t["blockers"] == 0)
+            & (t["env"] == "") & (t["queued"] == 0) & (t["join"] == "edge")]
+    legacy = ext[ext["launch"] == "legacy"]
+    assert len(legacy) >= 4 and (legacy["q4_us"] > 4 * legacy["q1_us"]).all()
+    gemm = legacy[legacy["busy"] == "gemm"]["slope_us_per_layer"]
+    assert gemm.between(1.1, 1.3).all()
+    flat = ext[ext["launch"] != "legacy"]
+    assert set(flat["launch"]) == {"created", "per_thread", "blocking"}
+    assert flat["slope_us_per_layer"].abs().max() < 0.01
+
+
 def test_torch_probe_bisected_on_one_h100():
     """The PyTorch probe re-run on one H100 grows as on the H200 and stops growing when the same graph is replayed
     into a created stream instead of the legacy default stream; cuBLAS or cuBLASLt, TF32 or not, it grows."""

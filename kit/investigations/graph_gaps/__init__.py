@@ -60,7 +60,7 @@ from .findings import findings
 from .mechanism import (edges_table, gap_by_position, gap_vs_work, launch_profile_table, position_table,
                         replay_table, work_table)
 from .matrix import figure as matrix_figure, hardware as matrix_hardware, source as matrix_source
-from .matrix import factor_table, launch_table as probe_launch_table, matrix_table
+from .matrix import factor_table, launch_table as probe_launch_table, matrix_table, outputs_table
 from .record_probe import probe_table, torch_table
 from .compile_probe import compile_table
 from .stream_factor import stream_figure, stream_findings, stream_runs, stream_table
@@ -90,7 +90,7 @@ INVESTIGATION = Investigation(
             "replays": lambda runs: replay_table(runs.df), "edges": lambda runs: edges_table(runs.df),
             "launch_profile": lambda runs: launch_profile_table(runs.df), "record_node_probe": probe_table,
             "torch_probe": torch_table, "torch_compile": compile_table, "probe_matrix_launch": probe_launch_table,
-            "probe_matrix": lambda runs: factor_table(matrix_table())},
+            "probe_matrix": lambda runs: factor_table(matrix_table()), "repro_outputs": outputs_table},
     figures={**FIGURES, "replay-stream": stream_figure, "gap-by-position": gap_by_position, "gap-vs-work": gap_vs_work,
              **_matrix_figures()},
     findings=findings,
@@ -103,4 +103,4 @@ __all__ = ["Config", "FIGURES", "INVESTIGATION", "NO_NCCL", "build_forward", "ca
            "forward_table", "gaps_table", "kept_trace_gaps", "launch_table", "one_layer_window", "run", "timed_rows",
            "edges_table", "gap_by_position", "gap_vs_work", "launch_profile_table", "position_table", "replay_table",
            "work_table", "probe_table", "torch_table", "matrix_table", "factor_table", "probe_launch_table",
-           "stream_table", "stream_figure", "stream_findings", "stream_runs", "compile_table"]
+           "stream_table", "stream_figure", "stream_findings", "stream_runs", "compile_table", "outputs_table"]
