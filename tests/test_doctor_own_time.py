@@ -9,8 +9,7 @@ from kit.doctor.own_time import own_excess
 
 def _steps(issue_us: list[float], gpu_us: float = 1000.0) -> pd.DataFrame:
     n = len(issue_us)
-    return pd.DataFrame({"step": range(n), "dur": [10_000.0] * n, "data_wait_us": 0.0, "stall_us": 0.0,
-                         "alloc_us": 0.0, "issue_us": issue_us, "gpu_compute_us": gpu_us})
+    return pd.DataFrame({"step": range(n), "dur": [10_000.0] * n, "own_host_us": issue_us, "gpu_compute_us": gpu_us})
 
 
 def test_a_rank_is_late_only_beyond_the_others_spread_the_step_share_and_the_profiler():

@@ -58,9 +58,15 @@ COMM_WAIT_OPS = ("c10d::wait", "c10d::barrier", "c10d::monitored_barrier", "gloo
 handle, a barrier, a gloo op run on the thread itself"""
 ALL = "*"
 """the key of :attr:`HostModel.sets` holding a kind's union over every thread of the process"""
+OWN_KINDS = ("data_wait", "stall", "alloc", "issue")
+"""a rank's own host time: waiting for its DataLoader, stalling (no op, no call: Python work, a sleep), the
+allocator's device calls, issuing its work -- not the time blocked on collectives, peers or the GPU, nor its short
+idle gaps (under the profiler mostly the profiler's own time between the events it records)"""
 PER_STEP = ("step", "ts", "end", "dur") + tuple(f"{k}_us" for k in KINDS) + ("gpu_busy_us", "gpu_comm_us",
-                                                                            "gpu_compute_us")
-"""the columns of :attr:`HostModel.per_step`"""
+                                                                            "gpu_compute_us", "own_host_us")
+"""the columns of :attr:`HostModel.per_step`; ``own_host_us``: the main thread's :data:`OWN_KINDS` inside the
+step's own annotation (the host's side of the step, not the window extended to its GPU work: a host that runs
+ahead of its GPU did its step's work before the window's GPU part)"""
 
 
 @dataclass(frozen=True)
@@ -140,6 +146,8 @@ def _gpu_model(view: "RankView") -> HostModel | None:
     g = g.sort_values("ts", kind="stable")
     win = rank_windows(view)
     lo, hi = float(win["start"].min()), float(win["end"].max())
+    if view.steps is not None and not view.steps.empty:  # the host's side of the steps too (:func:`_own_host`)
+        lo, hi = min(lo, float(view.steps["ts"].min())), max(hi, float(view.steps["end"].max()))
     cpu = view.trace.cpu
     calls = runtime_calls(view)
     threads = tuple(pd.unique(g["tid"].dropna()))
@@ -272,8 +280,33 @@ def _finish(view, mode, win, main, threads, calls, sets, default: str, gpu, cpu=
     for c, key in (("gpu_busy_us", "busy"), ("gpu_comm_us", "comm")):
         per_step[c] = _per_window(gpu[key], wa, wb) if gpu else 0.0
     per_step["gpu_compute_us"] = per_step["gpu_busy_us"] - per_step["gpu_comm_us"]
+    per_step["own_host_us"] = _own_host(view, sets.get(main), win, default) if main in sets else 0.0
     return HostModel(mode=mode, activity=act[["tid", "ts", "end", "kind", "name"]], per_step=per_step[list(PER_STEP)],
                      windows=win.reset_index(drop=True), main_tid=main, threads=tuple(threads), calls=calls, sets=sets)
+
+
+def _own_host(view, spans: dict, win: "pd.DataFrame", default: str) -> "np.ndarray":
+    """Per window, the main thread's :data:`OWN_KINDS` time inside its step annotation (the window's own bounds
+    without step annotations)."""
+    import numpy as np
+
+    st = view.steps
+    if st is None or st.empty or (win["step"] < 0).all():
+        a, b = win["start"].to_numpy(dtype=float), win["end"].to_numpy(dtype=float)
+    else:
+        by = st.drop_duplicates("step").set_index("step")
+        a = by["ts"].reindex(win["step"]).to_numpy(dtype=float)
+        b = by["end"].reindex(win["step"]).to_numpy(dtype=float)
+    ok = ~np.isnan(a) & ~np.isnan(b) & (b > a)
+    out = np.zeros(len(win))
+    if not ok.any():
+        return out
+    s, e, cls = _classify(spans, float(a[ok].min()), float(b[ok].max()), default, extra=np.r_[a[ok], b[ok]])
+    own = np.isin(cls, OWN_KINDS)
+    for i in np.flatnonzero(ok):
+        m = own & (s >= a[i]) & (e <= b[i])
+        out[i] = float((e[m] - s[m]).sum())
+    return out
 
 
 def _classify(sets: dict, lo: float, hi: float, default: str, extra) -> "tuple[np.ndarray, np.ndarray, np.ndarray]":

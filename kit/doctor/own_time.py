@@ -4,8 +4,7 @@ names a rank and by the reconcile stage's job-level launch-bound verdict (:func:
 job_level_launch`).
 
 Per rank, from the host model's per-step frame (:data:`kit.doctor.host_model.PER_STEP`, one row per step window,
-shipped as ``JobContext.host_steps``): its own host time, :data:`DISTINCT_HOST` summed (waiting for its DataLoader,
-stalls, allocator calls, issuing -- not the time blocked on collectives, peers or the GPU), and its own GPU time,
+shipped as ``JobContext.host_steps``): its own host time, :data:`OWN_HOST`, and its own GPU time,
 :data:`OWN_GPU` (or the compute kernels' time the caller measured). The rank is late by its host or its GPU,
 whichever exceeds the others' more: by more than the others' spread (the range of their medians plus their largest
 step-to-step p10-p90 spread), :data:`MIN_OWN_EXCESS_SHARE` of the step and :data:`PROFILER_NOISE` of the profiler's
@@ -14,10 +13,11 @@ overhead on its step. The excess is what the job would gain were the rank as fas
 
 from __future__ import annotations
 
-DISTINCT_HOST = ("data_wait_us", "stall_us", "alloc_us", "issue_us")
-"""a rank's own host time (the host model's kinds): waiting for its DataLoader, stalling (no op, no call: Python
-work, a sleep), the allocator's device calls, issuing its work. Not its short idle gaps: under the profiler they
-are mostly the profiler's own time between the events it records"""
+OWN_HOST = "own_host_us"
+"""a rank's own host time per step (:data:`kit.doctor.host_model.OWN_KINDS` inside its step annotation): waiting
+for its DataLoader, stalling, the allocator's device calls, issuing its work. Read on the host's side of the step,
+not its window extended to the GPU work: a rank that waits runs ahead of its GPU, its host done with the step
+before the window's GPU part"""
 OWN_GPU = "gpu_compute_us"
 """a rank's own GPU time: busy outside the collectives"""
 MIN_OWN_EXCESS_SHARE = 0.05
@@ -30,7 +30,7 @@ same code) the slowest host issued 2-5 ms more per step than the others under 10
 
 def own_excess(host_steps: dict, late: int, step_us: float | None, gpu_us: dict | None = None,
                overhead_us: float = 0.0) -> dict | None:
-    """Does rank ``late`` have time of its own -- :data:`DISTINCT_HOST` on its host, or GPU compute (``gpu_us``:
+    """Does rank ``late`` have time of its own -- :data:`OWN_HOST` on its host, or GPU compute (``gpu_us``:
     rank -> its compute kernels' summed time per step, where given: kernels that overlap a collective count too;
     else :data:`OWN_GPU`) -- beyond every other rank's, by more than their spread, :data:`MIN_OWN_EXCESS_SHARE` of
     the step and :data:`PROFILER_NOISE` of the profiler's overhead on its step (``overhead_us``)? ``confirmed``,
@@ -44,7 +44,7 @@ def own_excess(host_steps: dict, late: int, step_us: float | None, gpu_us: dict 
         return None
     per = {}
     for r, ps in have.items():
-        host = ps[list(DISTINCT_HOST)].sum(axis=1).to_numpy(dtype=float)
+        host = ps[OWN_HOST].to_numpy(dtype=float)
         gpu = ps[OWN_GPU].to_numpy(dtype=float)
         if gpu_us and r in gpu_us and gpu_us[r] is not None:
             gpu = np.array([float(gpu_us[r])])

@@ -83,7 +83,8 @@ def find_steps(cpu, cpu_all=None) -> "pd.DataFrame":
     return st
 
 
-def step_windows(steps: "pd.DataFrame", gpu_ends: "tuple[np.ndarray, np.ndarray] | None") -> "pd.DataFrame":
+def step_windows(steps: "pd.DataFrame", gpu_ends: "tuple[np.ndarray, np.ndarray] | None",
+                 carried_end: float | None = None) -> "pd.DataFrame":
     """The step windows: step, start, end. A window starts at its annotation's start or at the previous window's
     end, whichever is later, and ends at its annotation's end or at the end of the last GPU work the step issued
     (``gpu_ends``: the issuing call's ts and the activity's end), whichever is later -- so the windows tile the
@@ -103,7 +104,7 @@ def step_windows(steps: "pd.DataFrame", gpu_ends: "tuple[np.ndarray, np.ndarray]
         inside = (k >= 0) & (call_ts < end[np.clip(k, 0, None)])
         np.maximum.at(last, k[inside], g_end[inside])
     lo, hi = np.empty_like(ts), np.empty_like(ts)
-    prev = -np.inf
+    prev = -np.inf if carried_end is None or np.isnan(carried_end) else float(carried_end)
     for i in range(len(ts)):
         lo[i] = max(ts[i], prev)
         hi[i] = max(last[i], lo[i])
@@ -124,10 +125,25 @@ def _rank_windows(view: "RankView") -> "pd.DataFrame":
     g = view.issued()
     g = g[g["end"] > g["ts"]]
     win = step_windows(view.steps, (g["call_ts"].to_numpy(dtype=float), g["end"].to_numpy(dtype=float))
-                       if len(g) else None)
+                       if len(g) else None, carried_end(view, g))
     if win["start"].isna().all() and len(g):
         win = pd.DataFrame({"step": [-1], "start": [float(g["ts"].min())], "end": [float(g["end"].max())]})
     return win
+
+
+def carried_end(view: "RankView", g: "pd.DataFrame") -> float | None:
+    """Where the GPU work queued before the trace began ends: activities whose issuing call is not in a trace that
+    records runtime calls (the steps before the profiler's window, still running when it opened), up to the first
+    work a traced step issued. The first window starts there, as every later window starts where the previous one
+    ended: the previous steps' work is the profiler's start-up, not the first step's."""
+    import numpy as np
+
+    if g.empty or g["call_ts"].isna().all():
+        return None
+    own = g["call_ts"].notna().to_numpy()
+    first = float(g.loc[own, "ts"].min())
+    before = g[~own & (g["ts"].to_numpy(dtype=float) < first)]
+    return float(before["end"].max()) if len(before) else None
 
 
 def step_time(view: "RankView") -> float | None:

@@ -85,6 +85,27 @@ REASON_TEXT_CPU = {**REASON_TEXT, "host_stall": "stalled on the host, with no re
 """... on a CPU-only job (no GPU: the main thread runs the work)"""
 
 
+BASIS_TEXT = {"own_excess": "its own time per step beyond the slowest other rank's; the others' waiting also holds "
+                            "the profiler's uneven slowing of the hosts",
+              "reason_excess": "the lateness its reason added beyond the other ranks' same activity; the others' "
+                               "waiting also holds the profiler's uneven slowing of the hosts"}
+"""how late_rank's cost was read, when it is not the others' waiting"""
+
+
+def own_gain(own: dict | None, reason: str | None, excess: dict, n: int) -> tuple[float | None, str]:
+    """What the job would gain were the late rank as fast as the others -- the cost, never more than the others'
+    waiting: its own time's excess over the slowest other rank (:func:`kit.doctor.own_time.own_excess`) where that
+    is confirmed, else the lateness its reason added beyond the others' same activity (``excess``, summed over the
+    collectives; ``n`` steps), else None (the others' waiting). Under the profiler the others' waiting grows with
+    the hosts' uneven slowing (every recorded op costs the host time); a difference of the ranks' own times
+    leaves most of it out. Returns (gain per step, basis)."""
+    if own is not None and own.get("confirmed") and own.get("excess_us", 0) > 0:
+        return float(own["excess_us"]), "own_excess"
+    if reason is not None and excess.get(reason, 0.0) > 0:
+        return float(excess[reason]) / n, "reason_excess"
+    return None, "others_wait"
+
+
 def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip:
     import numpy as np
     import pandas as pd
@@ -133,7 +154,7 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     mine = inst[inst["rank"] == late]
     if mine["material"].sum() < max(MIN_LATE, LATE_PATTERN * len(inst)):
         return []  # late once or rarely (e.g. the first collective after start-up): no pattern
-    gpu_us = {r: float(b.kernels["total_us"].sum()) / per_step_divisor(tl_of[r]) for r, b in summaries
+    gpu_us = {r: float(b.kernels["total_us"].sum()) for r, b in summaries  # per step (kernel_speeds)
               if b.kernels is not None and r in tl_of}
     excess, explained = attribute(df, inst, late)
     added = excess.pop("_added", 0.0)
@@ -146,11 +167,18 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     if own is not None and not own["confirmed"] and reason in SAME_WORK_REASONS:
         return []  # late for issuing its work more slowly, no more of it: the slowest of equal hosts (job-level)
     n = per_step_divisor(tl_of[late])
+    if own is not None and own["confirmed"] and own["kind"] == "gpu" and reason in SAME_WORK_REASONS:
+        reason = "gpu_busy"  # its own GPU time exceeds the others' by more than they differ: its GPU, not its host
+    waited = cost
+    gain, basis = own_gain(own, reason, excess, n)
+    if gain is not None:
+        cost = min(waited, gain)
     late_at = mine[mine["material"]]
     worst = late_at.loc[late_at["late_by_us"].idxmax()]
     ev = {"late_rank": late, "last_at": len(mine), "late_at": len(late_at), "instances": len(inst),
+          "cost_basis": basis,
           "late_floor_us": num(float(floor.min())), "late_by_us_median": num(late_at["late_by_us"].median()),
-          "late_by_us_max": num(late_at["late_by_us"].max()), "others_wait_us_per_step": num(cost),
+          "late_by_us_max": num(late_at["late_by_us"].max()), "others_wait_us_per_step": num(waited),
           "after_next_latest_us_median": num(late_at["lead_us"].median()),
           "cost_by_late_rank": {str(r): num(v) for r, v in cost_of.items()}, "reason": reason,
           "explained_instances": explained, "reason_us_per_step": {c: num(v / n) for c, v in excess.items()},
@@ -167,16 +195,21 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
            f"{100 * seen / added if added else 0:.0f}% of its lateness: it may have begun before the traced "
            f"window, or lie in work the trace does not record)")
     if reason == "gpu_busy" and slower is not None:
-        reason = "gpu_slow" if slower >= SLOW_GPU else reason
+        # slower at the same kernels, and that slowness -- not extra work -- is most of its GPU's excess
+        slowed = slower / (1 + slower) * gpu_us.get(late, 0.0) if slower > 0 else 0.0
+        more = own is not None and own.get("kind") == "gpu" and slowed < 0.5 * own.get("excess_us", 0.0)
+        reason = "gpu_slow" if slower >= SLOW_GPU and not more else reason
         why += (f": its GPU ran the same kernels {100 * slower:.1f}% slower than the other ranks' (its "
                 f"{KERNEL_TOP} heaviest, median durations) -- the same work taking longer on that GPU (its "
-                f"clocks, power or thermal limits, or other work on it), not more work" if slower >= SLOW_GPU
-                else f": its GPU ran the same kernels at the others' speed ({100 * slower:+.1f}%) -- more work")
+                f"clocks, power or thermal limits, or other work on it), not more work" if reason == "gpu_slow"
+                else f": its GPU ran the kernels it shares with the others at {100 * slower:+.1f}% of their speed "
+                     f"and more GPU work besides -- work the other ranks do not have")
     ev["reason"] = reason
     summary = (f"rank {late} arrived last at {len(late_at)} of {len(inst)} collectives, a median "
                f"{dur_text(ev['after_next_latest_us_median'])} after the next-latest rank (up to "
-               f"{dur_text(ev['late_by_us_max'])} after the first){why}; the other ranks waited {dur_text(cost)} per "
-               f"step for it alone")
+               f"{dur_text(ev['late_by_us_max'])} after the first){why}; the other ranks waited {dur_text(waited)} per "
+               f"step for it alone" + (f"; were it as fast as the others the job would gain about {dur_text(cost)} per "
+                                       f"step ({BASIS_TEXT[basis]})" if cost < waited else ""))
     return [make("late_rank", cost, [late], ev, summary, fix=f"{FIX_BY_REASON[reason]} {RULES['late_rank'].fix}"
                  if reason else None)]
 

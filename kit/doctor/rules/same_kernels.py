@@ -20,21 +20,34 @@ at the same work: above the spread between two GPUs of one machine running the s
 (calibration: FINDINGS.md, "kit doctor's thresholds against the recorded runs")"""
 
 
+SAME_COUNT = 0.10
+"""two ranks run "the same kernel" when they launch it as many times per step, within this share: a kernel name
+is a template, not a shape -- a rank that runs extra matmuls launches the same GEMM kernel more often, on other
+shapes, and its median says nothing about its GPU's speed"""
+
+
 def kernel_speeds(view: RankView) -> "pd.DataFrame | None":
-    """Median and total duration per compute-kernel name (NCCL kernels and copies left out), the heaviest
-    :data:`KERNEL_TOP`; None when the trace has no compute kernel."""
-    g = view.trace.gpu
+    """Median and total duration and launches per step of each compute-kernel name (NCCL kernels and copies left
+    out) that the traced steps issued (work queued before the trace began is the previous steps'), the heaviest
+    :data:`KERNEL_TOP`; ``total_us`` and ``per_step`` are per step. None when the trace has no compute kernel."""
+    g = view.issued() if not view.trace.gpu.empty else view.trace.gpu
     k = g[(g["cat"] == "kernel") & ~g["nccl"].astype(bool)] if not g.empty else g
+    if len(k) and k["in_step"].any():
+        k = k[k["in_step"]]
     if k.empty:
         return None
-    agg = k.groupby(k["name"].astype(str), observed=True)["dur"].agg(median_us="median", total_us="sum")
+    n = max(1, len(view.steps)) if view.steps is not None else 1
+    agg = k.groupby(k["name"].astype(str), observed=True)["dur"].agg(median_us="median", total_us="sum",
+                                                                      per_step="count")
+    agg[["total_us", "per_step"]] = agg[["total_us", "per_step"]] / n
     return agg.nlargest(KERNEL_TOP, "total_us")
 
 
 def gpu_speed(late: int, kernels: dict[int, "pd.DataFrame | None"]) -> float | None:
     """How much slower the late rank ran the same compute kernels than the other ranks: the geometric mean,
     weighted by the late rank's time in each kernel, of (its median) / (the other ranks' median of medians),
-    minus 1. None when fewer than 3 kernel names are shared."""
+    minus 1, over the kernels it launched as often per step as they did (:data:`SAME_COUNT`). None when fewer
+    than 3 kernel names are shared."""
     import numpy as np
 
     mine = kernels.get(late)
@@ -45,6 +58,11 @@ def gpu_speed(late: int, kernels: dict[int, "pd.DataFrame | None"]) -> float | N
 
     ref = pd.concat(others, axis=1).median(axis=1)
     both = mine.join(ref.rename("ref"), how="inner")
+    if "per_step" in mine:  # the same kernel: launched as often per step (:data:`SAME_COUNT`)
+        counts = pd.concat([k["per_step"] for r, k in kernels.items() if r != late and k is not None and
+                            "per_step" in k], axis=1).median(axis=1)
+        both = both.join(counts.rename("ref_per_step"), how="inner")
+        both = both[(both["per_step"] - both["ref_per_step"]).abs() <= SAME_COUNT * both["ref_per_step"]]
     both = both[(both["ref"] > 0) & (both["median_us"] > 0)]
     if len(both) < 3:
         return None
