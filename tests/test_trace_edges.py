@@ -323,17 +323,60 @@ def test_cli_legacy_categories_and_subsampled_trace(tmp_path):
 
 
 def test_chunked_first_pass_selects_the_same_events(monkeypatch):
-    """The first pass reads ``cat`` a chunk at a time from one reused buffer and the selected events are decoded
-    after the file's bytes are dropped: with chunks of 7 events the frames are those of one chunk."""
+    """The first pass reads ``cat`` a stretch of the file at a time (or, where it cannot, a chunk of views at a
+    time) and the selected events are decoded after the file's bytes are dropped: with stretches of one event,
+    chunks of 7 views and of 5 selected events the frames are those of the file read at once."""
     from kit.traces import parse
 
     path = Path(__file__).parent / "data" / "tp_rank0.json.gz"
     whole = traces.load_trace(path, cpu="none", cache=False)
-    monkeypatch.setattr(parse, "HEAD_CHUNK", 7)
+    monkeypatch.setattr(parse, "STRETCH", 1)
     monkeypatch.setattr(parse, "CHUNK", 5)
     small = traces.load_trace(path, cpu="none", cache=False)
+    monkeypatch.setattr(parse, "_bounds", lambda buf: None)  # the split into views instead
+    monkeypatch.setattr(parse, "HEAD_CHUNK", 7)
+    views = traces.load_trace(path, cpu="none", cache=False)
     assert len(small.gpu) == len(whole.gpu) > 50
-    assert small.gpu.equals(whole.gpu) and small.info == whole.info
+    for t in (small, views):
+        assert t.gpu.equals(whole.gpu) and t.info == whole.info
+
+
+def test_first_pass_cuts_only_between_events(monkeypatch, tmp_path):
+    """The first pass cuts the events array where ``}, {`` stands; one inside a name, a nested value or the
+    header's tail (below: all three, and ``},{`` without blanks) makes a stretch that does not decode, and the next
+    one is taken -- the frames are those of the split into views, the count of events too. Where the array cannot
+    be found that way (a nested ``traceEvents`` first), the split into views reads the file."""
+    from kit.traces import parse
+
+    def kernel(i, name):
+        return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": 100.5 + 10 * i, "dur": 2.25,
+                "args": {"device": 0, "stream": 7, "correlation": i, "External id": i}}
+
+    events = [kernel(0, "void f<{1}, {2}>"), kernel(1, "g},{h"),
+              {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 99.5, "dur": 50.0,
+               "args": {"Input Dims": [[{"a": 1}, {"b": 2}]], "External id": 1}},
+              kernel(2, "k"), {"ph": "i", "cat": "fwdbwd", "name": "x", "pid": 1, "tid": 1, "ts": 120.0}]
+    body = ",\n".join(json.dumps(e, separators=(",", ":")) if i == 1 else json.dumps(e) for i, e in enumerate(events))
+    text = ('{"schemaVersion": 1, "traceEvents": [\n' + body + '\n], "traceName": "/tmp/run[1]/x}, {y].json"}')
+    path = tmp_path / "cuts_rank0.json"
+    path.write_text(text)
+    nested = tmp_path / "nested_rank0.json"
+    nested.write_text(text.replace('{"schemaVersion": 1,', '{"schemaVersion": 1, "meta": {"traceEvents": []},'))
+    fallback = []
+    real = parse._raw_events
+    monkeypatch.setattr(parse, "_raw_events", lambda p, buf: fallback.append(p.name) or real(p, buf))
+    got = {}
+    for stretch in (1, 1 << 22):
+        monkeypatch.setattr(parse, "STRETCH", stretch)
+        got[stretch] = traces.load_trace(path, cpu="none", cache=False)
+    assert fallback == []
+    got["nested"] = traces.load_trace(nested, cpu="none", cache=False)
+    assert fallback == [nested.name]
+    monkeypatch.setattr(parse, "_bounds", lambda buf: None)
+    views = traces.load_trace(path, cpu="none", cache=False)
+    assert list(views.gpu["name"]) == ["void f<{1}, {2}>", "g},{h", "k"] and views.info.events == len(events)
+    for t in got.values():
+        assert t.gpu.equals(views.gpu) and t.info == views.info
 
 
 def test_a_gzip_of_two_members_is_read_whole(tmp_path):

@@ -294,8 +294,8 @@ def test_merge_decodes_each_file_once_more_than_its_offsets_need(monkeypatch, tm
     from kit.traces import parse
 
     calls = []
-    real = parse.raw_events
-    monkeypatch.setattr(parse, "raw_events", lambda p: calls.append(str(p)) or real(p))
+    real = parse.read_bytes  # every decode reads the file once
+    monkeypatch.setattr(parse, "read_bytes", lambda p: calls.append(str(p)) or real(p))
     tp = []
     for f in (DATA / "tp_rank0.json.gz", DATA / "tp_rank1.json.gz"):
         tp.append(tmp_path / f.name)
