@@ -104,7 +104,8 @@ def test_graph_gaps_one_gpu(cfg):
 
     c = experiments.make_config("graph_gaps", {"world_size": 1, "layers": [4], "batch": 64, "hidden": 256,
                                                "iters": 2, "repeats": 2, "launch_batches": [8], "launch_layers": 8,
-                                               "env_sets": [], "results_root": cfg.results_root})
+                                               "env_sets": [], "work_layers": 8, "work_hidden": [256],
+                                               "work_every": [4], "replays": 3, "results_root": cfg.results_root})
     run = experiments.execute("graph_gaps", c)
     assert_plan_kept("graph_gaps", c, run)
     keys = {f.key for f in G.INVESTIGATION.findings(results.RunSet([run.dir]))}
