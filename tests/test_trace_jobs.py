@@ -91,6 +91,27 @@ def test_a_directorys_other_json_is_not_a_rank(tmp_path):
     assert not d.failed and sorted(d.ranks) == [0, 1]
 
 
+def test_a_sidecar_is_told_by_its_content_and_each_skipped_file_by_its_reason(tmp_path):
+    """kit.capture's ``capture_rank0.json`` has a rank in its name: it is left out because it holds no
+    traceEvents, and a directory holding nothing else says so for it -- not that its name lacks a rank -- and each
+    other file skipped with its own reason; a trace saved under a sidecar's name is a rank."""
+    sidecar = {"rank": 0, "world_size": 1, "device": "cpu", "files": ["trace_rank0.json.gz"]}
+    (tmp_path / "capture_rank0.json").write_text(json.dumps(sidecar))
+    (tmp_path / "config.json.gz").write_bytes(gzip.compress(b'{"lr": 0.1}'))
+    (tmp_path / "fr_rank0.json").write_text("{}")
+    with pytest.raises(traces.TraceError) as e:
+        expand([tmp_path])
+    msg = str(e.value)
+    assert ("other JSON skipped: capture_rank0.json (kit.capture's sidecar, not a trace: no traceEvents); "
+            "config.json.gz (no rank or 'trace' in its name, no traceEvents in its first 64 KB); "
+            "fr_rank0.json (a Flight Recorder dump))") in msg, msg
+    (tmp_path / TP[0].name).write_bytes(TP[0].read_bytes())
+    assert [p.name for p in expand([tmp_path])] == [TP[0].name]
+    with gzip.open(TP[1]) as f:
+        (tmp_path / "capture_rank1.json").write_bytes(f.read())  # a trace under a sidecar's name
+    assert [p.name for p in expand([tmp_path])] == [TP[0].name, "capture_rank1.json"]
+
+
 def test_a_directorys_json_that_is_not_json_is_read_and_named(tmp_path):
     """``rank0.json`` holding something else than JSON (a log written under the wrong name) is kept, so that
     reading it says what is wrong with it, not that other JSON was skipped."""

@@ -70,13 +70,37 @@ NOT_TRACES = frozenset({"meta.json", "report.json", "config.json"})
 
 
 def _is_rank_trace(p: Path) -> bool:
-    """A file in a directory that is a rank trace: ``.json``/``.json.gz``/``.pt.trace.json[.gz]``, not a merged
-    output, not a Flight Recorder dump, not an NCCL profiler-plugin dump or its ``nccl_profiler.json``, not a :mod:`kit.capture` sidecar (``capture_*``, ``summary_*``), not a
-    hidden file (a merge in progress), not inside a ``.kitcache``."""
+    """A file in a directory that is a rank trace: ``.json``/``.json.gz``/``.pt.trace.json[.gz]`` that
+    :func:`_not_a_rank` does not rule out."""
+    return p.is_file() and bool(TRACE_SUFFIX.search(p.name)) and _not_a_rank(p) is None
+
+
+SIDECARS = ("capture_", "summary_")
+"""name prefixes of the JSON written beside traces (:mod:`kit.capture`'s ``capture_rank<r>.json``): not a rank
+when they hold no ``traceEvents`` -- told by their content, as their names carry a rank too"""
+
+
+def _not_a_rank(p: Path) -> str | None:
+    """Why a trace-like file of a directory is not one of its rank traces (None when it is one): a merged output
+    (``merged*``), a Flight Recorder dump (``fr_*``), an NCCL profiler-plugin dump or its ``nccl_profiler.json``,
+    a hidden file (a merge in progress), a file inside a ``.kitcache``, a run's or report's own JSON
+    (:data:`NOT_TRACES`), a sidecar (:data:`SIDECARS`) without ``traceEvents``, other JSON with neither a rank nor
+    'trace' in its name and without ``traceEvents`` (:func:`_has_trace_events`)."""
     n = p.name
-    return (p.is_file() and bool(TRACE_SUFFIX.search(n)) and ".kitcache" not in p.parts
-            and not n.startswith(("merged", "fr_", "capture_", "summary_", "nccl_profiler", "."))
-            and n not in NOT_TRACES and (parse_name(n) is not None or "trace" in n.lower() or _has_trace_events(p)))
+    if ".kitcache" in p.parts:
+        return "in the trace cache"
+    for prefix, why in ((".", "hidden"), ("merged", "a merged trace"), ("fr_", "a Flight Recorder dump"),
+                        ("nccl_profiler", "an NCCL profiler-plugin dump")):
+        if n.startswith(prefix):
+            return why
+    if n in NOT_TRACES:
+        return "a run's or report's own JSON"
+    if n.startswith(SIDECARS):
+        return None if _has_trace_events(p) else (
+            "kit.capture's sidecar, not a trace: no traceEvents" if n.startswith("capture_") else "no traceEvents")
+    if parse_name(n) is not None or "trace" in n.lower() or _has_trace_events(p):
+        return None
+    return f"no rank or 'trace' in its name, no traceEvents in its first {SNIFF_BYTES // 1024} KB"
 
 
 SNIFF_BYTES = 1 << 16
@@ -86,7 +110,7 @@ SNIFF_BYTES = 1 << 16
 def _has_trace_events(p: Path) -> bool:
     """Whether the file's first :data:`SNIFF_BYTES` name ``traceEvents``: a directory's ``config.json``,
     ``metrics.json`` or a corpus' ``truth.json`` is not a rank of the job (a Kineto trace names its events after a
-    header of a few KB). Only asked of files whose name says neither rank nor trace; unreadable, empty (a
+    header of a few KB). Only asked of sidecars and of files whose name says neither rank nor trace; unreadable, empty (a
     profiler stopped before it wrote: ``rank0.json`` of 0 bytes) or not JSON at all (no ``{`` or ``[`` first):
     kept, so that reading it names the problem."""
     import gzip
@@ -108,8 +132,8 @@ def _rank_key(p: Path) -> tuple:
 def expand(inputs: Iterable[str | Path] | str | Path) -> list[Path]:
     """The rank trace files named by ``inputs``: files (kept as given, even under another name), directories
     (their rank traces, not recursively: ``*.json``, ``*.json.gz``, ``*.pt.trace.json[.gz]``, without
-    ``merged*`` outputs, ``fr_*`` dumps, hidden files, ``.kitcache`` files and other JSON -- no rank or 'trace' in
-    the name and no ``traceEvents`` in its first 64 KB) and glob patterns
+    ``merged*`` outputs, ``fr_*`` dumps, hidden files, ``.kitcache`` files, sidecars and other JSON:
+    :func:`_not_a_rank`, whose reasons the error names when nothing is left) and glob patterns
     (``runs/job/*rank*.json.gz``).
     Sorted by rank (:func:`kit.traces.names.parse_name`; files without a rank in their name come last, by
     name), each file once. A directory or pattern that matches nothing is a :class:`TraceError` naming it; a
@@ -122,9 +146,9 @@ def expand(inputs: Iterable[str | Path] | str | Path) -> list[Path]:
         if p.is_dir():
             found = [f for f in p.iterdir() if _is_rank_trace(f)]
             if not found:
-                other = sorted(f.name for f in p.iterdir() if f.is_file() and TRACE_SUFFIX.search(f.name))
-                why = (f" (other JSON skipped: {', '.join(other[:5])}{', ...' if len(other) > 5 else ''} -- "
-                       f"no rank or 'trace' in the name and no traceEvents)" if other else "")
+                other = sorted(f for f in p.iterdir() if f.is_file() and TRACE_SUFFIX.search(f.name))
+                why = "; ".join(f"{f.name} ({_not_a_rank(f)})" for f in other[:5])
+                why = f" (other JSON skipped: {why}{'; ...' if len(other) > 5 else ''})" if other else ""
                 raise TraceError(f"{p}: no rank trace (*.json, *.json.gz) in this directory{why}")
         elif not p.exists() and glob.has_magic(str(item)):
             found = [Path(f) for f in glob.glob(str(item)) if _is_rank_trace(Path(f))]
