@@ -8,7 +8,8 @@ step; its GPU work may end later (the host runs ahead). As in torch-tb-profiler'
 starts at its annotation's start or at the previous window's end, whichever is later, and ends at its
 annotation's end or at the end of the last GPU work the step issued, whichever is later -- so the windows tile the
 traced steps without overlap. Without step annotations the traced span of the GPU work is one window. Work
-outside every window (the profiler's own start and stop) is not accounted.
+outside every window (the profiler's own start and stop, and the one-time work :func:`kit.doctor.steps.steady`
+leaves out) is not accounted.
 
 **Busy time** (the union of the GPU activities, all streams): ``compute`` (any kernel other than a collective's)
 > ``comm`` (NCCL kernels: transfer and waiting for peers; the doctor splits them across ranks) > ``memory``
@@ -24,19 +25,21 @@ thread, and the stretch is split by what the thread was doing, in this precedenc
 1. ``input``      -- inside ``enumerate(DataLoader)...`` (waiting for the next batch);
 2. ``sync``       -- in a synchronising call (:data:`kit.doctor.calls.SYNC_CALLS`, a blocking copy such as the
    device-to-host copy behind ``.item()``);
-3. ``allocator``  -- in the caching allocator's device calls (:data:`kit.doctor.calls.ALLOC_CALLS`;
+3. ``pageable``   -- in a copy call from pageable host memory to the device (the host model's ``pageable_h2d``
+   calls): the host is blocked while CUDA stages the data, whatever ``non_blocking`` says;
+4. ``allocator``  -- in the caching allocator's device calls (:data:`kit.doctor.calls.ALLOC_CALLS`;
    ``empty_cache()`` is a run of ``cudaFree``);
-4. ``host_stall`` -- in a stretch of at least :data:`kit.doctor.host_model.STALL_US` in which no thread of the
+5. ``host_stall`` -- in a stretch of at least :data:`kit.doctor.host_model.STALL_US` in which no thread of the
    process issued GPU work (a launch, copy, memset or graph replay whose activity is in the trace; the
    backward's kernels come from the autograd thread while the main thread waits in ``backward()``), outside
    every recorded op (the host model's ``stall``, :mod:`kit.doctor.host_model`): Python or
    C++ work that issues nothing (logging, checkpointing, garbage collection, ``time.sleep``, a loop polling
    ``cudaEventQuery``); inside a long recorded op (kept by the trace layer, :data:`kit.traces.frames.
    LONG_CPU_OP_US`) it is the op's own host cost of issuing work: ``launch``;
-5. ``launch``     -- anything else: the thread was issuing work (ops, launches, the framework's per-op cost
+6. ``launch``     -- anything else: the thread was issuing work (ops, launches, the framework's per-op cost
    between them) and could not keep up with the kernels.
 
-**Catch-up.** A thread that was blocked (1-4) when the GPU ran dry let the queue drain; after it returns it needs
+**Catch-up.** A thread that was blocked (1-5) when the GPU ran dry let the queue drain; after it returns it needs
 time to refill the queue, and the GPU idles meanwhile although the thread is "issuing". That catch-up is the
 block's cost (a host that was never blocked would have been ahead): from an idle stretch that begins inside a
 block, the ``launch`` time of that stretch and of the stretches that follow while the host stays behind (each
@@ -75,12 +78,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from .model import RankView
 
 BUSY = ("compute", "comm", "memory")
-HOST = ("input", "sync", "allocator", "host_stall", "launch")
+HOST = ("input", "sync", "pageable", "allocator", "host_stall", "launch")
 IDLE = HOST + ("step_start", "queued", "unexplained")
 SLICES = BUSY + IDLE
-BLOCKING = ("input", "sync", "allocator", "host_stall")
+BLOCKING = ("input", "sync", "pageable", "allocator", "host_stall")
 HOST_KIND = {"input": "data_wait", "sync": "sync", "allocator": "alloc", "host_stall": "stall"}
-"""the host model's kind (:data:`kit.doctor.host_model.KINDS`) behind each blocking slice"""
+"""the host model's kind (:data:`kit.doctor.host_model.KINDS`) behind each blocking slice; ``pageable`` is the host
+model's ``pageable_h2d`` calls (:func:`pageable_spans`)"""
 TOP_STALLS = 5
 
 
@@ -230,7 +234,8 @@ def account(view: "RankView", host: "HostModel | None" = None) -> "Account | Non
     np.minimum.at(first_own, kw[own], starts[own])
 
     threads, model = list(host.threads), host
-    host = {t: {s: host.spans(k, t) for s, k in HOST_KIND.items()} for t in threads}
+    host = {t: {**{s: host.spans(k, t) for s, k in HOST_KIND.items()}, "pageable": pageable_spans(model, t)}
+            for t in threads}
     extra = [wa, wb, call_end[~np.isnan(call_end)]]
     pts = partition(list(sets.values()) + [s for h in host.values() for s in h.values()], extra=np.concatenate(extra))
     pts = pts[(pts >= wa.min()) & (pts <= wb.max())] if len(wa) else pts
@@ -297,6 +302,13 @@ def account(view: "RankView", host: "HostModel | None" = None) -> "Account | Non
                            "median_us": float(qd.median()) if len(qd) else None,
                            "above_median_share": above / float(qd.sum()) if len(qd) and qd.sum() > 0 else 0.0},
                    threads=len(threads), step_us=view.step_us)
+
+
+def pageable_spans(host: HostModel, tid: Any) -> "tuple[np.ndarray, np.ndarray]":
+    """The sorted disjoint spans of thread ``tid``'s copy calls from pageable host memory to the device."""
+    c = host.calls
+    c = c[(c["tid"] == tid) & c["pageable_h2d"]] if "pageable_h2d" in c.columns else c.iloc[:0]
+    return union_np(c["ts"], c["end"])
 
 
 def catch_up(grp, w, nxt, cls, dur, s, t_next, host) -> dict[tuple[int, str, str], float]:
@@ -418,8 +430,8 @@ def _behind(view, host: HostModel, s, e, threads) -> dict:
     lo, hi = (float(s.min()), float(e.max())) if len(s) else (0.0, 0.0)
     calls = host.calls
     c = calls[(calls["ts"] >= lo) & (calls["ts"] < hi) & calls["tid"].isin(threads)]
-    for k, kind in (("sync", "sync"), ("allocator", "alloc")):
-        sel = c[c["kind"] == kind]
+    for k, sel in (("sync", c[c["kind"] == "sync"]), ("allocator", c[c["kind"] == "alloc"]),
+                   ("pageable", c[c["pageable_h2d"]] if "pageable_h2d" in c.columns else c.iloc[:0])):
         if len(sel):
             agg = sel.groupby("name")["ts"].count()
             us = (sel["end"] - sel["ts"]).groupby(sel["name"]).sum()

@@ -88,7 +88,8 @@ class HostModel:
     """the threads that issued GPU work (GPU mode) or the main thread (CPU mode)"""
     calls: "pd.DataFrame"
     """the CUDA runtime/driver calls: name, ts, end, dur, tid, correlation, ``base`` (name without version
-    suffix), ``pageable_d2h`` (a copy from device to pageable host memory), ``issues`` (its GPU activity is in the
+    suffix), ``pageable_d2h`` (a copy from device to pageable host memory), ``pageable_h2d`` (a copy from pageable
+    host memory to the device: the host is blocked while it is staged), ``issues`` (its GPU activity is in the
     trace), ``kind`` ('sync', 'alloc', 'issue' or '')"""
     sets: dict = field(default_factory=dict, repr=False)
     """per thread (and :data:`ALL`), per kind, the sorted disjoint spans of the raw classification (before
@@ -119,18 +120,21 @@ def runtime_calls(view: "RankView") -> "pd.DataFrame":
     cpu, gpu = view.trace.cpu, view.trace.gpu
     calls = cpu[cpu["cat"].isin(["cuda_runtime", "cuda_driver"])] if not cpu.empty else cpu
     calls = calls[["name", "ts", "end", "dur", "tid", "correlation"]].assign(name=lambda d: d["name"].astype(str))
-    pageable = set()
+    pageable, pageable_in = set(), set()
     if not gpu.empty:
         n = gpu["name"].astype(str)
         pageable = set(gpu.loc[(gpu["cat"] == "gpu_memcpy") & n.str.contains("DtoH") & n.str.contains("Pageable"),
                                "correlation"].dropna())
+        pageable_in = set(gpu.loc[(gpu["cat"] == "gpu_memcpy") & n.str.contains("HtoD") & n.str.contains("Pageable"),
+                                  "correlation"].dropna())
     issued = set(gpu["correlation"].dropna()) if not gpu.empty else set()
     base = calls["name"].map({n: base_name(n) for n in calls["name"].unique()})
     pd2h = calls["correlation"].isin(pageable)
     issues = calls["correlation"].isin(issued)
     sync = base.isin(SYNC_CALLS) | base.isin(BLOCKING_COPY_CALLS) | pd2h
     kind = np.where(sync, "sync", np.where(base.isin(ALLOC_CALLS), "alloc", np.where(issues, "issue", "")))
-    return calls.assign(base=base, pageable_d2h=pd2h, issues=issues, kind=kind)
+    return calls.assign(base=base, pageable_d2h=pd2h, pageable_h2d=calls["correlation"].isin(pageable_in),
+                        issues=issues, kind=kind)
 
 
 def _gpu_model(view: "RankView") -> HostModel | None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from .calls import GRAPH_LAUNCH
-from .steps import INFERRED
+from .steps import INFERRED, LEFT_OUT, SPAN
 
 
 def _runtime(trace):
@@ -45,9 +45,11 @@ def capture_notes(trace, steps) -> list[str]:
     if steps.attrs.get(INFERRED):
         notes.append(f"no ProfilerStep annotations: {len(steps)} steps inferred from {steps.attrs[INFERRED]}; call "
                      f"prof.step() once per training step (kit.capture does) for exact step windows")
-    elif steps.empty:
+    elif steps.empty or steps.attrs.get(SPAN):
         notes.append("no ProfilerStep annotations: call prof.step() once per training step (kit.capture does); "
                      "costs are per traced span, not per step")
+    if steps.attrs.get(LEFT_OUT):
+        notes.append(steps.attrs[LEFT_OUT])
     if trace.info.rank is None:
         notes.append("no distributedInfo in the trace header: profile after init_process_group; ranks are "
                      "taken from the file names")

@@ -119,7 +119,7 @@ def _view(trace_or_view: Any) -> "RankView":
     cpu_all = None
     if t.gpu.empty and t.path is not None:
         cpu_all = traces.load_trace(t.path, cpu="all").cpu
-    view = RankView(trace=t, steps=find_steps(t.cpu, cpu_all), rank=t.info.rank if t.info.rank is not None else -1)
+    view = RankView(trace=t, steps=find_steps(t.cpu, cpu_all, t.gpu), rank=t.info.rank if t.info.rank is not None else -1)
     view.memo["cpu_all"] = cpu_all
     return replace(view, host=host_model(view, cpu_all))
 

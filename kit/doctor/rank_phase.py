@@ -67,7 +67,7 @@ def rank_summary(path: str | Path) -> RankSummary:
     t = traces.load_trace(path)
     # a CPU-only job: the host model reads every CPU op (small traces)
     cpu_all = traces.load_trace(path, cpu="all").cpu if t.gpu.empty and not t.cpu.empty else None
-    st = find_steps(t.cpu, cpu_all)
+    st = find_steps(t.cpu, cpu_all, t.gpu)
     rank = t.info.rank
     if rank is None:
         parsed = parse_name(Path(path).name)

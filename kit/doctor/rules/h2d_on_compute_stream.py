@@ -9,7 +9,8 @@ from typing import Any
 from ...traces.intervals import covered, union_np
 from ..model import RankView, Rule, Skip, rule
 from .evidence import num
-from .host import EXCERPT_PAD_US, HostSummary, HostTimeline, as_str, host_extract, judge_fired, pageable_h2d_mask
+from .host import (EXCERPT_PAD_US, HostSummary, HostTimeline, as_str, host_extract, judge_fired, pageable_h2d_mask,
+                   step_scale)
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,8 @@ def compute_stream_extract(view: RankView, h: HostTimeline) -> ComputeStreamCopi
         window = (float(x["ts"]) - EXCERPT_PAD_US, float(x["end"]) + EXCERPT_PAD_US)
     return ComputeStreamCopies(device=int(dev), stream=int(stream), copies=len(c),
                                pageable=int(pageable_h2d_mask(c).sum()), gpu_us=float(c["dur"].sum()),
-                               exposed_us=float(alone.sum()), steps=view.n_steps, window=window)
+                               exposed_us=float(alone.sum()), steps=view.n_steps, window=window,
+                               scale=step_scale(view))
 
 
 rule(Rule(id="h2d_on_compute_stream", title="host-to-device copies serialised with the compute",

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ...traces.gaps import DEFAULT_STALL_US, gaps
@@ -169,6 +169,9 @@ class HostSummary(ABC):
     window: tuple[float, float] | None
     """where on the rank's trace clock the notebook's timeline excerpt should look (one representative instance:
     the median gap, the longest copy, the costliest call); None when there is none"""
+    scale: float = field(default=1.0, kw_only=True)
+    """what turns a mean per step window into a cost per step as the accounting states it (:func:`step_scale`);
+    counts per step are not scaled"""
 
     @property
     @abstractmethod
@@ -185,7 +188,19 @@ class HostSummary(ABC):
     def sentence(self, who: str) -> str: ...
 
     def per_step(self, x: float) -> float:
-        return float(x) / max(1, self.steps)
+        """A time summed over the steps as a cost per step (:attr:`scale`)."""
+        return float(x) / max(1, self.steps) * self.scale
+
+
+def step_scale(view: RankView) -> float:
+    """The rank's step time (a median) over its mean step window (2+ steps: the windows tile them, so that is the
+    mean step): a time summed over the steps, divided by their count and multiplied by this, is its share of the
+    traced steps times the step -- as the accounting states a cost (:meth:`kit.doctor.accounting.Account.cost`), so
+    that the costs of one step, summed, stay within it when a few slow steps pull the mean above the median. 1 with
+    one step (its own work is the step's) or without an account."""
+    a = view.account
+    w = getattr(a, "window_us", None)
+    return float(view.step_us) / w if len(view.steps) >= 2 and w and view.step_us else 1.0
 
 
 def judge_fired(rid: str):
@@ -209,5 +224,5 @@ def judge_fired(rid: str):
     return judge
 
 
-__all__ = ["HostSummary", "HostTimeline", "as_str", "cannot_read", "host_extract", "host_timeline", "judge_fired",
+__all__ = ["HostSummary", "HostTimeline", "as_str", "step_scale", "cannot_read", "host_extract", "host_timeline", "judge_fired",
            "median", "pageable_h2d_mask"]

@@ -1,0 +1,169 @@
+"""What every ``kit doctor`` answer must satisfy, on every trace set there is here: the committed ones under
+``tests/data/doctor`` (always) and the public traces a developer fetched into ``.scratch/public/`` (skipped where
+they are absent; ``KIT_PUBLIC_TRACES`` points elsewhere; see tests/data/public/README.md).
+
+* a finding's cost is the step time it would save: an idle-slice finding costs at most the GPU idle time of its
+  slices on each rank it names (the accounting's, net of nothing added);
+* the costs said on one rank for one step never sum above that step;
+* one cost per finding (a finite number >= 0) and one sentence (no line break);
+* one-time start-up work is not a per-step cause (the public traces that hold it, below).
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import os
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from kit.doctor import RULES, diagnose
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCTOR = ROOT / "tests" / "data" / "doctor"
+PUBLIC = Path(os.environ.get("KIT_PUBLIC_TRACES") or ROOT / ".scratch" / "public")
+TOLERANCE = 1.01
+"""costs are rounded to 0.1 us and shares to 4 digits: 1% over is rounding, more is a wrong cost"""
+
+_RANK = re.compile(r"(rank|worker)[-_]?(\d+)")
+_STAMP = re.compile(r"\.\d{10,}")
+
+
+def _is_trace(p: Path) -> bool:
+    n = p.name
+    if not p.is_file() or not (n.endswith(".json") or n.endswith(".json.gz")):
+        return False
+    with (gzip.open if n.endswith(".gz") else open)(p, "rb") as f:
+        return b'"traceEvents"' in f.read(1 << 16)
+
+
+def jobs(top: Path) -> list[tuple[str, list[str]]]:
+    """The jobs under ``top``: per folder, its trace files grouped by name without rank and time stamp; a group in
+    which two files claim one rank (two captures of one worker) is one job per file."""
+    out = []
+    for d in sorted({p.parent for p in top.rglob("*") if _is_trace(p)}):
+        groups: dict[str, list[Path]] = defaultdict(list)
+        for p in sorted(d.iterdir()):
+            if _is_trace(p):
+                groups[_STAMP.sub("", _RANK.sub("*", p.name))].append(p)
+        for key, files in groups.items():
+            ranks = [m.group(2) for m in (_RANK.search(p.name) for p in files) if m]
+            split = len(ranks) != len(set(ranks))
+            for part in ([[p] for p in files] if split else [files]):
+                name = str(part[0].relative_to(top) if split or len(groups) > 1 else d.relative_to(top))
+                out.append((name, [str(p) for p in part]))
+    return out
+
+
+def committed() -> list:
+    return [pytest.param(files, id=f"doctor/{name}") for name, files in jobs(DOCTOR)]
+
+
+def public() -> list:
+    if not PUBLIC.is_dir():
+        return [pytest.param(None, id="public", marks=pytest.mark.skip(
+            reason=f"public traces not fetched here ({PUBLIC}; see tests/data/public/README.md)"))]
+    return [pytest.param(files, id=f"public/{name}") for name, files in jobs(PUBLIC)]
+
+
+def rank_costs(f) -> dict[int, float]:
+    """The finding's cost on each rank it names: its per-rank costs where it gives them, else its one cost; a rank
+    its per-rank evidence leaves out (a job-level finding's waiting ranks) is charged nothing."""
+    per = f.evidence.get("per_rank") if isinstance(f.evidence, dict) else None
+    out = {}
+    for r in f.ranks:
+        if isinstance(per, dict) and str(r) not in per:
+            continue
+        n = per.get(str(r)) if isinstance(per, dict) else None
+        c = n.get("cost_us_per_step") if isinstance(n, dict) else None
+        out[r] = float(c) if c is not None else float(f.cost_us_per_step)
+    return out
+
+
+def check(d) -> None:
+    """The invariants of the module docstring on one diagnosis."""
+    total: dict[int, float] = defaultdict(float)
+    for f in d.findings:
+        assert isinstance(f.cost_us_per_step, float | int) and math.isfinite(f.cost_us_per_step), f.rule
+        assert f.cost_us_per_step >= 0, f"{f.rule}: negative cost {f.cost_us_per_step}"
+        assert "\n" not in f.summary, f"{f.rule}: more than one line: {f.summary!r}"
+        if d.step_us:
+            assert f.cost_us_per_step <= d.step_us * TOLERANCE, f"{f.rule} costs more than a step"
+        r = RULES.get(f.rule)
+        for rk, c in rank_costs(f).items():
+            total[rk] += c
+            a = d.accounting.get(str(rk))
+            if a is None or r is None or r.explains is None:
+                continue
+            idle = sum(a["us_per_step"].get(s, 0.0) for s in r.explains.slices)
+            assert c <= idle * TOLERANCE + 1.0, (
+                f"{f.rule} on rank {rk} costs {c:.1f} us per step, more than the GPU idle of its slices "
+                f"{r.explains.slices} ({idle:.1f} us)")
+    for rk, c in total.items():
+        a = d.accounting.get(str(rk))
+        step = max(d.step_us or 0.0, (a or {}).get("step_us") or 0.0)
+        if step:
+            assert c <= step * TOLERANCE, (
+                f"rank {rk}: the findings' costs sum to {c:.0f} us per step, {c / step:.0%} of its {step:.0f} us step: "
+                + ", ".join(f"{f.rule} {rank_costs(f).get(rk, 0):.0f}" for f in d.findings if rk in f.ranks))
+
+
+@pytest.mark.parametrize("files", committed())
+def test_costs_add_up_on_every_committed_trace_set(files):
+    check(diagnose(files, workers=1))
+
+
+@pytest.mark.parametrize("files", public())
+def test_costs_add_up_on_every_public_trace_set(files):
+    check(diagnose(files, workers=1))
+
+
+# ------------------------------------------------------------------------------ one-time work, public traces
+def _public(rel: str) -> Path:
+    p = PUBLIC / rel
+    if not p.exists():
+        pytest.skip(f"public trace {rel} not fetched here (see tests/data/public/README.md)")
+    return p
+
+
+def _costs(d) -> dict[str, float]:
+    return {f.rule: f.cost_us_per_step for f in d.findings}
+
+
+def test_start_up_in_a_trace_without_steps_is_left_out():
+    """HTA's critical_path/alexnet: the first forward holds CUDA start-up (a 6.0 s cudaFree in the first
+    convolution, a 3.1 s cudaLaunchKernel); the doctor diagnoses the span after it and says so."""
+    d = diagnose([_public("hta/alexnet")], workers=1)
+    assert any("one-time start-up left out" in n for n in d.notes)
+    assert d.step_us < 1e6  # not the 12.9 s of the whole traced GPU span
+    assert all(f.cost_us_per_step < 0.5 * d.step_us for f in d.findings)
+
+
+def test_a_first_step_of_start_up_is_not_a_step():
+    """param's resnet_kineto (no ProfilerStep; 30 steps inferred): the first is 4.5 s of start-up (DataLoader
+    workers starting, cuDNN's first allocations) against ~0.16 s for the others."""
+    d = diagnose([_public("param_resnet/resnet_kineto.json.gz")], workers=1)
+    assert d.steps == 29 and any("left out as one-time start-up" in n for n in d.notes)
+    assert "allocator_churn" not in _costs(d)
+    assert _costs(d).get("pageable_h2d", 0.0) < 0.01 * d.step_us  # the GPU runs the copies while the host blocks
+    assert max(d.findings, key=lambda f: f.cost_us_per_step).rule == "input_bound"
+
+
+def test_the_profilers_stop_in_the_last_step_is_not_a_host_stall():
+    """kineto's ResNet50 sample (num_workers=4): the last ProfilerStep runs 85 ms past its last launch, into the
+    profiler's stop."""
+    d = diagnose([_public("kineto4/worker0.1623213129365.pt.trace.json.gz")], workers=1)
+    assert any("the profiler's own stop" in n for n in d.notes)
+    assert _costs(d).get("host_stall", 0.0) < 0.02 * d.step_us
+
+
+def test_work_queued_before_the_trace_is_not_unexplained_idle():
+    """param's 8-rank DLRM: on ranks 1 and 3 the trace opens on the previous step's optimizer kernels (issued before
+    the trace); before them the GPU's state is not known, so it is not idle time that needs a cause."""
+    d = diagnose([_public("param_dlrm/dlrm_kineto")], workers=1)
+    assert "unexplained_idle" not in _costs(d)
+    f = next(f for f in d.findings if f.rule == "input_bound")
+    assert 3 in f.ranks
