@@ -25,9 +25,10 @@ $(VENV)/.installed: pyproject.toml
 # names it); --keep-id: cells keep their ids (nbstripout would renumber them; JupyterLab keeps them across saves);
 # NB_EXTRA_KEYS: what JupyterLab adds to the kernel's language_info on every save (the Python version among it).
 # git keeps filters in the clone's own config, which a clone does not copy: hence this step on every `make setup`
-# / `make lab` (a no-op outside a git checkout). `make clean` removes it with the venv it runs from. After a save
-# `git status` may still list the notebook (git compares file sizes before running a filter); `git diff` is empty
-# and a `git add` stores nothing new and clears it.
+# / `make lab` (a no-op outside a git checkout). `make clean` removes it with the venv it runs from. git takes a
+# file whose size differs from the index's for changed without running the filter, so a saved notebook would stay
+# in `git status` (`git diff` empty) until a `git add`; `make lab` sets JupyterLab's post-save hook
+# kit.lab.git_refresh, which makes git compare the saved file's content instead: status is clean after a save.
 NBSTRIP := "$(abspath $(PY))" -m nbstripout --keep-id
 NB_EXTRA_KEYS := $(addprefix metadata.language_info.,codemirror_mode file_extension mimetype nbconvert_exporter \
                    pygments_lexer version)
@@ -61,7 +62,8 @@ $(VENV)/.lab-installed: $(VENV)/.installed
 
 # make lab ARGS="--ip=0.0.0.0 --no-browser --IdentityProvider.token=SECRET"; as root --allow-root is added
 lab: $(VENV)/.lab-installed nbstripout-filter  ## JupyterLab on the notebooks (JupyterLab installed once)
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(ARGS)
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --ContentsManager.post_save_hook=kit.lab.git_refresh \
+	  $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(ARGS)
 
 $(VENV)/.browser-installed: $(VENV)/.installed
 	$(PY) -m pip install selenium -e ".[lab]"

@@ -3,7 +3,8 @@ parameters cell), so that running and saving a notebook in JupyterLab -- outputs
 
 ``make setup`` / ``make lab`` install nbstripout as the git clean filter that ``.gitattributes`` names for
 ``*.ipynb``: ``git add`` stores the notebook without outputs, execution counts or the kernel's
-``language_info``, and ``git status`` shows a notebook that was only run and saved as unchanged. This module runs
+``language_info``, and ``git diff`` shows a notebook that was only run and saved as unchanged (``git status`` too
+after a save in ``make lab``: :mod:`kit.lab`). This module runs
 that same filter -- the command git has configured for the path -- on the file, so a test sees what a commit
 would hold; where no filter is configured (not a git checkout, or ``make setup`` not run) it reads the file as it
 is, and a saved notebook fails the tests, as it would fail in a commit.

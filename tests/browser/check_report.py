@@ -9,7 +9,7 @@ or on a Python traceback in its text. ``--screenshots`` saves the index and ever
 up to 2400 px: the index from its top, a page from its run cell down). ``--lab collectives`` also starts JupyterLab (as ``make lab`` does), opens that notebook, runs
 all its cells, checks its progress bar ended at the planned points, drives the explorer's widgets (a value picked in
 a dropdown must change the table), saves it (File > Save) and checks that git sees no change: ``git add`` would
-store the committed notebook unchanged, without outputs, and ``git diff`` is empty (the file's bytes are put back
+store the committed notebook unchanged, without outputs, ``git diff`` is empty and ``git status`` clean (the file's bytes are put back
 after, unless ``--keep-saved``). Exit 0 when every page is clean, 1 with one line per problem, 2 on bad input. Not part of
 ``make test``: it needs a browser and a report.
 """
@@ -81,9 +81,8 @@ def check_page(d, path: Path, shots: Path | None) -> list[str]:
 def save_and_check_git(d, name: str, keep_saved: bool = False, timeout_s: float = 60) -> list[str]:
     """File > Save (what Ctrl+S and autosave do) on the notebook just run; then the file must hold outputs (it was
     saved), while git must see no change: ``git add`` would store the committed blob as it is (the nbstripout
-    filter, tests/notebook_commit.py) and ``git diff`` is empty. ``git status`` may still list the file (git
-    compares file sizes before it runs a filter) until a ``git add``, which stores nothing new. The file's bytes
-    are put back after, unless ``keep_saved``."""
+    filter, tests/notebook_commit.py), ``git diff`` is empty and ``git status`` does not list it (the post-save
+    hook ``make lab`` sets, kit/lab.py). The file's bytes are put back after, unless ``keep_saved``."""
     import subprocess
     import time
 
@@ -119,13 +118,17 @@ def save_and_check_git(d, name: str, keep_saved: bool = False, timeout_s: float 
             problems.append(f"lab {name}: after a save git sees a change (git add would store {stored[:10]}, "
                             f"committed {committed[:10]}); git diff:\n{diff[:1500]}")
         status = git("status", "--porcelain", "--", rel).stdout.strip()
+        if status:
+            problems.append(f"lab {name}: after a save git status lists it: {status}")
         print(f"lab {name}: saved ({n_out} outputs in the file); git add would store the committed blob "
               f"{'unchanged' if stored == committed else 'CHANGED'} ({left} outputs), git diff "
-              f"{'empty' if not diff else 'NOT empty'}; git status: {status or 'clean'}"
-              f"{' (sizes differ: a git add stores nothing new and clears it)' if status and not diff else ''}")
+              f"{'empty' if not diff else 'NOT empty'}; git status: {status or 'clean'}")
     finally:
         if not keep_saved:
+            from kit.lab import git_refresh
+
             path.write_bytes(before)
+            git_refresh(str(path))  # the bytes put back are a save too
     return problems
 
 
@@ -147,7 +150,8 @@ def check_lab(d, name: str, shots: Path | None, timeout_s: float = 600, keep_sav
         port = s.getsockname()[1]
     token = secrets.token_hex(8)
     cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={port}", "--ip=127.0.0.1",
-           f"--IdentityProvider.token={token}", "--LabApp.expose_app_in_browser=True", "--notebook-dir", str(ROOT / "notebooks")]
+           f"--IdentityProvider.token={token}", "--LabApp.expose_app_in_browser=True", "--notebook-dir", str(ROOT / "notebooks"),
+           "--ContentsManager.post_save_hook=kit.lab.git_refresh"]  # as make lab
     if os.getuid() == 0:
         cmd.append("--allow-root")
     lab = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
