@@ -429,6 +429,10 @@ def test_whole_experiment_on_gloo(tmp_path):
     assert se.loc[("isend", "send"), "wait_us"] > 0.6 * 30e3
     pp = PA.pipeline(runs).iloc[0]
     assert pp.steps == 2 and pp.time_ms_median > 0 and pp.loss > 0
+    # the host's time inside each iteration: measured per stage, the busiest process's, some of it in the compute
+    rows = df[df.kind == "pipeline"]
+    assert (rows.host_us > 0).all() and (rows.host_compute_us > 0).all() and (rows.host_compute_us <= rows.host_us).all()
+    assert 0 < pp.host_compute_ms <= pp.host_ms <= pp.time_ms_median
     # CPU-only rows: every analysis answers, the findings speak of gloo at the largest size it measured
     _every_analysis_answers(runs, filled=("skipped", "bandwidth", "comm_comm", "comm_compute", "semantics",
                                           "pipeline"))

@@ -30,7 +30,7 @@ A new transport is one class deriving :class:`Transport` with its :class:`Capabi
 from __future__ import annotations
 
 from .base import (Capabilities, SideStreams, Transport, TransportUnavailable, Work, check, current_streams,
-                   event_work, flat_bytes, nbytes, pattern)
+                   event_work, flat_bytes, nbytes, on_stream, pattern)
 from .registry import capabilities, get, make, names, register
 
 # the built-in transports register themselves on import
@@ -41,4 +41,5 @@ from .ipc_direct import IpcDirectTransport  # noqa: E402
 
 __all__ = ["Capabilities", "CopyTransport", "DistTransport", "GlooTransport", "IpcDirectTransport", "IpcTransport",
            "NcclTransport", "SideStreams", "Transport", "TransportUnavailable", "Work", "capabilities", "check",
-           "current_streams", "event_work", "flat_bytes", "get", "make", "names", "nbytes", "pattern", "register"]
+           "current_streams", "event_work", "flat_bytes", "get", "make", "names", "nbytes", "on_stream", "pattern",
+           "register"]

@@ -175,14 +175,15 @@ def memcpy_dtod(dst: int, src: int, n: int, stream) -> None:
     ``torch.cuda.device`` block costs ~20 us of host time per call on a slow host, the call itself ~10)."""
     import torch
 
-    idx, here = stream.device_index, torch.cuda.current_device()
+    C = torch._C  # torch.cuda.current_device / set_device are these calls behind Python argument handling
+    idx, here = stream.device_index, C._cuda_getDevice()
     if idx != here:
-        torch.cuda.set_device(idx)
+        C._cuda_setDevice(idx)
     try:
         _cu(libcuda().cuMemcpyDtoDAsync_v2(dst, src, n, stream.cuda_stream), "cuMemcpyDtoDAsync")
     finally:
         if idx != here:
-            torch.cuda.set_device(here)
+            C._cuda_setDevice(here)
 
 
 def peer_memcpy(dst, src, n: int, stream) -> None:

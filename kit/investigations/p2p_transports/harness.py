@@ -117,12 +117,13 @@ def join(T, ctx, flows) -> None:
                 main.wait_event(ev)
 
 
-def transfer(T, ctx, flows, bufs, joined: bool = True, op_list=None) -> None:
+def transfer(T, ctx, flows, bufs, joined: bool = True, op_list=None, post_fn=None) -> None:
     """This process's part of one round of ``flows`` (every message posted at once, then waited for: what a
     program does). ``joined``: then :func:`join` (the timed loop joins once per sample instead). ``op_list``: the
-    round's :func:`ops`, made once by a loop that repeats the round (at 1 KiB every microsecond is the message's)."""
+    round's :func:`ops`, made once by a loop that repeats the round (at 1 KiB every microsecond is the message's).
+    ``post_fn(T, op_list) -> Works``: how the ops are posted (default :func:`post`)."""
     o = op_list if op_list is not None else ops(T, flows, bufs)
-    works = post(T, o)
+    works = (post_fn or post)(T, o)
     # receives first, as a program waits for the data it needs and for its sends later: a send's wait orders the
     # current stream after the whole outgoing copy, and a receive completed after it (ipc: its copy-out queued on
     # that stream) could then not overlap the transfer
@@ -134,12 +135,12 @@ def transfer(T, ctx, flows, bufs, joined: bool = True, op_list=None) -> None:
         join(T, ctx, flows)
 
 
-def verified_transfer(T, ctx, flows, bufs, seq: int) -> None:
+def verified_transfer(T, ctx, flows, bufs, seq: int, post_fn=None) -> None:
     """One round whose data is checked at every receiver against the pattern of message ``seq``."""
     for (src, dst, n), b in zip(flows, bufs):
         if "send" in b:
             b["send"].copy_(transports.pattern(n, b["send"].device, seq, src))
-    transfer(T, ctx, flows, bufs)
+    transfer(T, ctx, flows, bufs, post_fn=post_fn)
     for (src, dst, n), b in zip(flows, bufs):
         if "recv" in b:
             transports.check(b["recv"], transports.pattern(n, b["recv"].device, seq, src),
@@ -150,27 +151,28 @@ def participates(T, flows) -> bool:
     return any(T.sends(a) or T.recvs(b) for a, b, _ in flows)
 
 
-def timed_rows(cfg, ctx, T, S, flows, keys: dict, kind: str, reference=None) -> list[dict]:
+def timed_rows(cfg, ctx, T, S, flows, keys: dict, kind: str, reference=None, post=None) -> list[dict]:
     """One timed point: the first round verified, then ``repeats`` samples of ``iters`` rounds
     (:func:`kit.timing.measure_interleaved` with ``S`` as its ctx; every round verified when ``cfg.verify``),
     the rounds posted and waited for as a program does, and joined into the timed stream once per sample
     (:func:`join`: a bare ``copy_`` loop needs no join, so a join per round would be harness cost the transport
     is charged for). Rows for the processes that take part. ``reference(bufs)`` -> ``{transport name: fn}``:
     loops the transport is compared with, on the same buffers, their samples taken in turn with the
-    transport's; their rows carry that name as ``transport``."""
+    transport's; their rows carry that name as ``transport``. ``post``: how a round's ops are posted
+    (:func:`transfer`'s ``post_fn``)."""
     bufs = buffers(T, flows)
-    verified_transfer(T, ctx, flows, bufs, seq=0)  # always: the first transfer of every point is checked
+    verified_transfer(T, ctx, flows, bufs, seq=0, post_fn=post)  # always: the first transfer of every point is checked
     if cfg.verify:
         seq = [1]
 
         def fn():
-            verified_transfer(T, ctx, flows, bufs, seq[0])
+            verified_transfer(T, ctx, flows, bufs, seq[0], post_fn=post)
             seq[0] += 1
     else:
         op_list = ops(T, flows, bufs)
 
         def fn():
-            transfer(T, ctx, flows, bufs, joined=False, op_list=op_list)
+            transfer(T, ctx, flows, bufs, joined=False, op_list=op_list, post_fn=post)
     refs = reference(bufs) if reference is not None else {}
     joins = {T.name: lambda: join(T, ctx, flows)} if participates(T, flows) else {}  # the others stay off the GPUs
     s = timing.measure_interleaved({T.name: fn, **refs}, S, iters=cfg.iters, repeats=cfg.repeats, warmup=cfg.warmup,

@@ -26,6 +26,7 @@ gives each stage its own thread. The experiment that times them, and the CUDA-gr
 from __future__ import annotations
 
 import math
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Iterator
@@ -120,8 +121,10 @@ class Stage:
         this stage has queued (only the consumer, after ``Work.wait()``, uses it on the compute stream)."""
         import torch
 
+        from ...transports import on_stream
+
         s = comm.recv.get(self.device.index) if comm is not None and self.device.type == "cuda" else None
-        with torch.cuda.stream(s) if s is not None else nullcontext():
+        with on_stream(s) if s is not None else nullcontext():
             return torch.empty(self.batch, self.hidden, device=self.device, dtype=self.dtype)
 
     def zero_grad(self) -> None:
@@ -137,6 +140,7 @@ class Stage:
 
         first, last = self.stage == 0, self.stage == self.n - 1
         acts_in, outs = {}, {}
+        self.host_compute_s = 0.0  # the host's time inside this iteration's forward and backward calls
         self.loss = torch.zeros((), device=self.device, dtype=torch.float32)
         carry: list = []  # the send that ends the previous step, merged with the next receive if same peer
         sends = []
@@ -156,6 +160,7 @@ class Stage:
                 works[-1].wait()
                 if comm_streams and self.device.type == "cuda":  # allocated on the comm stream, used here
                     recv[1].record_stream(torch.cuda.current_stream(self.device))
+            h0 = time.perf_counter()
             with torch.cuda.device(self.device) if self.device.type == "cuda" else nullcontext():
                 if kind == "F":
                     x = self.inputs[i] if first else recv[1].requires_grad_()
@@ -177,6 +182,7 @@ class Stage:
                     x = acts_in.pop(i)
                     if not first:
                         carry = [("send", x.grad, prev)]
+            self.host_compute_s += time.perf_counter() - h0
         if carry:
             sends += yield from _issue(T, carry, comm_streams, self.stage)
         for w in sends:
@@ -202,13 +208,25 @@ def _issue(T, ops, comm: CommStreams | None = None, me: int | None = None) -> It
     # yield until every receive's message is there
     works = {i: T.isend(t, p) for i, (k, t, p) in enumerate(ops) if k == "send"}
     recvs = [(i, t, p) for i, (k, t, p) in enumerate(ops) if k == "recv"]
-    for _i, _t, p in recvs:
-        while not T.poll(p, me):
+    for _i, t, p in recvs:
+        while not T.poll(p, me if me is not None else t.get_device()):
             yield
     for i, t, p in recvs:
         s = recv.get(t.device.index) if recv and t.is_cuda else None
         works[i] = T.irecv(t, p) if s is None else T.irecv(t, p, stream=s)
     return [works[i] for i in range(len(ops))]
+
+
+def post_in_process(T, ops, comm: CommStreams | None):
+    """Post ``ops`` of an in-process transport as the pipeline does (:func:`_issue`: the sends, then each receive
+    on its device's receive stream) when every receive's message is posted by then (the sends among ``ops``);
+    the Works in op order."""
+    g = _issue(T, ops, comm)
+    try:
+        next(g)
+    except StopIteration as done:
+        return done.value
+    raise RuntimeError("post_in_process: a receive whose message is not posted (post its send first)")
 
 
 class _on_streams:
@@ -241,33 +259,41 @@ class _on_streams:
         return self._cur.__exit__(*a)
 
 
-def drive(programs: list[Iterator[None]], T=None) -> None:
+def drive(programs: list[Iterator[None]], T=None, host: list | None = None) -> None:
     """Run stage generators to completion, round-robin (one process driving several stages). A stage yields
     only while its next message has not been posted. If a whole round passes in which no stage finished and
     ``T.posted`` (messages posted so far) did not grow, no stage can ever proceed: a schedule deadlock,
-    raised as an error instead of spinning forever."""
-    live = list(programs)
+    raised as an error instead of spinning forever. ``host``: a list of one float per program, to which the
+    host's seconds inside each program are added (the time between resuming it and its next yield: what
+    issuing that stage's part of the iteration costs the thread)."""
+    live = list(enumerate(programs))
+    clock = time.perf_counter
     while live:
         before = getattr(T, "posted", None)
         n_live = len(live)
-        for g in list(live):
+        for k, g in list(live):
+            t0 = clock()
             try:
                 next(g)
             except StopIteration:
-                live.remove(g)
+                live.remove((k, g))
+            if host is not None:
+                host[k] += clock() - t0
         if live and len(live) == n_live and before is not None and T.posted == before:
             raise RuntimeError("pipeline: every stage is waiting for a message that no stage will post "
                                "(schedule deadlock)")
 
 
-def drive_threads(programs: list[Iterator[None]], T, devices: list) -> None:
+def drive_threads(programs: list[Iterator[None]], T, devices: list, host: list | None = None) -> None:
     """Run stage generators to completion, one host thread per stage (the device-bound driver of an in-process
     transport): a stage's thread issues its kernels while the others issue theirs -- PyTorch releases the GIL
     while it dispatches an op and the autograd engine has a worker thread per GPU -- instead of one Python
     thread taking turns over every stage. A stage that yields (its next message is not posted yet) sleeps in
     ``T.wait_posted`` until some stage posts one. ``devices``: each stage's device (made current in its
     thread: the current device and stream are per thread). A stage that waits ``T.timeout_s`` without any
-    message being posted is a schedule deadlock; an error in one stage stops the others and is raised."""
+    message being posted is a schedule deadlock; an error in one stage stops the others and is raised.
+    ``host``: as for :func:`drive` (here the thread's time in its stage, waits for the GIL included; not the
+    sleeps between)."""
     import threading
 
     import torch
@@ -279,16 +305,21 @@ def drive_threads(programs: list[Iterator[None]], T, devices: list) -> None:
     errors: list[BaseException] = []
     timeout = getattr(T, "timeout_s", 300.0)
 
-    def run(g, dev):
+    def run(k, g, dev):
+        clock = time.perf_counter
         try:
             if dev is not None and dev.type == "cuda":
                 torch.cuda.set_device(dev)
             while not failed.is_set():
                 seen = T.posted
+                t0 = clock()
                 try:
                     next(g)
                 except StopIteration:
                     return
+                finally:
+                    if host is not None:
+                        host[k] += clock() - t0
                 waited = 0.0
                 while not T.wait_posted(seen, 0.5):
                     waited += 0.5
@@ -301,7 +332,7 @@ def drive_threads(programs: list[Iterator[None]], T, devices: list) -> None:
             errors.append(e)
             failed.set()
 
-    threads = [threading.Thread(target=run, args=(g, d), name=f"stage{i}", daemon=True)
+    threads = [threading.Thread(target=run, args=(i, g, d), name=f"stage{i}", daemon=True)
                for i, (g, d) in enumerate(zip(programs, devices))]
     for t in threads:
         t.start()

@@ -36,9 +36,28 @@ def _with_driver(d: pd.DataFrame) -> pd.DataFrame:
     return d.assign(driver=d["driver"].fillna("host") if "driver" in d.columns else "host")
 
 
+def _one_thread(transport: str, driver: str) -> bool:
+    """Does one host thread issue every stage (an in-process transport, host-driven)?"""
+    caps = transports.capabilities(transport)
+    return driver == "host" and caps is not None and caps.in_process
+
+
+def _host_per_step(g: pd.DataFrame, col: str, one_thread: bool) -> float:
+    """Median over steps of the host's time in the iteration of the thread that spends most (``col`` summed over
+    the stages one thread drives, else the busiest stage's); NaN where not measured (a CUDA graph's replay, runs
+    from before it was)."""
+    if col not in g.columns or g[col].isna().all():
+        return float("nan")
+    per = g.dropna(subset=[col]).groupby("step")[col]
+    return float((per.sum() if one_thread else per.max()).median())
+
+
 def pipeline(data) -> pd.DataFrame:
     """Per transport, driver and number of stages (a run set may hold runs on 2 and on 4 GPUs): median iteration
-    time (slowest rank per step), p10/p90, loss, gradient norms."""
+    time (slowest rank per step), p10/p90, loss, gradient norms; ``host_ms``: the host's time inside the iteration
+    of the thread that spends most (one thread driving every stage: the sum over them), ``host_compute_ms`` the
+    part of it in the forward and backward calls (:func:`_host_per_step`); ``host_share`` = host_ms / time: near 1,
+    the iteration is as long as the host takes to issue it."""
     d = rows_of(frame(data), "pipeline")
     if d.empty:
         return pd.DataFrame()
@@ -49,10 +68,13 @@ def pipeline(data) -> pd.DataFrame:
     for t in A._ordered(d["transport"]):
         for (drv, ws), g in d[d["transport"] == t].groupby(["driver", "world_size"], sort=False):
             st = stats.stats(g.groupby("step")["time_us"].max().to_numpy())
+            one = _one_thread(t, drv)
+            host, comp = _host_per_step(g, "host_us", one), _host_per_step(g, "host_compute_us", one)
             rows.append(dict(transport=t, driver=drv, stages=int(ws), how=g["how"].iloc[0] if "how" in g.columns else "host",
                              time_ms_median=st["median"] / 1e3, time_ms_p10=st["p10"] / 1e3,
                              time_ms_p90=st["p90"] / 1e3, steps=st["n"], loss=g["loss"].dropna().median(),
-                             grad_norms=", ".join(f"{v:.4g}" for v in g.groupby("stage")["grad_norm"].median())))
+                             grad_norms=", ".join(f"{v:.4g}" for v in g.groupby("stage")["grad_norm"].median()),
+                             host_ms=host / 1e3, host_compute_ms=comp / 1e3, host_share=host / st["median"]))
     return pd.DataFrame(rows)
 
 
@@ -139,6 +161,9 @@ def model(data) -> pd.DataFrame:
     its own model from that spread alone), each hop's ``c`` the transport's own (one activation alone). ``predicted_p10_ms`` /
     ``predicted_p90_ms``: the same with every part at its p10 / p90 -- the model's spread; a transport below
     ``predicted_p10_ms`` beats the model by more than its spread (the model is missing something).
+    ``host_model_ms``: :func:`_host_model` (the host's time to issue each step and message, measured alone, in
+    the simulation); ``host_in_iteration_ms``: the host's time measured inside the iteration (:func:`pipeline`'s
+    ``host_ms``) -- where one thread issues every stage, an iteration cannot be shorter.
     ``formula_ms``: the closed form ``sum_s (F_s + B_s) + (m - 1) max_s (F_s + B_s) + 2 (p - 1) max c`` (see the
     module docstring), which counts the transfers of the first and last micro-batch only; the simulation also
     finds a transfer on the critical path in the steady state when no stage has the slack to hide it."""
@@ -176,7 +201,8 @@ def model(data) -> pd.DataFrame:
                         bubble_fraction=(p - 1) / (m + p - 1), predicted_ms=pred["median"] / 1e3,
                         predicted_p10_ms=pred.get("p10", float("nan")) / 1e3,
                         predicted_p90_ms=pred.get("p90", float("nan")) / 1e3, formula_ms=formula / 1e3,
-                        host_model_ms=hosted / 1e3, measured_ms=r.time_ms_median,
+                        host_model_ms=hosted / 1e3, host_in_iteration_ms=getattr(r, "host_ms", float("nan")),
+                        measured_ms=r.time_ms_median,
                         measured_vs_model=r.time_ms_median * 1e3 / pred["median"],
                         measured_vs_host_model=r.time_ms_median * 1e3 / hosted))
     return pd.DataFrame(out)
@@ -399,7 +425,9 @@ def findings(df) -> list[Observation]:
                                f"bubble {r.bubble_fraction:.0%}, slowest stage F+B {r.stage_f_plus_b_ms:.3f} ms, "
                                f"transfer {r.transfer_ms:.3f} ms)"
                                + (f"; with the host's time to issue each step {r.host_model_ms:.2f} ms "
-                                  f"({r.measured_vs_host_model:.2f}x)" if r.host_model_ms == r.host_model_ms else ""),
+                                  f"({r.measured_vs_host_model:.2f}x)" if r.host_model_ms == r.host_model_ms else "")
+                               + (f"; the host's time inside the iteration {r.host_in_iteration_ms:.2f} ms"
+                                  if r.host_in_iteration_ms == r.host_in_iteration_ms else ""),
                                float(r.measured_vs_model)))
     losses = pp["loss"].dropna() if len(pp) else pd.Series(dtype=float)
     if len(losses):

@@ -15,10 +15,15 @@ Drivers (``cfg.pipeline_drivers``):
 Rows:
 
 * ``pipeline`` -- per driver, step and stage: wall-clock per iteration from a barrier to every GPU idle, the
-  loss and the stage's gradient norm (equal across transports and drivers: they compute the same thing);
+  loss and the stage's gradient norm (equal across transports and drivers: they compute the same thing), and
+  for an eager driver the host's time in that stage's program during the iteration (``host_us``: from resuming
+  it to its next yield, :func:`.pipeline.drive`) and in its forward and backward calls (``host_compute_us``);
 * ``pipeline_part`` -- ``part`` ``F`` / ``B``: one micro-batch's forward / backward on a stage alone (CUDA
   events, ``repeats`` samples), ``transfer``: one activation between neighbouring stages over the transport
-  (:func:`.harness.timed_rows`); the model (:mod:`.pipeline_analysis`) predicts the iteration from them;
+  (:func:`.harness.timed_rows`), posted as the pipeline posts it (for an in-process transport:
+  :func:`.pipeline.post_in_process`, the send and then the receive on the receive stream -- not
+  ``exchange``'s fast path, which the pipeline never takes); the model (:mod:`.pipeline_analysis`) predicts the
+  iteration from them;
 * ``trace`` -- one profiled iteration per driver (``experiment=pipeline``), for the timeline and the
   host-caused idle time.
 
@@ -35,7 +40,7 @@ from contextlib import nullcontext
 
 from ... import timing, traces
 from . import harness as H
-from .pipeline import CommStreams, Stage, drive, drive_threads, forward, loss_of
+from .pipeline import CommStreams, Stage, drive, drive_threads, forward, loss_of, post_in_process
 
 PART_WARMUP = 20  # forward+backward pairs before the timed ones: ~30 ms of GEMMs, so the GPU's clocks have ramped
 # up (after 3 warm-ups on 2xH200 a stage's backward still spread 0.93-1.28 ms, and the model came out 11% high)
@@ -69,6 +74,14 @@ class Pipeline:
         # separate send and receive streams where sends and receives are posted apart (one process: CommStreams)
         self.comm = CommStreams.make(self.devs, separate=T.caps.in_process) if T.caps.copy_engine and self.devs else None
         self.graph = None
+        self.host_s: dict = {}  # stage -> the host's seconds in that stage's program in the last eager iteration
+
+    def _host(self) -> list:
+        self.host_s = {s: 0.0 for s in self.stages}
+        return [0.0] * len(self.stages)
+
+    def _keep(self, host: list) -> None:
+        self.host_s = dict(zip(self.stages, host))
 
     def programs(self):
         for s, st in self.stages.items():
@@ -82,11 +95,15 @@ class Pipeline:
             torch.cuda.synchronize(d)
 
     def host(self) -> None:
-        drive(list(self.programs()), self.T)
+        h = self._host()
+        drive(list(self.programs()), self.T, host=h)
+        self._keep(h)
         self.sync()
 
     def threads(self) -> None:
-        drive_threads(list(self.programs()), self.T, [st.device for st in self.stages.values()])
+        h = self._host()
+        drive_threads(list(self.programs()), self.T, [st.device for st in self.stages.values()], host=h)
+        self._keep(h)
         self.sync()
 
     def graph_iteration(self) -> None:
@@ -110,6 +127,7 @@ class Pipeline:
                 drive(progs, self.T)
             self.sync()
             self.graph = g
+        self.host_s = {}
         self.graph.replay()
         self.sync()
 
@@ -152,8 +170,11 @@ def experiment(cfg, ctx, T, S):
                 continue
             for s, st in P.stages.items():
                 gn = math.sqrt(sum(float(w.grad.float().pow(2).sum()) for w in st.weights))
+                hs = P.host_s.get(s)
                 yield dict(keys, kind="pipeline", driver=driver, how=how, step=step, stage=s, time_us=t,
-                           loss=float(st.loss) if s == n - 1 else math.nan, grad_norm=gn)
+                           loss=float(st.loss) if s == n - 1 else math.nan, grad_norm=gn,
+                           host_us=hs * 1e6 if hs is not None else math.nan,
+                           host_compute_us=st.host_compute_s * 1e6 if hs is not None else math.nan)
         if cfg.profile and S.is_cuda:
             ctx.step(f"{T.name} pipeline {driver} profile", point=False)
             path = traces.trace_path(ctx, experiment="pipeline", transport=T.name, driver=driver)
@@ -176,10 +197,12 @@ def parts(cfg, ctx, T, S, P: Pipeline, keys: dict, act: int):
         for i, us in enumerate(_compute_times(st, s == P.n - 1, max(cfg.warmup, PART_WARMUP), cfg.repeats, S.is_cuda)):
             yield from (dict(keys, kind="pipeline_part", part=part, stage=s, sample=i, time_us=us[part],
                              host_us=us[f"{part} host"]) for part in ("F", "B"))
+    post = (lambda T_, op_list: post_in_process(T_, op_list, P.comm)) if T.caps.in_process and P.comm else None
     for s in range(P.n - 1):
         ctx.step(f"{T.name} pipeline parts transfer {s}->{s + 1}", point=False)
         yield from H.timed_rows(cfg, ctx, T, S, [(s, s + 1, act)],
-                                dict(keys, part="transfer", src=s, dst=s + 1, bytes=act), kind="pipeline_part")
+                                dict(keys, part="transfer", src=s, dst=s + 1, bytes=act), kind="pipeline_part",
+                                post=post)
     H.free(ctx)
 
 
