@@ -11,7 +11,8 @@ Measures, in one process (no process group), on the kit's pipeline code (kit.inv
   (``isend``, ``irecv``, ``Stage._buffer``, ``_issue``) -- variants: ``lib`` (as the kit does it), ``gc_off``
   (Python's collector off during the iteration), ``null`` (the transport's bookkeeping without a CUDA call: no
   copy, no event; timing only), ``old_buffer`` (the receive buffer allocated in a ``torch.cuda.stream`` block, as
-  before ``kit.transports.on_stream``), ``threads`` (a thread per stage);
+  before ``kit.transports.on_stream``), ``threads`` (a thread per stage; also with the GIL's switch
+  interval at 50 us instead of 5 ms: a thread back from a C call waits that long at most for one in Python);
 * ``calls``: the host time of single calls the transfer path makes, hot (back to back), median of batches;
 * ``message``: one 16 MiB activation through the pipeline's path (``post_in_process`` + waits) vs ``out.copy_``.
 """
@@ -131,8 +132,11 @@ def iteration(Tr, driver):
     return h
 
 
-def run_variant(name, Tr, driver="host", gc_off=False, buffer=None, instrument=True):
+def run_variant(name, Tr, driver="host", gc_off=False, buffer=None, instrument=True, switch=None):
     P.Stage._buffer = buffer or orig_buffer
+    old_switch = sys.getswitchinterval()
+    if switch is not None:
+        sys.setswitchinterval(switch)
     if instrument:
         P._issue = timed_issue
         Tr.isend = timed("isend", Tr.isend)
@@ -157,11 +161,13 @@ def run_variant(name, Tr, driver="host", gc_off=False, buffer=None, instrument=T
                                  compute_us=[stg.host_compute_s * 1e6 for stg in stages],
                                  loss=float(stages[-1].loss), **{k + "_us": v * 1e6 for k, v in acc.items()}))
     finally:
+        sys.setswitchinterval(old_switch)
         P._issue = orig_issue
         P.Stage._buffer = orig_buffer
         for k in ("isend", "irecv"):
             Tr.__dict__.pop(k, None)
-    med = {k: st.median(r[k] for r in rows) for k in rows[0] if not isinstance(rows[0][k], list)}
+    keys = {k for r in rows for k, v in r.items() if not isinstance(v, list)}
+    med = {k: st.median(r.get(k, 0.0) for r in rows) for k in sorted(keys)}
     med["host_us"] = [st.median(r["host_us"][s] for r in rows) for s in range(n)]
     med["compute_us"] = [st.median(r["compute_us"][s] for r in rows) for s in range(n)]
     med["time_us_min"], med["time_us_max"] = min(r["time_us"] for r in rows), max(r["time_us"] for r in rows)
@@ -183,6 +189,8 @@ run_variant("gc_off", T, gc_off=True)
 run_variant("old_buffer", T, buffer=old_buffer)
 run_variant("null", NullT(ctx))
 run_variant("threads", T, driver="threads")
+run_variant("threads_noinstr", T, driver="threads", instrument=False)
+run_variant("threads_switch_50us", T, driver="threads", instrument=False, switch=50e-6)
 run_variant("lib_again", T, instrument=False)
 
 # ---------------------------------------------------------------- single calls, hot
