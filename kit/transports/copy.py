@@ -227,12 +227,12 @@ class CopyTransport(Transport):
         if len(ops) != 2:
             return None
         (k0, t, to), (k1, out, frm) = ops
-        if k0 != "send" or k1 != "recv" or not (t.is_cuda and out.is_cuda):
+        if k0 != "send" or k1 != "recv":
             return None
-        src, dst = t.get_device(), out.get_device()
-        if (to, frm) != (dst, src) or src == dst or not (t.is_contiguous() and out.is_contiguous()):
+        src, dst = t.get_device(), out.get_device()  # -1 off the GPU
+        if src < 0 or dst < 0 or to != dst or frm != src or src == dst or not (t.is_contiguous() and out.is_contiguous()):
             return None
-        if self._box.get((src, dst)):  # an earlier send of this pair still waits for its receive: keep the order
+        if self._box and self._box.get((src, dst)):  # an earlier send of this pair still waits for its receive
             return None
         if t.dtype != out.dtype or t.numel() != out.numel():
             raise ValueError(f"copy: sent {t.dtype}[{t.numel()}], receiving into {out.dtype}[{out.numel()}]")

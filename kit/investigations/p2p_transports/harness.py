@@ -117,22 +117,26 @@ def join(T, ctx, flows) -> None:
                 main.wait_event(ev)
 
 
-def transfer(T, ctx, flows, bufs, joined: bool = True, op_list=None, post_fn=None) -> None:
+def transfer(T, ctx, flows, bufs, joined: bool = True, op_list=None, post_fn=None, order=None) -> None:
     """This process's part of one round of ``flows`` (every message posted at once, then waited for: what a
     program does). ``joined``: then :func:`join` (the timed loop joins once per sample instead). ``op_list``: the
     round's :func:`ops`, made once by a loop that repeats the round (at 1 KiB every microsecond is the message's).
-    ``post_fn(T, op_list) -> Works``: how the ops are posted (default :func:`post`)."""
+    ``post_fn(T, op_list) -> Works``: how the ops are posted (default :func:`post`); ``order``: the op list's
+    :func:`_wait_order`, made once with it."""
     o = op_list if op_list is not None else ops(T, flows, bufs)
     works = (post_fn or post)(T, o)
     # receives first, as a program waits for the data it needs and for its sends later: a send's wait orders the
     # current stream after the whole outgoing copy, and a receive completed after it (ipc: its copy-out queued on
     # that stream) could then not overlap the transfer
-    for first in (True, False):
-        for op, w in zip(o, works):
-            if (op[0] == "recv") == first:
-                w.wait()
+    for i in order if order is not None else _wait_order(o):
+        works[i].wait()
     if joined:
         join(T, ctx, flows)
+
+
+def _wait_order(o) -> list[int]:
+    """The receives' indices, then the sends'."""
+    return [i for i, op in enumerate(o) if op[0] == "recv"] + [i for i, op in enumerate(o) if op[0] != "recv"]
 
 
 def verified_transfer(T, ctx, flows, bufs, seq: int, post_fn=None) -> None:
@@ -170,9 +174,10 @@ def timed_rows(cfg, ctx, T, S, flows, keys: dict, kind: str, reference=None, pos
             seq[0] += 1
     else:
         op_list = ops(T, flows, bufs)
+        order = _wait_order(op_list)
 
         def fn():
-            transfer(T, ctx, flows, bufs, joined=False, op_list=op_list, post_fn=post)
+            transfer(T, ctx, flows, bufs, joined=False, op_list=op_list, post_fn=post, order=order)
     refs = reference(bufs) if reference is not None else {}
     joins = {T.name: lambda: join(T, ctx, flows)} if participates(T, flows) else {}  # the others stay off the GPUs
     s = timing.measure_interleaved({T.name: fn, **refs}, S, iters=cfg.iters, repeats=cfg.repeats, warmup=cfg.warmup,

@@ -195,7 +195,7 @@ def model(data) -> pd.DataFrame:
         b = comp[comp["part"] == "B"]["time_us"]
         cmax = max([_hop(hops, s, 0.5) for s in range(p - 1)] or [0.0])
         formula = float(per_stage.sum() + (m - 1) * per_stage.max() + 2 * (p - 1) * cmax)
-        out.append(dict(transport=r.transport, driver=r.driver, stages=p, micro_batches=m,
+        out.append(dict(transport=r.transport, driver=r.driver, how=getattr(r, "how", "host"), stages=p, micro_batches=m,
                         stage_f_plus_b_ms=float(per_stage.max()) / 1e3, backward_p10_ms=float(b.quantile(0.1)) / 1e3,
                         backward_p90_ms=float(b.quantile(0.9)) / 1e3, transfer_ms=cmax / 1e3,
                         bubble_fraction=(p - 1) / (m + p - 1), predicted_ms=pred["median"] / 1e3,
