@@ -328,6 +328,33 @@ def test_pipeline_model_formula():
     assert mo.loc["gloo", "measured_vs_model"] == pytest.approx(40 / 36)
 
 
+def test_pipeline_host_model_one_thread_uses_the_message_host_part():
+    """copy (one thread drives both stages): the model with the host takes each message's host time from the
+    ``message host`` part (as the pipeline's thread posts it) where the run has it, else from the transfer part;
+    F 1 / B 2 us on the GPU and 2 us each to issue, m = 3, no transfer time: 12 steps of one host, 24 us, plus
+    6 messages at 1 us (transfer part) = 30, or at 3 us (message host) = 42. The table carries the host's time in
+    the iteration (one thread: summed over the stages) beside the time."""
+    rows = []
+    for sample in range(3):
+        rows += [dict(kind="pipeline_part", transport="copy", part=p, stage=s, sample=sample, time_us=t, host_us=2.0,
+                      world_size=2) for s in (0, 1) for p, t in (("F", 1.0), ("B", 2.0))]
+        rows.append(dict(kind="pipeline_part", transport="copy", part="transfer", src=0, dst=1, sample=sample,
+                         time_us=0.0, host_us=1.0, world_size=2, rank=0))
+    rows += [dict(kind="pipeline", transport="copy", driver="host", how="host", step=k, stage=st, time_us=50.0,
+                  loss=0.1 if st else float("nan"), grad_norm=1.0, micro_batches=3, world_size=2,
+                  host_us=20.0 + st, host_compute_us=10.0) for k in range(2) for st in (0, 1)]
+    mo = PA.model(pd.DataFrame(rows)).iloc[0]
+    assert mo.host_model_ms * 1e3 == pytest.approx(30.0) and mo.predicted_ms * 1e3 == pytest.approx(12.0)
+    assert mo.host_in_iteration_ms * 1e3 == pytest.approx(41.0)
+    rows += [dict(kind="pipeline_part", transport="copy", part="message host", src=0, dst=1, sample=k,
+                  time_us=float("nan"), host_us=3.0, world_size=2) for k in range(3)]
+    assert PA.model(pd.DataFrame(rows)).iloc[0].host_model_ms * 1e3 == pytest.approx(42.0)
+    assert "message host" not in set(PA.parts(pd.DataFrame(rows))["part"])  # a host time: not a part of the device model
+    pp = PA.pipeline(pd.DataFrame(rows)).iloc[0]
+    assert pp.host_ms * 1e3 == pytest.approx(41.0) and pp.host_compute_ms * 1e3 == pytest.approx(20.0)
+    assert pp.host_share == pytest.approx(41 / 50)
+
+
 def test_idle_of_and_launch_attribution():
     """Busy is the union of every activity (overlaps once); a gap is host-caused up to the launch of the activity
     that ends it; a launch the profiler did not record is bracketed by the previous correlation id."""

@@ -81,6 +81,8 @@ def pipeline(data) -> pd.DataFrame:
 def parts(data) -> pd.DataFrame:
     """Per transport, part (F, B, transfer) and stage or hop: median and spread of the time alone (us)."""
     d = rows_of(frame(data), "pipeline_part")
+    if "part" in d.columns:
+        d = d[d["part"] != "message host"]  # host time only: in the model with the host (_host_model)
     if d.empty:
         return pd.DataFrame()
     d = d.assign(where=[f"{int(a)}->{int(b)}" if p == "transfer" else f"stage {int(s)}"
@@ -190,7 +192,8 @@ def model(data) -> pd.DataFrame:
             pred[name] = simulate(list(fb["F"]), list(fb["B"]), c, m)
         if "median" not in pred:
             continue
-        hosted = _host_model(comp, hops, p, m, r)
+        msg = same[(same["transport"] == r.transport) & (same["part"] == "message host")]
+        hosted = _host_model(comp, hops, p, m, r, msg)
         per_stage = comp.groupby(["stage", "part"])["time_us"].median().groupby("stage").sum()
         b = comp[comp["part"] == "B"]["time_us"]
         cmax = max([_hop(hops, s, 0.5) for s in range(p - 1)] or [0.0])
@@ -208,16 +211,18 @@ def model(data) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def _host_model(comp: pd.DataFrame, hops: pd.DataFrame, p: int, m: int, r) -> float:
+def _host_model(comp: pd.DataFrame, hops: pd.DataFrame, p: int, m: int, r, msg: pd.DataFrame | None = None) -> float:
     """:func:`simulate` with the host's time to issue each stage's forward and backward alone (the parts'
     ``host_us``, the transport's own run's: one process measures its stages one after another, several processes
     theirs at once, and the host's time per step differs between the two) and each message alone (the transfer part's ``host_us``: per message, each rank's own side; one
-    process issues both sides of an in-process transport's message, counted once, on the receiving step): one
+    process issues both sides of an in-process transport's message, counted once, on the receiving step -- from
+    ``msg``, the ``message host`` part measured as the pipeline's thread posts it, where the run has it): one
     host for every stage where one thread drives them all (an in-process transport, host-driven), one per stage
     otherwise; a device-bound CUDA graph has none (the device model). NaN without host times (runs from before
     they were measured)."""
     if "host_us" not in comp.columns or comp["host_us"].isna().all():
         return float("nan")
+    msg = msg if msg is not None else comp.iloc[:0]
     fb = comp.groupby(["stage", "part"])["time_us"].median().unstack()
     own = comp[comp["transport"] == r.transport].dropna(subset=["host_us"])  # issued as this transport's run issues
     h = (own if len(own) else comp).groupby(["stage", "part"])["host_us"].median().unstack()
@@ -230,6 +235,9 @@ def _host_model(comp: pd.DataFrame, hops: pd.DataFrame, p: int, m: int, r) -> fl
     hsend, hrecv = [], []
     for k in range(p - 1):  # the host's time per message alone, each side's own (one process: both in one)
         t = hops[(hops["src"] == k) & (hops["dst"] == k + 1)] if "src" in hops.columns else hops.iloc[:0]
+        ctx_ = msg[(msg["src"] == k) & (msg["dst"] == k + 1)] if len(msg) and "src" in msg.columns else msg.iloc[:0]
+        if caps is not None and caps.in_process and len(ctx_):  # as the pipeline's thread posts it
+            t = ctx_
         hu = t.dropna(subset=["host_us"]) if "host_us" in t.columns else t.iloc[:0]
         if caps is not None and caps.in_process:
             hsend.append(0.0)

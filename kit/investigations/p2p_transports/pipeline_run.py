@@ -23,7 +23,8 @@ Rows:
   (:func:`.harness.timed_rows`), posted as the pipeline posts it (for an in-process transport:
   :func:`.pipeline.post_in_process`, the send and then the receive on the receive stream -- not
   ``exchange``'s fast path, which the pipeline never takes); the model (:mod:`.pipeline_analysis`) predicts the
-  iteration from them;
+  iteration from them; ``message host`` (in-process transports): the host's time per activation as the
+  pipeline's one thread posts it, each after a forward was issued (:func:`_message_host_times`);
 * ``trace`` -- one profiled iteration per driver (``experiment=pipeline``), for the timeline and the
   host-caused idle time.
 
@@ -44,6 +45,8 @@ from .pipeline import CommStreams, Stage, drive, drive_threads, forward, loss_of
 
 PART_WARMUP = 20  # forward+backward pairs before the timed ones: ~30 ms of GEMMs, so the GPU's clocks have ramped
 # up (after 3 warm-ups on 2xH200 a stage's backward still spread 0.93-1.28 ms, and the model came out 11% high)
+HOLD_CYCLES = 5_000_000  # GPU clock cycles (~2.5-3.5 ms on an H100/H200) a part's GPU spins before the part, while
+# the host queues it: longer than a forward's or backward's issue on the slowest host seen (~1.2 ms)
 
 
 def device_driver(T) -> str | None:
@@ -190,46 +193,112 @@ def experiment(cfg, ctx, T, S):
 
 
 def parts(cfg, ctx, T, S, P: Pipeline, keys: dict, act: int):
-    """``pipeline_part`` rows: each stage's forward and backward of one micro-batch alone, and one activation
-    sent between neighbours over ``T``."""
-    for s, st in P.stages.items():
-        ctx.step(f"{T.name} pipeline parts stage {s}", point=False)
-        for i, us in enumerate(_compute_times(st, s == P.n - 1, max(cfg.warmup, PART_WARMUP), cfg.repeats, S.is_cuda)):
+    """``pipeline_part`` rows: each stage's forward and backward of one micro-batch alone (:func:`_compute_times`),
+    one activation sent between neighbours over ``T``, and for an in-process transport the host's time per
+    message as the pipeline's one thread posts it (:func:`_message_host_times`, part ``message host``)."""
+    ctx.step(f"{T.name} pipeline parts compute", point=False)
+    warm = max(cfg.warmup, PART_WARMUP)
+    for s, samples in _compute_times(list(P.stages.values()), P.n, warm, cfg.repeats, S.is_cuda).items():
+        for i, us in enumerate(samples):
             yield from (dict(keys, kind="pipeline_part", part=part, stage=s, sample=i, time_us=us[part],
                              host_us=us[f"{part} host"]) for part in ("F", "B"))
-    post = (lambda T_, op_list: post_in_process(T_, op_list, P.comm)) if T.caps.in_process and P.comm else None
+    one = T.caps.in_process and P.comm is not None
+    post = (lambda T_, op_list: post_in_process(T_, op_list, P.comm)) if one else None
     for s in range(P.n - 1):
         ctx.step(f"{T.name} pipeline parts transfer {s}->{s + 1}", point=False)
         yield from H.timed_rows(cfg, ctx, T, S, [(s, s + 1, act)],
                                 dict(keys, part="transfer", src=s, dst=s + 1, bytes=act), kind="pipeline_part",
                                 post=post)
+    if one and P.stages:
+        ctx.step(f"{T.name} pipeline parts message host", point=False)
+        for (a, b), samples in _message_host_times(T, P, cfg.warmup, cfg.repeats).items():
+            yield from (dict(keys, kind="pipeline_part", part="message host", src=a, dst=b, bytes=act, sample=i,
+                             time_us=math.nan, host_us=us) for i, us in enumerate(samples))
     H.free(ctx)
 
 
-def _compute_times(st: Stage, last: bool, warmup: int, repeats: int, cuda: bool) -> list[dict]:
-    """Per sample, {"F": us, "B": us, "F host": us, "B host": us}: one forward and one backward of a micro-batch on
-    stage ``st`` alone, on the device and the host's time to issue each (the call's wall time: what a
-    host-driven pipeline spends per step before its GPU can start the next one)."""
+def _compute_times(stages: list, n: int, warmup: int, repeats: int, cuda: bool) -> dict[int, list[dict]]:
+    """Per stage, per sample {"F": us, "B": us, "F host": us, "B host": us}: one forward and one backward of a
+    micro-batch on the stage alone, on the device (CUDA events) and the host's time to issue each (the call's wall
+    time: what a host-driven pipeline spends per step before its GPU can start the next one). Before each part the
+    GPU spins ``HOLD_CYCLES`` (``torch.cuda._sleep``) while the host queues the part, so its events time the
+    kernels back to back: the part's device time without waits for its launches (where the host issues a part
+    about as fast as the GPU runs it, the events would otherwise also time the host -- which the model with the
+    host counts on its own, and a device-bound driver never pays). The stages of one
+    process are issued as its one driving thread issues them, taking turns (:func:`.pipeline.drive`): every
+    stage's forward in stage order, then every backward in reverse order, each on its own input (no stage waits
+    for another), synchronised once per sample: a thread that takes turns over several GPUs' autograd graphs
+    issues each step slower than one stage's steps back to back (FINDINGS.md, P2P on 4 H100s), and its time per
+    step in that setting is what the model with the host needs."""
     import torch
 
-    x0 = st.inputs[0] if st.inputs is not None else torch.randn(st.batch, st.hidden, device=st.device, dtype=st.dtype)
-    g = torch.randn(st.batch, st.hidden, device=st.device, dtype=st.dtype)
-    out = []
-    with torch.cuda.device(st.device) if cuda else nullcontext():
-        for i in range(-warmup, repeats):
-            x = x0.detach().requires_grad_(st.stage > 0)
-            timer = timing.PhaseTimer(cuda)
-            h0 = time.perf_counter()
-            with timer.phase("F"):
-                y = forward(st.weights, x)
-                if last:
-                    y = loss_of(y, st.m)
-            h1 = time.perf_counter()
-            with timer.phase("B"):
-                y.backward(None if last else g)
-            h2 = time.perf_counter()
-            us = dict(timer.read(), **{"F host": (h1 - h0) * 1e6, "B host": (h2 - h1) * 1e6})
+    prep = {}
+    for st in stages:
+        x0 = st.inputs[0] if st.inputs is not None else torch.randn(st.batch, st.hidden, device=st.device, dtype=st.dtype)
+        prep[st.stage] = (x0, torch.randn(st.batch, st.hidden, device=st.device, dtype=st.dtype))
+    out = {st.stage: [] for st in stages}
+    clock = time.perf_counter
+    for i in range(-warmup, repeats):
+        timers, ys, us = {}, {}, {}
+        for st in stages:
+            s, last = st.stage, st.stage == n - 1
+            with torch.cuda.device(st.device) if cuda else nullcontext():
+                x = prep[s][0].detach().requires_grad_(s > 0)
+                timers[s] = timing.PhaseTimer(cuda)
+                if cuda:
+                    torch.cuda._sleep(HOLD_CYCLES)
+                h0 = clock()
+                with timers[s].phase("F"):
+                    y = forward(st.weights, x)
+                    if last:
+                        y = loss_of(y, st.m)
+                us[s] = {"F host": (clock() - h0) * 1e6}
+                ys[s] = y
+        for st in reversed(stages):
+            s, last = st.stage, st.stage == n - 1
+            with torch.cuda.device(st.device) if cuda else nullcontext():
+                if cuda:
+                    torch.cuda._sleep(HOLD_CYCLES)
+                h0 = clock()
+                with timers[s].phase("B"):
+                    ys[s].backward(None if last else prep[s][1])
+                us[s]["B host"] = (clock() - h0) * 1e6
+        for st in stages:
+            us[st.stage].update(timers[st.stage].read())
             st.zero_grad()
             if i >= 0:
-                out.append(us)
+                out[st.stage].append(us[st.stage])
+    return out
+
+
+def _message_host_times(T, P: Pipeline, warmup: int, repeats: int) -> dict[tuple[int, int], list[float]]:
+    """{(src, dst): host us per sample}: an in-process transport's whole host path for one activation as the
+    pipeline's thread posts it -- the receive buffer allocated on the receive stream, send and receive posted
+    (:func:`.pipeline.post_in_process`), both waited for and the buffer recorded on the compute stream -- each
+    right after the sending stage's forward was issued, over every hop in turn (as in the pipeline, where a message
+    follows a compute step and the thread takes turns over the stages), synchronised once per sample. The
+    transfer part's ``host_us`` times the same path back to back with nothing in between, which costs the host
+    less than in the pipeline (FINDINGS.md, P2P on 4 H100s)."""
+    import torch
+
+    st = P.stages
+    hops = [(s, s + 1) for s in range(P.n - 1)]
+    xs = {s: torch.randn(st[s].batch, st[s].hidden, device=st[s].device, dtype=st[s].dtype) for s, _ in hops}
+    out = {h: [] for h in hops}
+    clock = time.perf_counter
+    for i in range(-warmup, repeats):
+        for a, b in hops:
+            with torch.cuda.device(st[a].device):
+                y = forward(st[a].weights, xs[a]).detach()
+            h0 = clock()
+            buf = st[b]._buffer(P.comm)
+            ws = post_in_process(T, [("send", y, b), ("recv", buf, a)], P.comm)
+            ws[1].wait()
+            buf.record_stream(torch.cuda.current_stream(st[b].device))
+            ws[0].wait()
+            if i >= 0:
+                out[(a, b)].append((clock() - h0) * 1e6)
+        P.sync()
+    for s in st.values():
+        s.zero_grad()
     return out
