@@ -730,6 +730,13 @@ def test_gpu_pipeline_same_numbers_over_every_transport(tmp_path, world):
                                                          ("nccl", "device", "graph")}
     assert pp.loss.max() - pp.loss.min() <= 1e-6 * pp.loss.max()
     assert len(set(pp.grad_norms)) == 1  # the same gradients over every transport and driver
+    # the host's time in each eager iteration, per stage; the in-process transport's message host time as its
+    # one thread posts it (the model with the host takes it)
+    df = run.df()
+    eager = df[(df.kind == "pipeline") & (df.how != "graph")]
+    assert (eager.host_us > 0).all() and (eager.host_compute_us <= eager.host_us).all()
+    msg = df[(df.kind == "pipeline_part") & (df.part == "message host")]
+    assert set(msg.transport) == {"copy"} and len(msg) == (world - 1) * cfg.repeats and (msg.host_us > 0).all()
     runs = results.RunSet([run.dir])
     assert set(PA.model(runs).transport) == {"copy", "ipc", "nccl"}
     idle = PA.idle(runs)
