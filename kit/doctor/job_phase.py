@@ -29,7 +29,7 @@ def job_context(summaries: Sequence[RankSummary], *, sweep=None) -> JobContext:
     """The job as every judge sees it: ranks, the median step time, the per-rank host steps, capture facts and
     collectives timelines (matched across ranks on first use)."""
     step_times = [s.step_us for s in summaries if s.step_us]
-    return JobContext(ranks=tuple(int(s.rank) for s in summaries),  # type: ignore[arg-type]
+    ctx = JobContext(ranks=tuple(int(s.rank) for s in summaries),  # type: ignore[arg-type]
                       step_us=statistics.median(step_times) if step_times else None,
                       steps=min((s.steps for s in summaries), default=0), sweep=sweep,
                       summaries={int(s.rank): s for s in summaries},  # type: ignore[arg-type]
@@ -39,6 +39,12 @@ def job_context(summaries: Sequence[RankSummary], *, sweep=None) -> JobContext:
                       comm={int(s.rank): s.comm for s in summaries if s.comm is not None},  # type: ignore[arg-type]
                       overhead={int(s.rank): s.overhead for s in summaries  # type: ignore[arg-type]
                                 if getattr(s, "overhead", None) is not None} or None)
+    if ctx.overhead and len(ctx.ranks) > 1 and any(o.basis == "estimated" for o in ctx.overhead.values()):
+        from .overhead import job_floor  # the estimate bounded by the job's busiest GPU (its own work)
+        from .reconcile import comm_waits
+
+        ctx = replace(ctx, overhead=job_floor(ctx.overhead, comm_waits(ctx)))
+    return ctx
 
 
 def judge_all(ctx: JobContext, only: Iterable[str] | None = None) -> tuple[list[Finding], list[str], list[Skip],

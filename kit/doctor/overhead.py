@@ -9,12 +9,12 @@ host's share of every traced step grows. :func:`overhead` gives one rank's :clas
   of the steps :mod:`kit.capture` timed without the profiler just before the recorded window; the unprofiled
   step is their median, the overhead is the traced step (median of the rank's step windows, the host model's
   ``dur``) minus it.
-* **estimated**: recorded host events per step (CUDA runtime/driver calls; ``aten::`` ops where the frame holds
-  every op, else one op per call that launched GPU work) x the per-event cost that
+* **estimated**: recorded host events per step (CUDA runtime/driver calls; ``aten::`` ops -- every op where the
+  frame holds every op, else the ops it kept plus the short ones the trace layer counted) x the per-event cost that
   ``benchmarks/bench_profiler_overhead.py`` measured for the profiler settings the trace shows
   (``recorded/profiler_overhead/*.json``: the table of the same GPU model where there is one, else any GPU's, else
   the CPU table; which one is stated). The profiler's time is host time: a step cannot get shorter than its GPU's
-  busy time, so the unprofiled estimate is ``max(traced - host overhead, GPU busy)``.
+  own work, so the unprofiled estimate is ``max(traced - host overhead, GPU busy outside collectives)``.
 * **none**: no step windows, or no table for the trace's kind of device.
 
 ``how`` says which, from what, in one sentence; :meth:`ProfilerOverhead.net` is a host-side cost net of it.
@@ -36,9 +36,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 TABLES = Path(__file__).resolve().parents[2] / "recorded" / "profiler_overhead"
 """the per-event costs ``benchmarks/bench_profiler_overhead.py`` recorded, one JSON per machine"""
-LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cudaMemcpyAsync", "cudaMemsetAsync",
-                "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchCooperativeKernel")
-"""runtime/driver calls that launch GPU work: one ``aten::`` op each where the frame does not hold every op"""
 
 
 @dataclass(frozen=True)
@@ -51,6 +48,10 @@ class ProfilerOverhead:
     basis: str
     """'measured', 'estimated' or 'none'"""
     how: str
+    host_us: float | None = None
+    """estimated: the profiler's host time per step (recorded events x their cost)"""
+    gpu_busy_us: float | None = None
+    """estimated: the rank's GPU busy time per step (all activity, its collectives' kernels included)"""
 
     @property
     def share(self) -> float | None:
@@ -97,6 +98,35 @@ def pick_table(device_name: str | None, gpu: bool, root: str = str(TABLES)) -> d
     return None
 
 
+def pick(device_name: str | None, gpu: bool, record_shapes: bool, with_stack: bool, distributed: bool = False,
+         root: str = str(TABLES)) -> tuple[dict | None, dict | None]:
+    """The table and row a trace is priced with: among the tables of the same GPU model (else any GPU's, else the
+    CPU's), one fitted on real jobs (``"kind": "jobs"``: ``tests/corpus/overhead_fit.py``) with a row of the
+    trace's exact settings and kind of job (``distributed``: a rank of a multi-process job) -- of the same GPU model
+    only: real jobs' per-op cost differs between hosts (2-3 us on the 2x H200 example jobs) -- else a loop table
+    (``benchmarks/bench_profiler_overhead.py``) with its settings, else the group's last loop table's nearest row.
+    The ranks of the multi-GPU corpus paid 3-8 us per recorded op, one-GPU jobs of the same host 1-2 us, as the
+    isolated loops do (FINDINGS.md)."""
+    ts = tables(root)
+    same = [t for t in ts if gpu and device_name and t["machine"].get("device") == device_name]
+    gpus = [t for t in ts if gpu and t["machine"].get("device") not in (None, "cpu")]
+    cpus = [t for t in ts if not gpu and t["machine"].get("device") == "cpu"]
+    for group in (same, gpus, cpus):
+        if not group:
+            continue
+        for jobs in ((True, False) if group is same else (False,)):  # a jobs table prices its own GPU model only
+            for t in reversed(group):
+                if (t.get("kind") == "jobs") != jobs:
+                    continue
+                exact = [r for r in t["settings"] if bool(r["cuda"]) == gpu and r["record_shapes"] == record_shapes
+                         and r["with_stack"] == with_stack and (not jobs or bool(r.get("distributed")) == distributed)]
+                if exact:
+                    return t, exact[0]
+        t = ([x for x in group if x.get("kind") != "jobs"] or group)[-1]
+        return t, _row(t, gpu, record_shapes, with_stack)
+    return None, None
+
+
 def _row(table: dict, cuda: bool, record_shapes: bool, with_stack: bool) -> dict | None:
     rows = [r for r in table["settings"] if bool(r["cuda"]) == cuda]
     exact = [r for r in rows if r["record_shapes"] == record_shapes and r["with_stack"] == with_stack]
@@ -131,27 +161,38 @@ def _per_step(view: "RankView") -> "pd.DataFrame | None":
     return ps[ps["step"] >= 0] if (ps["step"] >= 0).any() else ps
 
 
-def _counts(view: "RankView", per_step: "pd.DataFrame") -> tuple[float, float, bool]:
-    """Recorded ops and runtime/driver calls per step inside the step windows; whether ops were counted (the
-    frame holds every op) or taken as one per launching call."""
+def _counts(view: "RankView", per_step: "pd.DataFrame") -> tuple[float, float, str]:
+    """Recorded ops and runtime/driver calls per step, inside the steps' annotations (the host's side of each
+    step; the windows where there are none), and how the ops were counted: every op where the frame holds every
+    op; else the ops it kept plus the short ops the trace layer counted and left out
+    (:attr:`kit.traces.TraceInfo.short_ops`), of which the steps hold the share of the trace's runtime calls that
+    fall inside them (ops and the calls they make go together)."""
     import numpy as np
 
     cpu_all = view.memo.get("cpu_all")
     full = cpu_all is not None and not cpu_all.empty
     cpu = cpu_all if full else view.trace.cpu
-    a, b = per_step["ts"].to_numpy(float), per_step["end"].to_numpy(float)
+    st = view.steps
+    if st is not None and not st.empty and (per_step["step"] >= 0).any():
+        st = st.sort_values("ts")
+        a, b = st["ts"].to_numpy(float), st["end"].to_numpy(float)
+    else:
+        a, b = per_step["ts"].to_numpy(float), per_step["end"].to_numpy(float)
     ts = cpu["ts"].to_numpy(float)
     i = np.searchsorted(a, ts, side="right") - 1
     inside = (i >= 0) & (ts < b[np.clip(i, 0, len(b) - 1)])
     cats = cpu["cat"].astype(str).to_numpy()
-    n = max(1, len(per_step))
-    runtime = float(np.isin(cats[inside], ["cuda_runtime", "cuda_driver"]).sum()) / n
+    n = max(1, len(a))
+    is_rt = np.isin(cats, ["cuda_runtime", "cuda_driver"])
+    runtime = float(is_rt[inside].sum()) / n
+    ops = float((cats[inside] == "cpu_op").sum()) / n
     if full:
-        ops = float((cats[inside] == "cpu_op").sum()) / n
-    else:
-        names = cpu["name"].astype(str).to_numpy()[inside]
-        ops = float(np.isin(names, LAUNCH_CALLS).sum()) / n
-    return ops, runtime, full
+        return ops, runtime, "every recorded op counted"
+    short = int(getattr(view.trace.info, "short_ops", 0) or 0)
+    share = float(is_rt[inside].sum()) / float(is_rt.sum()) if is_rt.any() else 1.0
+    return (ops + short * share / n, runtime,
+            f"the ops the frame kept plus the {short} short ops the trace layer counted, {100 * share:.0f}% of them "
+            f"in the steps (their share of the runtime calls)")
 
 
 def _settings(view: "RankView", capture: dict | None) -> tuple[bool, bool, str]:
@@ -194,23 +235,52 @@ def overhead(view_or_trace: Any, capture: dict | None = None, *, cpu_all: "pd.Da
     props = view.trace.header.get("deviceProperties") if isinstance(view.trace.header, dict) else None
     if isinstance(props, list) and props and isinstance(props[0], dict):
         device = props[0].get("name")
-    table = pick_table(device, gpu, str(root))
+    shapes, stack, where = _settings(view, capture)
+    table, row = pick(device, gpu, shapes, stack, (view.trace.info.world_size or 1) > 1, str(root))
     if table is None:
         return ProfilerOverhead(traced, None, 0.0, "none", f"no per-event cost table for a {'GPU' if gpu else 'CPU'}"
                                 f" trace under {Path(root).name}/: run benchmarks/bench_profiler_overhead.py")
-    shapes, stack, where = _settings(view, capture)
-    row = _row(table, gpu, shapes, stack)
-    ops, runtime, full = _counts(view, ps)
+    ops, runtime, basis_ops = _counts(view, ps)
     # a least-squares split of a noisy measurement can come out below zero: no event makes the host faster
     c_op, c_rt = max(0.0, float(row["us_per_op"])), max(0.0, float(row["us_per_runtime"]))
     host_us = ops * c_op + runtime * c_rt
-    busy = float(ps["gpu_busy_us"].median()) if gpu and "gpu_busy_us" in ps else 0.0
+    # the GPU's own work bounds the step from below; not its collectives' kernels, which spin while they wait
+    # for a peer (a waiting rank's GPU is "busy" for most of the step)
+    busy = float(ps["gpu_compute_us"].median()) if gpu and "gpu_compute_us" in ps else 0.0
     unprof = min(traced, max(traced - host_us, busy))
-    basis_ops = "ops counted" if full else "ops taken as one per launching call (the frame keeps only long ops)"
+    source = (f"fitted on {row.get('cases', '?')} host-bound multi-process jobs whose overhead kit.capture measured "
+              f"(traced minus unprofiled step; runtime calls folded into the per-op cost)" if table.get("kind") == "jobs"
+              else "measured by benchmarks/bench_profiler_overhead.py's isolated-op loops")
     how = (f"estimated: {ops:.0f} ops and {runtime:.0f} runtime calls per step ({basis_ops}) x "
-           f"{c_op:.2f} / {c_rt:.2f} us each, measured by "
-           f"benchmarks/bench_profiler_overhead.py on {table['machine'].get('device')} ({table['file']}, "
+           f"{c_op:.2f} / {c_rt:.2f} us each, {source} on {table['machine'].get('device')} ({table['file']}, "
            f"record_shapes={row['record_shapes']}, with_stack={row['with_stack']}; settings read from {where}) = "
            f"{host_us:.0f} us of host time per step"
-           + (f"; the step cannot be shorter than the GPU's busy time, {busy:.0f} us" if unprof == busy and gpu else ""))
-    return ProfilerOverhead(traced, unprof, traced - unprof, "estimated", how)
+           + (f"; the step cannot be shorter than the GPU's own work (outside collectives), {busy:.0f} us" if unprof == busy and gpu else ""))
+    return ProfilerOverhead(traced, unprof, traced - unprof, "estimated", how, host_us=host_us,
+                            gpu_busy_us=float(ps["gpu_busy_us"].median()) if gpu and "gpu_busy_us" in ps else None)
+
+
+def job_floor(overhead: dict, waits: dict) -> dict:
+    """The estimated overheads of one job's ranks, bounded by the job: no rank steps faster than the job, and the
+    job not faster than the GPU with the most work of its own -- each rank's busy time less what its collectives'
+    kernels spent waiting for peers (``waits``: rank -> us per step, :func:`kit.doctor.reconcile.comm_waits`;
+    real transfer stays in). Measured overheads and ranks without the numbers are returned as they are."""
+    from dataclasses import replace
+
+    own = {r: o.gpu_busy_us - float(waits.get(r, 0.0)) for r, o in overhead.items()
+           if o.basis == "estimated" and o.gpu_busy_us is not None}
+    if not own:
+        return overhead
+    top = max(own, key=own.get)
+    floor = own[top]
+    out = dict(overhead)
+    for r, o in overhead.items():
+        if r not in own or o.traced_step_us is None or o.host_us is None:
+            continue
+        unprof = min(o.traced_step_us, max(o.traced_step_us - o.host_us, floor, o.unprofiled_step_us or 0.0))
+        if unprof != o.unprofiled_step_us:
+            out[r] = replace(o, unprofiled_step_us=unprof, overhead_us=o.traced_step_us - unprof,
+                             how=f"{o.how}; the job's step cannot be shorter than the GPU with the most work of its "
+                                 f"own (rank {top}: {floor:.0f} us busy per step, not counting its collectives' "
+                                 f"waiting for peers)")
+    return out

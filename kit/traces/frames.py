@@ -170,6 +170,10 @@ class TraceInfo:
     pg_config: tuple = ()
     events: int = 0
     """events in the file, kept or not"""
+    short_ops: int = 0
+    """``cpu_op`` events of the file that the default CPU frame left out (shorter than :data:`LONG_CPU_OP_US`, not
+    kept by name): counted, not kept -- the profiler's own overhead grows with every op it recorded
+    (:mod:`kit.doctor.overhead`)"""
 
 
 CpuMode = Literal["none", "comm", "default", "all"]
@@ -302,7 +306,8 @@ def load_trace(path: str | Path, *, cpu: CpuMode = "default", raw: bool = False,
         header, n_events, chunks = decode(p, cats)
         t = _build(header, chunks, path=p, adapter=adapter, cpu=cpu, n_events=n_events)
     if use_cache:
-        meta = {"header": t.header, "adapter": t.adapter, "events": t.info.events, "warnings": list(t.warnings)}
+        meta = {"header": t.header, "adapter": t.adapter, "events": t.info.events, "short_ops": t.info.short_ops,
+                "warnings": list(t.warnings)}
         _cache.write(p, cpu, _parser(adapter), t._frames["gpu"], t._frames["cpu"], meta)
     return t
 
@@ -321,7 +326,8 @@ def _cached_trace(path: Path, gpu: Columns, cpu: Columns, meta: dict[str, Any]) 
     """The Trace of frames read back from the cache (:func:`kit.traces.cache.read`)."""
     header = meta.get("header") or {}
     ad = next((a for a in ADAPTERS if a.name == meta.get("adapter")), None) or adapter_for(header)
-    return Trace(path=path, gpu=gpu, cpu=cpu, info=trace_info(header, ad, int(meta.get("events") or 0)),
+    return Trace(path=path, gpu=gpu, cpu=cpu, info=trace_info(header, ad, int(meta.get("events") or 0),
+                                                             int(meta.get("short_ops") or 0)),
                  adapter=ad.name, header=header, warnings=meta.get("warnings") or ())
 
 
@@ -410,7 +416,7 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
         into["dur"] += [e.dur for e in evs]
         return arg_columns(evs, g_keys if gpu else c_keys)
 
-    seen = 0
+    seen = short = 0
     windows: list[tuple[float, float]] = []
     for events in chunks:
         seen += len(events)
@@ -430,6 +436,7 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
                    if keep_cpu(ad.cats[e.cat], n) or (cpu == "default" and (e.dur or 0) >= LONG_CPU_OP_US)]
             c_ev += [e for e, _ in sel]
             c_names += [n for _, n in sel]
+            short += len(cand) - len(sel) if cpu == "default" else 0
         a = add(cc, c_ev, c_names, False)
         cc["pid"] += [e.pid for e in c_ev]
         cc["tid"] += [e.tid for e in c_ev]
@@ -443,7 +450,7 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
         cpu_cols = cpu_cols.take(np.argsort(cpu_cols.values["ts"], kind="stable"))
     name = path.name if path else "(trace)"
     (gpu_cols, cpu_cols), warnings = _valid(to_columns(g, GPU_COLUMNS), cpu_cols, name, windows)
-    return Trace(path=path, gpu=gpu_cols, cpu=cpu_cols, info=trace_info(header, ad, seen if n_events is None else n_events),
+    return Trace(path=path, gpu=gpu_cols, cpu=cpu_cols, info=trace_info(header, ad, seen if n_events is None else n_events, short),
                  adapter=ad.name, header=header, warnings=warnings)
 
 
@@ -532,8 +539,9 @@ def subsampled(external_ids: "np.ndarray", min_ids: int = 200) -> str | None:
             f"before it was written -- gaps, idle time and per-step costs are not those of the run")
 
 
-def trace_info(header: Mapping[str, Any], ad: Adapter, events: int) -> TraceInfo:
-    """The header's distributed info through the adapter's declared keys."""
+def trace_info(header: Mapping[str, Any], ad: Adapter, events: int, short_ops: int = 0) -> TraceInfo:
+    """The header's distributed info through the adapter's declared keys (``events``, ``short_ops``: counts
+    of the file's events, :class:`TraceInfo`)."""
     d = header.get(ad.info_key)
     d = d if isinstance(d, dict) else {}
     fields = {f: d.get(raw_key) for raw_key, f in ad.info.items()}
@@ -542,7 +550,7 @@ def trace_info(header: Mapping[str, Any], ad: Adapter, events: int) -> TraceInfo
         fields[f] = int(v) if isinstance(v, (int, float)) or (isinstance(v, str) and v.isdigit()) else None
     pg = fields.get("pg_config")
     fields["pg_config"] = tuple(pg) if isinstance(pg, (list, tuple)) else ()
-    return TraceInfo(**fields, events=events)
+    return TraceInfo(**fields, events=events, short_ops=short_ops)
 
 
 def gpu_events(trace: Mapping[str, Any] | Trace) -> "pd.DataFrame":
