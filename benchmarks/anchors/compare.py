@@ -9,11 +9,19 @@ is not the kit's (see benchmarks/anchors/RESULTS.md for how it was set up):
 - TraceLens: ``TreePerfAnalyzer.get_df_gpu_timeline`` per rank, and on multi-rank jobs with collectives
   ``NcclAnalyser.build_df_straggler_summary``.
 
+On jobs of more than one rank also traceinsight's ``get_comm_comp_overlap`` (the share of communication time
+that overlaps computation, per rank) and torch-tb-profiler's distributed view (per worker, averaged over steps:
+computation, overlapping, communication and other time; communication split into data transfer and
+synchronizing, i.e. waiting for peers). ``--kit-python PY`` fills the last column with ``kit doctor --json
+--workers 1`` run by that interpreter (the kit's own venv) on the same files: its first findings with their cost
+per step and the ranks they name.
+
 A job is a directory whose ``*.json``/``*.json.gz`` files holding ``traceEvents`` are its ranks, a single
 trace file, or a quoted glob of its rank files (for a folder that holds several jobs). Usage::
 
     .scratch/anchors/venv/bin/python benchmarks/anchors/compare.py JOB [JOB ...] \
-        [--json all.json] [--temporal-json tests/data/anchors/traceinsight_temporal.json]
+        [--json all.json] [--temporal-json tests/data/anchors/traceinsight_temporal.json] \
+        [--kit-python .venv/bin/python]
 
 A tool that fails on a job gets ``failed: <error line>`` in its column; the others still run.
 Exit codes: 0 on success, 2 if a job has no trace file.
@@ -131,8 +139,16 @@ def run_traceinsight(ranks: dict[int, Path]) -> dict:
                 "gpu_events": int(len(k)),
             }
         res: dict = {"temporal": per_rank}
-        if label == "default":
+        if label == "default" or "error" in out.get("default", {}):
             res["idle_breakdown"] = _idle_breakdown(ta, list(per_rank))
+        if len(files) > 1 and (label == "default" or "error" in out.get("default", {})):
+            try:
+                with _quiet():
+                    ov = ta.get_comm_comp_overlap(visualize=False)
+                res["comm_comp_overlap"] = {str(int(r["rank"])): round(float(r["comp_comm_overlap_pctg"]), 2)
+                                            for r in ov.to_dict("records")}
+            except Exception as exc:  # noqa: BLE001
+                res["comm_comp_overlap"] = {"error": _err(exc)}
         out[label] = res
     return out
 
@@ -191,6 +207,14 @@ def run_tb_plugin(ranks: dict[int, Path]) -> dict:
                 "breakdown_pct": parts,
                 "recommendations": [li for li in recs if li],
             }
+        dist = next((v for (w, _span), v in run.profiles.items() if w == "All"), None)
+        if dist is not None and len(ranks) > 1:
+            ov = (dist.steps_to_overlap or {}).get("data", {}).get("all", {})
+            wt = (dist.steps_to_wait or {}).get("data", {}).get("all", {})
+            out["distributed"] = {w.replace("rank_", ""): {
+                "computation_us": v[0], "overlapping_us": v[1], "communication_us": v[2], "other_us": v[3],
+                "transfer_us": (wt.get(w) or [None, None])[0], "synchronizing_us": (wt.get(w) or [None, None])[1]}
+                for w, v in ov.items()}
     return out
 
 
@@ -261,6 +285,11 @@ def _traceinsight_cell(ti: dict) -> str:
     errs = [v["error"] for v in ib.values() if "error" in v]
     if errs:
         cell += f"; idle breakdown {errs[0]}"
+    ov = d.get("comm_comp_overlap")
+    if isinstance(ov, dict) and "error" in ov:
+        cell += f"; comm/compute overlap {ov['error']}"
+    elif ov:
+        cell += f"; comm overlapped by compute {_range(list(ov.values()), nd=0)}"
     return cell
 
 
@@ -301,6 +330,14 @@ def _tb_cell(tb: dict) -> str:
     bad = [w["error"] for w in ws.values() if "error" in w]
     if bad:
         bits.append(f"{len(bad)}/{len(ws)} workers {bad[0]}")
+    dist = tb.get("distributed")
+    if dist:
+        comm = {w: v["overlapping_us"] + v["communication_us"] for w, v in dist.items()}
+        over = [v["overlapping_us"] / comm[w] if comm[w] else None for w, v in dist.items()]
+        bits.append(f"distributed: communication {_range(list(comm.values()), 1e-3, ' ms')} per step, "
+                    f"{_range(over, 100, nd=0)} of it overlapped; data transfer "
+                    f"{_range([v['transfer_us'] for v in dist.values()], 1e-3, ' ms')}, synchronizing "
+                    f"{_range([v['synchronizing_us'] for v in dist.values()], 1e-3, ' ms')}")
     return "; ".join(bits)
 
 
@@ -329,10 +366,44 @@ def _tracelens_cell(tl: dict) -> str:
     return "; ".join(bits)
 
 
+def _doctor_cell(doc: dict | None) -> str:
+    """The doctor's first three findings at or above 'low': rule, cost per step (ms), ranks."""
+    if not doc:
+        return ""
+    if "error" in doc:
+        return doc["error"]
+    shown = [f for f in doc["findings"] if f["severity"] != "info"][:3]
+    if not shown:
+        return "nothing at or above 'low'"
+    given = set(doc.get("ranks") or [])
+
+    def who(f):
+        return "all" if len(given) > 1 and set(f["ranks"]) == given else ",".join(map(str, f["ranks"]))
+    return "; ".join(f"{'**' if i == 0 else ''}{f['rule']}{'**' if i == 0 else ''} "
+                     f"{f['cost_us_per_step'] / 1e3:.1f} ms [{who(f)}]" for i, f in enumerate(shown))
+
+
+def run_doctor(job: Path, python: str, sweep: Path | None = None) -> dict:
+    """``kit doctor --json --workers 1 [--sweep RUN]`` on the job's trace files, with the kit's own interpreter."""
+    files = [str(p) for p in trace_files(job)]
+    more = ["--sweep", str(sweep)] if sweep else []
+    r = subprocess.run([python, "-m", "kit", "doctor", "--json", "--workers", "1", *more, *files], capture_output=True,
+                       text=True, cwd=REPO, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    try:
+        d = json.loads(r.stdout)
+    except ValueError:
+        return {"error": f"failed (exit {r.returncode}): {(r.stderr.strip().splitlines() or [''])[-1][:200]}"}
+    keep = ("rule", "cost_us_per_step", "ranks", "severity")
+    return {"commit": subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                     text=True).stdout.strip(),
+            "findings": [{k: f[k] for k in keep} for f in d["findings"]], "ranks": d.get("ranks"),
+            "step_us": d.get("step_us"), "notes": d.get("notes", []), "sweep": str(sweep) if sweep else None}
+
+
 def summarize(res: dict) -> dict[str, str]:
     """One short cell per tool, only what the tool computed."""
     return {"traceinsight": _traceinsight_cell(res["traceinsight"]), "tb_plugin": _tb_cell(res["tb_plugin"]),
-            "tracelens": _tracelens_cell(res["tracelens"])}
+            "tracelens": _tracelens_cell(res["tracelens"]), "doctor": _doctor_cell(res.get("doctor"))}
 
 
 # -------------------------------------------------------------------------------------------------- main
@@ -351,16 +422,22 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def run_job(job: Path) -> dict:
+def run_job(job: Path, kit_python: str | None = None, sweep: Path | None = None, doctor_only: dict | None = None
+            ) -> dict:
     ranks = ranks_of(trace_files(job))
     res = {"job": str(job), "ranks": {str(r): str(p) for r, p in ranks.items()},
            "sha256": {str(r): _sha256(p) for r, p in ranks.items()}}
     for name, fn in (("traceinsight", run_traceinsight), ("tb_plugin", run_tb_plugin), ("tracelens", run_tracelens)):
+        if doctor_only is not None:  # the anchors' saved results, only the doctor run again
+            res[name] = doctor_only[name]
+            continue
         try:
             res[name] = fn(ranks)
         except Exception as exc:  # noqa: BLE001 -- an import error or an unguarded failure of that anchor
             res[name] = {"error": _err(exc)}
         print(f"  {job}: {name} done", file=sys.stderr, flush=True)
+    if kit_python:
+        res["doctor"] = run_doctor(job, kit_python, sweep)
     res["summary"] = summarize(res)
     return res
 
@@ -373,6 +450,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write every tool's full result here")
     ap.add_argument("--temporal-json", type=Path,
                     help="write traceinsight's temporal breakdown for the jobs whose files are committed")
+    ap.add_argument("--kit-python", help="the kit's interpreter: fill the kit doctor column (kit doctor --json)")
+    ap.add_argument("--sweep", type=Path, help="the machine's collectives sweep, passed to kit doctor --sweep")
+    ap.add_argument("--doctor-only", action="store_true",
+                    help="with --from-json and --kit-python: run only kit doctor again on the saved jobs")
     args = ap.parse_args(argv)
     if not args.jobs and not args.from_json:
         ap.error("give a job or --from-json")
@@ -381,11 +462,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"compare.py: no such job or file, or no trace file in it: {j}", file=sys.stderr)
             return 2
     results = [res for f in args.from_json for res in json.loads(f.read_text())]
+    if args.doctor_only and args.kit_python:
+        results = [run_job(Path(res["job"]), args.kit_python, args.sweep, doctor_only=res) for res in results]
     print("| case | traceinsight | torch-tb-profiler | TraceLens | kit doctor |\n|---|---|---|---|---|")
     for res in results:
         _print_row(res, summarize(res))
     for j in args.jobs:
-        res = run_job(j)
+        res = run_job(j, args.kit_python, args.sweep)
         results.append(res)
         _print_row(res, res["summary"])
     if args.json:
@@ -397,18 +480,24 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print_row(res: dict, s: dict) -> None:
-    """A Markdown row: case (ranks) | traceinsight | tb_plugin | TraceLens | kit doctor (left empty)."""
-    job = res["job"].replace(".scratch/public/", "public: ")
+    """A Markdown row: case (ranks) | traceinsight | tb_plugin | TraceLens | kit doctor (empty without
+    ``--kit-python``)."""
+    job = re.sub(r"^.*\.device/results/", "recorded: ", res["job"].replace(".scratch/public/", "public: "))
     n = len(res["ranks"])
     truth = Path(res["job"]) / "truth.json"  # a planted-fault corpus case says what was planted
+    committed = REPO / "tests" / "data" / "doctor" / Path(res["job"]).parent.name / Path(res["job"]).name / "truth.json"
+    if committed.is_file():  # the committed copy of a recorded case's truth (with the time its fault added)
+        truth = committed
     planted = ""
     if truth.is_file():
         t = json.loads(truth.read_text())
         added = f", +{t['added_us'] / 1000:.1f} ms" if t.get("added_us") is not None else ""
         step = t["step_us_unprofiled"]["median"] / 1000
-        planted = f"; planted: {t.get('variant') or t.get('fault')}{added}; step {step:.1f} ms"
+        exp = t.get("expected_rule")
+        expect = f" -> {exp}" + (f" {t['expected_ranks']}" if t.get("expected_ranks") else "") if exp else ""
+        planted = f"; planted: {t.get('variant') or t.get('fault')}{added}{expect}; step {step:.1f} ms"
     print(f"| `{job}` ({n} rank{'s' if n > 1 else ''}{planted}) | {s['traceinsight']} | {s['tb_plugin']} | "
-          f"{s['tracelens']} | |", flush=True)
+          f"{s['tracelens']} | {s.get('doctor', '')} |", flush=True)
 
 
 def write_temporal(results: list[dict], dest: Path) -> None:
