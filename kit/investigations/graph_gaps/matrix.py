@@ -397,10 +397,12 @@ REPRO = RECORDED_ROOT / "probes" / "graph_gaps-repro"
 _HEAD = re.compile(r"^# n (?P<n>\d+) busy (?P<busy>\S+) .*? tail (?P<tail>\d+) record (?P<record>\S+) where (?P<where>\S+) "
                    r"join (?P<join>\S+) .*? queued (?P<queued>\d+) replays (?P<replays>\d+)")
 _LAUNCH = re.compile(r"^# pdl (?P<pdl>\d+)(?: launch (?P<launch>[a-z_]+))?(?: post (?P<post>\d+) after (?P<after>\S+) "
-                     r"blockers (?P<blockers>\d+))?")
+                     r"blockers (?P<blockers>\d+))?(?: marks (?P<marks>\d+))?")
 _SPAN = re.compile(r"replay span median [\d.]+ us \((?P<per_layer>[\d.]+) us per layer\)")
 _QUART = re.compile(r"^# median gap before busy_i by quarter \(i>=1\): (?P<q>[-\d. ]+) us; slope (?P<slope>-?[\d.]+)")
 _POST = re.compile(r"^# post: .*? by quarter: (?P<a>[-\d. ]+) us; .*? by quarter: (?P<b>[-\d. ]+) us")
+_MARKS = re.compile(r"^# marks: .*? in (?P<early>\d+) of (?P<pairs>\d+) pairs; start\(r\+1\) - end\(r\) median "
+                    r"(?P<gap>-?[\d.]+) us")
 _CMD = re.compile(r"^\$ (?P<env>(?:[A-Z_]+=\S+ )*)\s*\./repro ")
 
 
@@ -410,8 +412,11 @@ def outputs_table(_runs=None, root=REPRO) -> "pd.DataFrame":
     busy kind, launch stream (a printout without it: the created stream, the repro's first default), record kind,
     its stream, join, queued, pdl, the switches ``post`` / ``after`` / ``blockers``, time per layer of a
     replay, the median gap before busy_i per quarter and its slope, and with ``--post`` the lag per quarter from
-    tiny_i's end to post_i's start (``rec_q*``: the record and an edge on its own branch) and from post_i's end to
-    the next layer (``join_q*``: the edge across). Runs that did not finish (no summary) are left out."""
+    tiny_i's end to post_i's start (``rec_q*``: the record and an edge on its own branch -- ``post`` 2: on a third
+    branch forked off the record) and from post_i's end to the next layer (``join_q*``: the edge across, with
+    ``post`` 1); with ``--marks``, in how many of the pairs of consecutive replays
+    the later one started before the earlier one ended, and the median time from one's end to the next's start
+    (``next_replay_after_us``, negative: overlapping). Runs that did not finish (no summary) are left out."""
     import pandas as pd
 
     rows, env = [], ""
@@ -422,7 +427,7 @@ def outputs_table(_runs=None, root=REPRO) -> "pd.DataFrame":
                 env = m["env"].strip()
             elif ln.startswith("# device "):
                 row = {"file": str(f.relative_to(root)), "env": env, "launch": DEFAULTS["launch"], "pdl": 0, "post": 0,
-                       "after": "none", "blockers": 0}
+                       "after": "none", "blockers": 0, "marks": 0}
                 rows.append(row)
             elif row is None:
                 continue
@@ -430,10 +435,13 @@ def outputs_table(_runs=None, root=REPRO) -> "pd.DataFrame":
                 row.update({k: (int(v) if v.isdigit() else v) for k, v in m.groupdict().items()})
             elif (m := _LAUNCH.match(ln)):
                 row.update(launch=m["launch"] or DEFAULTS["launch"], pdl=int(m["pdl"]), post=int(m["post"] or 0), after=m["after"] or "none",
-                           blockers=int(m["blockers"] or 0))
+                           blockers=int(m["blockers"] or 0), marks=int(m["marks"] or 0))
             elif (m := _QUART.match(ln)):
                 row.update({f"q{i + 1}_us": float(v) for i, v in enumerate(m["q"].split())},
                            slope_us_per_layer=float(m["slope"]))
+            elif (m := _MARKS.match(ln)):
+                row.update(replays_overlapping=int(m["early"]), replay_pairs=int(m["pairs"]),
+                           next_replay_after_us=float(m["gap"]))
             elif (m := _POST.match(ln)):
                 row.update({f"rec_q{i + 1}_us": float(v) for i, v in enumerate(m["a"].split())})
                 row.update({f"join_q{i + 1}_us": float(v) for i, v in enumerate(m["b"].split())})
@@ -442,6 +450,7 @@ def outputs_table(_runs=None, root=REPRO) -> "pd.DataFrame":
         env = ""
     cols = ["file", "env", "busy", "launch", "record", "where", "join", "queued", "pdl", "post", "after", "blockers", "n", "layer_us",
             "q1_us", "q2_us", "q3_us", "q4_us", "slope_us_per_layer", *(f"rec_q{i}_us" for i in range(1, 5)),
-            *(f"join_q{i}_us" for i in range(1, 5))]
+            *(f"join_q{i}_us" for i in range(1, 5)), "marks", "replays_overlapping", "replay_pairs",
+            "next_replay_after_us"]
     t = pd.DataFrame([r for r in rows if "slope_us_per_layer" in r])
     return t.reindex(columns=cols) if len(t) else pd.DataFrame(columns=cols)

@@ -29,6 +29,10 @@
 // --post 1 puts a one-thread stamp kernel post_i on the side stream right after the record (the join then follows
 // it) and prints, by quarter, the lag from tiny_i's end to post_i's start (the record node and an edge on its own
 // branch) and from post_i's end to the next layer's start (the edge across to the main branch);
+// --post 2 puts post_i on a third stream instead, forked off the record: the next layer then waits on the record
+// node itself, as without --post, and post_i measures when a kernel on another branch sees the record;
+// --marks 1 adds a kernel at the head of the graph that stamps when each replay starts, and the last kernel stamps when
+// it ends: whether a replay starts before the previous one has ended (queued replays);
 // --after legacy launches a one-thread kernel into the legacy stream after every graph launch (a graph launched
 // into a blocking stream then has a legacy-stream operation waiting on it: the implicit synchronisation engaged);
 // --blockers K creates K blocking streams (cudaStreamCreate, one kernel each) before the replays, that a launch into
@@ -98,9 +102,13 @@ __global__ void tick(volatile unsigned* ctr) { *ctr = *ctr + 1; }
 
 __global__ void noop() {}
 
+__global__ void head_mark(u64* heads, unsigned* nh) { heads[atomicAdd(nh, 1u)] = gtime(); }  // --marks 1
+
+__global__ void tick_mark(volatile unsigned* ctr, u64* tails) { tails[*ctr] = gtime(); *ctr = *ctr + 1; }
+
 struct Opt {
   int n = 160, replays = 20, upload = 0, priority = 0, grid = 0, queued = 0, quiet = 0, hidden = 2048, tail = 0,
-      autofree = 0, pdl = 0, post = 0, blockers = 0;
+      autofree = 0, pdl = 0, post = 0, blockers = 0, marks = 0;
   double work_us = 200;
   std::string record = "shared", where = "side", join = "edge", busy = "spin", raw, launch = "created", after = "none";
 };
@@ -109,7 +117,7 @@ static void usage() {
   fprintf(stderr, "usage: repro [--n N] [--work-us US] [--replays R] [--record none|internal|shared|distinct|node]\n"
                   "  [--where side|main] [--join edge|extwait|none] [--upload 0|1] [--priority 0|1|2] [--grid BLOCKS]\n"
                   "  [--queued 0|1] [--busy spin|copy|gemm] [--hidden H] [--tail 0|1] [--autofree 0|1] [--pdl 0..3] [--raw FILE]\n"
-                  "  [--launch created|legacy|per_thread|blocking] [--post 0|1] [--after none|legacy] [--blockers K]\n"
+                  "  [--launch created|legacy|per_thread|blocking] [--post 0|1|2] [--after none|legacy] [--blockers K] [--marks 0|1]\n"
                   "  [--quiet 1]\n");
   exit(64);
 }
@@ -130,6 +138,7 @@ static Opt parse(int argc, char** argv) {
     else if (k == "--tail") o.tail = atoi(v); else if (k == "--autofree") o.autofree = atoi(v);
     else if (k == "--pdl") o.pdl = atoi(v);
     else if (k == "--post") o.post = atoi(v); else if (k == "--blockers") o.blockers = atoi(v);
+    else if (k == "--marks") o.marks = atoi(v);
     else if (k == "--after") { o.after = v; if (o.after != "none" && o.after != "legacy") usage(); }
     else if (k == "--launch") { o.launch = v; if (o.launch != "legacy" && o.launch != "created" && o.launch != "per_thread" && o.launch != "blocking") usage(); }
     else usage();
@@ -138,7 +147,7 @@ static Opt parse(int argc, char** argv) {
   bool ok = o.n >= 1 && o.replays >= 1 && o.work_us >= 0 && (o.where == "side" || o.where == "main") &&
             (o.join == "edge" || o.join == "extwait" || o.join == "none") && o.hidden >= 16 &&
             (o.busy == "spin" || o.busy == "copy" || o.busy == "gemm") && o.blockers >= 0 &&
-            (o.post == 0 || (o.post == 1 && o.where == "side")) &&
+            (o.post == 0 || ((o.post == 1 || o.post == 2) && o.where == "side")) && (o.marks == 0 || o.marks == 1) &&
             std::find(std::begin(recs), std::end(recs), o.record) != std::end(recs);
   bool ext = o.record == "shared" || o.record == "distinct" || o.record == "node";
   if (!ok || (o.join == "extwait" && !ext)) usage();  // an external wait needs an external record to wait on
@@ -162,15 +171,19 @@ int main(int argc, char** argv) {
   u64 *pst, *pen;
   CK(cudaMalloc(&pst, pcells * sizeof(u64))); CK(cudaMalloc(&pen, pcells * sizeof(u64)));
   CK(cudaMemset(pst, 0xff, pcells * sizeof(u64))); CK(cudaMemset(pen, 0, pcells * sizeof(u64)));
+  u64 *heads, *tails; unsigned* nh;  // --marks: each replay's start and end, in launch order
+  CK(cudaMalloc(&heads, (o.replays + 1) * sizeof(u64))); CK(cudaMalloc(&tails, (o.replays + 1) * sizeof(u64)));
+  CK(cudaMalloc(&nh, 4)); CK(cudaMemset(nh, 0, 4));
 
   int lo = 0, hi = 0;
   CK(cudaDeviceGetStreamPriorityRange(&lo, &hi));  // hi = the greatest priority (numerically lowest)
-  cudaStream_t s0, s1;
+  cudaStream_t s0, s1, s2;
   CK(cudaStreamCreateWithPriority(&s0, cudaStreamNonBlocking, o.priority == 1 ? lo : 0));
   CK(cudaStreamCreateWithPriority(&s1, cudaStreamNonBlocking, o.priority == 1 ? hi : 0));
+  CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));  // --post 2: post_i's own branch
   cudaEvent_t shared_ev;
   CK(cudaEventCreateWithFlags(&shared_ev, cudaEventDisableTiming));
-  std::vector<cudaEvent_t> ev(3 * o.n);  // per layer: fork, join, and the distinct / internal record event
+  std::vector<cudaEvent_t> ev(4 * o.n + 1);  // per layer: fork, join, the distinct / internal record event, --post 2's fork
   for (auto& e : ev) CK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   const u64 work_ns = (u64)(o.work_us * 1000.0);
   const size_t ncopy = o.busy == "copy" ? (size_t)(o.work_us * 1.5e6 / 16) + 1 : 1, ntail = 1 << 21;
@@ -193,6 +206,7 @@ int main(int argc, char** argv) {
   cudaGraph_t graph;
   CK(cudaStreamBeginCapture(s0, cudaStreamCaptureModeThreadLocal));
   cudaStream_t side = o.where == "side" ? s1 : s0;
+  if (o.marks) { head_mark<<<1, 1, 0, s0>>>(heads, nh); CK(cudaGetLastError()); }
   if (side != s0) { CK(cudaEventRecord(ev[0], s0)); CK(cudaStreamWaitEvent(s1, ev[0], 0)); }  // s1 joins capture
   for (int i = 0; i < o.n; i++) {
     cudaLaunchAttribute pa; pa.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -223,12 +237,18 @@ int main(int argc, char** argv) {
       CK(cudaGraphAddEventRecordNode(&node, g, deps, nd, shared_ev));
       CK(cudaStreamUpdateCaptureDependencies(side, &node, nullptr, 1, cudaStreamSetCaptureDependencies));
     }
-    if (o.post) { tiny<<<1, 1, 0, side>>>(pst, pen, ctr, i, o.n); CK(cudaGetLastError()); }
+    if (o.post == 1) { tiny<<<1, 1, 0, side>>>(pst, pen, ctr, i, o.n); CK(cudaGetLastError()); }
+    if (o.post == 2) {  // fork s2 off the record (an internal record: an edge, no node); s1 still ends at the record
+      CK(cudaEventRecord(ev[3 * o.n + i], side)); CK(cudaStreamWaitEvent(s2, ev[3 * o.n + i], 0));
+      tiny<<<1, 1, 0, s2>>>(pst, pen, ctr, i, o.n); CK(cudaGetLastError());
+    }
     if (side != s0 && o.join == "edge") { CK(cudaEventRecord(ev[3 * i + 1], s1)); CK(cudaStreamWaitEvent(s0, ev[3 * i + 1], 0)); }
     if (o.join == "extwait") CK(cudaStreamWaitEvent(s0, rec, cudaEventWaitExternal));
   }
   if (side != s0) { CK(cudaEventRecord(ev[1], s1)); CK(cudaStreamWaitEvent(s0, ev[1], 0)); }  // final join
-  tick<<<1, 1, 0, s0>>>(ctr);
+  if (o.post == 2) { CK(cudaEventRecord(ev[4 * o.n], s2)); CK(cudaStreamWaitEvent(s0, ev[4 * o.n], 0)); }
+  if (o.marks) tick_mark<<<1, 1, 0, s0>>>(ctr, tails);
+  else tick<<<1, 1, 0, s0>>>(ctr);
   CK(cudaGetLastError());
   CK(cudaStreamEndCapture(s0, &graph));
   size_t nodes = 0;
@@ -295,8 +315,8 @@ int main(int argc, char** argv) {
   printf("# n %d busy %s work_us %g hidden %d tail %d record %s where %s join %s upload %d priority %d autofree %d "
          "grid %d queued %d replays %d nodes %zu\n", o.n, o.busy.c_str(), o.work_us, o.hidden, o.tail, o.record.c_str(),
          o.where.c_str(), o.join.c_str(), o.upload, o.priority, o.autofree, grid, o.queued, o.replays, nodes);
-  printf("# pdl %d launch %s post %d after %s blockers %d; nodes: kernel %d memcpy %d memset %d event_record %d wait_event %d other %d\n", o.pdl,
-         o.launch.c_str(), o.post, o.after.c_str(), o.blockers, types[cudaGraphNodeTypeKernel], types[cudaGraphNodeTypeMemcpy],
+  printf("# pdl %d launch %s post %d after %s blockers %d marks %d; nodes: kernel %d memcpy %d memset %d event_record %d wait_event %d other %d\n", o.pdl,
+         o.launch.c_str(), o.post, o.after.c_str(), o.blockers, o.marks, types[cudaGraphNodeTypeKernel], types[cudaGraphNodeTypeMemcpy],
          types[cudaGraphNodeTypeMemset], types[cudaGraphNodeTypeEventRecord], types[cudaGraphNodeTypeWaitEvent],
          (int)nodes - types[cudaGraphNodeTypeKernel] - types[cudaGraphNodeTypeMemcpy] - types[cudaGraphNodeTypeMemset] -
              types[cudaGraphNodeTypeEventRecord] - types[cudaGraphNodeTypeWaitEvent]);
@@ -329,6 +349,21 @@ int main(int argc, char** argv) {
     printf("# post: tiny_i end -> post_i start (the record, same branch) by quarter: %.2f %.2f %.2f %.2f us; "
            "post_i end -> next layer start (the edge across) by quarter: %.2f %.2f %.2f %.2f us\n",
            qa[0], qa[1], qa[2], qa[3], qb[0], qb[1], qb[2], qb[3]);
+  }
+  if (o.marks) {  // replay r+1's head against replay r's last kernel
+    std::vector<u64> hh(o.replays), tt(o.replays);
+    CK(cudaMemcpy(hh.data(), heads, o.replays * sizeof(u64), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(tt.data(), tails, o.replays * sizeof(u64), cudaMemcpyDeviceToHost));
+    std::vector<double> d, dur;
+    int early = 0;
+    for (int r = 0; r + 1 < o.replays; r++) {
+      d.push_back(((double)hh[r + 1] - (double)tt[r]) / 1e3);
+      if (hh[r + 1] < tt[r]) early++;
+    }
+    for (int r = 0; r < o.replays; r++) dur.push_back(((double)tt[r] - (double)hh[r]) / 1e3);
+    printf("# marks: replay r+1 started before replay r ended in %d of %d pairs; start(r+1) - end(r) median %.1f us, "
+           "min %.1f us; head to end of a replay median %.1f us\n", early, o.replays - 1, median(d),
+           d.empty() ? 0.0 : *std::min_element(d.begin(), d.end()), median(dur));
   }
   if (!o.quiet) {
     printf("position,gap_before_busy_us,gap_before_tiny_us%s\n", o.post ? ",record_lag_us,join_lag_us" : "");
