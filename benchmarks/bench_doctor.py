@@ -14,7 +14,9 @@ With ``--ranks N`` the generated job has N rank traces of ``--mb`` MB each (``ma
 rank skewed) and one run diagnoses them all (the multi-GPU target: 4 ranks x 40 MB in <= 5 s and <= 300 MB with 2
 workers on two cores; peak RSS is the largest process's, as GNU time reports it).
 
-Prints one markdown row per (tree, trace or job): median wall, min-max, peak RSS.
+Prints one markdown row per (tree, trace or job): median wall, min-max, peak RSS, the CPU time of every process of
+the run (median) and that over the cores the workers can use (``--workers``, at most the machine's), and the load
+average when the runs started: on a shared box say it with every number.
 """
 
 from __future__ import annotations
@@ -29,17 +31,43 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def once(tree: Path, trace: "Path | list[Path]", workers: int = 1) -> tuple[float, float]:
-    """One ``kit doctor`` run from ``tree``'s sources on one trace or a job's traces: (wall s, peak RSS MB)."""
+def once(tree: Path, trace: "Path | list[Path]", workers: int = 1) -> tuple[float, float, float, float]:
+    """One ``kit doctor`` run from ``tree``'s sources on one trace or a job's traces: (wall s, peak RSS MB of the
+    largest process, CPU s summed over every process of the run, the 1-minute load average when it started).
+
+    Wall and peak RSS come from GNU time. The CPU time is sampled from the process tree every 20 ms with psutil
+    (workers are forked from a forkserver that GNU time does not wait for, so its own CPU figure leaves them out);
+    on a shared box the wall time grows with the load, the CPU time much less: ``CPU / cores`` is the wall time
+    the same work needs on idle cores when it is spread over them."""
+    import time
+
+    import psutil
+
     env = {**os.environ, "PYTHONPATH": str(tree), "KIT_TRACE_CACHE": "0"}
     files = [str(t) for t in trace] if isinstance(trace, list) else [str(trace)]
     cmd = ["/usr/bin/time", "-f", "%e %M", sys.executable, "-m", "kit", "doctor", *files, "--workers", str(workers),
            "--json"]
-    p = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
+    load = os.getloadavg()[0]
+    p = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    cpu: dict[int, float] = {}
+    root = psutil.Process(p.pid)
+    while p.poll() is None:
+        try:
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            procs = []
+        for q in procs:
+            try:
+                t = q.cpu_times()
+                cpu[q.pid] = max(cpu.get(q.pid, 0.0), t.user + t.system)
+            except psutil.Error:
+                pass
+        time.sleep(0.02)
+    err = p.stderr.read()
     if p.returncode not in (0, 3, 4):
-        raise SystemExit(f"{tree}: kit doctor exited {p.returncode}: {p.stderr.strip().splitlines()[-1:]}")
-    wall, kb = p.stderr.strip().splitlines()[-1].split()
-    return float(wall), float(kb) / 1024
+        raise SystemExit(f"{tree}: kit doctor exited {p.returncode}: {err.strip().splitlines()[-1:]}")
+    wall, kb = err.strip().splitlines()[-1].split()
+    return float(wall), float(kb) / 1024, sum(cpu.values()), load
 
 
 def main() -> int:
@@ -64,20 +92,25 @@ def main() -> int:
 
         traces = make_job(Path(a.workdir) / f"doctor_{a.mb:g}mb", 1, mb=a.mb)[:1]
     trees = [("this", ROOT)] + ([("baseline", a.baseline.resolve())] if a.baseline else [])
-    print("| tree | trace | MB | wall s (median, min-max) | peak RSS MB |\n|---|---|---|---|---|")
+    print("| tree | trace | MB | wall s (median, min-max) | peak RSS MB | CPU s (median) | CPU / cores s | "
+          "load average at start |\n|---|---|---|---|---|---|---|---|")
+    cores = min(os.cpu_count() or 1, max(1, a.workers))
     for t in traces:
-        got: dict[str, list[tuple[float, float]]] = {n: [] for n, _ in trees}
+        got: dict[str, list[tuple[float, float, float, float]]] = {n: [] for n, _ in trees}
         for _ in range(a.repeat):
             for name, tree in trees:  # alternating: a noisy neighbour hits both
                 got[name].append(once(tree, [Path(x).resolve() for x in t] if isinstance(t, list)
                                       else Path(t).resolve(), a.workers))
         for name, _ in trees:
-            w = [x for x, _ in got[name]]
-            m = max(r for _, r in got[name])
+            w = [x[0] for x in got[name]]
+            m = max(x[1] for x in got[name])
+            c = statistics.median(x[2] for x in got[name])
+            loads = [x[3] for x in got[name]]
             label = f"{len(t)} ranks" if isinstance(t, list) else Path(t).name
             mb = sum(Path(x).stat().st_size for x in (t if isinstance(t, list) else [t])) / 1e6
             print(f"| {name} | {label} | {mb:.0f} | {statistics.median(w):.2f} "
-                  f"({min(w):.2f}-{max(w):.2f}) | {m:.0f} |")
+                  f"({min(w):.2f}-{max(w):.2f}) | {m:.0f} | {c:.2f} | {c / cores:.2f} | "
+                  f"{min(loads):.1f}-{max(loads):.1f} |")
     return 0
 
 

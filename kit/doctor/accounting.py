@@ -333,14 +333,15 @@ def catch_up(grp, w, nxt, cls, dur, s, t_next, host) -> dict[tuple[int, str, str
         return {}
     df = pd.DataFrame({"grp": grp[m], "w": w[m], "nxt": nxt[m], "cls": cls[m], "dur": dur[m], "s": s[m],
                        "t": t_next[m]})
-    tot = df.groupby(["grp", "cls"])["dur"].sum()
+    # plain dicts, not pandas lookups: the loop below runs once per idle stretch (thousands per rank)
+    tot = df.groupby(["grp", "cls"])["dur"].sum().to_dict()
     firsts = df.sort_values("s", kind="stable").drop_duplicates("grp")
     moves: dict[tuple[int, str, str], float] = {}
-    stretch_end = df.assign(e=df["s"] + df["dur"]).groupby("grp")["e"].max()
+    stretch_end = df.assign(e=df["s"] + df["dur"]).groupby("grp")["e"].max().to_dict()
     cause, cause_t, block, budget, prev_end = None, None, None, 0.0, -np.inf
     host_classes = ("launch", "step_start") + BLOCKING
-    for g, wi, n, c0, s0, t in zip(firsts["grp"], firsts["w"], firsts["nxt"], firsts["cls"], firsts["s"],
-                                   firsts["t"]):
+    for g, wi, n, c0, s0, t in zip(firsts["grp"].tolist(), firsts["w"].tolist(), firsts["nxt"].tolist(),
+                                   firsts["cls"].tolist(), firsts["s"].tolist(), firsts["t"].tolist()):
         busy = s0 - prev_end  # the GPU ran this long without idling since the previous stretch
         prev_end = float(stretch_end[g])
         if c0 not in host_classes or busy >= budget:
