@@ -59,7 +59,14 @@ def cfg(tmp_path):
     return LaunchConfig(world_size=2, backend="gloo", results_root=str(tmp_path / "results"), timeout_s=60)
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "smoke_run(notebook): reads the session's one `kit run` of configs/cpu-smoke.yaml "
+                                       "(fixture smoke_run), which runs in the background while the other tests run")
+
+
+@pytest.hookimpl(trylast=True)  # after -m/-k deselected what will not run
 def pytest_collection_modifyitems(config, items):
+    _smoke_run_last(items)
     try:
         import torch
 
@@ -151,3 +158,80 @@ def assert_plan_kept(name, cfg, runs):
     done = [progress.read_points(getattr(r, "dir", r))[0] for r in runs]
     planned = contract.planned_points(name, cfg)
     assert planned and sum(done) == planned, f"{name}: planned {planned} points, rank 0 reported {done}"
+
+
+# ------------------------------------------------------------------------------------------------ the shared kit run
+SMOKE_CONFIG = "configs/cpu-smoke.yaml"
+
+
+def _smoke_notebooks(items) -> list[str]:
+    return sorted({m.args[0] for item in items for m in item.iter_markers("smoke_run")})
+
+
+def _smoke_run_last(items) -> None:
+    """The tests that read the shared ``kit run`` go last: the run, started when the first test starts, then
+    runs beside the others (a test process is one core of two; the run's notebooks are most of their own time on
+    the other) instead of making the first of them wait for it."""
+    readers = [i for i in items if i.get_closest_marker("smoke_run")]
+    if readers:
+        items[:] = [i for i in items if not i.get_closest_marker("smoke_run")] + readers
+
+
+class SmokeRun:
+    """One ``kit run NOTEBOOKS --config configs/cpu-smoke.yaml`` in the background, for the whole session: every
+    notebook a selected test marks ``smoke_run(name)`` (each once ran its own ``kit run``, 20-40 s apiece)."""
+
+    def __init__(self, names: list[str], root: Path):
+        import subprocess
+
+        self.names, self.root = names, root
+        self._out, self._err = open(root / "stdout.txt", "w+"), open(root / "stderr.txt", "w+")
+        self.proc = subprocess.Popen([sys.executable, "-m", "kit", "run", *names, "--config", SMOKE_CONFIG,
+                                      "--results-root", str(root / "results")], cwd=ROOT, stdout=self._out,
+                                     stderr=self._err, text=True)
+        self._done = None
+
+    def result(self, name: str, timeout: float = 1500):
+        """``(CompletedProcess of notebook name, results root)``: the run's output, with returncode 0 when that
+        notebook's entry in the report is ok (a failing notebook fails its own tests only)."""
+        import json
+        import subprocess
+
+        if self._done is None:
+            try:
+                rc = self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                rc = self.proc.wait()
+            self._out.seek(0), self._err.seek(0)
+            self._done = rc, self._out.read(), self._err.read()
+        rc, out, err = self._done
+        reports = list((self.root / "results" / "reports").glob("*/report.json"))
+        entries = {e["name"]: e for e in json.loads(reports[0].read_text())["entries"]} if reports else {}
+        ok = name in entries and entries[name]["status"] == "ok" and rc in (0, 1)
+        args = self.proc.args
+        return subprocess.CompletedProcess(args, 0 if ok else (rc or 1), out, err), self.root / "results"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._out.close(), self._err.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _smoke_run(request, _trace_cache, tmp_path_factory):
+    """Started with the session's first test when any selected test reads it (after the trace cache's folder is
+    set: the run's CLIs write their trace caches there too)."""
+    names = _smoke_notebooks(request.session.items)
+    run = SmokeRun(names, tmp_path_factory.mktemp("cpu-smoke-run")) if names else None
+    yield run
+    if run is not None:
+        run.stop()
+
+
+@pytest.fixture
+def smoke_run(request, _smoke_run):
+    """``(result, results root)`` of the shared ``kit run`` for the notebook this test marks ``smoke_run(name)``:
+    the report under ``<root>/reports/<id>/``, the notebook's runs under ``<root>/<name>/``."""
+    return _smoke_run.result(request.node.get_closest_marker("smoke_run").args[0])

@@ -162,8 +162,9 @@ def test_cli_bad_traces(tmp_path):
 
 
 @pytest.mark.slow
-def test_kit_run_collective_tracing_cpu_smoke(tmp_path):
-    p = _kit("run", "collective_tracing", "--config", "configs/cpu-smoke.yaml", "--results-root", str(tmp_path))
+@pytest.mark.smoke_run("collective_tracing")
+def test_kit_run_collective_tracing_cpu_smoke(smoke_run):
+    p, tmp_path = smoke_run
     assert p.returncode == 0, p.stdout + p.stderr
     html = next((tmp_path / "reports").iterdir()).joinpath("collective_tracing.html").read_text()
     assert "never issued by rank(s) [1]" in html

@@ -104,17 +104,15 @@ def test_config_is_typed():
 
 
 # ------------------------------------------------------------------------------------------------ runs on gloo
-@pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    """One `kit run dataloader_sync` on configs/cpu-smoke.yaml (2 gloo ranks): the report and the run it made,
-    shared by the run's and the notebook's tests (they once ran it twice)."""
-    root = tmp_path_factory.mktemp("dataloader_sync_smoke")
-    p = subprocess.run([sys.executable, "-m", "kit", "run", "dataloader_sync", "--config", "configs/cpu-smoke.yaml",
-                        "--results-root", str(root)], cwd=ROOT, capture_output=True, text=True, timeout=400)
-    return p, root
+@pytest.fixture
+def smoke(smoke_run):
+    """The session's `kit run` of configs/cpu-smoke.yaml (conftest.py) for dataloader_sync (2 gloo ranks): the
+    report and the run it made, shared by the run's and the notebook's tests."""
+    return smoke_run
 
 
 @pytest.mark.slow
+@pytest.mark.smoke_run("dataloader_sync")
 def test_run_two_gloo_ranks(smoke):
     p, root = smoke
     assert p.returncode == 0, p.stdout + p.stderr
@@ -249,6 +247,7 @@ def test_recorded_tables():
 
 # ------------------------------------------------------------------------------------------------ notebook
 @pytest.mark.slow
+@pytest.mark.smoke_run("dataloader_sync")
 def test_kit_run_dataloader_sync_cpu_smoke(smoke):
     p, tmp_path = smoke
     assert p.returncode == 0, p.stdout + p.stderr
