@@ -101,7 +101,11 @@ def net_of_profiler(f: Finding, overhead: dict | None) -> Finding:
     ev = {**f.evidence, "cost_traced_us_per_step": f.cost_us_per_step, **o.as_dict()}
     if isinstance(ev.get("per_rank"), dict):  # each rank's cost net of its own overhead
         ev["per_rank"] = {rk: _net_rank(n, overhead.get(int(rk))) for rk, n in ev["per_rank"].items()}
-    return dataclasses.replace(f, cost_us_per_step=round(o.net(f.cost_us_per_step), 1), evidence=ev)
+    net = round(o.net(f.cost_us_per_step), 1)
+    said = f.summary if round(net) == round(f.cost_us_per_step) else (  # the sentence says the cost it states
+        f"{f.summary}; {net / 1e3:.2f} ms per step net of the profiler's own overhead ({o.overhead_us / 1e3:.2f} ms "
+        f"per step, {o.basis})")
+    return dataclasses.replace(f, cost_us_per_step=net, evidence=ev, summary=said)
 
 
 def _net_rank(n, o):

@@ -59,8 +59,8 @@ def pageable_extract(view: RankView, h: HostTimeline) -> PageableCopies:
         window = (float(min(x["call_ts"], x["ts"])) - EXCERPT_PAD_US,
                   float(max(x["call_end"], x["end"])) + EXCERPT_PAD_US)
     scale = step_scale(view)
-    if isinstance(view.account, Account):
-        idle = view.account.cost("pageable")
+    if isinstance(view.account, Account):  # whole us: the sentence and the reconcile stage round the same way
+        idle = float(round(view.account.cost("pageable")))
     else:  # no account: the idle GPU time inside the calls
         ca, cb = union_np(known["call_ts"], known["call_end"])
         idle = float((cb - ca).sum() - covered(*union_np(h.starts, h.busy_until), ca, cb).sum()) if len(ca) else 0.0
