@@ -40,8 +40,10 @@ FIRST_MISSES = {
     "corpus-h100x2/gpt-ddp-bf16-accum_no_sync": "launch_bound, job-level, comes first at 26.2 ms net of the measured "
                                                 "profiler overhead, repeated_grad_sync second at 21.5 ms (2.14x the "
                                                 "10.05 ms added): the accumulation job is launch-bound as a whole "
-                                                "(its no_sync control too, 17.2 ms net), and the fault's 3 extra "
-                                                "all-reduce rounds are launched by the same slow hosts",
+                                                "(its no_sync control too: 17.2 ms net, 0.83x its unprofiled GPU "
+                                                "idle), and the rule's cost, the extra rounds' exposed time, is the "
+                                                "median of the waiting rank's 41.3 ms (it waits for the slower host "
+                                                "at every round) and the slower rank's 1.7 ms (its transfer)",
     "corpus-h100x2/gpt-ddp-bf16-p2p_off": "low_busbw comes first (all-reduces of 49 MiB at 25.7 GB/s against the "
                                           "sweep's 253 GB/s, with the exposed communication folded in) but costs "
                                           "4.8 ms, 2.4x the 2.0 ms NCCL_P2P_DISABLE=1 adds unprofiled: in the "

@@ -64,8 +64,8 @@ allocator's device calls, issuing its work -- not the time blocked on collective
 idle gaps (under the profiler mostly the profiler's own time between the events it records)"""
 PER_STEP = ("step", "ts", "end", "dur") + tuple(f"{k}_us" for k in KINDS) + ("gpu_busy_us", "gpu_comm_us",
                                                                             "gpu_compute_us", "own_host_us")
-"""the columns of :attr:`HostModel.per_step`; ``own_host_us``: the main thread's :data:`OWN_KINDS` inside the
-step's own annotation (the host's side of the step, not the window extended to its GPU work: a host that runs
+"""the columns of :attr:`HostModel.per_step`; ``own_host_us``: the time any issuing thread spent in :data:`OWN_KINDS`
+inside the step's own annotation (the host's side of the step, not the window extended to its GPU work: a host that runs
 ahead of its GPU did its step's work before the window's GPU part)"""
 
 
@@ -284,15 +284,20 @@ def _finish(view, mode, win, main, threads, calls, sets, default: str, gpu, cpu=
     for c, key in (("gpu_busy_us", "busy"), ("gpu_comm_us", "comm")):
         per_step[c] = _per_window(gpu[key], wa, wb) if gpu else 0.0
     per_step["gpu_compute_us"] = per_step["gpu_busy_us"] - per_step["gpu_comm_us"]
-    per_step["own_host_us"] = _own_host(view, sets.get(main), win, default) if main in sets else 0.0
+    per_step["own_host_us"] = _own_host(view, sets, win, default, main, calls)
     return HostModel(mode=mode, activity=act[["tid", "ts", "end", "kind", "name"]], per_step=per_step[list(PER_STEP)],
                      windows=win.reset_index(drop=True), main_tid=main, threads=tuple(threads), calls=calls, sets=sets)
 
 
-def _own_host(view, spans: dict, win: "pd.DataFrame", default: str) -> "np.ndarray":
-    """Per window, the main thread's :data:`OWN_KINDS` time inside its step annotation (the window's own bounds
-    without step annotations)."""
+def _own_host(view, sets: dict, win: "pd.DataFrame", default: str, main, calls) -> "np.ndarray":
+    """Per window, the time inside its step annotation (the window's own bounds without step annotations) in which
+    the main thread was in one of :data:`OWN_KINDS`, or another thread that issues the rank's work was issuing it or
+    in the allocator (the autograd thread issuing the backward while the main thread waits in ``backward()``; a
+    helper thread's long quiet stretches are its waiting for work, not the rank's time) -- less its calls that issue
+    work and block :data:`STALL_US` or longer: the GPU's queue is full, the host waits for the GPU."""
     import numpy as np
+
+    from ..traces.intervals import covered
 
     st = view.steps
     if st is None or st.empty or (win["step"] < 0).all():
@@ -305,11 +310,22 @@ def _own_host(view, spans: dict, win: "pd.DataFrame", default: str) -> "np.ndarr
     out = np.zeros(len(win))
     if not ok.any():
         return out
-    s, e, cls = _classify(spans, float(a[ok].min()), float(b[ok].max()), default, extra=np.r_[a[ok], b[ok]])
-    own = np.isin(cls, OWN_KINDS)
-    for i in np.flatnonzero(ok):
-        m = own & (s >= a[i]) & (e <= b[i])
-        out[i] = float((e[m] - s[m]).sum())
+    lo, hi = float(a[ok].min()), float(b[ok].max())
+    sa, sb = [], []
+    for t, spans in sets.items():
+        if t == ALL:
+            continue
+        s, e, cls = _classify(spans, lo, hi, default, extra=np.r_[a[ok], b[ok]])
+        m = np.isin(cls, OWN_KINDS if t == main else ("issue", "alloc"))
+        sa.append(s[m])
+        sb.append(e[m])
+    if sa:
+        ua, ub = union_np(np.concatenate(sa), np.concatenate(sb))
+        if calls is not None and len(calls) and "issues" in calls:
+            full = calls[calls["issues"] & ((calls["end"] - calls["ts"]) >= STALL_US)]
+            if len(full):
+                ua, ub = subtract((ua, ub), union_np(full["ts"].to_numpy(dtype=float), full["end"].to_numpy(dtype=float)))
+        out[ok] = covered(ua, ub, a[ok], b[ok])
     return out
 
 

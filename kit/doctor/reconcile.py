@@ -195,7 +195,8 @@ def job_level_launch(findings: list[Finding], ctx: JobContext) -> list[Finding]:
         return findings
     slowest = max(ctx.host_steps, key=lambda r: float(ctx.host_steps[r]["issue_us"].median()))
     ovh = (ctx.overhead or {}).get(slowest)
-    own = own_excess(ctx.host_steps, slowest, ctx.step_us, None, ovh.overhead_us if ovh is not None else 0.0)
+    own = own_excess(ctx.host_steps, slowest, ctx.step_us, None, ovh.overhead_us if ovh is not None else 0.0,
+                     kinds=("host",))
     if own is None or own["confirmed"]:
         return findings
     merged = dataclasses.replace(f, ranks=tuple(sorted(ctx.ranks)), summary=(
