@@ -167,3 +167,61 @@ def test_work_queued_before_the_trace_is_not_unexplained_idle():
     assert "unexplained_idle" not in _costs(d)
     f = next(f for f in d.findings if f.rule == "input_bound")
     assert 3 in f.ranks
+
+
+# ------------------------------------------------------------------------------ one-time work, planted timelines
+def _x(name, cat, ts, dur, tid=1, **args):
+    return {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "pid": 1, "tid": tid, "args": args}
+
+
+def _work(corr, ts, dur=500):
+    """A launch at ``ts`` and its kernel 10 us later."""
+    return [_x("cudaLaunchKernel", "cuda_runtime", ts, 8, correlation=corr),
+            _x(f"k{corr}", "kernel", ts + 10, dur, tid=7, device=0, stream=7, correlation=corr)]
+
+
+def _steps(events):
+    from kit import traces
+    from kit.doctor.steps import find_steps
+
+    t = traces.from_dict({"schemaVersion": 1, "traceEvents": events})
+    return find_steps(t.cpu, None, t.gpu)
+
+
+def test_a_first_step_many_times_the_others_is_start_up():
+    ev = [_x("ProfilerStep#1", "user_annotation", 0, 40_000)] + _work(1, 35_000)
+    for i, t0 in enumerate((40_000, 44_000, 48_000, 52_000), start=2):
+        ev += [_x(f"ProfilerStep#{i}", "user_annotation", t0, 4_000)] + _work(i, t0 + 100)
+    st = _steps(ev)
+    assert list(st["step"]) == [2, 3, 4, 5] and "step 1 left out as one-time start-up" in st.attrs["left_out"]
+
+
+def test_a_first_step_holding_a_start_up_call_is_start_up():
+    """A 200 ms cudaFree with the GPU idle (a context or a library loading) marks the step as start-up, whatever its
+    length against the others; one that waits for a busy GPU does not."""
+    ev = [_x("ProfilerStep#1", "user_annotation", 0, 300_000), _x("cudaFree", "cuda_runtime", 1_000, 200_000)]
+    ev += _work(1, 250_000)
+    for i, t0 in enumerate((300_000, 500_000), start=2):
+        ev += [_x(f"ProfilerStep#{i}", "user_annotation", t0, 200_000)] + _work(i, t0 + 100)
+    st = _steps(ev)
+    assert list(st["step"]) == [2, 3] and "cudaFree 0.20 s" in st.attrs["left_out"]
+    busy = [e for e in ev if e["name"] != "k1"] + [_x("k1", "kernel", 500, 250_000, tid=7, device=0, stream=7,
+                                                        correlation=1)]
+    assert list(_steps(busy)["step"]) == [1, 2, 3]
+
+
+def test_the_profilers_stop_is_cut_from_the_last_step():
+    ev = []
+    for i, t0 in enumerate((0, 4_000, 8_000, 12_000), start=1):
+        ev += [_x(f"ProfilerStep#{i}", "user_annotation", t0, 4_000 if i < 4 else 12_000)] + _work(i, t0 + 100)
+    st = _steps(ev)
+    assert st["dur"].iloc[-1] == pytest.approx(4_000) and "the profiler's own stop" in st.attrs["left_out"]
+    assert list(st["dur"].iloc[:-1]) == [4_000, 4_000, 4_000]
+
+
+def test_without_steps_the_span_after_start_up_is_the_step():
+    ev = _work(1, 0) + [_x("cudaFree", "cuda_runtime", 1_000, 500_000)] + _work(2, 502_000) + _work(3, 503_000)
+    st = _steps(ev)
+    assert st.attrs.get("span") and list(st["step"]) == [-1]
+    assert st["ts"].iloc[0] == pytest.approx(501_000) and "one-time start-up left out" in st.attrs["left_out"]
+    assert _steps(_work(1, 0) + _work(2, 1_000)).empty  # nothing to leave out: the traced span stays the step

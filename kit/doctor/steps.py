@@ -136,8 +136,9 @@ def steady(st: "pd.DataFrame", cpu=None, gpu=None) -> "pd.DataFrame":
 
     * the first step when it is start-up: longer than :data:`WARMUP_RATIO` times the median of the others (3+
       steps), or holding a start-up call (:func:`startup_calls`; 2+ steps);
-    * the end of the last step when it holds the profiler's stop (:data:`TEARDOWN_RATIO`): cut at the others'
-      median, or at the end of its last call that issued GPU work if later;
+    * the end of the last ``ProfilerStep`` when it holds the profiler's stop (:data:`TEARDOWN_RATIO`): cut at the
+      others' median, or at the end of its last call that issued GPU work if later (an inferred step ends at its
+      ``Optimizer.step``: nothing to cut);
     * without steps: the traced span after the last start-up call is the one step (``attrs[SPAN]``), when GPU work
       follows that call -- the first iterations of a process that loads its libraries are not its steps."""
     import numpy as np
@@ -171,7 +172,7 @@ def steady(st: "pd.DataFrame", cpu=None, gpu=None) -> "pd.DataFrame":
                         f"a median of {rest / 1e3:.1f} ms for the others; {why})")
             st = st.iloc[1:].reset_index(drop=True)
             dur = dur[1:]
-    if len(st) >= 3 and dur[-1] > TEARDOWN_RATIO * float(np.median(dur[:-1])):
+    if len(st) >= 3 and not attrs.get(INFERRED) and dur[-1] > TEARDOWN_RATIO * float(np.median(dur[:-1])):
         ts, end = float(st["ts"].iloc[-1]), float(st["end"].iloc[-1])
         cut = ts + float(np.median(dur[:-1]))
         if cpu is not None and not cpu.empty and gpu is not None and not gpu.empty:
