@@ -2,6 +2,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -60,13 +61,13 @@ def cfg(tmp_path):
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "smoke_run(notebook): reads the session's one `kit run` of configs/cpu-smoke.yaml "
-                                       "(fixture smoke_run), which runs in the background while the other tests run")
+    config.addinivalue_line("markers", "background(*args): reads `python -m kit ARGS` ({root}: its own folder), run in "
+                                       "the background while the other tests run (fixture background)")
 
 
 @pytest.hookimpl(trylast=True)  # after -m/-k deselected what will not run
 def pytest_collection_modifyitems(config, items):
-    _smoke_run_last(items)
+    _background_last(items)
     try:
         import torch
 
@@ -160,78 +161,81 @@ def assert_plan_kept(name, cfg, runs):
     assert planned and sum(done) == planned, f"{name}: planned {planned} points, rank 0 reported {done}"
 
 
-# ------------------------------------------------------------------------------------------------ the shared kit run
-SMOKE_CONFIG = "configs/cpu-smoke.yaml"
+# ------------------------------------------------------------------------------------------------ background runs
+def _jobs(items) -> list[tuple[str, ...]]:
+    return list(dict.fromkeys(tuple(m.args) for item in items for m in item.iter_markers("background")))
 
 
-def _smoke_notebooks(items) -> list[str]:
-    return sorted({m.args[0] for item in items for m in item.iter_markers("smoke_run")})
-
-
-def _smoke_run_last(items) -> None:
-    """The tests that read the shared ``kit run`` go last: the run, started when the first test starts, then
-    runs beside the others (a test process is one core of two; the run's notebooks are most of their own time on
-    the other) instead of making the first of them wait for it."""
-    readers = [i for i in items if i.get_closest_marker("smoke_run")]
+def _background_last(items) -> None:
+    """The tests that read a background run go last: the runs, started with the first test, then run beside the
+    others (a test process is one core of two; a notebook or a launch of many ranks, most of the time its own,
+    takes the other) instead of making the first of their readers wait."""
+    readers = [i for i in items if i.get_closest_marker("background")]
     if readers:
-        items[:] = [i for i in items if not i.get_closest_marker("smoke_run")] + readers
+        items[:] = [i for i in items if not i.get_closest_marker("background")] + readers
 
 
-class SmokeRun:
-    """One ``kit run NOTEBOOKS --config configs/cpu-smoke.yaml`` in the background, for the whole session: every
-    notebook a selected test marks ``smoke_run(name)`` (each once ran its own ``kit run``, 20-40 s apiece)."""
+class Background:
+    """The ``python -m kit ARGS`` commands of the selected tests' ``background(*args)`` marks (``{root}`` in an
+    argument: a folder of the command's own), run one after another in a thread from the session's first test on
+    -- the notebook runs of configs/cpu-smoke.yaml and the 8-rank launches, 10-40 s apiece, each as its test once
+    ran it. One command marked by several tests runs once."""
 
-    def __init__(self, names: list[str], root: Path):
+    def __init__(self, jobs: list[tuple[str, ...]], base: Path):
+        import threading
+
+        self.roots = {job: base / f"job{i}" for i, job in enumerate(jobs)}
+        self.env = dict(os.environ)  # as the session starts: a test's monkeypatched variables are not the commands'
+        self.done: dict[tuple[str, ...], Any] = {}
+        self.ready = {job: threading.Event() for job in jobs}
+        self.procs: list[Any] = []
+        self._stop = False
+        self.thread = threading.Thread(target=self._run, args=(jobs,), daemon=True)
+        self.thread.start()
+
+    def _run(self, jobs) -> None:
         import subprocess
 
-        self.names, self.root = names, root
-        self._out, self._err = open(root / "stdout.txt", "w+"), open(root / "stderr.txt", "w+")
-        self.proc = subprocess.Popen([sys.executable, "-m", "kit", "run", *names, "--config", SMOKE_CONFIG,
-                                      "--results-root", str(root / "results")], cwd=ROOT, stdout=self._out,
-                                     stderr=self._err, text=True)
-        self._done = None
-
-    def result(self, name: str, timeout: float = 1500):
-        """``(CompletedProcess of notebook name, results root)``: the run's output, with returncode 0 when that
-        notebook's entry in the report is ok (a failing notebook fails its own tests only)."""
-        import json
-        import subprocess
-
-        if self._done is None:
+        for job in jobs:
+            root = self.roots[job]
+            root.mkdir(parents=True)
+            cmd = [sys.executable, "-m", "kit", *(a.replace("{root}", str(root)) for a in job)]
             try:
-                rc = self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                rc = self.proc.wait()
-            self._out.seek(0), self._err.seek(0)
-            self._done = rc, self._out.read(), self._err.read()
-        rc, out, err = self._done
-        reports = list((self.root / "results" / "reports").glob("*/report.json"))
-        entries = {e["name"]: e for e in json.loads(reports[0].read_text())["entries"]} if reports else {}
-        ok = name in entries and entries[name]["status"] == "ok" and rc in (0, 1)
-        args = self.proc.args
-        return subprocess.CompletedProcess(args, 0 if ok else (rc or 1), out, err), self.root / "results"
+                if self._stop:
+                    raise RuntimeError("the session ended first")
+                proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True)
+                self.procs.append(proc)
+                out, err = proc.communicate(timeout=1200)
+                self.done[job] = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+            except Exception as e:  # a timeout, a failed start: the readers fail with it
+                self.done[job] = subprocess.CompletedProcess(cmd, -1, "", f"{type(e).__name__}: {e}")
+            self.ready[job].set()
+
+    def result(self, job: tuple[str, ...]):
+        """``(CompletedProcess, the command's folder)``, once it ended."""
+        self.ready[job].wait()
+        return self.done[job], self.roots[job]
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self._out.close(), self._err.close()
+        self._stop = True
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _smoke_run(request, _trace_cache, tmp_path_factory):
-    """Started with the session's first test when any selected test reads it (after the trace cache's folder is
-    set: the run's CLIs write their trace caches there too)."""
-    names = _smoke_notebooks(request.session.items)
-    run = SmokeRun(names, tmp_path_factory.mktemp("cpu-smoke-run")) if names else None
-    yield run
-    if run is not None:
-        run.stop()
+def _background(request, _trace_cache, tmp_path_factory):
+    """Started with the session's first test when any selected test reads a background run (after the trace
+    cache's folder is set: the commands' CLIs write their trace caches there too)."""
+    jobs = _jobs(request.session.items)
+    bg = Background(jobs, tmp_path_factory.mktemp("background")) if jobs else None
+    yield bg
+    if bg is not None:
+        bg.stop()
 
 
 @pytest.fixture
-def smoke_run(request, _smoke_run):
-    """``(result, results root)`` of the shared ``kit run`` for the notebook this test marks ``smoke_run(name)``:
-    the report under ``<root>/reports/<id>/``, the notebook's runs under ``<root>/<name>/``."""
-    return _smoke_run.result(request.node.get_closest_marker("smoke_run").args[0])
+def background(request, _background):
+    """``(CompletedProcess, folder)`` of the command this test marks ``background(*args)``."""
+    return _background.result(tuple(request.node.get_closest_marker("background").args))

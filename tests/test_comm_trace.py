@@ -162,9 +162,9 @@ def test_cli_bad_traces(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.smoke_run("collective_tracing")
-def test_kit_run_collective_tracing_cpu_smoke(smoke_run):
-    p, tmp_path = smoke_run
+@pytest.mark.background("run", "collective_tracing", "--config", "configs/cpu-smoke.yaml", "--results-root", "{root}")
+def test_kit_run_collective_tracing_cpu_smoke(background):
+    p, tmp_path = background
     assert p.returncode == 0, p.stdout + p.stderr
     html = next((tmp_path / "reports").iterdir()).joinpath("collective_tracing.html").read_text()
     assert "never issued by rank(s) [1]" in html

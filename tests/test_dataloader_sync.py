@@ -104,15 +104,18 @@ def test_config_is_typed():
 
 
 # ------------------------------------------------------------------------------------------------ runs on gloo
+SMOKE = pytest.mark.background("run", "dataloader_sync", "--config", "configs/cpu-smoke.yaml", "--results-root", "{root}")
+"""one `kit run dataloader_sync` on configs/cpu-smoke.yaml (2 gloo ranks), in the background (conftest.py): the report
+and the run it made, shared by the run's and the notebook's tests (fixture smoke)"""
+
+
 @pytest.fixture
-def smoke(smoke_run):
-    """The session's `kit run` of configs/cpu-smoke.yaml (conftest.py) for dataloader_sync (2 gloo ranks): the
-    report and the run it made, shared by the run's and the notebook's tests."""
-    return smoke_run
+def smoke(background):
+    return background
 
 
 @pytest.mark.slow
-@pytest.mark.smoke_run("dataloader_sync")
+@SMOKE
 def test_run_two_gloo_ranks(smoke):
     p, root = smoke
     assert p.returncode == 0, p.stdout + p.stderr
@@ -247,7 +250,7 @@ def test_recorded_tables():
 
 # ------------------------------------------------------------------------------------------------ notebook
 @pytest.mark.slow
-@pytest.mark.smoke_run("dataloader_sync")
+@SMOKE
 def test_kit_run_dataloader_sync_cpu_smoke(smoke):
     p, tmp_path = smoke
     assert p.returncode == 0, p.stdout + p.stderr

@@ -420,9 +420,9 @@ def test_graph_edges_from_a_dot_dump():
     assert traces.graph_edges("not a dot file") == [] and traces.graph_edges("") == []
 
 
-@pytest.mark.smoke_run("graph_gaps")
-def test_kit_run_graph_gaps_cpu_smoke(smoke_run):
-    p, tmp_path = smoke_run
+@pytest.mark.background("run", "graph_gaps", "--config", "configs/cpu-smoke.yaml", "--results-root", "{root}")
+def test_kit_run_graph_gaps_cpu_smoke(background):
+    p, tmp_path = background
     assert p.returncode == 0, p.stdout + p.stderr
     report = next((tmp_path / "reports").iterdir())
     html = (report / "graph_gaps.html").read_text()

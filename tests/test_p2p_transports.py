@@ -510,9 +510,9 @@ def test_one_rank_cannot_run_and_says_why(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.smoke_run("p2p_transports")
-def test_kit_run_cpu_smoke(smoke_run):
-    p, tmp_path = smoke_run
+@pytest.mark.background("run", "p2p_transports", "--config", "configs/cpu-smoke.yaml", "--results-root", "{root}")
+def test_kit_run_cpu_smoke(background):
+    p, tmp_path = background
     assert p.returncode == 0, p.stdout + p.stderr
     html = list(tmp_path.glob("reports/*/p2p_transports.html"))
     assert html and "1F1B pipeline" in html[0].read_text()

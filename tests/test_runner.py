@@ -2,7 +2,6 @@
 
 import dataclasses
 import json
-import re
 import subprocess
 import sys
 
@@ -60,12 +59,12 @@ def test_committed_notebooks_are_what_the_filter_writes():
 
 
 @pytest.mark.slow
-@pytest.mark.smoke_run("collectives")
-def test_kit_run_collectives_cpu_smoke(smoke_run):
+@pytest.mark.background("run", "collectives", "--config", "configs/cpu-smoke.yaml", "--results-root", "{root}")
+def test_kit_run_collectives_cpu_smoke(background):
     """The CI path end to end: executed notebook, HTML report with the figure, index page, figures/ copy."""
-    p, tmp_path = smoke_run
+    p, tmp_path = background
     assert p.returncode == 0, p.stdout + p.stderr
-    assert re.search(r"\[\d/\d\] collectives: ok", p.stdout)
+    assert "[1/1] collectives: ok" in p.stdout
     report = next((tmp_path / "reports").iterdir())
     html = (report / "collectives.html").read_text()
     assert "data:image/png;base64" in html  # figures embedded: the HTML can be shared alone
@@ -177,18 +176,21 @@ EIGHT_RANKS = {
 }
 
 
+def _eight_ranks(name: str) -> tuple[str, ...]:
+    return ("exp", name, "--config", "configs/cpu-smoke.yaml", "-p", "world_size=8", "-p", "results_root={root}",
+            *(a for kv in EIGHT_RANKS[name] for a in ("-p", kv)))
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(EIGHT_RANKS))
-def test_every_investigation_runs_on_eight_gloo_ranks(tmp_path, name):
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.background(*_eight_ranks(n)))
+                                  for n in sorted(EIGHT_RANKS)])
+def test_every_investigation_runs_on_eight_gloo_ranks(background, name):
     """On CPU: an 8-GPU node's world size with gloo -- every investigation that launches ranks runs on
     8 and every rank's rows arrive (the 8-stage pipeline, the 8x8 pair matrix, 8 DDP ranks with their loaders),
-    at the smallest sizes that still run every part."""
+    at the smallest sizes that still run every part (each launch in the background: conftest.py)."""
     from kit import results
 
-    extra = [a for kv in EIGHT_RANKS[name] for a in ("-p", kv)]
-    p = subprocess.run([sys.executable, "-m", "kit", "exp", name, "--config", "configs/cpu-smoke.yaml",
-                        "-p", "world_size=8", "-p", f"results_root={tmp_path}", *extra], cwd=ROOT,
-                       capture_output=True, text=True, timeout=600)
+    p, tmp_path = background
     assert p.returncode == 0, f"{name}: {p.stdout[-2000:]}{p.stderr[-2000:]}"
     for d in sorted((tmp_path / name).iterdir()):
         meta = results.read_meta(d)
