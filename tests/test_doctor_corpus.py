@@ -264,3 +264,18 @@ def test_a_host_bound_job_is_launch_bound_as_a_whole():
     f = next(f for f in _result(case).findings if f.rule == "launch_bound")
     assert f.ranks == (0, 1) and f.evidence["job_level"] is True and len(f.evidence["ranks_seen_launch_bound"]) == 1
     assert "every rank's host" in f.summary and f.evidence["basis"] == "measured"
+
+
+@pytest.mark.parametrize("case", ["corpus-h100x2/gpt-ddp-bf16-gpu_rank", "corpus-h100x4/gpt-ddp-bf16-gpu_rank"])
+def test_a_rank_slower_for_its_own_gpu_work_is_named_with_that_work(case):
+    """Rank 1 runs extra matmuls before its backward: late_rank names it for its GPU (more work, not a slower GPU:
+    the kernels it shares with the others run at their speed), with the extra kernels -- as many more launches per
+    step as were planted -- and a cost that is its own GPU excess, not the others' waiting."""
+    if case not in CASES:
+        pytest.skip("corpus not here")
+    t, f = _truth(case), _result(case).problems[0]
+    assert f.rule == "late_rank" and f.ranks == (1,) and f.evidence["reason"] == "gpu_busy"
+    extra = f.evidence["extra_kernels"][0]
+    assert extra["extra_per_step"] == t["fault_params"]["matmuls"]
+    assert extra["extra_us_per_step"] == pytest.approx(t["fault_params"]["extra_gpu_us_measured"], rel=0.2)
+    assert f.cost_us_per_step <= f.evidence["others_wait_us_per_step"] and "more launches per step" in f.summary

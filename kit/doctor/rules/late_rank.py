@@ -13,7 +13,7 @@ from ..model import RULES, Finding, RankView, Rule, Skip, rule
 from ..own_time import own_excess
 from .evidence import dur_text, excerpt, num
 from .late_arrival import attribute, host_time_until
-from .same_kernels import KERNEL_TOP, SLOW_GPU, gpu_speed, kernel_speeds
+from .same_kernels import KERNEL_TOP, SLOW_GPU, extra_work, gpu_speed, kernel_speeds
 
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
@@ -67,8 +67,10 @@ FIX_BY_REASON = {
     "host_busy": ("That rank's host issues the same work more slowly: check its CPU binding and NUMA node "
                   "(one core per rank near its GPU), CPU frequency and other load on the host; CUDA graphs "
                   "take the per-kernel launch cost off the host."),
-    "gpu_busy": ("That rank does more GPU work per step: balance the work (sequence lengths, experts, "
-                 "pipeline stages) or check that GPU for throttling (nvidia-smi -q -d PERFORMANCE)."),
+    "gpu_busy": ("That rank does more GPU work per step (its extra kernels are in the evidence, extra_kernels): "
+                 "balance the work (sequence lengths, experts, pipeline stages) or remove what only that rank "
+                 "runs; if the trace shows none, check that GPU for other processes (nvidia-smi) and for throttling "
+                 "(nvidia-smi -q -d PERFORMANCE,CLOCK)."),
     "gpu_slow": ("That rank's GPU runs the same kernels more slowly: check its clocks and throttle reasons "
                  "(nvidia-smi -q -d PERFORMANCE,CLOCK,TEMPERATURE,POWER) while the job runs; a GPU held at lower "
                  "clocks by power or temperature limits slows every rank of a synchronous job to its pace."),
@@ -90,6 +92,17 @@ BASIS_TEXT = {"own_excess": "its own time per step beyond the slowest other rank
               "reason_excess": "the lateness its reason added beyond the other ranks' same activity; the others' "
                                "waiting also holds the profiler's uneven slowing of the hosts"}
 """how late_rank's cost was read, when it is not the others' waiting"""
+
+
+def _extra_text(late: int, summaries: list, ev: dict) -> str:
+    """The late rank's extra kernels (:func:`~kit.doctor.rules.same_kernels.extra_work`) into the evidence
+    (``extra_kernels``) and a clause for the sentence."""
+    extra = extra_work(late, {r: b.kernels for r, b in summaries})
+    ev["extra_kernels"] = extra
+    if not extra:
+        return ""
+    return ": " + ", ".join(f"{x['extra_per_step']:.0f} more launches per step of {x['kernel'][:60]} "
+                            f"({dur_text(x['extra_us_per_step'])})" for x in extra)
 
 
 def own_gain(own: dict | None, reason: str | None, excess: dict, n: int) -> tuple[float | None, str]:
@@ -167,7 +180,8 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     if own is not None and not own["confirmed"] and reason in SAME_WORK_REASONS:
         return []  # late for issuing its work more slowly, no more of it: the slowest of equal hosts (job-level)
     n = per_step_divisor(tl_of[late])
-    if own is not None and own["confirmed"] and own["kind"] == "gpu" and reason in SAME_WORK_REASONS:
+    by_own = own is not None and own["confirmed"] and own["kind"] == "gpu" and reason in SAME_WORK_REASONS
+    if by_own:
         reason = "gpu_busy"  # its own GPU time exceeds the others' by more than they differ: its GPU, not its host
     waited = cost
     gain, basis = own_gain(own, reason, excess, n)
@@ -190,7 +204,8 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     ev["same_kernels_slower_pct"] = num(100 * slower) if slower is not None else None
     ev["lateness_explained_share"] = num(seen / added, 3) if added > 0 else None
     words = REASON_TEXT_CPU if tl_of[late].gpu_kernels == 0 else REASON_TEXT
-    why = (f"; {words[reason]} ({100 * excess[reason] / added:.0f}% of its lateness)" if reason else
+    why = (f"; its GPU busy with {dur_text(own['excess_us'])} more compute per step than the slowest other rank's"
+           if by_own else f"; {words[reason]} ({100 * excess[reason] / added:.0f}% of its lateness)" if reason else
            f"; what made it late is not visible in the trace (its own activity explains "
            f"{100 * seen / added if added else 0:.0f}% of its lateness: it may have begun before the traced "
            f"window, or lie in work the trace does not record)")
@@ -202,8 +217,9 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
         why += (f": its GPU ran the same kernels {100 * slower:.1f}% slower than the other ranks' (its "
                 f"{KERNEL_TOP} heaviest, median durations) -- the same work taking longer on that GPU (its "
                 f"clocks, power or thermal limits, or other work on it), not more work" if reason == "gpu_slow"
-                else f": its GPU ran the kernels it shares with the others at {100 * slower:+.1f}% of their speed "
-                     f"and more GPU work besides -- work the other ranks do not have")
+                else f": its GPU ran the kernels it shares with the others {abs(100 * slower):.1f}% "
+                     f"{'slower' if slower > 0 else 'faster'} than theirs, and more GPU work besides -- work the other "
+                     f"ranks do not have" + _extra_text(late, summaries, ev))
     ev["reason"] = reason
     summary = (f"rank {late} arrived last at {len(late_at)} of {len(inst)} collectives, a median "
                f"{dur_text(ev['after_next_latest_us_median'])} after the next-latest rank (up to "

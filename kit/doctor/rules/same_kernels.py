@@ -68,3 +68,21 @@ def gpu_speed(late: int, kernels: dict[int, "pd.DataFrame | None"]) -> float | N
         return None
     w = both["total_us"] / both["total_us"].sum()
     return float(np.exp((w * np.log(both["median_us"] / both["ref"])).sum()) - 1)
+
+
+def extra_work(late: int, kernels: dict[int, "pd.DataFrame | None"], n: int = 3) -> list[dict]:
+    """The late rank's GPU work the other ranks do not have: its heaviest kernels that it launches more often per
+    step than they do (beyond :data:`SAME_COUNT`; a kernel not among another rank's heaviest counts as not run
+    there), with the extra launches and time per step, the ``n`` largest by extra time."""
+    import pandas as pd
+
+    mine = kernels.get(late)
+    others = [k for r, k in kernels.items() if r != late and k is not None and "per_step" in k]
+    if mine is None or "per_step" not in mine or not others:
+        return []
+    ref_n = pd.concat([k["per_step"] for k in others], axis=1).reindex(mine.index).fillna(0.0).median(axis=1)
+    ref_t = pd.concat([k["total_us"] for k in others], axis=1).reindex(mine.index).fillna(0.0).median(axis=1)
+    more = mine[mine["per_step"] > (1 + SAME_COUNT) * ref_n]
+    out = [{"kernel": str(name), "extra_per_step": round(float(r["per_step"] - ref_n[name]), 1),
+            "extra_us_per_step": round(float(r["total_us"] - ref_t[name]), 1)} for name, r in more.iterrows()]
+    return sorted((x for x in out if x["extra_us_per_step"] > 0), key=lambda x: -x["extra_us_per_step"])[:n]
