@@ -388,3 +388,28 @@ def test_a_gzip_of_two_members_is_read_whole(tmp_path):
     two.write_bytes(gzip.compress(raw[:1000]) + gzip.compress(raw[1000:]))
     a, b = (traces.load_trace(p, cpu="none", cache=False) for p in (path, two))
     assert len(a.gpu) == len(b.gpu) > 50 and a.gpu.equals(b.gpu)
+
+
+def test_a_plain_file_that_changed_size_while_read_is_read_whole(tmp_path, monkeypatch):
+    """A plain trace is read into a buffer of the size the file had a moment before (an anonymous mapping where
+    the kernel can populate one): a file that grew or shrank meanwhile is read to its end, as it now is."""
+    import os as _os
+
+    from kit.traces import parse
+
+    path = tmp_path / "grown_rank0.json"
+    data = gzip.decompress(TP[0].read_bytes())
+    path.write_bytes(data)
+    real = Path.stat
+    for delta in (-1000, 0, 1000):
+        size = len(data) + delta
+
+        def stat(self, *a, **kw):
+            st = real(self, *a, **kw)
+            return _os.stat_result((*st[:6], size, *st[7:])) if self == path else st
+
+        monkeypatch.setattr(Path, "stat", stat)
+        got = parse._read_into(path, False)
+        monkeypatch.setattr(Path, "stat", real)
+        assert bytes(got) == data and (delta == 0 or isinstance(got, bytearray)), delta
+    assert traces.load_trace(path, cpu="none", cache=False).gpu.equals(traces.load_trace(TP[0], cpu="none", cache=False).gpu)
