@@ -190,38 +190,62 @@ class Background:
         self.ready = {job: threading.Event() for job in jobs}
         self.procs: list[Any] = []
         self._stop = False
+        self._lock = threading.Lock()
         self.thread = threading.Thread(target=self._run, args=(jobs,), daemon=True)
         self.thread.start()
+
+    TIMEOUT_S = 420
+    """one command's limit (the slowest, a notebook run, takes ~40 s on two quiet cores): past it the command's
+    process group is killed and its readers fail, instead of the session waiting"""
 
     def _run(self, jobs) -> None:
         import subprocess
 
         for job in jobs:
-            root = self.roots[job]
-            root.mkdir(parents=True)
-            cmd = [sys.executable, "-m", "kit", *(a.replace("{root}", str(root)) for a in job)]
             try:
-                if self._stop:
-                    raise RuntimeError("the session ended first")
-                proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True)
-                self.procs.append(proc)
-                out, err = proc.communicate(timeout=1200)
+                root = self.roots[job]
+                root.mkdir(parents=True)
+                cmd = [sys.executable, "-m", "kit", *(str(a).replace("{root}", str(root)) for a in job)]
+                with self._lock:
+                    if self._stop:
+                        raise RuntimeError("the session ended first")
+                    proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=subprocess.PIPE,
+                                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                    self.procs.append(proc)
+                try:
+                    out, err = proc.communicate(timeout=self.TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    self._kill(proc)
+                    out, err = proc.communicate()
+                    err += f"\nkilled after {self.TIMEOUT_S} s"
                 self.done[job] = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
             except Exception as e:  # a timeout, a failed start: the readers fail with it
-                self.done[job] = subprocess.CompletedProcess(cmd, -1, "", f"{type(e).__name__}: {e}")
-            self.ready[job].set()
+                self.done[job] = subprocess.CompletedProcess(list(job), -1, "", f"{type(e).__name__}: {e}")
+            finally:
+                self.ready[job].set()
+
+    @staticmethod
+    def _kill(proc) -> None:
+        """The command and every process it started (its ranks, notebook kernels): they share its session."""
+        import signal
+
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def result(self, job: tuple[str, ...]):
-        """``(CompletedProcess, the command's folder)``, once it ended."""
-        self.ready[job].wait()
+        """``(CompletedProcess, the command's folder)``, once it ended (or was killed at its limit)."""
+        if not self.ready[job].wait(self.TIMEOUT_S * (len(self.ready) + 1)):
+            raise RuntimeError(f"background run {job} never ended")
         return self.done[job], self.roots[job]
 
     def stop(self) -> None:
-        self._stop = True
-        for p in self.procs:
-            if p.poll() is None:
-                p.kill()
+        with self._lock:
+            self._stop = True
+        for p in self.procs:  # the group too where the command itself ended: nothing it started may outlive the session
+            self._kill(p)
+        self.thread.join(timeout=30)
 
 
 @pytest.fixture(scope="session", autouse=True)
