@@ -20,7 +20,10 @@ def _strict(monkeypatch):
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = ROOT / "recorded" / "h200x2" / "doctor"
-SWEEP = ROOT / "tests" / "data" / "doctor" / "sweep_h200x2"
+"""the full recorded traces of the cases that kept them (clean, late-rank)"""
+EXCERPTS = ROOT / "tests" / "data" / "doctor"
+"""the other cases' last recorded step (their full traces are in git history: recorded/README.md)"""
+SWEEP = EXCERPTS / "sweep_h200x2"
 
 
 def _problems(d):
@@ -28,8 +31,9 @@ def _problems(d):
 
 
 def test_whole_jobs_every_rule():
-    """The full recorded 2xH200 example runs, all rules together: clean gives nothing at or above 'low'; each
-    planted problem is named; a rank late at the first all-reduce of each step only is not a late rank."""
+    """The recorded 2xH200 example runs, all rules together (clean and late-rank whole, the others' last step):
+    clean gives nothing at or above 'low'; each planted problem is named; a rank late at the first all-reduce of
+    each step only is not a late rank."""
     clean = diagnose([CASES / "clean"], sweep=SWEEP, workers=1)
     assert not clean.problems and set(clean.checked) >= {"late_rank", "exposed_comm", "low_busbw", "host_sync"}
     late = _problems(diagnose([CASES / "late-rank"], sweep=SWEEP, workers=1))
@@ -37,11 +41,11 @@ def test_whole_jobs_every_rule():
     # the planted stall is also rank 1's own idle GPU: said once, as why rank 1 is late (not a second finding)
     assert "host_stall" in late["late_rank"].evidence["own_idle"] and "host_stall" not in late
     assert not {"input_bound", "allocator_churn", "launch_bound", "host_sync"} & set(late)
-    per_param = _problems(diagnose([CASES / "per-param-allreduce"], sweep=SWEEP, workers=1))
+    per_param = _problems(diagnose([EXCERPTS / "per-param-allreduce"], sweep=SWEEP, workers=1))
     assert "per_param_allreduce" in per_param and "late_rank" not in per_param
-    tiny = _problems(diagnose([CASES / "tiny-kernels"], workers=1))
+    tiny = _problems(diagnose([EXCERPTS / "tiny-kernels"], workers=1))
     assert list(tiny)[0] == "launch_bound" and all(f.severity == "low" for f in list(tiny.values())[1:])
-    p2p = _problems(diagnose([CASES / "p2p-disabled"], sweep=SWEEP, workers=1))
+    p2p = _problems(diagnose([EXCERPTS / "p2p-disabled"], sweep=SWEEP, workers=1))
     assert p2p["low_busbw"].severity == "high"
 
 
@@ -68,10 +72,10 @@ def test_same_rank_twice_and_bad_headers_are_one_line_each(tmp_path):
 @pytest.mark.slow
 def test_dask_local_cluster_gives_the_same_diagnosis():
     distributed = pytest.importorskip("distributed")
-    local = diagnose([CASES / "item"], workers=1).to_json()
+    local = diagnose([EXCERPTS / "item"], workers=1).to_json()
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as c, \
             distributed.Client(c) as client:
-        remote = diagnose([CASES / "item"], client=client).to_json()
+        remote = diagnose([EXCERPTS / "item"], client=client).to_json()
     assert remote == local
 
 
