@@ -345,6 +345,7 @@ def test_pipeline_host_model_one_thread_uses_the_message_host_part():
                   host_us=20.0 + st, host_compute_us=10.0) for k in range(2) for st in (0, 1)]
     mo = PA.model(pd.DataFrame(rows)).iloc[0]
     assert mo.host_model_ms * 1e3 == pytest.approx(30.0) and mo.predicted_ms * 1e3 == pytest.approx(12.0)
+    assert mo.host_model_p10_ms == pytest.approx(mo.host_model_ms)  # no spread in the parts: none in the model
     assert mo.host_in_iteration_ms * 1e3 == pytest.approx(41.0)
     rows += [dict(kind="pipeline_part", transport="copy", part="message host", src=0, dst=1, sample=k,
                   time_us=float("nan"), host_us=3.0, world_size=2) for k in range(3)]
@@ -784,17 +785,22 @@ def test_the_recorded_h100_runs():
     two = results.choose("p2p_transports", [], "recorded", set_name="p2p_transports@h100x2")
     mo = PA.model(four).set_index(["transport", "driver"])
     assert (mo.stages == 4).all()
-    for k, ms, ratio in ((("copy", "host"), 46.68, 3.01), (("copy", "device"), 32.10, 2.07),
-                         (("ipc", "host"), 22.01, 1.47), (("ipc-direct", "host"), 21.52, 1.41),
-                         (("nccl", "host"), 17.74, 1.18), (("nccl", "device"), 16.95, 1.13)):
-        assert mo.loc[k, "measured_ms"] == approx(ms) and mo.loc[k, "measured_vs_model"] == pytest.approx(ratio, abs=0.01)
+    for k, ms, ratio in ((("copy", "host"), 46.68, 3.007), (("copy", "device"), 32.10, 2.068),
+                         (("ipc", "host"), 22.01, 1.469), (("ipc-direct", "host"), 21.52, 1.405),
+                         (("nccl", "host"), 17.74, 1.182), (("nccl", "device"), 16.95, 1.130)):
+        assert mo.loc[k, "measured_ms"] == approx(ms) and mo.loc[k, "measured_vs_model"] == pytest.approx(ratio, abs=0.002)
     assert (mo.measured_ms > mo.predicted_p10_ms).all()  # nothing beats the model by more than its spread
     # one thread driving 4 GPUs: the iteration is the host's time in it, and the model with the host predicts it
     pp = PA.pipeline(four).set_index(["transport", "driver"])
     assert pp.loc[("copy", "host"), "host_share"] == pytest.approx(0.99, abs=0.01)
-    assert mo.loc[("copy", "host"), "measured_vs_host_model"] == pytest.approx(0.94, abs=0.01)
+    assert mo.loc[("copy", "host"), "measured_vs_host_model"] == pytest.approx(0.943, abs=0.002)
+    assert mo.loc[("copy", "device"), "measured_vs_host_model"] == pytest.approx(1.805, abs=0.002)
+    # copy one thread and nccl host-driven beat the model with the host at its median, not at its p10 (every part
+    # and host time at its p10: the lower bound bench_p2p checks); the model over-counts the host's issue (open)
+    for k in (("copy", "host"), ("nccl", "host")):
+        assert mo.loc[k, "host_model_p10_ms"] < mo.loc[k, "measured_ms"] < mo.loc[k, "host_model_ms"]
     m2 = PA.model(two).set_index(["transport", "driver"])
-    assert m2.loc[("nccl", "device"), "measured_vs_model"] == pytest.approx(1.17, abs=0.01)
+    assert m2.loc[("nccl", "device"), "measured_vs_model"] == pytest.approx(1.165, abs=0.002)
     assert m2.loc[("copy", "device"), "measured_vs_model"] == pytest.approx(1.44, abs=0.01)
     assert m2.loc[("copy", "host"), "measured_vs_host_model"] == pytest.approx(1.09, abs=0.01)
     both = INV.table("at_256mib_both", four)

@@ -164,7 +164,8 @@ def model(data) -> pd.DataFrame:
     ``predicted_p90_ms``: the same with every part at its p10 / p90 -- the model's spread; a transport below
     ``predicted_p10_ms`` beats the model by more than its spread (the model is missing something).
     ``host_model_ms``: :func:`_host_model` (the host's time to issue each step and message, measured alone, in
-    the simulation); ``host_in_iteration_ms``: the host's time measured inside the iteration (:func:`pipeline`'s
+    the simulation), ``host_model_p10_ms`` the same with every part and host time at its p10 (its lower spread
+    bound: a measurement below it beats the model with the host); ``host_in_iteration_ms``: the host's time measured inside the iteration (:func:`pipeline`'s
     ``host_ms``) -- where one thread issues every stage, an iteration cannot be shorter.
     ``formula_ms``: the closed form ``sum_s (F_s + B_s) + (m - 1) max_s (F_s + B_s) + 2 (p - 1) max c`` (see the
     module docstring), which counts the transfers of the first and last micro-batch only; the simulation also
@@ -194,6 +195,7 @@ def model(data) -> pd.DataFrame:
             continue
         msg = same[(same["transport"] == r.transport) & (same["part"] == "message host")]
         hosted = _host_model(comp, hops, p, m, r, msg)
+        hosted_p10 = _host_model(comp, hops, p, m, r, msg, qq=0.1)
         per_stage = comp.groupby(["stage", "part"])["time_us"].median().groupby("stage").sum()
         b = comp[comp["part"] == "B"]["time_us"]
         cmax = max([_hop(hops, s, 0.5) for s in range(p - 1)] or [0.0])
@@ -204,30 +206,32 @@ def model(data) -> pd.DataFrame:
                         bubble_fraction=(p - 1) / (m + p - 1), predicted_ms=pred["median"] / 1e3,
                         predicted_p10_ms=pred.get("p10", float("nan")) / 1e3,
                         predicted_p90_ms=pred.get("p90", float("nan")) / 1e3, formula_ms=formula / 1e3,
-                        host_model_ms=hosted / 1e3, host_in_iteration_ms=getattr(r, "host_ms", float("nan")),
+                        host_model_ms=hosted / 1e3, host_model_p10_ms=hosted_p10 / 1e3, host_in_iteration_ms=getattr(r, "host_ms", float("nan")),
                         measured_ms=r.time_ms_median,
                         measured_vs_model=r.time_ms_median * 1e3 / pred["median"],
                         measured_vs_host_model=r.time_ms_median * 1e3 / hosted))
     return pd.DataFrame(out)
 
 
-def _host_model(comp: pd.DataFrame, hops: pd.DataFrame, p: int, m: int, r, msg: pd.DataFrame | None = None) -> float:
+def _host_model(comp: pd.DataFrame, hops: pd.DataFrame, p: int, m: int, r, msg: pd.DataFrame | None = None,
+                qq: float = 0.5) -> float:
     """:func:`simulate` with the host's time to issue each stage's forward and backward alone (the parts'
     ``host_us``, the transport's own run's: one process measures its stages one after another, several processes
     theirs at once, and the host's time per step differs between the two) and each message alone (the transfer part's ``host_us``: per message, each rank's own side; one
     process issues both sides of an in-process transport's message, counted once, on the receiving step -- from
     ``msg``, the ``message host`` part measured as the pipeline's thread posts it, where the run has it): one
     host for every stage where one thread drives them all (an in-process transport, host-driven), one per stage
-    otherwise; a device-bound CUDA graph has none (the device model). NaN without host times (runs from before
-    they were measured)."""
+    otherwise; a device-bound CUDA graph has none (the device model). Every part (device and host times, each
+    message's) at its quantile ``qq``: 0.5 the model, 0.1 its lower spread bound. NaN without host times (runs from
+    before they were measured)."""
     if "host_us" not in comp.columns or comp["host_us"].isna().all():
         return float("nan")
     msg = msg if msg is not None else comp.iloc[:0]
-    fb = comp.groupby(["stage", "part"])["time_us"].median().unstack()
+    fb = comp.groupby(["stage", "part"])["time_us"].quantile(qq).unstack()
     own = comp[comp["transport"] == r.transport].dropna(subset=["host_us"])  # issued as this transport's run issues
-    h = (own if len(own) else comp).groupby(["stage", "part"])["host_us"].median().unstack()
+    h = (own if len(own) else comp).groupby(["stage", "part"])["host_us"].quantile(qq).unstack()
     how = getattr(r, "how", "host")
-    c = [_hop(hops, s, 0.5) for s in range(p - 1)]
+    c = [_hop(hops, s, qq) for s in range(p - 1)]
     if how == "graph":
         return simulate(list(fb["F"]), list(fb["B"]), c, m)
     caps = transports.capabilities(r.transport)
@@ -241,9 +245,9 @@ def _host_model(comp: pd.DataFrame, hops: pd.DataFrame, p: int, m: int, r, msg: 
         hu = t.dropna(subset=["host_us"]) if "host_us" in t.columns else t.iloc[:0]
         if caps is not None and caps.in_process:
             hsend.append(0.0)
-            hrecv.append(float(hu["host_us"].median()) if len(hu) else 0.0)
+            hrecv.append(float(hu["host_us"].quantile(qq)) if len(hu) else 0.0)
         else:
-            by = hu.groupby("rank")["host_us"].median() if len(hu) else pd.Series(dtype=float)
+            by = hu.groupby("rank")["host_us"].quantile(qq) if len(hu) else pd.Series(dtype=float)
             hsend.append(float(by.get(k, 0.0)))
             hrecv.append(float(by.get(k + 1, 0.0)))
     return simulate(list(fb["F"]), list(fb["B"]), c, m, list(h["F"]), list(h["B"]), shared_host=shared,
