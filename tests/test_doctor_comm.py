@@ -191,9 +191,18 @@ def test_late_rank_silent_when_ranks_take_turns(ddp_jitter):
 
 
 def test_late_rank_on_gloo_names_the_sleeping_rank(gloo):
-    f = finding(run(gloo["late"]), "late_rank")
-    assert f is not None and f.ranks == (1,) and f.evidence["last_at"] >= 2
-    assert f.evidence["late_by_us_max"] > 50_000  # it slept 100 ms before each step (a busy 2-core box adds noise)
+    """Rank 1 sleeps 100 ms before each step: it is late by that at every step's all-reduce (one per step, so
+    its lateness is new at each step, not carried over), and the job would gain about that per step."""
+    d = run(gloo["late"])
+    assert d.findings and d.findings[0].rule == "late_rank"
+    f = d.findings[0]
+    assert f.ranks == (1,) and f.evidence["last_at"] >= 2 and f.evidence["reason"] == "host_stall"
+    assert 50_000 <= f.cost_us_per_step <= 200_000  # 0.5-2x the 100 ms planted per step
+    # rank 0 waits for it inside the gloo all-reduce: its waiting is communication, not a stall of its own
+    every = diagnose(gloo["late"], workers=1)
+    acc = every.accounting
+    assert acc["0"]["us_per_step"]["comm"] >= 50_000 and acc["1"]["us_per_step"]["host_stall"] >= 50_000
+    assert acc["0"]["us_per_step"]["host_stall"] < 0.5 * acc["1"]["us_per_step"]["host_stall"]
 
 
 def test_late_rank_needs_two_ranks():

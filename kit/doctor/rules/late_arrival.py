@@ -77,16 +77,18 @@ def arrival_parts(row: dict, origin: dict) -> dict:
 def attribute(df: "pd.DataFrame", inst: "pd.DataFrame", late: int) -> tuple[dict[str, float], int]:
     """Why ``late`` arrived last, per reason (us, summed over the collectives it was last at).
 
-    Lateness carries over: a rank that started a step late arrives late at every collective of that step, and
-    between two of them it is the one still computing -- that compute is the consequence, not the cause. So each
-    instance contributes only the lateness it *adds* (its lateness minus this rank's lateness at the previous
-    instance), explained by how each rank got from that previous instance's end (the same moment on every rank)
+    Lateness carries over within a step: a rank that started a step late arrives late at every collective of that
+    step, and between two of them it is the one still computing -- that compute is the consequence, not the cause.
+    So each instance contributes only the lateness it *adds* (its lateness minus this rank's lateness at the previous
+    instance of the same step; a step begins afresh, its ranks resynchronised by the previous step's end, where the
+    optimizer waits for the gradients' collectives: a rank late by the same amount at every step adds it at every
+    step), explained by how each rank got from that previous instance's end (the same moment on every rank)
     to this one (:func:`arrival_parts`): the late rank's parts minus the other ranks' median parts. The first
     instance of a trace is counted from each rank's start of its step instead. Returns the excess per reason and
     how many instances added lateness that could be explained."""
     import numpy as np
 
-    cols = ["launch_us", "start_us", "end_us", "step_ts"] + [f"{c}@{w}" for c in HOST_REASONS
+    cols = ["launch_us", "start_us", "end_us", "step_ts", "step"] + [f"{c}@{w}" for c in HOST_REASONS
                                                               for w in ("launch", "end", "step")]
     wide = df.set_index(["match_key", "instance", "rank"])[cols].unstack("rank")
     inst = inst.set_index(["match_key", "instance"]).reindex(wide.index)
@@ -97,7 +99,9 @@ def attribute(df: "pd.DataFrame", inst: "pd.DataFrame", late: int) -> tuple[dict
     wide, inst = wide.iloc[order], inst.iloc[order]
     late_by = inst["late_by_us"].to_numpy(dtype=float)
     mine = inst["rank"].to_numpy() == late
-    prev_late = np.r_[0.0, np.where(mine, late_by, 0.0)[:-1]]
+    step = wide[("step", late)].to_numpy(dtype=float)
+    same_step = np.r_[True, ~(step[1:] != step[:-1])]  # NaN (no steps in the trace): one step
+    prev_late = np.where(same_step, np.r_[0.0, np.where(mine, late_by, 0.0)[:-1]], 0.0)
     added = np.where(mine, np.clip(late_by - prev_late, 0, None), 0.0)
     total = {c: 0.0 for c in REASONS}
     k = np.flatnonzero(added > 0)
