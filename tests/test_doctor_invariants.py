@@ -11,16 +11,17 @@ they are absent; ``KIT_PUBLIC_TRACES`` points elsewhere; see tests/data/public/R
 
 from __future__ import annotations
 
-import gzip
 import math
 import os
-import re
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
 from kit.doctor import RULES, diagnose
+from kit.traces import TraceError
+from kit.traces.jobs import expand
+from kit.traces.names import parse_name
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCTOR = ROOT / "tests" / "data" / "doctor"
@@ -28,29 +29,25 @@ PUBLIC = Path(os.environ.get("KIT_PUBLIC_TRACES") or ROOT / ".scratch" / "public
 TOLERANCE = 1.01
 """costs are rounded to 0.1 us and shares to 4 digits: 1% over is rounding, more is a wrong cost"""
 
-_RANK = re.compile(r"(rank|worker)[-_]?(\d+)")
-_STAMP = re.compile(r"\.\d{10,}")
-
-
-def _is_trace(p: Path) -> bool:
-    n = p.name
-    if not p.is_file() or not (n.endswith(".json") or n.endswith(".json.gz")):
-        return False
-    with (gzip.open if n.endswith(".gz") else open)(p, "rb") as f:
-        return b'"traceEvents"' in f.read(1 << 16)
-
-
 def jobs(top: Path) -> list[tuple[str, list[str]]]:
-    """The jobs under ``top``: per folder, its trace files grouped by name without rank and time stamp; a group in
-    which two files claim one rank (two captures of one worker) is one job per file."""
+    """The jobs under ``top``: per folder, its rank traces (:func:`kit.traces.jobs.expand`, the doctor's own
+    reading of a folder), one job per folder -- tensorboard_trace_handler names (``<host>_<pid>.<stamp>.pt.trace
+    .json.gz``) carry the rank only inside the trace -- except where the kit's names tell several jobs apart by
+    their tags (``trace_<tags>_rank<r>``); a group in which two files claim one rank (two captures of one worker)
+    is one job per file."""
     out = []
-    for d in sorted({p.parent for p in top.rglob("*") if _is_trace(p)}):
-        groups: dict[str, list[Path]] = defaultdict(list)
-        for p in sorted(d.iterdir()):
-            if _is_trace(p):
-                groups[_STAMP.sub("", _RANK.sub("*", p.name))].append(p)
-        for key, files in groups.items():
-            ranks = [m.group(2) for m in (_RANK.search(p.name) for p in files) if m]
+    for d in sorted({p.parent for p in top.rglob("*.json*") if p.is_file()}):
+        try:
+            files = expand(d)
+        except TraceError:
+            continue
+        groups: dict[tuple, list[Path]] = defaultdict(list)
+        for p in files:
+            parsed = parse_name(p.name)
+            tags = {k: v for k, v in parsed[0].items() if k != "worker"} if parsed else {}
+            groups[tuple(sorted(tags.items()))].append(p)
+        for files in groups.values():
+            ranks = [r for r in ((parse_name(p.name) or ({}, None))[1] for p in files) if r is not None]
             split = len(ranks) != len(set(ranks))
             for part in ([[p] for p in files] if split else [files]):
                 name = str(part[0].relative_to(top) if split or len(groups) > 1 else d.relative_to(top))
