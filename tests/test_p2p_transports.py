@@ -356,6 +356,51 @@ def test_pipeline_host_model_one_thread_uses_the_message_host_part():
     assert pp.host_share == pytest.approx(41 / 50)
 
 
+def test_part_hold_is_sized_from_the_warm_up_and_a_short_one_is_flagged(monkeypatch):
+    """Each part's GPU hold before it is timed: HOLD_MARGIN x the median of its warm-up issue times, in cycles at the
+    rate the last hold ran (a fake GPU: 2000 cycles per us), fixed after the warm-up; a timed sample whose issue
+    outlasted its hold is flagged. The first hold is the probe. Forward issues 100, 300, 200 us in the warm-up
+    (holds: probe, 2 x 100 us, 2 x 200 us, then 2 x 200), 350 and 450 timed: the second outlasts its 400 us hold;
+    backward issues 50 us each time: a 100 us hold, never short. (CPU logic only: the GPU path runs on GPUs.)"""
+    import contextlib
+    import types
+
+    import torch
+
+    from kit.investigations.p2p_transports import pipeline_run as R
+
+    now, slept = [0.0], []
+    issue = {"F": iter([100, 300, 200, 350, 450]), "B": iter([50] * 5)}
+
+    class Timer:  # PhaseTimer on the fake GPU: a hold lasts its cycles / 2000 us; issuing a part advances the clock
+        def __init__(self, cuda):
+            self.got = {}
+
+        @contextlib.contextmanager
+        def phase(self, name):
+            yield
+            if name.endswith("hold"):
+                self.got[name] = slept[-1] / 2000
+            else:
+                now[0] += next(issue[name]) / 1e6
+                self.got[name] = 10.0
+
+        def read(self):
+            return self.got
+
+    monkeypatch.setattr(torch.cuda, "_sleep", slept.append)
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    monkeypatch.setattr(R.timing, "PhaseTimer", Timer)
+    monkeypatch.setattr(R, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    st = P.Stage(0, 1, 1, 8, 4, 1, torch.device("cpu"), torch.float32)
+    out = R._compute_times([st], 1, 3, 2, cuda=True)[0]
+    p = R.HOLD_PROBE_CYCLES
+    assert R.HOLD_MARGIN == 2.0 and slept == [p, p, 400_000, 200_000] + [800_000, 200_000] * 3
+    assert [s["F host"] for s in out] == pytest.approx([350, 450]) and [s["F hold"] for s in out] == [400, 400]
+    assert [s["F hold short"] for s in out] == [False, True]
+    assert [(s["B hold"], s["B hold short"]) for s in out] == [(100, False), (100, False)]
+    assert R.hold_cycles([], 10, 5.0) == R.hold_cycles([300.0], 10, float("nan")) == p  # nothing measured yet
+
 def test_idle_of_and_launch_attribution():
     """Busy is the union of every activity (overlaps once); a gap is host-caused up to the launch of the activity
     that ends it; a launch the profiler did not record is bracketed by the previous correlation id."""

@@ -19,8 +19,9 @@ Rows:
   for an eager driver the host's time in that stage's program during the iteration (``host_us``: from resuming
   it to its next yield, :func:`.pipeline.drive`) and in its forward and backward calls (``host_compute_us``);
 * ``pipeline_part`` -- ``part`` ``F`` / ``B``: one micro-batch's forward / backward on a stage alone (CUDA
-  events, ``repeats`` samples), ``transfer``: one activation between neighbouring stages over the transport
-  (:func:`.harness.timed_rows`), posted as the pipeline posts it (for an in-process transport:
+  events, ``repeats`` samples; ``hold_us`` the GPU's hold before it, ``hold_short`` whether that hold ended before
+  the host finished queueing the part: :func:`_compute_times`), ``transfer``: one activation between neighbouring
+  stages over the transport (:func:`.harness.timed_rows`), posted as the pipeline posts it (for an in-process transport:
   :func:`.pipeline.post_in_process`, the send and then the receive on the receive stream -- not
   ``exchange``'s fast path, which the pipeline never takes); the model (:mod:`.pipeline_analysis`) predicts the
   iteration from them; ``message host`` (in-process transports): the host's time per activation as the
@@ -36,6 +37,7 @@ runs on an internal stream of its own.
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from contextlib import nullcontext
 
@@ -45,8 +47,27 @@ from .pipeline import CommStreams, Stage, drive, drive_threads, forward, loss_of
 
 PART_WARMUP = 20  # forward+backward pairs before the timed ones: ~30 ms of GEMMs, so the GPU's clocks have ramped
 # up (after 3 warm-ups on 2xH200 a stage's backward still spread 0.93-1.28 ms, and the model came out 11% high)
-HOLD_CYCLES = 5_000_000  # GPU clock cycles (~2.5-3.5 ms on an H100/H200) a part's GPU spins before the part, while
-# the host queues it: longer than a forward's or backward's issue on the slowest host seen (~1.2 ms)
+HOLD_PROBE_CYCLES = 1 << 20  # the first warm-up's hold, only to calibrate the GPU's cycles per us (hold_cycles)
+HOLD_MARGIN = 2.0  # a timed part's hold: this many times the median of its warm-up issue times (hold_cycles)
+
+
+def hold_cycles(issue_us: list[float], cycles: int, hold_us: float) -> int:
+    """GPU clock cycles for ``torch.cuda._sleep`` to hold a part's GPU while the host queues it: ``HOLD_MARGIN``
+    times the median of the part's issue times so far (``issue_us``, the warm-up's), at the rate the last hold ran
+    (``cycles`` took ``hold_us`` on the GPU, CUDA events: the clock as it is now, not a nominal one). The median,
+    not the maximum: one cold or preempted warm-up would set every sample's hold; a sample whose issue outlasts its
+    hold anyway is flagged (:func:`hold_short`)."""
+    if not issue_us or not hold_us > 0:
+        return HOLD_PROBE_CYCLES
+    return max(1, round(HOLD_MARGIN * statistics.median(issue_us) * cycles / hold_us))
+
+
+def hold_short(issue_us: float, hold_us: float) -> bool:
+    """Did the hold (its time on the GPU) end before the host finished queueing the part? Then the GPU may have
+    waited for a launch, and the part's CUDA events timed that wait as well. The hold is launched before the issue
+    begins, so a sample flagged is certainly short; one that issued within a launch's latency of its hold's end may
+    be short unflagged."""
+    return bool(issue_us > hold_us)
 
 
 def device_driver(T) -> str | None:
@@ -201,7 +222,8 @@ def parts(cfg, ctx, T, S, P: Pipeline, keys: dict, act: int):
     for s, samples in _compute_times(list(P.stages.values()), P.n, warm, cfg.repeats, S.is_cuda).items():
         for i, us in enumerate(samples):
             yield from (dict(keys, kind="pipeline_part", part=part, stage=s, sample=i, time_us=us[part],
-                             host_us=us[f"{part} host"]) for part in ("F", "B"))
+                             host_us=us[f"{part} host"], hold_us=us.get(f"{part} hold", math.nan),
+                             hold_short=us.get(f"{part} hold short", math.nan)) for part in ("F", "B"))
     one = T.caps.in_process and P.comm is not None
     post = (lambda T_, op_list: post_in_process(T_, op_list, P.comm)) if one else None
     for s in range(P.n - 1):
@@ -218,10 +240,12 @@ def parts(cfg, ctx, T, S, P: Pipeline, keys: dict, act: int):
 
 
 def _compute_times(stages: list, n: int, warmup: int, repeats: int, cuda: bool) -> dict[int, list[dict]]:
-    """Per stage, per sample {"F": us, "B": us, "F host": us, "B host": us}: one forward and one backward of a
+    """Per stage, per sample {"F": us, "B": us, "F host": us, "B host": us} (and on a GPU "F hold" / "B hold":
+    the hold's time on the GPU, "F hold short" / "B hold short": :func:`hold_short`): one forward and one backward of a
     micro-batch on the stage alone, on the device (CUDA events) and the host's time to issue each (the call's wall
     time: what a host-driven pipeline spends per step before its GPU can start the next one). Before each part the
-    GPU spins ``HOLD_CYCLES`` (``torch.cuda._sleep``) while the host queues the part, so its events time the
+    GPU spins (``torch.cuda._sleep``, :func:`hold_cycles` of the part's warm-up issue times, fixed after the
+    warm-up) while the host queues the part, so its events time the
     kernels back to back: the part's device time without waits for its launches (where the host issues a part
     about as fast as the GPU runs it, the events would otherwise also time the host -- which the model with the
     host counts on its own, and a device-bound driver never pays). The stages of one
@@ -237,6 +261,8 @@ def _compute_times(stages: list, n: int, warmup: int, repeats: int, cuda: bool) 
         x0 = st.inputs[0] if st.inputs is not None else torch.randn(st.batch, st.hidden, device=st.device, dtype=st.dtype)
         prep[st.stage] = (x0, torch.randn(st.batch, st.hidden, device=st.device, dtype=st.dtype))
     out = {st.stage: [] for st in stages}
+    holds = {(st.stage, p): HOLD_PROBE_CYCLES for st in stages for p in "FB"}
+    issued = {k: [] for k in holds}
     clock = time.perf_counter
     for i in range(-warmup, repeats):
         timers, ys, us = {}, {}, {}
@@ -246,7 +272,8 @@ def _compute_times(stages: list, n: int, warmup: int, repeats: int, cuda: bool) 
                 x = prep[s][0].detach().requires_grad_(s > 0)
                 timers[s] = timing.PhaseTimer(cuda)
                 if cuda:
-                    torch.cuda._sleep(HOLD_CYCLES)
+                    with timers[s].phase("F hold"):
+                        torch.cuda._sleep(holds[(s, "F")])
                 h0 = clock()
                 with timers[s].phase("F"):
                     y = forward(st.weights, x)
@@ -258,16 +285,23 @@ def _compute_times(stages: list, n: int, warmup: int, repeats: int, cuda: bool) 
             s, last = st.stage, st.stage == n - 1
             with torch.cuda.device(st.device) if cuda else nullcontext():
                 if cuda:
-                    torch.cuda._sleep(HOLD_CYCLES)
+                    with timers[s].phase("B hold"):
+                        torch.cuda._sleep(holds[(s, "B")])
                 h0 = clock()
                 with timers[s].phase("B"):
                     ys[s].backward(None if last else prep[s][1])
                 us[s]["B host"] = (clock() - h0) * 1e6
         for st in stages:
-            us[st.stage].update(timers[st.stage].read())
+            s = st.stage
+            us[s].update(timers[s].read())
             st.zero_grad()
+            for p in "FB" if cuda else "":
+                us[s][f"{p} hold short"] = hold_short(us[s][f"{p} host"], us[s][f"{p} hold"])
+                if i < 0:  # the warm-up sizes the hold; the timed samples keep the last one
+                    issued[(s, p)].append(us[s][f"{p} host"])
+                    holds[(s, p)] = hold_cycles(issued[(s, p)], holds[(s, p)], us[s][f"{p} hold"])
             if i >= 0:
-                out[st.stage].append(us[st.stage])
+                out[s].append(us[s])
     return out
 
 
