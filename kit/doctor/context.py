@@ -54,3 +54,21 @@ class JobContext:
         if backend is not None:
             df = df[df["backend"] == backend]
         return None if df.empty else df
+
+    def comm_waits(self) -> dict[int, float]:
+        """Per rank, the communication time per step spent waiting for peers that no compute hid (the kernels of
+        the ranks that arrived early spin until the last one arrives): the ``comm`` slice's waiting part; the rest
+        of the slice is transfer. {} when the collectives cannot be matched across ranks (one rank, no NCCL
+        metadata). Derived once per job, for the overhead's job floor (:mod:`.job_phase`) and the accounting rows."""
+        from .collectives import per_step_divisor
+
+        if "waits" not in self._memo:
+            tls = sorted(self.comm.items())
+            df = self.collectives("nccl") if len(tls) >= 2 else None
+            out = {}
+            if df is not None and not df.empty and (df["ranks_seen"] > 1).any():
+                for r, tl in tls:
+                    mine = df[(df["rank"] == r) & df["in_step"]]
+                    out[r] = float(mine["exposed_wait_us"].sum()) / per_step_divisor(tl)
+            self._memo["waits"] = out
+        return self._memo["waits"]

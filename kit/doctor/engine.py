@@ -30,7 +30,7 @@ def diagnose(traces: Iterable[str | Path], *, sweep=None, flight_recorder=None, 
     from .job_phase import check_one_job, job_context, judge_all
     from .notes import group_notes, job_notes
     from .rank_phase import rank_summary, strict
-    from .reconcile import comm_waits, net_of_profiler, reconcile
+    from .reconcile import net_of_profiler, reconcile
 
     paths = expand(traces)
     res = map_ranks(paths, rank_summary, workers=workers, client=client)
@@ -59,7 +59,7 @@ def diagnose(traces: Iterable[str | Path], *, sweep=None, flight_recorder=None, 
     else:  # nothing to reconcile with: the costs are still stated net of the profiler
         findings = [net_of_profiler(f, ctx.overhead) for f in findings]
     findings = finalize(findings, ctx.step_us, job.note() if job.partial else None)
-    waits = comm_waits(ctx)
+    waits = ctx.comm_waits()
     accounting = {str(s.rank): accounting_row(s.account, waits.get(int(s.rank))) for s in summaries
                   if s.account is not None and not isinstance(s.account, Skip)}
     return Diagnosis(findings=findings, checked=checked, skipped=skipped, traces=[s.path for s in summaries],

@@ -113,6 +113,19 @@ def host_model(view: "RankView", cpu_all: "pd.DataFrame | None" = None) -> HostM
 
 
 # ------------------------------------------------------------------------------------------------ GPU jobs
+def pageable_mask(copies: "pd.DataFrame", direction: str) -> "pd.Series":
+    """Which GPU copies are between the device and pageable host memory, in ``direction`` ('HtoD' or 'DtoH'):
+    Kineto names them ``Memcpy HtoD (Pageable -> Device)`` and ``Memcpy DtoH (Device -> Pageable)``."""
+    n = copies["name"].astype(str)
+    return n.str.contains(direction) & n.str.contains("Pageable")
+
+
+def pageable_h2d_mask(copies: "pd.DataFrame") -> "pd.Series":
+    """Which GPU copies are from pageable host memory to the device (:func:`pageable_mask`): the one test the host
+    model's ``pageable_h2d`` calls and the host rules read."""
+    return pageable_mask(copies, "HtoD")
+
+
 def runtime_calls(view: "RankView") -> "pd.DataFrame":
     """The rank's CUDA runtime/driver calls, classified once (:attr:`HostModel.calls`)."""
     import numpy as np
@@ -122,11 +135,9 @@ def runtime_calls(view: "RankView") -> "pd.DataFrame":
     calls = calls[["name", "ts", "end", "dur", "tid", "correlation"]].assign(name=lambda d: d["name"].astype(str))
     pageable, pageable_in = set(), set()
     if not gpu.empty:
-        n = gpu["name"].astype(str)
-        pageable = set(gpu.loc[(gpu["cat"] == "gpu_memcpy") & n.str.contains("DtoH") & n.str.contains("Pageable"),
-                               "correlation"].dropna())
-        pageable_in = set(gpu.loc[(gpu["cat"] == "gpu_memcpy") & n.str.contains("HtoD") & n.str.contains("Pageable"),
-                                  "correlation"].dropna())
+        copies = gpu[gpu["cat"] == "gpu_memcpy"]
+        pageable = set(copies.loc[pageable_mask(copies, "DtoH"), "correlation"].dropna())
+        pageable_in = set(copies.loc[pageable_h2d_mask(copies), "correlation"].dropna())
     issued = set(gpu["correlation"].dropna()) if not gpu.empty else set()
     base = calls["name"].map({n: base_name(n) for n in calls["name"].unique()})
     pd2h = calls["correlation"].isin(pageable)

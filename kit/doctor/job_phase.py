@@ -41,9 +41,8 @@ def job_context(summaries: Sequence[RankSummary], *, sweep=None) -> JobContext:
                                 if getattr(s, "overhead", None) is not None} or None)
     if ctx.overhead and len(ctx.ranks) > 1 and any(o.basis == "estimated" for o in ctx.overhead.values()):
         from .overhead import job_floor  # the estimate bounded by the job's busiest GPU (its own work)
-        from .reconcile import comm_waits
 
-        ctx = replace(ctx, overhead=job_floor(ctx.overhead, comm_waits(ctx)))
+        ctx = replace(ctx, overhead=job_floor(ctx.overhead, ctx.comm_waits()))
     return ctx
 
 

@@ -263,7 +263,7 @@ def overhead(view_or_trace: Any, capture: dict | None = None, *, cpu_all: "pd.Da
 def job_floor(overhead: dict, waits: dict) -> dict:
     """The estimated overheads of one job's ranks, bounded by the job: no rank steps faster than the job, and the
     job not faster than the GPU with the most work of its own -- each rank's busy time less what its collectives'
-    kernels spent waiting for peers (``waits``: rank -> us per step, :func:`kit.doctor.reconcile.comm_waits`;
+    kernels spent waiting for peers (``waits``: rank -> us per step, :meth:`kit.doctor.context.JobContext.comm_waits`;
     real transfer stays in). Measured overheads and ranks without the numbers are returned as they are."""
     from dataclasses import replace
 

@@ -11,7 +11,8 @@ that is not accounted for.
 * when ``late_rank`` names rank L and an idle-slice finding names L alone, that slice is why L is late: it becomes
   late_rank's evidence and sentence (:func:`fold_into_late_rank`);
 * exposed communication that runs below the machine's sweep is said once, as ``low_busbw`` (:func:`fold_into_low_busbw`);
-* the ``comm`` slice of each rank split into waiting for peers and transfer (:func:`comm_waits`).
+* the ``comm`` slice of each rank split into waiting for peers and transfer (:meth:`kit.doctor.context.JobContext.
+  comm_waits`, derived once per job).
 
 Reads the findings, the accounts and the rules' declarations (:data:`kit.doctor.model.RULES`); never a rule's
 module."""
@@ -222,22 +223,3 @@ def fold_into_low_busbw(findings: list[Finding]) -> list[Finding]:
         summary=f"{low.summary}; that is why communication is left exposed: {exp.summary}",
         evidence={**low.evidence, "exposed": {"cost_us_per_step": exp.cost_us_per_step, **exp.evidence}})
     return [merged if f is low else f for f in findings if f is not exp]
-
-
-def comm_waits(ctx: JobContext) -> dict[int, float]:
-    """Per rank, the communication time per step spent waiting for peers that no compute hid (the kernels of the
-    ranks that arrived early spin until the last one arrives): the ``comm`` slice's waiting part; the rest of the
-    slice is transfer. {} when the collectives cannot be matched across ranks (one rank, no NCCL metadata)."""
-    from .collectives import per_step_divisor
-
-    tls = sorted(ctx.comm.items())
-    if len(tls) < 2:
-        return {}
-    df = ctx.collectives("nccl")
-    if df is None or df.empty or (df["ranks_seen"] <= 1).all():
-        return {}
-    out = {}
-    for r, tl in tls:
-        mine = df[(df["rank"] == r) & df["in_step"]]
-        out[r] = float(mine["exposed_wait_us"].sum()) / per_step_divisor(tl)
-    return out

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from ...traces.gaps import DEFAULT_STALL_US, gaps
 from ..calls import GRAPH_LAUNCH
 from ..findings import worst_rank
+from ..host_model import pageable_h2d_mask
 from ..model import Finding, RankView, Skip
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -109,12 +110,6 @@ def _build(view: RankView) -> HostTimeline:
     return HostTimeline(kernels=kernels, copies=copies, calls=calls, blocking=b, starts=starts,
                         busy_until=busy_until, data_a=data_a, data_b=data_b, has_runtime=bool(len(calls)),
                         graph_launches=int(calls["name"].str.startswith(GRAPH_LAUNCH).sum()))
-
-
-def pageable_h2d_mask(copies: "pd.DataFrame") -> "pd.Series":
-    """Kineto names a copy from pageable memory ``Memcpy HtoD (Pageable -> Device)``."""
-    n = as_str(copies["name"])
-    return n.str.contains("HtoD") & n.str.contains("Pageable")
 
 
 def cannot_read(h: HostTimeline, rid: str, runtime_for: str | None) -> Skip | None:
