@@ -33,6 +33,11 @@ SAME_WORK_REASONS = (None, "host_busy", "host_stall")
 host gaps (under the profiler mostly its own time between events), nothing visible. With them, late_rank names a
 rank only when its own time exceeds the others' (:func:`kit.doctor.own_time.own_excess`); otherwise the slowest
 of equal hosts sets the pace and fixing "that rank" would move the waiting to the next one"""
+SLOWED_SHARE = 0.5
+"""a late rank whose GPU runs the same kernels slower is said to have a slow GPU (``gpu_slow``) only when that
+slowdown accounts for at least this share of its GPU time's excess over the slowest other rank; below it, most of
+the excess is work the other ranks do not have (``gpu_busy``). The basis is the majority, not a calibration: the
+reason named is the one behind the larger part of the excess, as with :data:`LATE_EXPLAINED`"""
 LATE_DOMINANCE = 2 / 3
 """late_rank names a rank only when the waiting it caused is at least this share of all waiting for late ranks"""
 
@@ -212,7 +217,7 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     if reason == "gpu_busy" and slower is not None:
         # slower at the same kernels, and that slowness -- not extra work -- is most of its GPU's excess
         slowed = slower / (1 + slower) * gpu_us.get(late, 0.0) if slower > 0 else 0.0
-        more = own is not None and own.get("kind") == "gpu" and slowed < 0.5 * own.get("excess_us", 0.0)
+        more = own is not None and own.get("kind") == "gpu" and slowed < SLOWED_SHARE * own.get("excess_us", 0.0)
         reason = "gpu_slow" if slower >= SLOW_GPU and not more else reason
         why += (f": its GPU ran the same kernels {100 * slower:.1f}% slower than the other ranks' (its "
                 f"{KERNEL_TOP} heaviest, median durations) -- the same work taking longer on that GPU (its "
