@@ -103,10 +103,10 @@ def pick(device_name: str | None, gpu: bool, record_shapes: bool, with_stack: bo
     """The table and row a trace is priced with: among the tables of the same GPU model (else any GPU's, else the
     CPU's), one fitted on real jobs (``"kind": "jobs"``: ``tests/corpus/overhead_fit.py``) with a row of the
     trace's exact settings and kind of job (``distributed``: a rank of a multi-process job) -- of the same GPU model
-    only: real jobs' per-op cost differs between hosts (2-3 us on the 2x H200 example jobs) -- else a loop table
-    (``benchmarks/bench_profiler_overhead.py``) with its settings, else the group's last loop table's nearest row.
-    The ranks of the multi-GPU corpus paid 3-8 us per recorded op, one-GPU jobs of the same host 1-2 us, as the
-    isolated loops do (FINDINGS.md)."""
+    only: real jobs' per-op cost differs between hosts -- else a loop table (``benchmarks/bench_profiler_overhead.py``)
+    with its settings, else the group's last loop table's nearest row. A rank of a multi-process job pays more per
+    recorded op than a one-GPU job of the same host (the measured costs: FINDINGS.md, "kit doctor's thresholds against
+    the recorded runs")."""
     ts = tables(root)
     same = [t for t in ts if gpu and device_name and t["machine"].get("device") == device_name]
     gpus = [t for t in ts if gpu and t["machine"].get("device") not in (None, "cpu")]

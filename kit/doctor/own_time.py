@@ -24,10 +24,9 @@ MIN_OWN_EXCESS_SHARE = 0.05
 """a late rank's own excess must reach this share of the step"""
 PROFILER_NOISE = 1.0
 """... and, for an excess of host time, this share of the profiler's own overhead on the late rank's step
-(:mod:`kit.doctor.overhead`): the profiler slows every rank's host, unevenly. On the multi-GPU corpus's full traces
-(30 jobs, 2 and 4 H100s) the slowest host of a job whose ranks run the same host code exceeded the next by 0.01-0.83x
-the overhead (controls, and the faults that are not on the host: GPU work, slow or repeated collectives; FSDP
-highest), a planted host stall by 2.4-4.3x (FINDINGS.md). GPU time is not the profiler's: no such floor"""
+(:mod:`kit.doctor.overhead`): the profiler slows every rank's host, unevenly, by less than its overhead where the
+ranks run the same host code, a planted host stall by more (evidence: FINDINGS.md, "kit doctor's thresholds against
+the recorded runs"). GPU time is not the profiler's: no such floor"""
 
 
 def own_excess(host_steps: dict, late: int, step_us: float | None, gpu_us: dict | None = None,

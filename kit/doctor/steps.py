@@ -31,24 +31,21 @@ LEFT_OUT = "left_out"
 SPAN = "span"
 """the ``attrs`` key of a steps frame that is the traced span after start-up (a trace without steps), not steps"""
 WARMUP_RATIO = 3.0
-"""a first step longer than this many times the median of the others (3+ steps) is start-up, not a step: on
-facebookresearch/param's ``resnet_kineto`` trace the first (inferred) step is 4.5 s against a median of 0.16 s --
-the DataLoader's workers starting (1.9 s), cuDNN's first calls (1.2 s of cudaFree/cudaMalloc); the steady steps
-of the public and committed traces vary by at most 2x (an input-bound step against one whose batch was ready)"""
+"""a first step longer than this many times the median of the others (3+ steps) is start-up, not a step: the
+steady steps of the public and committed traces vary by at most 2x, a start-up step by more (evidence: FINDINGS.md,
+"kit doctor's thresholds against the recorded runs")"""
 STARTUP_US = 100_000.0
 """a CUDA runtime or driver call at least this long, other than a copy or a synchronisation (those wait for the
 GPU), during which the GPU idles (:data:`STARTUP_IDLE`), is one-time start-up: creating the context, loading a
 library's kernels (cuDNN, cuBLAS) or a module on first use. In a steady step a launch takes microseconds and an
-allocator call at most milliseconds; on HTA's ``critical_path/alexnet`` trace the first convolution holds a
-cudaFree of 6.0 s and a cudaLaunchKernel of 3.1 s, the first forward 12.7 s against 0.04-0.08 s for the
-measured ones"""
+allocator call at most milliseconds (evidence: FINDINGS.md, "kit doctor's thresholds against the recorded runs")"""
 STARTUP_IDLE = 0.9
 """the share of a start-up call's time the GPU must be idle: a cudaFree that waits for a busy GPU is not start-up"""
 TEARDOWN_RATIO = 1.5
 """a last ``ProfilerStep`` longer than this many times the median of the others (3+ steps) holds the profiler's
 own stop (without a final ``prof.step()`` the last annotation runs until the profiler exits): it is cut at the
-others' median, or at its last call that issued GPU work if later. On kineto's 2021 ResNet50 sample
-(``num_workers=4``) the last step is 207 ms against 118-127 ms, 85 ms of it after its last launch"""
+others' median, or at its last call that issued GPU work if later (evidence: FINDINGS.md, "kit doctor's thresholds
+against the recorded runs")"""
 
 
 def steps_frame(cpu) -> "pd.DataFrame":
