@@ -175,6 +175,40 @@ def test_the_estimate_against_the_measured_overhead(truth):
     if point["gpu_bound"]:
         pytest.skip("GPU-bound without the profiler: its host overhead hides behind the GPU")
     est = [ov.overhead(f, capture={}) for f in files]
-    assert all(o.basis == "estimated" and "h100-jobs.json" in o.how for o in est)
-    ratio = max(o.overhead_us for o in est) / statistics.median(o.overhead_us for o in measured)
-    assert 0.5 <= ratio <= 2.5, f"{t['case']}: estimate / measured = {ratio:.2f}"
+    assert all(o.basis == "estimated" and "h100-jobs.json" in o.how for o in est), t["case"]
+    # the estimate's ratio to the measured overhead is in-sample (this case is in the fit): the out-of-sample check
+    # is test_the_per_op_cost_left_one_out below
+    assert max(o.overhead_us for o in est) > 0
+
+
+JOBS = json.loads((ov.TABLES / "h100-jobs.json").read_text())
+LOO_MISSES = {
+    "corpus-h100x2/cnn-ddp-fp32-hostbound": "the ResNet's ops cost the profiler 3.2 us each, the GPT cases' median "
+                                             "6.9 us: left out, it is estimated 2.11x its measured 2.8 ms",
+    "corpus-h100x2/gpt-ddp-bf16-p2p_off": "3.0 us per op against the others' median 6.9 us: left out, it is "
+                                           "estimated 2.26x its measured 3.7 ms",
+}
+"""cases the fitted per-op cost misses by more than 2x when they are left out of the fit (the numbers are the
+table's)"""
+
+
+@pytest.mark.parametrize("point", [pytest.param(p, id=p["case"], marks=[pytest.mark.xfail(
+    strict=True, reason=LOO_MISSES[p["case"]])] if p["case"] in LOO_MISSES else [])
+    for p in JOBS["points"] if not p["gpu_bound"]])
+def test_the_per_op_cost_left_one_out(point):
+    """The jobs table's per-op cost out of sample: each host-bound case estimated with the median per-op cost of the
+    other cases (tests/corpus/overhead_fit.py's leave-one-out, recomputed here from the table's points, must match
+    what the table records) is within 0.5-2x of the overhead kit.capture measured."""
+    import copy
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("overhead_fit", Path(__file__).resolve().parent / "corpus" / "overhead_fit.py")
+    fit = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fit)
+    points = copy.deepcopy(JOBS["points"])
+    fit.fit([q for q in points if (q["record_shapes"], q["with_stack"]) == (point["record_shapes"],
+                                                                               point["with_stack"])])
+    mine = next(q for q in points if q["case"] == point["case"])
+    assert mine["leave_one_out"] == point["leave_one_out"]
+    ratio = point["leave_one_out"]["ratio"]
+    assert 0.5 <= ratio <= 2.0, f"{point['case']}: left-one-out estimate / measured = {ratio}"
