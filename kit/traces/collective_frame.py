@@ -55,36 +55,70 @@ def bandwidth(nbytes, dur_us, collective, group_size) -> tuple[float | None, flo
 
 
 def collective_frame(trace: Any) -> "pd.DataFrame":
-    """One row per NCCL collective/P2P kernel (or gloo op) of one :class:`Trace`, by start time."""
+    """One row per NCCL collective/P2P kernel (or gloo op) of one :class:`Trace`, by start time.
+
+    Column-wise: a job's trace holds thousands of NCCL kernels, so the names are mapped once per distinct value
+    and the bytes and bandwidths computed as arrays (the same float operations as :func:`bandwidth`, element by
+    element); the cells are the Python values a row-by-row build gives, so the frame (values, dtypes, order)
+    is the same."""
+    import numpy as np
     import pandas as pd
 
-    info, rows = trace.info, []
-    for e in trace.gpu[trace.gpu["nccl"]].itertuples(index=False):
-        rows.append(dict(backend="nccl", device=e.device, stream=e.stream, kernel=e.name,
-                         collective=canonical(e.collective) or from_kernel(e.name), n_in=_num(e.in_nelems),
-                         n_out=_num(e.out_nelems), dtype=e.dtype, group_size=_num(e.group_size),
-                         process_group=e.pg_name, pg_desc=e.pg_desc, pg_ranks=e.pg_ranks, seq=e.seq,
-                         start_us=e.ts, dur_us=e.dur))
+    info = trace.info
+    g = trace.gpu[trace.gpu["nccl"]]
+    names = g["name"].tolist()
+    cols: dict[str, list] = dict(backend=["nccl"] * len(g), device=g["device"].tolist(), stream=g["stream"].tolist(),
+                                 kernel=names, dtype=g["dtype"].tolist(), process_group=g["pg_name"].tolist(),
+                                 pg_desc=g["pg_desc"].tolist(), pg_ranks=g["pg_ranks"].tolist(),
+                                 seq=g["seq"].tolist(), start_us=g["ts"].tolist(), dur_us=g["dur"].tolist())
+    memo: dict = {}
+
+    def coll(c, k):
+        key = (c, k)
+        if key not in memo:
+            memo[key] = canonical(c) or from_kernel(k)
+        return memo[key]
+
+    cols["collective"] = [coll(c, k) for c, k in zip(g["collective"].tolist(), names)]
+    cols["n_in"] = [_num(x) for x in g["in_nelems"].tolist()]
+    cols["n_out"] = [_num(x) for x in g["out_nelems"].tolist()]
+    cols["group_size"] = [_num(x) for x in g["group_size"].tolist()]
     cpu = trace.cpu
     gloo = cpu[(cpu["cat"] == "user_annotation") & cpu["name"].astype(str).str.startswith("gloo:")]
-    for e in gloo.itertuples(index=False):
-        coll, group = canonical(e.name), info.world_size
+    for e in gloo.itertuples(index=False):  # a few per step at most: CPU-side ops
+        op, group = canonical(e.name), info.world_size
         n_in = _nelems(e.input_dims)
-        n_out = n_in * group if (coll == "all_gather" and n_in and group) else n_in
-        if coll == "reduce_scatter" and n_in and group:  # gloo records the output shard as its input
+        n_out = n_in * group if (op == "all_gather" and n_in and group) else n_in
+        if op == "reduce_scatter" and n_in and group:  # gloo records the output shard as its input
             n_in = n_in * group
-        rows.append(dict(backend="gloo", device="cpu", stream=e.tid, kernel=e.name, collective=coll, n_in=n_in,
+        for k, v in dict(backend="gloo", device="cpu", stream=e.tid, kernel=e.name, collective=op, n_in=n_in,
                          n_out=n_out, dtype=(e.input_type or [None])[0] if isinstance(e.input_type, list) else None,
                          group_size=group, process_group=e.pg_name, pg_desc=e.pg_desc, pg_ranks=e.pg_ranks,
-                         seq=e.seq, start_us=e.ts, dur_us=e.dur))
-    for r in rows:
-        es = _esize(r["dtype"])
-        r["bytes"] = max(r.pop("n_in") or 0, r.pop("n_out") or 0) * es if es else None
-        r["bytes"] = r["bytes"] or None
-        r["algbw_gbps"], r["busbw_gbps"] = bandwidth(r["bytes"], r["dur_us"], r["collective"], r["group_size"])
-        r["trace"], r["rank"] = trace.name, info.rank
-    rows.sort(key=lambda r: r["start_us"])
-    return pd.DataFrame(rows, columns=COLLECTIVE_COLUMNS)
+                         seq=e.seq, start_us=e.ts, dur_us=e.dur).items():
+            cols[k].append(v)
+    n = len(cols["backend"])
+    if not n:
+        return pd.DataFrame([], columns=COLLECTIVE_COLUMNS)
+    sizes: dict = {}
+    es = [sizes[d] if d in sizes else sizes.setdefault(d, _esize(d)) for d in cols["dtype"]]
+    nbytes = [(max(a or 0, b or 0) * s or None) if s else None
+              for a, b, s in zip(cols.pop("n_in"), cols.pop("n_out"), es)]
+    cols["bytes"] = nbytes
+    # bandwidth(): None unless bytes and a positive duration are known; busbw scales by the bus factor
+    dur = np.array([np.nan if d is None else d for d in cols["dur_us"]], dtype=float)
+    b = np.array([x or 0 for x in nbytes], dtype=float)
+    with np.errstate(invalid="ignore"):
+        ok = (b != 0) & (dur > 0)
+    alg = np.where(ok, b / (np.where(ok, dur, 1.0) * 1e-6) / 1e9, np.nan)
+    factors: dict = {}
+    fac = [(factors[k] if k in factors else factors.setdefault(k, bus_factor(*k))) if k[1] else 1.0
+           for k in zip(cols["collective"], cols["group_size"])]
+    bus = alg * np.array(fac, dtype=float)
+    cols["algbw_gbps"] = [v if o else None for v, o in zip(alg.tolist(), ok.tolist())]
+    cols["busbw_gbps"] = [v if o else None for v, o in zip(bus.tolist(), ok.tolist())]
+    cols["trace"], cols["rank"] = [trace.name] * n, [info.rank] * n
+    order = np.argsort(np.array(cols["start_us"], dtype=float), kind="stable").tolist()
+    return pd.DataFrame({c: [cols[c][i] for i in order] for c in COLLECTIVE_COLUMNS}, columns=COLLECTIVE_COLUMNS)
 
 
 def _missing(v) -> bool:
