@@ -51,7 +51,11 @@ FIRST_MISSES = {
 }
 NAMED_MISSES: dict[str, str] = {}
 CONTROL_MISSES: dict[str, str] = {
-    # multi-GPU control: what the doctor says that it should not, today
+    # multi-rank control: what the doctor says that it should not, today
+    "corpus/gloo3-cnn-control": "late_rank on rank 0, 6.07 ms (22% of the traced step): 3 gloo ranks on CPU, rank 0's "
+                                "own ops took ~6 ms more per step (compute 93% of its step against 64-72% on the "
+                                "others); without GPU kernels the own-time check against the profiler's noise "
+                                "floor is not applied, so the slowest of equal hosts is named",
     "corpus-h100x2/cnn-ddp-fp32-control": "input_bound on both ranks, 0.94 ms: 5.5% of the job's 17.1 ms traced step "
                                           "(4.8% of rank 0's): the single-process DataLoader's next() (0.79 ms per "
                                           "step on rank 0) with the GPU idle -- no late_rank since the profiler's "
@@ -174,14 +178,15 @@ SINGLE_RANK_SHARE, HOST_RULE_SHARE = 0.10, 0.05
 
 def _multi_controls():
     for c in CASES:
-        if c.startswith("corpus-") and not _truth(c)["expected_rule"]:
+        t = _truth(c)
+        if (c.startswith("corpus-") or t.get("world_size", 1) > 1) and not t["expected_rule"]:
             marks = [pytest.mark.xfail(strict=True, reason=CONTROL_MISSES[c])] if c in CONTROL_MISSES else []
             yield pytest.param(c, marks=marks, id=c)
 
 
 @pytest.mark.parametrize("case", list(_multi_controls()))
 def test_multi_gpu_control_has_no_rank_or_host_finding(case):
-    """A multi-GPU control (balanced, host-bound or GPU-bound; every rank the same code): no finding on a single
+    """A multi-rank control (balanced, host-bound or GPU-bound; every rank the same code): no finding on a single
     rank at 10% of the step or more, and no input/sync/allocator/stall finding at 5% or more."""
     d = _result(case)
     step = d.step_us
