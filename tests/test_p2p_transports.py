@@ -361,7 +361,8 @@ def test_part_hold_is_sized_from_the_warm_up_and_a_short_one_is_flagged(monkeypa
     rate the last hold ran (a fake GPU: 2000 cycles per us), fixed after the warm-up; a timed sample whose issue
     outlasted its hold is flagged. The first hold is the probe. Forward issues 100, 300, 200 us in the warm-up
     (holds: probe, 2 x 100 us, 2 x 200 us, then 2 x 200), 350 and 450 timed: the second outlasts its 400 us hold;
-    backward issues 50 us each time: a 100 us hold, never short. (CPU logic only: the GPU path runs on GPUs.)"""
+    backward issues 50 us each time: a 100 us hold, never short. A part's event records (7 us on each side here) are
+    not in its host time. (CPU logic only: the GPU path runs on GPUs.)"""
     import contextlib
     import types
 
@@ -378,12 +379,16 @@ def test_part_hold_is_sized_from_the_warm_up_and_a_short_one_is_flagged(monkeypa
 
         @contextlib.contextmanager
         def phase(self, name):
+            now[0] += 7e-6  # its event records: outside the part's host time
             yield
-            if name.endswith("hold"):
-                self.got[name] = slept[-1] / 2000
-            else:
-                now[0] += next(issue[name]) / 1e6
-                self.got[name] = 10.0
+            now[0] += 7e-6
+            self.got[name] = slept[-1] / 2000 if name.endswith("hold") else 10.0
+
+        def read(self):
+            return self.got
+
+    def run_part(part, st, x, grad):
+        now[0] += next(issue[part]) / 1e6
 
         def read(self):
             return self.got
@@ -391,6 +396,7 @@ def test_part_hold_is_sized_from_the_warm_up_and_a_short_one_is_flagged(monkeypa
     monkeypatch.setattr(torch.cuda, "_sleep", slept.append)
     monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
     monkeypatch.setattr(R.timing, "PhaseTimer", Timer)
+    monkeypatch.setattr(R, "_run_part", run_part)
     monkeypatch.setattr(R, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
     st = P.Stage(0, 1, 1, 8, 4, 1, torch.device("cpu"), torch.float32)
     out = R._compute_times([st], 1, 3, 2, cuda=True)[0]
@@ -400,6 +406,68 @@ def test_part_hold_is_sized_from_the_warm_up_and_a_short_one_is_flagged(monkeypa
     assert [s["F hold short"] for s in out] == [False, True]
     assert [(s["B hold"], s["B hold short"]) for s in out] == [(100, False), (100, False)]
     assert R.hold_cycles([], 10, 5.0) == R.hold_cycles([300.0], 10, float("nan")) == p  # nothing measured yet
+
+def test_thread_per_stage_host_times_and_their_model():
+    """The thread-per-stage driver's host times: every stage's thread issues its forward at once, then its backward
+    (CPU stages here: the same code path without CUDA), one sample per repeat. Its model takes those times (one
+    host per stage), not the times alone: stages F 1 / B 2 us, 2 us to issue alone, 5 us each with every thread at
+    once, m = 3 -> the simulation with 5 us per step."""
+    import torch
+
+    from kit.investigations.p2p_transports import pipeline_run as R
+
+    stages = [P.Stage(s, 2, 1, 8, 4, 1, torch.device("cpu"), torch.float32) for s in range(2)]
+    got = R._concurrent_host_times(stages, 1, 2, cuda=False)
+    assert sorted(got) == [0, 1] and all(len(v) == 2 for v in got.values())
+    assert all(v[k] > 0 for s in got.values() for v in s for k in ("F host threads", "B host threads"))
+    assert all(w.grad is None for st in stages for w in st.weights)  # each sample's gradients dropped
+    rows = []
+    for sample in range(3):
+        rows += [dict(kind="pipeline_part", transport="copy", part=p, stage=s, sample=sample, time_us=t, host_us=2.0,
+                      host_threads_us=5.0, world_size=2) for s in (0, 1) for p, t in (("F", 1.0), ("B", 2.0))]
+    rows += [dict(kind="pipeline", transport="copy", driver=d, how=h, step=k, stage=st, time_us=50.0,
+                  loss=0.1 if st else float("nan"), grad_norm=1.0, micro_batches=3, world_size=2, host_us=20.0,
+                  host_compute_us=10.0) for d, h in (("host", "host"), ("device", "threads")) for k in range(2)
+             for st in (0, 1)]
+    mo = PA.model(pd.DataFrame(rows)).set_index("driver")
+    assert mo.loc["device", "host_model_ms"] * 1e3 == pytest.approx(PA.simulate([1, 1], [2, 2], [0.0], 3, [5, 5], [5, 5]))
+    assert mo.loc["host", "host_model_ms"] * 1e3 == pytest.approx(
+        PA.simulate([1, 1], [2, 2], [0.0], 3, [2, 2], [2, 2], shared_host=True))
+
+
+def _private_torch_calls() -> set[str]:
+    """The private ``torch._C._cuda_*`` functions kit/transports calls (to skip the Python around the public ones)."""
+    import re
+
+    return {m for f in (ROOT / "kit" / "transports").glob("*.py") for m in re.findall(r"\b_cuda_\w+", f.read_text())}
+
+
+def test_private_torch_calls_are_what_torch_cuda_is_built_on():
+    """kit.transports calls a few private ``torch._C`` functions instead of the public ``torch.cuda`` ones built on
+    them (``on_stream``, ``memcpy_dtod``, copy's 1 KiB path; the public ones cost several times more host time per
+    call). A CPU build of torch has no ``torch._C._cuda_*`` at all, so on CPU this checks the names are still the
+    ones torch.cuda's own public functions call (a torch that renames them changes its own source); the GPU test
+    below checks they exist."""
+    import inspect
+
+    import torch.cuda
+
+    names = _private_torch_calls()
+    assert {"_cuda_getCurrentStream", "_cuda_setStream", "_cuda_getDevice", "_cuda_setDevice"} <= names
+    src = inspect.getsource(torch.cuda)
+    gone = sorted(n for n in names if f"torch._C.{n}(" not in src and f"_C.{n}(" not in src)
+    assert not gone, (f"torch {torch.__version__}: torch.cuda no longer calls {gone}, which kit/transports calls "
+                      "directly (base.on_stream, mailbox.memcpy_dtod, copy._current_id): use the public torch.cuda "
+                      "calls there instead")
+
+
+@pytest.mark.gpu
+def test_gpu_private_torch_calls_exist():
+    import torch
+
+    missing = sorted(n for n in _private_torch_calls() if not hasattr(torch._C, n))
+    assert not missing, f"torch {torch.__version__} has no torch._C.{missing} (called by kit/transports)"
+
 
 def test_idle_of_and_launch_attribution():
     """Busy is the union of every activity (overlaps once); a gap is host-caused up to the launch of the activity

@@ -221,9 +221,8 @@ class CopyTransport(Transport):
         microseconds (the same transfer built from events and a ctypes memcpy cost several times the bare
         ``copy_`` loop), so the streams are kept as the ids ``torch.cuda.current_stream`` is built from, and a
         Stream object is made only when a wait needs one (an id is an order of magnitude cheaper than a Stream;
-        the measured costs: ``recorded/probes/host-cost-h200/``)."""
-        import torch
-
+        the measured costs: ``recorded/probes/host-cost-h200/``; the C function that reads them is bound once,
+        :func:`_current_id`, not imported per call)."""
         if len(ops) != 2:
             return None
         (k0, t, to), (k1, out, frm) = ops
@@ -236,9 +235,10 @@ class CopyTransport(Transport):
             return None
         if t.dtype != out.dtype or t.numel() != out.numel():
             raise ValueError(f"copy: sent {t.dtype}[{t.numel()}], receiving into {out.dtype}[{out.numel()}]")
-        streams = _current_id(src), _current_id(dst)
+        cur = _current_id.get
+        streams = cur(src), cur(dst)
         out.copy_(t)
-        return [_after(streams[0], src), _after(streams[1], dst)]
+        return [_After(streams[0], src), _After(streams[1], dst)]
 
 
 def _recv_work(done, dst: int) -> Work:
@@ -247,13 +247,23 @@ def _recv_work(done, dst: int) -> Work:
     return Work(lambda: torch.cuda.current_stream(dst).wait_event(done), done.query)
 
 
-def _current_id(device: int) -> tuple:
-    """The current stream of ``device`` as (stream id, device index, device type): what
-    ``torch.cuda.current_stream`` reads before it builds a Stream object (``torch/cuda/__init__.py``), which the
-    1 KiB fast path skips."""
-    import torch
+class _CurrentId:
+    """``_current_id.get(device)``: the current stream of ``device`` as (stream id, device index, device type) --
+    what ``torch.cuda.current_stream`` reads before it builds a Stream object (``torch/cuda/__init__.py``), which
+    the 1 KiB fast path skips. ``get`` is that C function itself, bound on first use: four reads per 1 KiB message,
+    where an ``import torch`` inside a function costs ~0.1 us a call. The function is private (``torch._C``): a
+    CPU test fails by its name if a torch release drops it."""
 
-    return torch._C._cuda_getCurrentStream(device)
+    def __getattr__(self, name):  # first use only: then ``get`` is an attribute of the instance
+        if name != "get":
+            raise AttributeError(name)
+        import torch
+
+        self.get = torch._C._cuda_getCurrentStream
+        return self.get
+
+
+_current_id = _CurrentId()
 
 
 class _After(Work):
@@ -272,7 +282,7 @@ class _After(Work):
         return torch.cuda.Stream(stream_id=ids[0], device_index=ids[1], device_type=ids[2])
 
     def wait(self) -> None:
-        if not self._waited and _current_id(self.device) != self.ids:
+        if not self._waited and _current_id.get(self.device) != self.ids:
             import torch
 
             torch.cuda.current_stream(self.device).wait_stream(self._stream())
@@ -281,5 +291,3 @@ class _After(Work):
     def done(self) -> bool:
         return self._stream().query()
 
-
-_after = _After

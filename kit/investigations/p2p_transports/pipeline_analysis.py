@@ -222,15 +222,20 @@ def _host_model(comp: pd.DataFrame, hops: pd.DataFrame, p: int, m: int, r, msg: 
     ``msg``, the ``message host`` part measured as the pipeline's thread posts it, where the run has it): one
     host for every stage where one thread drives them all (an in-process transport, host-driven), one per stage
     otherwise; a device-bound CUDA graph has none (the device model). Every part (device and host times, each
-    message's) at its quantile ``qq``: 0.5 the model, 0.1 its lower spread bound. NaN without host times (runs from
-    before they were measured)."""
+    message's) at its quantile ``qq``: 0.5 the model, 0.1 its lower spread bound. A thread per stage (``how``
+    "threads"): each step's host time as measured with every stage's thread issuing its own at once
+    (``host_threads_us``, :func:`.pipeline_run._concurrent_host_times`: the threads share the interpreter lock),
+    where the run has it. NaN without host times (runs from before they were measured)."""
     if "host_us" not in comp.columns or comp["host_us"].isna().all():
         return float("nan")
     msg = msg if msg is not None else comp.iloc[:0]
     fb = comp.groupby(["stage", "part"])["time_us"].quantile(qq).unstack()
-    own = comp[comp["transport"] == r.transport].dropna(subset=["host_us"])  # issued as this transport's run issues
-    h = (own if len(own) else comp).groupby(["stage", "part"])["host_us"].quantile(qq).unstack()
     how = getattr(r, "how", "host")
+    col = "host_us"  # a thread per stage: each step's issue while every stage's thread issues its own (GIL shared)
+    if how == "threads" and "host_threads_us" in comp.columns and comp["host_threads_us"].notna().any():
+        col = "host_threads_us"
+    own = comp[comp["transport"] == r.transport].dropna(subset=[col])  # issued as this transport's run issues
+    h = (own if len(own) else comp.dropna(subset=[col])).groupby(["stage", "part"])[col].quantile(qq).unstack()
     c = [_hop(hops, s, qq) for s in range(p - 1)]
     if how == "graph":
         return simulate(list(fb["F"]), list(fb["B"]), c, m)

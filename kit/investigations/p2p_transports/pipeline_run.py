@@ -219,11 +219,19 @@ def parts(cfg, ctx, T, S, P: Pipeline, keys: dict, act: int):
     message as the pipeline's one thread posts it (:func:`_message_host_times`, part ``message host``)."""
     ctx.step(f"{T.name} pipeline parts compute", point=False)
     warm = max(cfg.warmup, PART_WARMUP)
-    for s, samples in _compute_times(list(P.stages.values()), P.n, warm, cfg.repeats, S.is_cuda).items():
+    stages = list(P.stages.values())
+    times = _compute_times(stages, P.n, warm, cfg.repeats, S.is_cuda)
+    if T.caps.in_process and len(stages) > 1 and "device" in cfg.pipeline_drivers:  # the thread-per-stage driver's
+        ctx.step(f"{T.name} pipeline parts host threads", point=False)
+        for s, samples in _concurrent_host_times(stages, cfg.warmup, cfg.repeats, S.is_cuda).items():
+            for us, more in zip(times[s], samples):
+                us.update(more)
+    for s, samples in times.items():
         for i, us in enumerate(samples):
             yield from (dict(keys, kind="pipeline_part", part=part, stage=s, sample=i, time_us=us[part],
                              host_us=us[f"{part} host"], hold_us=us.get(f"{part} hold", math.nan),
-                             hold_short=us.get(f"{part} hold short", math.nan)) for part in ("F", "B"))
+                             hold_short=us.get(f"{part} hold short", math.nan),
+                             host_threads_us=us.get(f"{part} host threads", math.nan)) for part in ("F", "B"))
     one = T.caps.in_process and P.comm is not None
     post = (lambda T_, op_list: post_in_process(T_, op_list, P.comm)) if one else None
     for s in range(P.n - 1):
@@ -243,7 +251,8 @@ def _compute_times(stages: list, n: int, warmup: int, repeats: int, cuda: bool) 
     """Per stage, per sample {"F": us, "B": us, "F host": us, "B host": us} (and on a GPU "F hold" / "B hold":
     the hold's time on the GPU, "F hold short" / "B hold short": :func:`hold_short`): one forward and one backward of a
     micro-batch on the stage alone, on the device (CUDA events) and the host's time to issue each (the call's wall
-    time: what a host-driven pipeline spends per step before its GPU can start the next one). Before each part the
+    time: what a host-driven pipeline spends per step before its GPU can start the next one; the events' records
+    outside it -- the pipeline makes no such calls). Before each part the
     GPU spins (``torch.cuda._sleep``, :func:`hold_cycles` of the part's warm-up issue times, fixed after the
     warm-up) while the host queues the part, so its events time the
     kernels back to back: the part's device time without waits for its launches (where the host issues a part
@@ -267,19 +276,17 @@ def _compute_times(stages: list, n: int, warmup: int, repeats: int, cuda: bool) 
     for i in range(-warmup, repeats):
         timers, ys, us = {}, {}, {}
         for st in stages:
-            s, last = st.stage, st.stage == n - 1
+            s = st.stage
             with torch.cuda.device(st.device) if cuda else nullcontext():
                 x = prep[s][0].detach().requires_grad_(s > 0)
                 timers[s] = timing.PhaseTimer(cuda)
                 if cuda:
                     with timers[s].phase("F hold"):
                         torch.cuda._sleep(holds[(s, "F")])
-                h0 = clock()
-                with timers[s].phase("F"):
-                    y = forward(st.weights, x)
-                    if last:
-                        y = loss_of(y, st.m)
-                us[s] = {"F host": (clock() - h0) * 1e6}
+                with timers[s].phase("F"):  # its events recorded outside the host's window (not the pipeline's calls)
+                    h0 = clock()
+                    y = _run_part("F", st, x, None)
+                    us[s] = {"F host": (clock() - h0) * 1e6}
                 ys[s] = y
         for st in reversed(stages):
             s, last = st.stage, st.stage == n - 1
@@ -287,10 +294,10 @@ def _compute_times(stages: list, n: int, warmup: int, repeats: int, cuda: bool) 
                 if cuda:
                     with timers[s].phase("B hold"):
                         torch.cuda._sleep(holds[(s, "B")])
-                h0 = clock()
                 with timers[s].phase("B"):
-                    ys[s].backward(None if last else prep[s][1])
-                us[s]["B host"] = (clock() - h0) * 1e6
+                    h0 = clock()
+                    _run_part("B", st, ys[s], None if last else prep[s][1])
+                    us[s]["B host"] = (clock() - h0) * 1e6
         for st in stages:
             s = st.stage
             us[s].update(timers[s].read())
@@ -302,6 +309,69 @@ def _compute_times(stages: list, n: int, warmup: int, repeats: int, cuda: bool) 
                     holds[(s, p)] = hold_cycles(issued[(s, p)], holds[(s, p)], us[s][f"{p} hold"])
             if i >= 0:
                 out[s].append(us[s])
+    return out
+
+
+def _run_part(part: str, st, x, grad):
+    """Issue one micro-batch's forward (``part`` "F": returns its output, the loss on the last stage) or backward
+    ("B" of output ``x`` with ``grad``) of stage ``st``, as the pipeline's step does."""
+    if part == "F":
+        y = forward(st.weights, x)
+        return loss_of(y, st.m) if st.stage == st.n - 1 else y
+    x.backward(grad)
+    return None
+
+
+def _concurrent_host_times(stages: list, warmup: int, repeats: int, cuda: bool) -> dict[int, list[dict]]:
+    """Per stage, per sample {"F host threads": us, "B host threads": us}: the host's time to issue one forward /
+    backward when every stage's thread issues its own at once (a thread per stage, released together by a barrier:
+    every forward, then every backward), as the thread-per-stage driver (:func:`.pipeline.drive_threads`) issues
+    them in its steady state. The threads share one interpreter lock, so a step's issue takes longer than alone by
+    the Python the other threads run meanwhile; the model of that driver takes these times (:mod:`.pipeline_analysis`).
+    No events or holds: only the host is timed."""
+    import threading
+
+    import torch
+
+    prep = {}
+    for st in stages:
+        x0 = st.inputs[0] if st.inputs is not None else torch.randn(st.batch, st.hidden, device=st.device, dtype=st.dtype)
+        prep[st.stage] = (x0, torch.randn(st.batch, st.hidden, device=st.device, dtype=st.dtype))
+    out = {st.stage: [] for st in stages}
+    clock = time.perf_counter
+
+    def together(fn):
+        gate = threading.Barrier(len(stages))
+        got, errors = {}, []
+
+        def run(st):
+            try:
+                with torch.cuda.device(st.device) if cuda else nullcontext():
+                    gate.wait()
+                    h0 = clock()
+                    r = fn(st)
+                    got[st.stage] = ((clock() - h0) * 1e6, r)
+            except BaseException as e:  # noqa: BLE001 -- raised again below
+                errors.append(e)
+
+        threads = [threading.Thread(target=run, args=(st,), daemon=True) for st in stages]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return got
+
+    for i in range(-warmup, repeats):
+        fw = together(lambda st: _run_part("F", st, prep[st.stage][0].detach().requires_grad_(st.stage > 0), None))
+        bw = together(lambda st: _run_part("B", st, fw[st.stage][1], None if st.stage == st.n - 1 else prep[st.stage][1]))
+        for st in stages:
+            if cuda:
+                torch.cuda.synchronize(st.device)
+            st.zero_grad()
+            if i >= 0:
+                out[st.stage].append({"F host threads": fw[st.stage][0], "B host threads": bw[st.stage][0]})
     return out
 
 
