@@ -92,7 +92,8 @@ def parts(data) -> pd.DataFrame:
     return stats.slowest_rank_stats(d, ["transport", "part", "where"])
 
 
-def simulate(F, B, c, m: int, hF=None, hB=None, shared_host: bool = False, hsend=None, hrecv=None) -> float:
+def simulate(F, B, c, m: int, hF=None, hB=None, shared_host: bool = False, hsend=None, hrecv=None,
+             host_handoff: bool = True) -> float:
     """The 1F1B iteration (the time the last stage finishes) of stages with forward ``F[s]`` and backward ``B[s]``
     per micro-batch and ``c[s]`` per transfer between stage ``s`` and ``s + 1`` (either way), ``m`` micro-batches:
     every stage runs :func:`.pipeline.schedule` in order, a step starting when its stage is free and its input has
@@ -105,7 +106,9 @@ def simulate(F, B, c, m: int, hF=None, hB=None, shared_host: bool = False, hsend
     and after the host that issues its input's step (a message is posted when its sender issued it); its GPU work
     starts no earlier than its issue begins and ends no earlier than its issue ends. ``hsend[k]`` / ``hrecv[k]``:
     the host's time per message over hop ``k`` on the sending / receiving side, added to the step that sends /
-    receives it."""
+    receives it. ``host_handoff``: a receive waits on the host until its message was posted (a mailbox on the host,
+    or one thread that yields until then), so its step's issue follows the sender's; False for a transport whose
+    receive is queued on the GPU without waiting on the host (NCCL: only the GPU waits for the peer)."""
     from .pipeline import schedule
 
     p = len(F)
@@ -134,7 +137,7 @@ def simulate(F, B, c, m: int, hF=None, hB=None, shared_host: bool = False, hsend
                 dur = F[s] if kind == "F" else B[s]
                 if host:
                     h = 0 if shared_host else s
-                    hs = max(hfree[h], issued[src] if src is not None else 0.0)
+                    hs = max(hfree[h], issued[src] if src is not None and host_handoff else 0.0)
                     cost = hF[s] if kind == "F" else hB[s]
                     if src is not None and hrecv is not None:  # this step receives over the hop it came by
                         cost += hrecv[s - 1 if kind == "F" else s]
@@ -225,7 +228,10 @@ def _host_model(comp: pd.DataFrame, hops: pd.DataFrame, p: int, m: int, r, msg: 
     message's) at its quantile ``qq``: 0.5 the model, 0.1 its lower spread bound. A thread per stage (``how``
     "threads"): each step's host time as measured with every stage's thread issuing its own at once
     (``host_threads_us``, :func:`.pipeline_run._concurrent_host_times`: the threads share the interpreter lock),
-    where the run has it. NaN without host times (runs from before they were measured)."""
+    where the run has it. A transport whose transfers a CUDA graph can capture (``caps.graph_capture``: NCCL) hands
+    nothing over on the host, so a receive's issue does not wait for its sender's (``simulate``'s ``host_handoff``);
+    the IPC mailboxes and one thread that yields until a message is posted do wait. NaN without host times (runs
+    from before they were measured)."""
     if "host_us" not in comp.columns or comp["host_us"].isna().all():
         return float("nan")
     msg = msg if msg is not None else comp.iloc[:0]
@@ -256,7 +262,7 @@ def _host_model(comp: pd.DataFrame, hops: pd.DataFrame, p: int, m: int, r, msg: 
             hsend.append(float(by.get(k, 0.0)))
             hrecv.append(float(by.get(k + 1, 0.0)))
     return simulate(list(fb["F"]), list(fb["B"]), c, m, list(h["F"]), list(h["B"]), shared_host=shared,
-                    hsend=hsend, hrecv=hrecv)
+                    hsend=hsend, hrecv=hrecv, host_handoff=caps is None or not caps.graph_capture)
 
 
 def _hop(hops: pd.DataFrame, s: int, qq: float) -> float:
