@@ -217,16 +217,17 @@ def _issue(T, ops, comm: CommStreams | None = None, me: int | None = None) -> It
     return [works[i] for i in range(len(ops))]
 
 
-def post_in_process(T, ops, comm: CommStreams | None):
-    """Post ``ops`` of an in-process transport as the pipeline does (:func:`_issue`: the sends, then each receive
-    on its device's receive stream) when every receive's message is posted by then (the sends among ``ops``);
-    the Works in op order."""
+def post_ops(T, ops, comm: CommStreams | None):
+    """Post ``ops`` as the pipeline does (:func:`_issue`): a cross-process transport's in one ``exchange`` on the
+    comm streams of the devices they touch (:class:`_on_streams`); an in-process transport's sends, then each receive
+    on its device's receive stream, when every receive's message is posted by then (the sends among ``ops``). The
+    Works in op order."""
     g = _issue(T, ops, comm)
     try:
         next(g)
     except StopIteration as done:
         return done.value
-    raise RuntimeError("post_in_process: a receive whose message is not posted (post its send first)")
+    raise RuntimeError("post_ops: a receive whose message is not posted (post its send first)")
 
 
 class _on_streams:

@@ -21,9 +21,10 @@ Rows:
 * ``pipeline_part`` -- ``part`` ``F`` / ``B``: one micro-batch's forward / backward on a stage alone (CUDA
   events, ``repeats`` samples; ``hold_us`` the GPU's hold before it, ``hold_short`` whether that hold ended before
   the host finished queueing the part: :func:`_compute_times`), ``transfer``: one activation between neighbouring
-  stages over the transport (:func:`.harness.timed_rows`), posted as the pipeline posts it (for an in-process transport:
-  :func:`.pipeline.post_in_process`, the send and then the receive on the receive stream -- not
-  ``exchange``'s fast path, which the pipeline never takes); the model (:mod:`.pipeline_analysis`) predicts the
+  stages over the transport (:func:`.harness.timed_rows`), posted as the pipeline posts it (:func:`.pipeline.post_ops`:
+  a cross-process transport's op in one ``exchange`` on the comm stream made current, as the pipeline's step does --
+  its host time then includes that stream switch; an in-process transport's send and then the receive on the
+  receive stream -- not ``exchange``'s fast path, which the pipeline never takes); the model (:mod:`.pipeline_analysis`) predicts the
   iteration from them; ``message host`` (in-process transports): the host's time per activation as the
   pipeline's one thread posts it, each after a forward was issued (:func:`_message_host_times`);
 * ``trace`` -- one profiled iteration per driver (``experiment=pipeline``), for the timeline and the
@@ -43,7 +44,7 @@ from contextlib import nullcontext
 
 from ... import timing, traces
 from . import harness as H
-from .pipeline import CommStreams, Stage, drive, drive_threads, forward, loss_of, post_in_process
+from .pipeline import CommStreams, Stage, drive, drive_threads, forward, loss_of, post_ops
 
 PART_WARMUP = 20  # forward+backward pairs before the timed ones: ~30 ms of GEMMs, so the GPU's clocks have ramped
 # up (after 3 warm-ups on 2xH200 a stage's backward still spread 0.93-1.28 ms, and the model came out 11% high)
@@ -233,7 +234,7 @@ def parts(cfg, ctx, T, S, P: Pipeline, keys: dict, act: int):
                              hold_short=us.get(f"{part} hold short", math.nan),
                              host_threads_us=us.get(f"{part} host threads", math.nan)) for part in ("F", "B"))
     one = T.caps.in_process and P.comm is not None
-    post = (lambda T_, op_list: post_in_process(T_, op_list, P.comm)) if one else None
+    post = lambda T_, op_list: post_ops(T_, op_list, P.comm)  # noqa: E731 -- as the pipeline posts them
     for s in range(P.n - 1):
         ctx.step(f"{T.name} pipeline parts transfer {s}->{s + 1}", point=False)
         yield from H.timed_rows(cfg, ctx, T, S, [(s, s + 1, act)],
@@ -378,7 +379,7 @@ def _concurrent_host_times(stages: list, warmup: int, repeats: int, cuda: bool) 
 def _message_host_times(T, P: Pipeline, warmup: int, repeats: int) -> dict[tuple[int, int], list[float]]:
     """{(src, dst): host us per sample}: an in-process transport's whole host path for one activation as the
     pipeline's thread posts it -- the receive buffer allocated on the receive stream, send and receive posted
-    (:func:`.pipeline.post_in_process`), both waited for and the buffer recorded on the compute stream -- each
+    (:func:`.pipeline.post_ops`), both waited for and the buffer recorded on the compute stream -- each
     right after the sending stage's forward was issued, over every hop in turn (as in the pipeline, where a message
     follows a compute step and the thread takes turns over the stages), synchronised once per sample. The
     transfer part's ``host_us`` times the same path back to back with nothing in between, which costs the host
@@ -396,7 +397,7 @@ def _message_host_times(T, P: Pipeline, warmup: int, repeats: int) -> dict[tuple
                 y = forward(st[a].weights, xs[a]).detach()
             h0 = clock()
             buf = st[b]._buffer(P.comm)
-            ws = post_in_process(T, [("send", y, b), ("recv", buf, a)], P.comm)
+            ws = post_ops(T, [("send", y, b), ("recv", buf, a)], P.comm)
             ws[1].wait()
             buf.record_stream(torch.cuda.current_stream(st[b].device))
             ws[0].wait()
