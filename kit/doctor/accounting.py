@@ -69,7 +69,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..traces.intervals import cover, partition, union_np
 from .calls import STEP_PREFIX
-from .host_model import HostModel, host_model
+from .host_model import HostModel, host_model, name_mask, names_str
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -379,7 +379,7 @@ def _stalls(view, calls, host, s, e, cls) -> tuple[dict, ...]:
     out = []
     idle = cls == "host_stall"
     cpu = view.trace.cpu
-    ann = cpu[(cpu["cat"] == "user_annotation") & ~cpu["name"].astype(str).str.startswith(STEP_PREFIX)] \
+    ann = cpu[(cpu["cat"] == "user_annotation") & ~name_mask(cpu["name"], lambda n: n.str.startswith(STEP_PREFIX))] \
         if not cpu.empty else cpu
     for t, sets in host.items():
         a, b = sets["host_stall"]
@@ -471,7 +471,7 @@ def _inside(cpu: "pd.DataFrame", spans: "pd.DataFrame", n: int = 3) -> dict:
         o = ops[(ops["tid"] == tid) & (ops["ts"] >= ts) & (ops["end"] <= end)].sort_values(["ts", "end"],
                                                                                           ascending=[True, False])
         reach = -float("inf")
-        for name, a, b in zip(o["name"].astype(str), o["ts"], o["end"]):
+        for name, a, b in zip(names_str(o["name"]), o["ts"], o["end"]):
             if a < reach:  # inside an outer kept op
                 continue
             reach = float(b)

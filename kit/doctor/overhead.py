@@ -169,6 +169,8 @@ def _counts(view: "RankView", per_step: "pd.DataFrame") -> tuple[float, float, s
     fall inside them (ops and the calls they make go together)."""
     import numpy as np
 
+    from .host_model import names_str
+
     cpu_all = view.memo.get("cpu_all")
     full = cpu_all is not None and not cpu_all.empty
     cpu = cpu_all if full else view.trace.cpu
@@ -181,7 +183,7 @@ def _counts(view: "RankView", per_step: "pd.DataFrame") -> tuple[float, float, s
     ts = cpu["ts"].to_numpy(float)
     i = np.searchsorted(a, ts, side="right") - 1
     inside = (i >= 0) & (ts < b[np.clip(i, 0, len(b) - 1)])
-    cats = cpu["cat"].astype(str).to_numpy()
+    cats = names_str(cpu["cat"]).to_numpy()
     n = max(1, len(a))
     is_rt = np.isin(cats, ["cuda_runtime", "cuda_driver"])
     runtime = float(is_rt[inside].sum()) / n
@@ -197,12 +199,14 @@ def _counts(view: "RankView", per_step: "pd.DataFrame") -> tuple[float, float, s
 
 def _settings(view: "RankView", capture: dict | None) -> tuple[bool, bool, str]:
     """record_shapes, with_stack, and where they were read."""
+    from .host_model import name_mask
+
     if capture and "record_shapes" in capture:
         return bool(capture.get("record_shapes")), bool(capture.get("with_stack")), "the kitCapture header"
     cpu = view.memo.get("cpu_all")
     cpu = cpu if cpu is not None else view.trace.cpu
     shapes = bool("input_dims" in cpu and cpu["input_dims"].notna().any())
-    stack = bool((cpu["cat"].astype(str) == "python_function").any())
+    stack = bool(name_mask(cpu["cat"], lambda c: c == "python_function").any())
     return shapes, stack, "the trace (record_shapes from Input Dims on its kept ops, with_stack from Python frames)"
 
 

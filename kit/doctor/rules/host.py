@@ -77,7 +77,9 @@ def host_timeline(view: RankView) -> HostTimeline:
 
 def as_str(s: "pd.Series") -> "pd.Series":
     """A column as strings (names may come as categoricals or objects)."""
-    return s.astype(str)
+    from ..host_model import names_str
+
+    return names_str(s)
 
 
 def _build(view: RankView) -> HostTimeline:
