@@ -345,3 +345,16 @@ def test_host_rules_skip_without_a_host_model():
     for rid in ("launch_bound", "host_sync", "pageable_h2d", "graph_mixing_gap"):
         got = RULES[rid].extract(view)
         assert isinstance(got, Skip) and "no host model" in got.why, rid
+
+
+def test_a_cpu_ranks_gap_around_a_collective_is_waiting_for_its_peer():
+    """A CPU-only rank (gloo): the main thread's gap in which a collective runs on gloo's thread is the thread blocked
+    waiting for it, up to its wake-up after the collective's span ends -- comm_wait, not a stall; a gap with no
+    collective in it (a sleep) stays a stall."""
+    import numpy as np
+
+    from kit.doctor.host_model import _blocked_on_peers
+
+    (wa, wb), (sa, sb) = _blocked_on_peers((np.array([10.0]), np.array([20.0])),
+                                           (np.array([5.0, 30.0]), np.array([25.0, 40.0])))
+    assert list(wa) == [5.0] and list(wb) == [25.0] and list(sa) == [30.0] and list(sb) == [40.0]

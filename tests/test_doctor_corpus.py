@@ -52,10 +52,6 @@ FIRST_MISSES = {
 NAMED_MISSES: dict[str, str] = {}
 CONTROL_MISSES: dict[str, str] = {
     # multi-rank control: what the doctor says that it should not, today
-    "corpus/gloo3-cnn-control": "late_rank on rank 0, 6.07 ms (22% of the traced step): 3 gloo ranks on CPU, rank 0's "
-                                "own ops took ~6 ms more per step (compute 93% of its step against 64-72% on the "
-                                "others); without GPU kernels the own-time check against the profiler's noise "
-                                "floor is not applied, so the slowest of equal hosts is named",
     "corpus-h100x2/cnn-ddp-fp32-control": "input_bound on both ranks, 0.94 ms: 5.5% of the job's 17.1 ms traced step "
                                           "(4.8% of rank 0's): the single-process DataLoader's next() (0.79 ms per "
                                           "step on rank 0) with the GPU idle -- no late_rank since the profiler's "

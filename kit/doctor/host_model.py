@@ -284,12 +284,27 @@ def _cpu_model(view: "RankView", cpu: "pd.DataFrame") -> HostModel | None:
     # sentinels: a stall may run from the window's start or to its end
     rec = union_np(np.r_[lo - 1e-3, ops["ts"], data["ts"], hi], np.r_[lo, ops["end"], data["end"], hi + 1e-3])
     empty = (np.empty(0), np.empty(0))
+    comm_wait, stall = _blocked_on_peers(union_np(comm["ts"], comm["end"]), gaps_between(*rec, STALL_US))
     sets = {main: {"data_wait": union_np(data["ts"], data["end"]), "sync": empty,
-                   "comm_wait": union_np(comm["ts"], comm["end"]), "alloc": empty,
-                   "stall": gaps_between(*rec, STALL_US), "issue": union_np(ops["ts"], ops["end"])}}
+                   "comm_wait": comm_wait, "alloc": empty,
+                   "stall": stall, "issue": union_np(ops["ts"], ops["end"])}}
     sets[ALL] = dict(sets[main])
     calls = runtime_calls(view)
     return _finish(view, "cpu", win, main, (main,), calls, sets, default="idle", gpu=None, cpu=cpu)
+
+
+def _blocked_on_peers(comm: tuple, gaps: tuple) -> tuple[tuple, tuple]:
+    """A CPU-only job's collective waits and stalls: a gap of the main thread's ops that a collective overlaps is
+    the thread blocked in the call that waits for it (DDP's ``backward()`` waiting for its buckets' all-reduce on
+    gloo's thread), up to its wake-up after the collective's own span ends -- waiting for a peer (``comm_wait``),
+    not a stall of its own; the other gaps stay stalls. Returns (comm_wait spans, stall spans)."""
+    import numpy as np
+
+    from ..traces.intervals import covered
+
+    ga, gb = gaps
+    hit = covered(*comm, ga, gb) > 0 if len(ga) else np.zeros(0, dtype=bool)
+    return union_np(np.r_[comm[0], ga[hit]], np.r_[comm[1], gb[hit]]), (ga[~hit], gb[~hit])
 
 
 # ------------------------------------------------------------------------------------------------ both

@@ -33,6 +33,10 @@ SAME_WORK_REASONS = (None, "host_busy", "host_stall")
 host gaps (under the profiler mostly its own time between events), nothing visible. With them, late_rank names a
 rank only when its own time exceeds the others' (:func:`kit.doctor.own_time.own_excess`); otherwise the slowest
 of equal hosts sets the pace and fixing "that rank" would move the waiting to the next one"""
+CPU_SAME_WORK_REASONS = (None, "host_busy")
+"""... on a CPU-only job (no GPU kernels: the ranks' own time is their own ops): running the same ops more slowly,
+or nothing visible. A stall there is a stretch of 1 ms or more with no recorded op at all -- not the profiler's
+time between the events it records -- so it is the rank's own (a sleep, Python work), named without the check"""
 SLOWED_SHARE = 0.5
 """a late rank whose GPU runs the same kernels slower is said to have a slow GPU (``gpu_slow``) only when that
 slowdown accounts for at least this share of its GPU time's excess over the slowest other rank; below it, most of
@@ -180,9 +184,12 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     visible = added > 0 and seen >= LATE_EXPLAINED * added
     reason = max(excess, key=excess.get) if explained and visible and max(excess.values()) > 0 else None
     ovh = (ctx.overhead or {}).get(late)
-    own = (own_excess(ctx.host_steps, late, ctx.step_us, gpu_us, ovh.overhead_us if ovh is not None else 0.0)
-           if ctx.host_steps and tl_of[late].gpu_kernels else None)
-    if own is not None and not own["confirmed"] and reason in SAME_WORK_REASONS:
+    cpu_only = tl_of[late].gpu_kernels == 0
+    own = (own_excess(ctx.host_steps, late, ctx.step_us, None if cpu_only else gpu_us,
+                      ovh.overhead_us if ovh is not None else 0.0, kinds=("host",) if cpu_only else ("host", "gpu"))
+           if ctx.host_steps else None)
+    if own is not None and not own["confirmed"] and reason in (CPU_SAME_WORK_REASONS if cpu_only else
+                                                               SAME_WORK_REASONS):
         return []  # late for issuing its work more slowly, no more of it: the slowest of equal hosts (job-level)
     n = per_step_divisor(tl_of[late])
     by_own = own is not None and own["confirmed"] and own["kind"] == "gpu" and reason in SAME_WORK_REASONS
