@@ -6,7 +6,9 @@
 Each case keeps its **last** ``KEEP[case]`` recorded steps: every event (host and GPU, all streams) from the
 start of the first kept ``ProfilerStep#N`` on -- the trace the profiler would have written had its window begun
 there (the GPU work still queued from earlier steps, which a GPU running behind its host executes inside the
-window, stays, as it does at the start of any profiled window). Metadata events and the header are unchanged;
+window, stays, as it does at the start of any profiled window; so does GPU work already running at that start: a
+collective spinning for a late peer across it is the window's waiting, and dropping it would leave GPU idle the
+recorded trace does not have). Metadata events and the header are unchanged;
 ``"kitTrimmed": {"source", "kept_steps"}`` is added to the header.
 
 The collectives sweep is copied as the run directory ``kit doctor --sweep`` reads (meta.json, rows.csv.gz).
@@ -27,6 +29,8 @@ HERE = ROOT / "recorded" / "h200x2" / "doctor"
 KEEP = {"contention": 2,  # a contended and an uncontended step: the all-reduce alone and beside the matmuls
         "cuda-graph-per-param": 3, "cuda-graph-per-param-mixing0": 3}  # graph replays: small already
 """recorded steps kept per case (default 1)"""
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+"""the GPU activity kept when it is still running at the first kept step's start"""
 SWEEP = "collectives/20261123-053754-vm-8edfff"
 
 
@@ -38,7 +42,8 @@ def trim(src: Path, dst: Path, keep: int) -> dict:
         "ProfilerStep#")), key=lambda e: e["ts"])
     kept = steps[-keep:]
     t0 = kept[0]["ts"]
-    data["traceEvents"] = [e for e in ev if e.get("ph") == "M" or e.get("cat") == "Trace" or e.get("ts", t0) >= t0]
+    data["traceEvents"] = [e for e in ev if e.get("ph") == "M" or e.get("cat") == "Trace" or e.get("ts", t0) >= t0
+                           or (e.get("cat") in GPU_CATS and e["ts"] + e.get("dur", 0) > t0)]
     data["kitTrimmed"] = {"source": str(src.relative_to(ROOT)), "kept_steps": [e["name"] for e in kept]}
     dst.parent.mkdir(parents=True, exist_ok=True)
     with gzip.open(dst, "wt", compresslevel=9) as f:
