@@ -120,8 +120,9 @@ def test_no_empty_notebook_field(stall):
     assert "Reproduced in" not in dn.finding_text(f)
 
 
-def test_unexplained_idle_on_kit_capture_traces_does_not_advise_the_capture_they_had(gpu_late):
-    (f,) = [f for f in gpu_late.findings if f.rule == "unexplained_idle"]
+def test_unexplained_idle_on_kit_capture_traces_does_not_advise_the_capture_they_had():
+    """examples/train_ddp.py's clean case on 2xH200 (kit.capture): the step's edges idle the GPU ~0.6 ms."""
+    (f,) = [f for f in diagnose([DOC / "clean"], workers=1).findings if f.rule == "unexplained_idle"]
     assert "Profile with ProfilerActivity.CPU and CUDA" not in f.fix and "kit.capture" in f.fix
 
 
