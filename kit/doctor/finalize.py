@@ -27,6 +27,19 @@ def finalize(findings: list[Finding], step_us: float | None, partial: str | None
             f = replace(f, evidence={**f.evidence, "partial": partial})
         out.append(f)
     out.sort(key=lambda f: -(f.cost_us_per_step or 0))
+    return said_after(out)
+
+
+def said_after(findings: list[Finding]) -> list[Finding]:
+    """A finding whose evidence names ``said_after`` (rule ids: the findings that say why part of its time was
+    spent, :func:`kit.doctor.reconcile.host_work_first`) comes right after the last of them, whatever its cost."""
+    out = list(findings)
+    for f in [f for f in findings if f.evidence.get("said_after")]:
+        ids = set(f.evidence["said_after"])
+        last = max((i for i, x in enumerate(out) if x.rule in ids), default=-1)
+        if last > out.index(f):
+            out.remove(f)
+            out.insert(last, f)
     return out
 
 

@@ -5,6 +5,9 @@ that is not accounted for.
   its accounting slice as its cost; one that stayed silent while its slice costs at least 'low' is said from the
   accounting under its id (:func:`explain_rest`);
 * launch-bound on the ranks the others wait for, with no rank late, is said for the whole job (:func:`job_level_launch`);
+  a finding that names host work the job did for nothing (evidence ``host_work_us_per_step``: e.g. gradient syncs
+  repeated per micro-batch) names why part of that host time was spent: it is said first, and the job-level
+  launch_bound gives that time up (:func:`host_work_first`);
 * issuing costs net of the profiler's own overhead (:func:`net_of_profiler`), before anything is judged on them;
 * a rank whose GPU idles >= :data:`MUST_SPEAK` of its step (net of the profiler) with no finding at or above 'low'
   naming it gets one for its largest idle slice (:func:`must_speak`);
@@ -44,7 +47,7 @@ def reconcile(findings: list[Finding], accounts: list[tuple[int, Account]], ctx:
     findings = [net_of_profiler(f, ctx.overhead) for f in findings]  # every cost judged from here on is net
     if only is None:
         findings = findings + must_speak(accounts, findings, ctx)
-    return fold_into_low_busbw(fold_into_late_rank(findings))
+    return host_work_first(fold_into_low_busbw(fold_into_late_rank(findings)))
 
 
 def explain_rest(accounts: list[tuple[int, Account]], findings: list[Finding],
@@ -223,3 +226,26 @@ def fold_into_low_busbw(findings: list[Finding]) -> list[Finding]:
         summary=f"{low.summary}; that is why communication is left exposed: {exp.summary}",
         evidence={**low.evidence, "exposed": {"cost_us_per_step": exp.cost_us_per_step, **exp.evidence}})
     return [merged if f is low else f for f in findings if f is not exp]
+
+
+def host_work_first(findings: list[Finding]) -> list[Finding]:
+    """One cause, one finding, cause before state: a job-level ``launch_bound`` (every rank's host too slow to keep
+    its GPU busy) says how the step is spent; a finding whose evidence gives ``host_work_us_per_step`` (host work the
+    job need not do, net of the profiler) says why part of that host time was spent. That part is taken off
+    launch_bound's cost (its evidence keeps what it gave up, ``explained_by``), and launch_bound is said after it
+    (``said_after``: :func:`kit.doctor.finalize.finalize` orders by it)."""
+    launch = next((f for f in findings if f.rule == "launch_bound" and f.evidence.get("job_level")), None)
+    if launch is None:
+        return findings
+    why = {f.rule: float(f.evidence["host_work_us_per_step"]) for f in findings
+           if f is not launch and (f.evidence.get("host_work_us_per_step") or 0) > 0 and set(f.ranks) & set(launch.ranks)}
+    if not why:
+        return findings
+    left = max(0.0, launch.cost_us_per_step - sum(why.values()))
+    said = "; ".join(f"{rid} {us / 1e3:.2f} ms" for rid, us in why.items())
+    merged = dataclasses.replace(launch, cost_us_per_step=round(left, 1), summary=(
+        f"{launch.summary}; of that host time, {said} per step is host work named separately (said first): "
+        f"{left / 1e3:.2f} ms per step left here"), evidence={**launch.evidence, "explained_by": why,
+                                                             "said_after": sorted(why),
+                                                             "cost_before_explained_us": launch.cost_us_per_step})
+    return [merged if f is launch else f for f in findings]

@@ -9,7 +9,7 @@
 * ``cpu`` -- the CPU events the analyses need, columns :data:`CPU_COLUMNS`: user annotations (``gloo:<op>``,
   ``nccl:<op>``, ``ProfilerStep#N``, ...), the runtime and driver calls (``cudaLaunchKernel``,
   ``cudaGraphLaunch``, ``cuLaunchKernelEx``, synchronisations) with their ``correlation`` -- the id their
-  kernel carries -- and the c10d / ``record_param_comms`` ops; ``cpu="all"`` keeps every CPU op;
+  kernel carries -- and the c10d / ``record_param_comms`` ops and DDP's reducer ops; ``cpu="all"`` keeps every CPU op;
 * ``collectives`` -- one row per NCCL kernel or gloo op with bytes and bandwidth (:mod:`kit.traces.comm`);
 * ``info`` -- the header's ``distributedInfo``: rank, world size, backend, NCCL version (:class:`TraceInfo`).
 
@@ -58,6 +58,9 @@ CPU_COLUMNS = ("name", "cat", "pid", "tid", "ts", "dur", "end", "correlation", "
 
 COMM_OPS = re.compile(r"^(gloo:|nccl:|c10d::|record_param_comms$)")
 """the CPU ops ``cpu="default"`` keeps besides annotations and runtime calls: collectives and c10d ops"""
+GRAD_SYNC_OPS = ("torch::distributed::reducer::", "torch.distributed.ddp.reducer::")
+"""DDP's reducer ops, also kept by ``cpu="default"``: the host's part of a gradient sync (a gradient copied into its
+bucket and divided, ``mul_out``; the bucket copied back, ``copy_bucket_to_grad``), two per parameter and sync"""
 
 
 RECORD_FUNCTIONS = ("ProfilerStep#", "enumerate(DataLoader)", "Optimizer.step#", "Optimizer.zero_grad#")
@@ -263,7 +266,7 @@ def _cpu_filter(cpu: CpuMode) -> Callable[[str, str], bool]:
         return lambda c, n: True
     if cpu == "comm":
         return lambda c, n: c == "user_annotation" and n.startswith(("gloo:", "nccl:"))
-    return lambda c, n: c != "cpu_op" or bool(COMM_OPS.match(n)) or n.startswith(RECORD_FUNCTIONS)
+    return lambda c, n: c != "cpu_op" or bool(COMM_OPS.match(n)) or n.startswith(RECORD_FUNCTIONS + GRAD_SYNC_OPS)
 
 
 def load_trace(path: str | Path, *, cpu: CpuMode = "default", raw: bool = False,
