@@ -304,6 +304,29 @@ def p2p_new_transport(cfg, ctx):
     yield from X.run(dataclasses.replace(cfg, transports=["gloo_one_channel"]), ctx)
 
 
+class WorkerKind:
+    """A map-style dataset whose items say how the process that loaded them was started (ForkProcess,
+    SpawnProcess, ...): what dataloader_sync's loader gives its workers in a rank."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i):
+        import multiprocessing
+
+        import torch
+
+        return torch.zeros(1), type(multiprocessing.current_process()).__name__
+
+
+def dataloader_sync_worker_kind(cfg, ctx):
+    """dataloader_sync's loader (make_loader) in a rank this kit spawned: one batch, and how its worker started."""
+    from kit.investigations import dataloader_sync as D
+
+    _, kinds = next(iter(D.make_loader(cfg, ctx, WorkerKind(), pinned=False)))
+    yield {"kind": "worker", "process": kinds[0]}
+
+
 def dataloader_sync_waits(cfg, ctx):
     """dataloader_sync's run with every way of waiting for the GPU counted (torch.cuda.synchronize, stream and
     event synchronize, elapsed_time, query), and where: inside a timed window (from the "N steps" progress step

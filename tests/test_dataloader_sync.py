@@ -65,6 +65,14 @@ def test_dataset_generation_and_loader(tmp_path):
     assert len(batches) == 2 and batches[0][0].shape == (8, 3, 32, 32)
 
 
+def test_loader_forks_its_workers_in_a_spawned_rank(tmp_path):
+    """A rank kit.launch spawned inherits spawn as its start method; the loader still forks its workers, as in a
+    script torchrun starts (a spawned worker imports torch again, in every configuration)."""
+    cfg = INV.config({**SMALL, "world_size": 1, "results_root": str(tmp_path)})
+    run = launch(exps.dataloader_sync_worker_kind, cfg, "dataloader_sync_worker_kind")
+    assert [r["process"] for r in run.rows] == ["ForkProcess"]
+
+
 def test_vgg11_shape_and_size():
     m = D.vgg11(width=64, classes=1000)
     convs = [l for l in m if isinstance(l, torch.nn.Conv2d)]
