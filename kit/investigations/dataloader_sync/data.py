@@ -65,9 +65,9 @@ def make_loader(cfg, ctx, dataset, pinned: bool):
 
     Its workers are forked, as in a training script that torchrun starts on Linux: a rank that kit.launch spawned
     inherits ``spawn`` as its default start method, and spawned workers import torch again, every configuration
-    (the workers persist only within one). Measured before this: 4-6 s per configuration on 4x H100 at any size
-    (the two GPU tests of this investigation 86 and 97 s for 16 and 17 configurations); on 2 CPU cores a rank
-    waited 1.2-1.5 s per configuration in its first ``next()`` while the spawned worker imported torch."""
+    (the workers persist only within one). Measured before this: 5.0 and 5.3 s per configuration on an H100 at
+    test sizes (the investigation's two GPU tests, 80 and 90 s for 16 and 17 configurations); on 2 CPU cores a
+    rank waited 1.5 s in its first ``next()`` of a configuration while the spawned worker imported torch."""
     import multiprocessing
 
     import torch
