@@ -243,6 +243,21 @@ def test_gradient_sync_after_every_micro_batch_is_named():
     assert "repeated_grad_sync" not in {x.rule for x in _result("corpus-h100x2/gpt-ddp-bf16-accum").findings}
 
 
+@pytest.mark.parametrize("case", ["corpus-h100x2/gpt-ddp-bf16-tiny_buckets", "corpus-h100x4/gpt-ddp-bf16-tiny_buckets"])
+def test_tiny_ddp_buckets_are_named_with_their_host_calls(case):
+    """DDP with bucket_cap_mb=0.05: ~50 all-reduces per step, half below 1 MiB. per_param_allreduce comes first, ahead
+    of the job-level launch_bound that gives up the calls' host work; its cost is mostly that host work (the kernels'
+    own saving is a few hundred us)."""
+    if case not in CASES:
+        pytest.skip("corpus not here")
+    d = _result(case)
+    f, launch = d.problems[0], next(x for x in d.problems if x.rule == "launch_bound")
+    ev = f.evidence
+    assert f.rule == "per_param_allreduce" and ev["all_reduces_per_step"] >= 40 and ev["bytes_p50"] < ev["small_bytes"]
+    assert ev["host_work_us_per_step"] > ev["kernel_saving_us_per_step"] > 0
+    assert launch.evidence["said_after"] == ["per_param_allreduce"] and "bucket_cap_mb" in f.fix
+
+
 @pytest.mark.parametrize("case", ["corpus-h100x2/gpt-ddp-bf16-control", "corpus-h100x2/gpt-ddp-bf16-accum",
                                   "corpus-h100x4/gpt-ddp-bf16-control"])
 def test_the_slowest_of_equal_hosts_is_not_a_late_rank(case):

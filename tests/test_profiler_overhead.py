@@ -170,8 +170,10 @@ def test_the_estimate_against_the_measured_overhead(truth):
         pytest.skip("no measured overhead (a tb_handler trace)")
     t = json.loads(truth.read_text())
     fit = json.loads((ov.TABLES / "h100-jobs.json").read_text())
-    point = next(p for p in fit["points"] if p["case"].endswith("/" + case.name) and
-                 p["case"].startswith(case.parent.name))
+    point = next((p for p in fit["points"] if p["case"].endswith("/" + case.name) and
+                  p["case"].startswith(case.parent.name)), None)
+    if point is None:
+        pytest.skip("not among the cases the jobs table was fitted on (tests/corpus/overhead_fit.py)")
     if point["gpu_bound"]:
         pytest.skip("GPU-bound without the profiler: its host overhead hides behind the GPU")
     est = [ov.overhead(f, capture={}) for f in files]

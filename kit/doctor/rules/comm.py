@@ -41,8 +41,8 @@ def host_work(ctx, rank: int, traced_us: float) -> tuple[float, float]:
 
     ovh = ctx.overhead or {}
     o = ovh.get(int(rank))
-    scale = (o.unprofiled_step_us / o.traced_step_us if o is not None and o.basis != "none" and o.unprofiled_step_us
-             and o.traced_step_us else 1.0)
+    scale = (min(1.0, o.unprofiled_step_us / o.traced_step_us) if o is not None and o.basis != "none"
+             and o.unprofiled_step_us and o.traced_step_us else 1.0)
     accounts = [(rk, s.account) for rk, s in (ctx.summaries or {}).items()
                 if getattr(s, "account", None) is not None and hasattr(s.account, "cost")]
     cap = max((net_costs(a, ovh.get(int(rk)))["launch"] for rk, a in accounts), default=None)
