@@ -266,7 +266,8 @@ def _cpu_filter(cpu: CpuMode) -> Callable[[str, str], bool]:
         return lambda c, n: True
     if cpu == "comm":
         return lambda c, n: c == "user_annotation" and n.startswith(("gloo:", "nccl:"))
-    return lambda c, n: c != "cpu_op" or bool(COMM_OPS.match(n)) or n.startswith(RECORD_FUNCTIONS + GRAD_SYNC_OPS)
+    kept = RECORD_FUNCTIONS + GRAD_SYNC_OPS
+    return lambda c, n: c != "cpu_op" or bool(COMM_OPS.match(n)) or n.startswith(kept)
 
 
 def load_trace(path: str | Path, *, cpu: CpuMode = "default", raw: bool = False,
