@@ -1,4 +1,4 @@
-"""kit.doctor.reconcile on real traces: one finding, one cost."""
+"""kit.doctor.reconcile on real traces (and one ordering case built by hand): one finding, one cost."""
 
 from __future__ import annotations
 
@@ -25,3 +25,22 @@ def test_a_signature_rule_states_the_accounted_cost_throughout():
     assert all(n["rule_estimate_us_per_step"] >= n["cost_us_per_step"] for n in per.values())
     assert f"the rule's estimate, {f.evidence['rule_estimate_us_per_step']:.0f} us" in f.summary
     assert f"charges it {f.cost_us_per_step:.0f} us per step" in f.summary
+
+
+def test_host_work_is_said_before_the_job_level_launch_bound_that_gives_it_up():
+    """A finding naming host work the job need not do (evidence host_work_us_per_step) comes before a job-level
+    launch_bound, which gives that time up; a launch_bound on some ranks only (not job-level) keeps its cost and
+    place."""
+    import kit.doctor.rules  # noqa: F401  (registers the rules)
+    from kit.doctor.finalize import finalize
+    from kit.doctor.findings import make
+    from kit.doctor.reconcile import host_work_first
+
+    launch = make("launch_bound", 20000.0, (0, 1), {"job_level": True}, "host-bound")
+    sync = make("repeated_grad_sync", 4000.0, (0, 1), {"host_work_us_per_step": 3000.0}, "4 syncs")
+    other = make("exposed_comm", 1000.0, (0, 1), {}, "exposed")
+    out = finalize(host_work_first([launch, other, sync]), step_us=60000.0)
+    assert [f.rule for f in out] == ["repeated_grad_sync", "launch_bound", "exposed_comm"]
+    assert out[1].cost_us_per_step == 17000.0 and out[1].evidence["explained_by"] == {"repeated_grad_sync": 3000.0}
+    ranked = make("launch_bound", 20000.0, (1,), {}, "rank 1 host-bound")
+    assert finalize(host_work_first([ranked, sync]), step_us=60000.0)[0].rule == "launch_bound"
