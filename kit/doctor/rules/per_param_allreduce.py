@@ -16,6 +16,7 @@ import numpy as np
 from ...collective_ops import bus_factor
 from ..collectives import Timeline, per_step_divisor
 from ..findings import make
+from ..host_model import name_mask
 from ..model import Finding, Rule, Skip, rule
 from .comm import extract_timeline, host_work
 from .evidence import MiB, excerpt, num, size_text
@@ -40,7 +41,7 @@ def extract_per_param(view) -> "tuple[Timeline, float] | Skip":
     if isinstance(tl, Skip):
         return tl
     cpu = view.trace.cpu
-    ops = cpu[cpu["name"].astype(str).str.startswith(HOST_OPS)] if not cpu.empty else cpu
+    ops = cpu[name_mask(cpu["name"], lambda s: s.str.startswith(HOST_OPS))] if not cpu.empty else cpu
     if len(ops) and tl.steps:
         ops = ops[~np.isnan(step_of(ops["ts"], view.steps))]
     return tl, float(ops["dur"].sum()) if len(ops) else 0.0

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from ...traces.frames import GRAD_SYNC_OPS
 from ..findings import make
+from ..host_model import name_mask
 from ..model import Finding, Rule, Skip, rule
 from .comm import host_work
 from .evidence import num
@@ -70,9 +71,9 @@ def extract_forwards(view: "RankView") -> "pd.DataFrame | Skip":
     cpu = view.trace.cpu
     if cpu.empty:
         return Skip("repeated_grad_sync", "no CPU events in the trace")
-    names = cpu["name"].astype(str)
-    fw = cpu[(cpu["cat"] == "user_annotation") & names.str.startswith(FORWARD_MARKS)]
-    sync = cpu[cpu["cat"].isin(["cpu_op", "user_annotation"]) & names.str.startswith(SYNC_HOST_OPS)]
+    fw = cpu[(cpu["cat"] == "user_annotation") & name_mask(cpu["name"], lambda s: s.str.startswith(FORWARD_MARKS))]
+    sync = cpu[cpu["cat"].isin(["cpu_op", "user_annotation"]) &
+               name_mask(cpu["name"], lambda s: s.str.startswith(SYNC_HOST_OPS))]
     return pd.concat([fw[["ts", "end"]].assign(kind="forward"), sync[["ts", "end"]].assign(kind="sync")],
                      ignore_index=True).sort_values("ts", kind="stable").reset_index(drop=True)
 
