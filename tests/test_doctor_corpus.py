@@ -305,3 +305,18 @@ def test_a_rank_slower_for_its_own_gpu_work_is_named_with_that_work(case):
     assert extra["extra_per_step"] == t["fault_params"]["matmuls"]
     assert extra["extra_us_per_step"] == pytest.approx(t["fault_params"]["extra_gpu_us_measured"], rel=0.2)
     assert f.cost_us_per_step <= f.evidence["others_wait_us_per_step"] and "more launches per step" in f.summary
+
+
+def test_a_late_rank_whose_wait_lands_in_a_broadcast_costs_its_own_excess():
+    """4 ranks, rank 1 stalls 20 ms after its optimizer step: ranks 2 and 3 wait for it in the next step's buffer
+    broadcast, whose root (rank 0) finishes without waiting, so that waiting is charged to no rank. late_rank's cost
+    is rank 1's own excess, bounded by the least any other rank waits at the collectives, not by the waiting charged
+    to it alone."""
+    case = "corpus-h100x4/cnn-ddp-fp32-stall_rank"
+    if case not in CASES:
+        pytest.skip("corpus not here")
+    f = _result(case).problems[0]
+    ev = f.evidence
+    assert f.rule == "late_rank" and f.ranks == (1,) and ev["cost_basis"] == "own_excess"
+    assert ev["others_wait_us_per_step"] < f.cost_us_per_step <= ev["others_least_wait_us_per_step"]
+    assert f.cost_us_per_step == ev["own_excess"]["excess_us"]

@@ -156,6 +156,7 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     # late enough to be more than jitter: LATE_MIN_US, 5% of the transfer, LATE_STEP_SHARE of the step
     floor = np.maximum(np.maximum(LATE_MIN_US, 0.05 * inst["dur_min_us"]), LATE_STEP_SHARE * (ctx.step_us or 0.0))
     inst["material"] = inst["lead_us"] >= floor
+    inst["floor_us"] = floor
     # what each rank's lateness cost the others: their exposed waiting at the instances it was materially last at
     df = df.assign(exposed_wait_us=df["exposed_wait_us"].where(df["in_step"], 0.0))
     df = df.merge(inst[keys + ["lead_us"]], on=keys, how="left")
@@ -197,14 +198,22 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
         reason = "gpu_busy"  # its own GPU time exceeds the others' by more than they differ: its GPU, not its host
     waited = cost
     gain, basis = own_gain(own, reason, excess, n)
+    # the most the job could gain: each other rank's step is its own time plus its waiting, so the least any other
+    # rank waits per step at the collectives bounds it -- counted at every collective where that rank waited more
+    # than jitter (the instance's lateness floor), not only where this rank's kernel ended last (a broadcast's root
+    # finishes without waiting for the others, so their wait there is charged to no one)
+    fl = df.merge(inst[keys + ["floor_us"]], on=keys, how="left")
+    waits = fl["exposed_wait_us"].where(fl["wait_us"] >= fl["floor_us"], 0.0)
+    bound = min(float(waits[fl["rank"] == r].sum()) / per_step_divisor(tl_of[r]) for r in tl_of if r != late)
     if gain is not None:
-        cost = min(waited, gain)
+        cost = min(max(waited, bound) if basis == "own_excess" else waited, gain)
     late_at = mine[mine["material"]]
     worst = late_at.loc[late_at["late_by_us"].idxmax()]
     ev = {"late_rank": late, "last_at": len(mine), "late_at": len(late_at), "instances": len(inst),
           "cost_basis": basis,
           "late_floor_us": num(float(floor.min())), "late_by_us_median": num(late_at["late_by_us"].median()),
           "late_by_us_max": num(late_at["late_by_us"].max()), "others_wait_us_per_step": num(waited),
+          "others_least_wait_us_per_step": num(bound),
           "after_next_latest_us_median": num(late_at["lead_us"].median()),
           "cost_by_late_rank": {str(r): num(v) for r, v in cost_of.items()}, "reason": reason,
           "explained_instances": explained, "reason_us_per_step": {c: num(v / n) for c, v in excess.items()},
@@ -237,7 +246,12 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
                f"{dur_text(ev['after_next_latest_us_median'])} after the next-latest rank (up to "
                f"{dur_text(ev['late_by_us_max'])} after the first){why}; the other ranks waited {dur_text(waited)} per "
                f"step for it alone" + (f"; were it as fast as the others the job would gain about {dur_text(cost)} per "
-                                       f"step ({BASIS_TEXT[basis]})" if cost < waited else ""))
+                                       f"step ({BASIS_TEXT[basis]})" if cost < waited else
+                                       f"; were it as fast as the others the job would gain about {dur_text(cost)} per "
+                                       f"step (its own time per step beyond the slowest other rank's: each other "
+                                       f"rank waits {dur_text(bound)} or more per step at the collectives, some of it "
+                                       f"where another rank's kernel ended last, as a broadcast's root does without "
+                                       f"waiting)" if cost > waited else ""))
     return [make("late_rank", cost, [late], ev, summary, fix=f"{FIX_BY_REASON[reason]} {RULES['late_rank'].fix}"
                  if reason else None)]
 
