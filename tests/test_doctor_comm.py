@@ -206,6 +206,11 @@ def test_late_rank_on_gloo_names_the_sleeping_rank(gloo):
     per = {r: acc[r]["us_per_step"] for r in ("0", "1")}
     assert per["0"]["comm"] >= 50_000 and per["1"]["host_stall"] >= 50_000, per
     assert per["0"]["host_stall"] < 0.5 * per["1"]["host_stall"], per
+    # with every rule: late_rank first, rank 1's stall said once, inside it (a few ms of stall on rank 0 stay rank
+    # 0's own finding)
+    said = [(g.rule, g.ranks, g.cost_us_per_step) for g in every.findings]
+    assert every.findings[0].rule == "late_rank" and "host_stall" in every.findings[0].evidence["own_idle"], said
+    assert not [g for g in every.findings if g.rule == "host_stall" and 1 in g.ranks], said
 
 
 def test_late_rank_needs_two_ranks():

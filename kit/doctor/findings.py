@@ -59,10 +59,12 @@ def worst_rank(rid: str, fired: list[tuple[int, float, dict]], of: int, sentence
     return make(rid, round(cost, 1), ranks, ev, sentence(worst, who(worst, ranks, of)))
 
 
-def slice_finding(rid: str, slices: tuple[str, ...], accounts: list, whole: bool = False) -> list[Finding]:
+def slice_finding(rid: str, slices: tuple[str, ...], accounts: list, whole: bool = False,
+                  of: int | None = None) -> list[Finding]:
     """One finding for the idle ``slices`` of ``accounts`` (``[(rank, Account)]``) naming every rank where they cost
     >= 'low' of its step; [] when none does. ``whole``: the whole slice, not only the part a finding charges
-    (:meth:`kit.doctor.accounting.Account.charged`). Said with rule ``rid``'s :class:`~kit.doctor.model.Explains`."""
+    (:meth:`kit.doctor.accounting.Account.charged`). ``of``: the job's ranks when ``accounts`` are some of them.
+    Said with rule ``rid``'s :class:`~kit.doctor.model.Explains`."""
     def cost(a) -> float:
         return sum(a.cost(s) * a.charged(s, whole) for s in slices)
 
@@ -73,17 +75,18 @@ def slice_finding(rid: str, slices: tuple[str, ...], accounts: list, whole: bool
     fired = [(rk, cost(a), {"share_of_step": _r(share(a), 4)}) for rk, a in accounts if share(a) >= LOW]
     if not fired:
         return []
+    n = of or len(accounts)
     of = dict(accounts)
 
     def evidence(rk: int) -> dict:
         a = of[rk]
         ev = {"slices": list(slices), "share_of_step": _r(share(a), 4),
-              "job_level": len(accounts) > 1 and len(fired) == len(accounts),
+              "job_level": n > 1 and len(fired) == n,
               "gpu_idle_share": _r(a.idle_us / a.window_us, 4) if a.window_us else None, "mode": a.mode,
               "steps_with_it": f"{int((a.per_step[list(slices)].sum(axis=1) > 0).sum())} of {a.steps}"}
         return {**ev, **ex.evidence(a)}
 
-    return [worst_rank(rid, fired, len(accounts), lambda rk, w: ex.sentence(of[rk], cost(of[rk]), share(of[rk]), w),
+    return [worst_rank(rid, fired, n, lambda rk, w: ex.sentence(of[rk], cost(of[rk]), share(of[rk]), w),
                        evidence)]
 
 

@@ -35,6 +35,10 @@ NET_OF_PROFILER_SLICES = ("launch",)
 """the accounting slices the profiler's own host time lands in: it records an event per op and per runtime call
 while the host issues them, so the host issues more slowly under it (:mod:`kit.doctor.overhead`); a finding that
 explains one of them is stated net of that overhead, and so is the idle that :func:`must_speak` guards"""
+OWN_SHARE = 0.5
+"""a finding naming the late rank and others besides is the late rank's own (split off into late_rank) only when every
+other rank's cost in it is below this share of the late rank's: the majority of it is that rank's, as late_rank
+names the reason behind the majority of a rank's lateness; otherwise it is the job's, said for every rank"""
 LATE_RANK = "late_rank"
 """the rule that names the rank the others wait for (its own idle slices are folded into it)"""
 
@@ -47,7 +51,7 @@ def reconcile(findings: list[Finding], accounts: list[tuple[int, Account]], ctx:
     findings = [net_of_profiler(f, ctx.overhead) for f in findings]  # every cost judged from here on is net
     if only is None:
         findings = findings + must_speak(accounts, findings, ctx)
-    return host_work_first(fold_into_low_busbw(fold_into_late_rank(findings)))
+    return host_work_first(fold_into_low_busbw(fold_into_late_rank(findings, accounts, ctx.overhead)))
 
 
 def explain_rest(accounts: list[tuple[int, Account]], findings: list[Finding],
@@ -163,17 +167,31 @@ def own_idle_rules() -> set[str]:
     return {r.id for r in RULES.values() if r.explains and set(r.explains.slices) & set(HOST)}
 
 
-def fold_into_late_rank(findings: list[Finding]) -> list[Finding]:
+def fold_into_late_rank(findings: list[Finding], accounts: list[tuple[int, Account]] | None = None,
+                        overhead: dict | None = None) -> list[Finding]:
     """One cause, one finding: when ``late_rank`` names rank L and an own-idle finding (:func:`own_idle_rules`)
     names L alone (the other ranks do not idle for that reason), that slice is why L is late -- it becomes
-    late_rank's evidence (``own_idle``) and sentence, and is not said again. Slice findings on every rank stay
-    job-level findings."""
+    late_rank's evidence (``own_idle``) and sentence, and is not said again. One that names L as its worst rank
+    and other ranks besides (``accounts`` given) is split: L's part is folded, the other ranks' part is said again
+    from their accounts (net of the profiler where its slices are, ``overhead``). Slice findings whose worst rank
+    is another stay job-level findings."""
     late = next((f for f in findings if f.rule == LATE_RANK), None)
     if late is None or len(late.ranks) != 1:
         return findings
     L = late.ranks[0]
     own_rules = own_idle_rules()
     own = [f for f in findings if f.rule in own_rules and f.ranks == (L,)]
+    rest: list[Finding] = []
+    for f in findings if accounts else ():
+        r = RULES[f.rule]
+        per = f.evidence.get("per_rank") if isinstance(f.evidence.get("per_rank"), dict) else {}
+        others = [n.get("cost_us_per_step") or 0.0 for rk, n in per.items() if int(rk) != L and isinstance(n, dict)]
+        if f.rule in own_rules and len(f.ranks) > 1 and L in f.ranks and f.evidence.get("rank") == L and r.explains \
+                and others and max(others) < OWN_SHARE * f.cost_us_per_step:
+            own.append(f)
+            rest += [net_of_profiler(x, overhead) for x in slice_finding(
+                f.rule, r.explains.slices, [(rk, a) for rk, a in accounts if rk != L and rk in f.ranks],
+                of=len(accounts))]
     if not own:
         return findings
     ids = {id(f) for f in own}
@@ -183,7 +201,7 @@ def fold_into_late_rank(findings: list[Finding]) -> list[Finding]:
     merged = dataclasses.replace(late, summary=f"{late.summary}; on rank {L} itself {what} for its own reasons "
                                                f"({text}): fix those and the others stop waiting",
                                  evidence={**late.evidence, "own_idle": {f.rule: f.evidence for f in own}})
-    return [merged if f is late else f for f in findings if id(f) not in ids]
+    return [merged if f is late else f for f in findings if id(f) not in ids] + rest
 
 
 def job_level_launch(findings: list[Finding], ctx: JobContext) -> list[Finding]:
