@@ -320,3 +320,17 @@ def test_a_late_rank_whose_wait_lands_in_a_broadcast_costs_its_own_excess():
     assert f.rule == "late_rank" and f.ranks == (1,) and ev["cost_basis"] == "own_excess"
     assert ev["others_wait_us_per_step"] < f.cost_us_per_step <= ev["others_least_wait_us_per_step"]
     assert f.cost_us_per_step == ev["own_excess"]["excess_us"]
+    # what made it late: its own host stall (the json.dumps loop), read off its step's host activity where its
+    # lateness at the collectives it was last at is not explained
+    assert ev["reason"] == "host_stall" and ev["reason_from"] == "own_time" and "py-spy" in f.fix
+
+
+@pytest.mark.parametrize("case", ["corpus-h100x2/cnn-ddp-fp32-stall_rank", "corpus-h100x2/gpt-fsdp-bf16-stall_rank"])
+def test_a_stalling_rank_is_named_for_its_stall(case):
+    """Rank 1 runs a json.dumps loop after its optimizer step: late_rank names it with host_stall as the reason
+    (no "not visible" beside a folded 20 ms host stall)."""
+    if case not in CASES:
+        pytest.skip("corpus not here")
+    f = _result(case).problems[0]
+    assert f.rule == "late_rank" and f.ranks == (1,) and f.evidence["reason"] == "host_stall", f.summary
+    assert "not visible" not in f.summary

@@ -26,3 +26,17 @@ def test_a_rank_is_late_only_beyond_the_others_spread_the_step_share_and_the_pro
     gpu = own_excess({0: _steps(even), 1: _steps(even)}, 1, 10_000.0, gpu_us={0: 1000.0, 1: 4000.0})
     assert gpu["confirmed"] and gpu["kind"] == "gpu" and gpu["excess_us"] == 3000.0
     assert own_excess({0: _steps(even)}, 0, 10_000.0) is None
+
+
+def test_the_reason_is_the_own_kind_holding_most_of_the_excess():
+    """Rank 1 stalls 3 ms more per step than rank 0 and issues 0.2 ms more: its 3.2 ms excess is a stall; a rank whose
+    excess is spread over kinds, none holding half of it, gets no reason from its own time."""
+    from kit.doctor.own_time import own_reason
+
+    def steps(stall, data, issue):
+        return pd.DataFrame({"step": range(3), "stall_us": stall, "data_wait_us": data, "issue_us": issue})
+
+    hs = {0: steps(100.0, 500.0, 2000.0), 1: steps(3100.0, 500.0, 2200.0)}
+    assert own_reason(hs, 1, 3200.0, 0.5) == ("host_stall", 3000.0)
+    spread = {0: steps(100.0, 500.0, 2000.0), 1: steps(1100.0, 1500.0, 3000.0)}
+    assert own_reason(spread, 1, 3000.0, 0.5) is None

@@ -67,3 +67,23 @@ def own_excess(host_steps: dict, late: int, step_us: float | None, gpu_us: dict 
     return {"confirmed": bool(excess > floor), "excess_us": round(excess, 1), "kind": kind,
             "spread_us": round(spread, 1), "floor_us": round(floor, 1),
             "per_rank": {str(r): {k: round(v, 1) for k, v in p.items()} for r, p in sorted(per.items())}}
+
+
+OWN_REASONS = {"stall_us": "host_stall", "data_wait_us": "data_wait", "issue_us": "host_busy"}
+"""the host model's per-step kinds (:data:`kit.doctor.host_model.PER_STEP`) of a rank's own host time, by the reason
+``late_rank`` names (:data:`kit.doctor.rules.late_arrival.REASONS`)"""
+
+
+def own_reason(host_steps: dict, late: int, excess_us: float, share: float) -> tuple[str, float] | None:
+    """Which of rank ``late``'s own host kinds (:data:`OWN_REASONS`) holds at least ``share`` of its own excess
+    (``excess_us``, :func:`own_excess`): its median per step beyond the largest other rank's. Returns (reason, that
+    excess per step) or None."""
+    import numpy as np
+
+    med = {int(r): {c: float(np.median((ps[ps["step"] >= 0] if (ps["step"] >= 0).any() else ps)[c]))
+                    for c in OWN_REASONS} for r, ps in host_steps.items() if ps is not None and not ps.empty}
+    if late not in med or len(med) < 2 or excess_us <= 0:
+        return None
+    more = {c: med[late][c] - max(m[c] for r, m in med.items() if r != late) for c in OWN_REASONS}
+    c = max(more, key=more.get)
+    return (OWN_REASONS[c], round(more[c], 1)) if more[c] >= share * excess_us else None

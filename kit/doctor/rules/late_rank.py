@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from ..collectives import Timeline, per_step_divisor, timeline
 from ..findings import make
 from ..model import RULES, Finding, RankView, Rule, Skip, rule
-from ..own_time import own_excess
+from ..own_time import own_excess, own_reason
 from .evidence import dur_text, excerpt, num
 from .late_arrival import attribute, host_time_until
 from .same_kernels import KERNEL_TOP, SLOW_GPU, extra_work, gpu_speed, kernel_speeds
@@ -196,6 +196,12 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     by_own = own is not None and own["confirmed"] and own["kind"] == "gpu" and reason in SAME_WORK_REASONS
     if by_own:
         reason = "gpu_busy"  # its own GPU time exceeds the others' by more than they differ: its GPU, not its host
+    # its own host time exceeds the others' but its lateness at the collectives it was last at is not explained (the
+    # others waited for it where another rank's kernel ended last): the reason is the host kind behind that excess
+    in_own = (own_reason(ctx.host_steps, late, own["excess_us"], LATE_EXPLAINED)
+              if reason is None and own is not None and own["confirmed"] and own["kind"] == "host" else None)
+    if in_own is not None:
+        reason = in_own[0]
     waited = cost
     gain, basis = own_gain(own, reason, excess, n)
     # the most the job could gain: each other rank's step is its own time plus its waiting, so the least any other
@@ -224,9 +230,12 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     slower = gpu_speed(late, {r: b.kernels for r, b in summaries})
     ev["same_kernels_slower_pct"] = num(100 * slower) if slower is not None else None
     ev["lateness_explained_share"] = num(seen / added, 3) if added > 0 else None
+    ev["reason_from"] = "own_time" if in_own else "collectives"
     words = REASON_TEXT_CPU if tl_of[late].gpu_kernels == 0 else REASON_TEXT
     why = (f"; its GPU busy with {dur_text(own['excess_us'])} more compute per step than the slowest other rank's"
-           if by_own else f"; {words[reason]} ({100 * excess[reason] / added:.0f}% of its lateness)" if reason else
+           if by_own else f"; {words[reason]} ({dur_text(in_own[1])} per step more than any other rank, in its "
+                          f"step's host activity)" if in_own else
+           f"; {words[reason]} ({100 * excess[reason] / added:.0f}% of its lateness)" if reason else
            f"; what made it late is not visible in the trace (its own activity explains "
            f"{100 * seen / added if added else 0:.0f}% of its lateness: it may have begun before the traced "
            f"window, or lie in work the trace does not record)")
