@@ -77,6 +77,9 @@ def check_run(df, check: Check, label: str) -> None:
             print(f"    {name:18s} {r.time_us_median:8.1f}  {r.vs_copy_loop:6.2f}x"
                   + (f"  {r.vs_floor:6.2f}x" if "vs_floor" in lat.columns and r.vs_floor == r.vs_floor else ""))
         if "copy" in lat.index and n == 1024:
+            paired = paired_ratio(df, n)
+            if paired == paired:
+                print(f"    copy / copy_ loop per sample (each against the loop's sample beside it), median: {paired:.3f}")
             r = lat.loc["copy", "vs_copy_loop"]
             check("copy / copy_ loop, 1 KiB per message", r, f"<= {LAT_VS_BARE}", r <= LAT_VS_BARE)
     mo = PA.model(df)
@@ -94,6 +97,24 @@ def check_run(df, check: Check, label: str) -> None:
             lo, hi = g["gbps"].min(), g["gbps"].max()
             check(f"{name} pair matrix ({len(one)} one way, {len(two)} both ways), GB/s min..max {lo:.0f}..{hi:.0f}",
                   float(len(one) + len(two)), "every pair", full)
+
+
+def paired_ratio(df, n: int) -> float:
+    """Median over samples of copy's time per message over the bare loop's in the same sample (the two are timed in
+    turn, so a host that drifts within the run moves both): printed beside the ratio of the medians, which the check
+    keeps. NaN where the rows do not pair."""
+    from kit.investigations.p2p_transports import bandwidth as BW
+    from kit.investigations.p2p_transports.analysis import frame, rows_of
+
+    b = rows_of(frame(df), "bandwidth")
+    if b.empty or "sample" not in b.columns:
+        return float("nan")
+    b = b[(b["bytes"] == n) & (b["direction"] == "one")]
+    per = {t: g.groupby("sample")["time_us"].max() for t, g in b.groupby("transport")}
+    if "copy" not in per or BW.BARE not in per:
+        return float("nan")
+    r = (per["copy"] / per[BW.BARE]).dropna()
+    return float(r.median()) if len(r) else float("nan")
 
 
 def check_pipeline(r, check: Check) -> None:
