@@ -52,11 +52,6 @@ FIRST_MISSES = {
 NAMED_MISSES: dict[str, str] = {}
 CONTROL_MISSES: dict[str, str] = {
     # multi-rank control: what the doctor says that it should not, today
-    "corpus-h100x2/cnn-ddp-fp32-control": "input_bound on both ranks, 0.94 ms: 5.5% of the job's 17.1 ms traced step "
-                                          "(4.8% of rank 0's): the single-process DataLoader's next() (0.79 ms per "
-                                          "step on rank 0) with the GPU idle -- no late_rank since the profiler's "
-                                          "overhead on this tb_handler trace is estimated from every recorded op "
-                                          "(7.9 ms; 6.8 ms by the corpus's unprofiled timing)",
 }
 LARGE_MISSES: dict[str, str] = {}
 """controls whose largest finding is also larger than a planted fault of their family: why, today"""

@@ -140,6 +140,50 @@ def test_the_all_clear_guard_judges_the_same_costs_the_findings_state():
     assert all(f.severity == severity(f.cost_us_per_step, d.step_us) for f in d.findings)
 
 
+H2_CNN_CONTROL = CORPUS.parent / "corpus-h100x2" / "cnn-ddp-fp32-control"
+
+
+@pytest.mark.skipif(not H2_CNN_CONTROL.exists(), reason="corpus not here")
+def test_input_costs_are_net_of_the_profilers_ops_inside_the_dataloader():
+    """A DataLoader in the main process records every sample's indexing, the collate and the pinning inside its
+    next() (590 of the 1398 aten ops of a step of the 2-GPU CNN control): that share of the overhead lands in the
+    input slice. input_bound is stated net of it, as far as the overhead the launch slice did not take allows."""
+    from kit.doctor import diagnose
+    from kit.doctor.rank_phase import rank_summary
+
+    paths = sorted(H2_CNN_CONTROL.glob("*.json.gz"))
+    d = diagnose(paths, workers=1)
+    f = next(x for x in d.findings if x.rule == "input_bound")
+    ev = f.evidence
+    rk = ev["rank"]
+    a = {int(k): v for k, v in d.accounting.items()}[rk]
+    launch = a["share"]["launch"] * a["step_us"]
+    assert ev["profiler_in_data_wait_us"] > ev["cost_traced_us_per_step"]  # more than the whole slice
+    left = min(ev["profiler_in_data_wait_us"], ev["profiler_overhead_us"] - launch)
+    assert ev["profiler_overhead_left_us"] == pytest.approx(left, abs=5.0)
+    assert f.cost_us_per_step == pytest.approx(ev["cost_traced_us_per_step"] - ev["profiler_overhead_left_us"], abs=0.2)
+    assert "recorded inside the DataLoader's waits" in f.summary and f"{f.cost_us_per_step / 1e3:.2f} ms" in f.summary
+    s = rank_summary(paths[0])
+    assert s.overhead.data_wait_us / s.overhead.host_us == pytest.approx(590 / 1398, abs=0.02)
+
+
+def test_an_input_wait_without_the_profilers_ops_is_not_netted():
+    """A loader fed by worker processes records nothing of its work in the main process's next(): no part of the
+    overhead lands there (data_wait_us 0 or unknown), and input_bound keeps its traced cost."""
+    from kit.doctor.model import Finding
+    from kit.doctor.reconcile import net_of_profiler
+
+    f = Finding(rule="input_bound", cost_us_per_step=1000.0, ranks=(0,), evidence={"rank": 0}, summary="s",
+                cause="c", fix="f")
+    acct = type("A", (), {"cost": lambda self, s: 200.0})()
+    for part in (None, 0.0):
+        o = ov.ProfilerOverhead(5000.0, 4000.0, 1000.0, "estimated", "a test", data_wait_us=part)
+        assert net_of_profiler(f, {0: o}, {0: acct}) is f
+    o = ov.ProfilerOverhead(5000.0, 4000.0, 1000.0, "estimated", "a test", data_wait_us=300.0)
+    assert net_of_profiler(f, {0: o}, {0: acct}).cost_us_per_step == pytest.approx(700.0)  # min(300, 1000 - 200)
+    assert net_of_profiler(f, {0: o}) is f  # without the rank's account: what launch took is unknown
+
+
 MULTI = [p for p in sorted(CORPUS.parent.glob("corpus-h100x*/*/truth.json"))]
 
 
@@ -185,13 +229,18 @@ def test_the_estimate_against_the_measured_overhead(truth):
 
 JOBS = json.loads((ov.TABLES / "h100-jobs.json").read_text())
 LOO_MISSES = {
-    "corpus-h100x2/cnn-ddp-fp32-hostbound": "the ResNet's ops cost the profiler 3.2 us each, the GPT cases' median "
-                                             "6.9 us: left out, it is estimated 2.11x its measured 2.8 ms",
-    "corpus-h100x2/gpt-ddp-bf16-p2p_off": "3.0 us per op against the others' median 6.9 us: left out, it is "
-                                           "estimated 2.26x its measured 3.7 ms",
+    "corpus-h100x2/cnn-ddp-fp32-hostbound": "the ResNet's kept step cost the profiler 3.2 us per op, the GPT cases' "
+                                             "median 6.9 us: left out, it is estimated 2.11x its measured 2.8 ms; "
+                                             "the committed step is the faster of its run's two (11.0 and 14.7 ms "
+                                             "traced): over the whole run 5.3 us per op, 0.93x left out",
+    "corpus-h100x2/gpt-ddp-bf16-p2p_off": "3.0 us per op on its kept step against 8.0 us on gpt-ddp-bf16-control's, "
+                                           "which records the same ops and runtime calls per step (1211 and 311): no "
+                                           "cost per op, per op kind or per setting fits both; left out it is "
+                                           "estimated 2.26x its measured 3.7 ms (over its whole run 4.1 us per op, "
+                                           "1.28x)",
 }
 """cases the fitted per-op cost misses by more than 2x when they are left out of the fit (the numbers are the
-table's)"""
+table's; the whole-run figures from the same runs' full traces, not committed: FINDINGS.md)"""
 
 
 @pytest.mark.parametrize("point", [pytest.param(p, id=p["case"], marks=[pytest.mark.xfail(

@@ -49,7 +49,9 @@ def profiler_notes(overhead: dict | None) -> list[str]:
         return []
     known = [o for o in overhead.values() if o.basis != "none" and o.traced_step_us]
     if not known:
-        return []
+        unknown = [o for o in overhead.values() if o.traced_step_us]
+        return [f"the profiler's own overhead is not known ({unknown[0].how}): costs are stated as traced"] \
+            if unknown else []
     import statistics
 
     traced = statistics.median(o.traced_step_us for o in known)

@@ -13,7 +13,9 @@ host's share of every traced step grows. :func:`overhead` gives one rank's :clas
   frame holds every op, else the ops it kept plus the short ones the trace layer counted) x the per-event cost that
   ``benchmarks/bench_profiler_overhead.py`` measured for the profiler settings the trace shows
   (``recorded/profiler_overhead/*.json``: the table of the same GPU model where there is one, else any GPU's, else
-  the CPU table; which one is stated). The profiler's time is host time: a step cannot get shorter than its GPU's
+  the CPU table; which one is stated, and when it is another host's). The per-op cost is a property of the host and
+  of the job together (the same job paid per op 2-3x more on one of the kit's GPU hosts than on the other, and two
+  jobs of one host 3x apart: FINDINGS.md): an estimate is within about 2x either way. The profiler's time is host time: a step cannot get shorter than its GPU's
   own work, so the unprofiled estimate is ``max(traced - host overhead, GPU busy outside collectives)``.
 * **none**: no step windows, or no table for the trace's kind of device.
 
@@ -52,6 +54,10 @@ class ProfilerOverhead:
     """estimated: the profiler's host time per step (recorded events x their cost)"""
     gpu_busy_us: float | None = None
     """estimated: the rank's GPU busy time per step (all activity, its collectives' kernels included)"""
+    data_wait_us: float | None = None
+    """the part of the overhead recorded inside the DataLoader's waits (where they leave the GPU idle): the overhead
+    spread evenly over the recorded ops of the steps, the share of the ops recorded inside the waits
+    (:func:`data_wait_share`); a loader fed by worker processes records none of its work there"""
 
     @property
     def share(self) -> float | None:
@@ -174,12 +180,7 @@ def _counts(view: "RankView", per_step: "pd.DataFrame") -> tuple[float, float, s
     cpu_all = view.memo.get("cpu_all")
     full = cpu_all is not None and not cpu_all.empty
     cpu = cpu_all if full else view.trace.cpu
-    st = view.steps
-    if st is not None and not st.empty and (per_step["step"] >= 0).any():
-        st = st.sort_values("ts")
-        a, b = st["ts"].to_numpy(float), st["end"].to_numpy(float)
-    else:
-        a, b = per_step["ts"].to_numpy(float), per_step["end"].to_numpy(float)
+    a, b = _windows(view, per_step)
     ts = cpu["ts"].to_numpy(float)
     i = np.searchsorted(a, ts, side="right") - 1
     inside = (i >= 0) & (ts < b[np.clip(i, 0, len(b) - 1)])
@@ -214,8 +215,61 @@ def overhead(view_or_trace: Any, capture: dict | None = None, *, cpu_all: "pd.Da
              root: str | Path = TABLES) -> ProfilerOverhead:
     """One rank's :class:`ProfilerOverhead` (module docstring). ``view_or_trace``: a :class:`RankView` with its host
     model, a :class:`kit.traces.Trace` or a path; ``capture``: the kitCapture facts (default: the trace's own,
-    :func:`kit.capture.capture_info`); ``cpu_all``: every CPU event of a CPU-only trace, where the caller read it."""
+    :func:`kit.capture.capture_info`); ``cpu_all``: every CPU event of a CPU-only trace, where the caller read it.
+    Where the rank's account charges GPU idle to its DataLoader waits, the part of the overhead recorded inside them
+    (:attr:`ProfilerOverhead.data_wait_us`)."""
+    from dataclasses import replace
+
     view = _view(view_or_trace)
+    o = _overhead(view, capture, cpu_all, root)
+    acct = getattr(view, "account", None)
+    if o.basis == "none" or acct is None or not hasattr(acct, "cost") or acct.cost("input") <= 0:
+        return o
+    share = data_wait_share(view, _per_step(view))
+    return replace(o, data_wait_us=share * (o.host_us if o.host_us is not None else o.overhead_us))
+
+
+def data_wait_share(view: "RankView", per_step: "pd.DataFrame") -> float:
+    """The share of the recorded ``aten::`` ops of the steps (as :func:`_counts` places them) that lie inside the
+    host model's DataLoader waits: a loader running in the main process records every sample's indexing, the collate
+    and the pinning there (hundreds of ops per batch). Reads every CPU event (the trace again with ``cpu="all"``
+    where the caller did not)."""
+    import numpy as np
+
+    from .host_model import ALL, names_str
+
+    if view.memo.get("cpu_all") is None:
+        if view.trace.path is None:
+            return 0.0
+        from .. import traces
+
+        view.memo["cpu_all"] = traces.load_trace(view.trace.path, cpu="all").cpu
+    cpu = view.memo["cpu_all"]
+    if cpu is None or cpu.empty:
+        return 0.0
+    ops = cpu[(names_str(cpu["cat"]) == "cpu_op").to_numpy()]
+    a, b = _windows(view, per_step)
+    ts = ops["ts"].to_numpy(float)
+    i = np.searchsorted(a, ts, side="right") - 1
+    inside = (i >= 0) & (ts < b[np.clip(i, 0, len(b) - 1)])
+    da, db = view.host.spans("data_wait", ALL)
+    if not inside.any() or not len(da):
+        return 0.0
+    j = np.searchsorted(da, ts, side="right") - 1
+    in_data = inside & (j >= 0) & (ts < db[np.clip(j, 0, len(db) - 1)])
+    return float(in_data.sum()) / float(inside.sum())
+
+
+def _windows(view: "RankView", per_step: "pd.DataFrame") -> "tuple[np.ndarray, np.ndarray]":
+    """The host's side of the steps: their annotations, else the windows (:func:`_counts`)."""
+    st = view.steps
+    if st is not None and not st.empty and (per_step["step"] >= 0).any():
+        st = st.sort_values("ts")
+        return st["ts"].to_numpy(float), st["end"].to_numpy(float)
+    return per_step["ts"].to_numpy(float), per_step["end"].to_numpy(float)
+
+
+def _overhead(view: "RankView", capture: dict | None, cpu_all, root) -> ProfilerOverhead:
     if cpu_all is not None and view.memo.get("cpu_all") is None:
         view.memo["cpu_all"] = cpu_all
     if capture is None:
@@ -259,6 +313,8 @@ def overhead(view_or_trace: Any, capture: dict | None = None, *, cpu_all: "pd.Da
            f"{c_op:.2f} / {c_rt:.2f} us each, {source} on {table['machine'].get('device')} ({table['file']}, "
            f"record_shapes={row['record_shapes']}, with_stack={row['with_stack']}; settings read from {where}) = "
            f"{host_us:.0f} us of host time per step"
+           + (f" (another host's table: this trace's GPU is {device or 'not named'}; the per-op cost differs between "
+              f"hosts and jobs, about 2x either way)" if gpu and table["machine"].get("device") != device else "")
            + (f"; the step cannot be shorter than the GPU's own work (outside collectives), {busy:.0f} us" if unprof == busy and gpu else ""))
     return ProfilerOverhead(traced, unprof, traced - unprof, "estimated", how, host_us=host_us,
                             gpu_busy_us=float(ps["gpu_busy_us"].median()) if gpu and "gpu_busy_us" in ps else None)

@@ -31,10 +31,14 @@ from .model import RULES, SEVERITY_SHARE, Finding, severity, slice_rules
 
 MUST_SPEAK = SEVERITY_SHARE["high"]
 """GPU idle at or above this share of a step is never left without a finding at or above 'low'"""
-NET_OF_PROFILER_SLICES = ("launch",)
-"""the accounting slices the profiler's own host time lands in: it records an event per op and per runtime call
-while the host issues them, so the host issues more slowly under it (:mod:`kit.doctor.overhead`); a finding that
-explains one of them is stated net of that overhead, and so is the idle that :func:`must_speak` guards"""
+NET_OF_PROFILER_SLICES = ("launch", "input")
+"""the accounting slices the profiler's own host time lands in, in the order it is taken off them: it records an
+event per op and per runtime call, so the host issues more slowly under it (:mod:`kit.doctor.overhead`), and a
+DataLoader that runs in the main process (indexing every sample, collating, pinning: hundreds of recorded ops per
+batch) takes longer to hand over each batch -- the input slice takes at most the overhead's part recorded inside
+the DataLoader's waits (:attr:`kit.doctor.overhead.ProfilerOverhead.data_wait_us`). A finding that explains one of
+them is stated net of what is left of that overhead on its rank after the slices before it, and so is the idle that
+:func:`must_speak` guards"""
 OWN_SHARE = 0.5
 """a finding naming the late rank and others besides is the late rank's own (split off into late_rank) only when every
 other rank's cost in it is below this share of the late rank's: the majority of it is that rank's, as late_rank
@@ -48,7 +52,8 @@ def reconcile(findings: list[Finding], accounts: list[tuple[int, Account]], ctx:
     """The findings after the judges, reconciled with the step accounting (module docstring). ``only`` (the
     rules asked for): the same answers for those rules; :func:`must_speak` (a guard over every rule) is skipped."""
     findings = job_level_launch(explain_rest(accounts, findings, only), ctx)
-    findings = [net_of_profiler(f, ctx.overhead) for f in findings]  # every cost judged from here on is net
+    by_rank = dict(accounts)
+    findings = [net_of_profiler(f, ctx.overhead, by_rank) for f in findings]  # every cost judged from here on is net
     if only is None:
         findings = findings + must_speak(accounts, findings, ctx)
     return host_work_first(fold_into_low_busbw(fold_into_late_rank(findings, accounts, ctx.overhead)))
@@ -94,26 +99,63 @@ def accounted(f: Finding, slices: tuple[str, ...], accounts: list[tuple[int, Acc
         f"each idle microsecond one cause, charges it {worst:.0f} us per step)"))
 
 
-def net_of_profiler(f: Finding, overhead: dict | None) -> Finding:
+def net_of_profiler(f: Finding, overhead: dict | None, accounts: "dict[int, Account] | None" = None) -> Finding:
     """A finding whose rule explains :data:`NET_OF_PROFILER_SLICES`, with the profiler's own overhead taken off its
-    cost (the median over its ranks of each rank's measured or estimated overhead); the traced cost and the
-    overhead's numbers and basis go into the evidence. Other findings unchanged."""
+    cost (the median over its ranks of each rank's measured or estimated overhead; for a slice after the first, what
+    is left of the overhead of the rank whose cost it states after that rank's earlier slices, which needs its
+    ``accounts``); the traced cost and the overhead's numbers and basis go into the evidence. Other findings
+    unchanged."""
     r = RULES.get(f.rule)
     if not overhead or r is None or r.explains is None or not set(r.explains.slices) & set(NET_OF_PROFILER_SLICES):
         return f
-    mine = sorted((o for rk, o in overhead.items() if rk in f.ranks and o.basis != "none"),
-                  key=lambda o: o.overhead_us)
-    if not mine:
-        return f
-    o = mine[len(mine) // 2]
-    ev = {**f.evidence, "cost_traced_us_per_step": f.cost_us_per_step, **o.as_dict()}
+    first = min(NET_OF_PROFILER_SLICES.index(s) for s in r.explains.slices if s in NET_OF_PROFILER_SLICES)
+    before = NET_OF_PROFILER_SLICES[:first]
+    if before:  # the overhead left on the stated rank after its earlier slices took theirs
+        rk = f.evidence.get("rank", f.ranks[0] if len(f.ranks) == 1 else None)
+        o = overhead.get(rk) if rk is not None else None
+        a = (accounts or {}).get(rk)
+        if o is None or o.basis == "none" or a is None:
+            return f
+        s0 = NET_OF_PROFILER_SLICES[first]
+        left = _left(o, a, before, s0)
+        if left <= 0:
+            return f
+        extra = {"profiler_overhead_left_us": round(left, 1), "profiler_in_data_wait_us": _r(o.data_wait_us)}
+        whole, o = o, dataclasses.replace(o, overhead_us=left)
+        overhead = {k: (dataclasses.replace(v, overhead_us=_left(v, accounts[k], before, s0))
+                        if k in (accounts or {}) and v.basis != "none" else None) for k, v in overhead.items()}
+        after = f" ({whole.overhead_us / 1e3:.2f} ms per step, {o.basis}; {left / 1e3:.2f} ms of it recorded " \
+                f"inside the DataLoader's waits and not already taken off the {' and '.join(before)} slice)"
+    else:
+        mine = sorted((o for rk, o in overhead.items() if rk in f.ranks and o.basis != "none"),
+                      key=lambda o: o.overhead_us)
+        if not mine:
+            return f
+        whole = o = mine[len(mine) // 2]
+        extra, after = {}, f" ({o.overhead_us / 1e3:.2f} ms per step, {o.basis})"
+    ev = {**f.evidence, "cost_traced_us_per_step": f.cost_us_per_step, **whole.as_dict(), **extra}
     if isinstance(ev.get("per_rank"), dict):  # each rank's cost net of its own overhead
         ev["per_rank"] = {rk: _net_rank(n, overhead.get(int(rk))) for rk, n in ev["per_rank"].items()}
     net = round(o.net(f.cost_us_per_step), 1)
     said = f.summary if round(net) == round(f.cost_us_per_step) else (  # the sentence says the cost it states
-        f"{f.summary}; {net / 1e3:.2f} ms per step net of the profiler's own overhead ({o.overhead_us / 1e3:.2f} ms "
-        f"per step, {o.basis})")
+        f"{f.summary}; {net / 1e3:.2f} ms per step net of the profiler's own overhead{after}")
     return dataclasses.replace(f, cost_us_per_step=net, evidence=ev, summary=said)
+
+
+def _left(o, a: Account, slices, s: str) -> float:
+    """The overhead slice ``s`` may take on a rank: what the rank's earlier ``slices`` left (:func:`net_costs`'
+    order), at most the part of it that lands in ``s`` (:func:`_cap`)."""
+    return max(0.0, min(o.overhead_us - sum(a.cost(x) for x in slices), _cap(o, s)))
+
+
+def _cap(o, s: str) -> float:
+    """The most of the overhead ``o`` that can land in slice ``s``: all of it in the launch slice; in the input slice
+    the part recorded inside the DataLoader's waits."""
+    return o.overhead_us if s != "input" else float(o.data_wait_us or 0.0)
+
+
+def _r(x):
+    return None if x is None else round(float(x), 1)
 
 
 def _net_rank(n, o):
@@ -130,7 +172,7 @@ def net_costs(a: Account, ovh) -> dict[str, float]:
     out = {s: a.cost(s) for s in IDLE}
     left = ovh.overhead_us if ovh is not None and ovh.basis != "none" else 0.0
     for s in NET_OF_PROFILER_SLICES:
-        take = min(out[s], max(0.0, left))
+        take = min(out[s], max(0.0, left), _cap(ovh, s) if ovh is not None and ovh.basis != "none" else 0.0)
         out[s] -= take
         left -= take
     return out
@@ -189,7 +231,7 @@ def fold_into_late_rank(findings: list[Finding], accounts: list[tuple[int, Accou
         if f.rule in own_rules and len(f.ranks) > 1 and L in f.ranks and f.evidence.get("rank") == L and r.explains \
                 and others and max(others) < OWN_SHARE * f.cost_us_per_step:
             own.append(f)
-            rest += [net_of_profiler(x, overhead) for x in slice_finding(
+            rest += [net_of_profiler(x, overhead, dict(accounts)) for x in slice_finding(
                 f.rule, r.explains.slices, [(rk, a) for rk, a in accounts if rk != L and rk in f.ranks],
                 of=len(accounts))]
     if not own:
