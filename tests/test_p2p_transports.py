@@ -410,6 +410,39 @@ def test_part_hold_is_sized_from_the_warm_up_and_a_short_one_is_flagged(monkeypa
     assert [(s["B hold"], s["B hold short"]) for s in out] == [(100, False), (100, False)]
     assert R.hold_cycles([], 10, 5.0) == R.hold_cycles([300.0], 10, float("nan")) == p  # nothing measured yet
 
+def test_parts_accumulate_gradients_as_an_iteration_does(monkeypatch):
+    """The parts' backwards add into the weights' gradients as the pipeline's do: fresh gradients once per m samples
+    (m = 4 here: 4 warm-up + 8 timed samples -> fresh at samples -4, 0 and 4), dropped at the end; the same in the
+    thread-per-stage pass. (CPU stages: the code path without CUDA.)"""
+    import torch
+
+    from kit.investigations.p2p_transports import pipeline_run as R
+
+    stages = [P.Stage(s, 2, 1, 8, 4, 4, torch.device("cpu"), torch.float32) for s in range(2)]
+    fresh, grads = [], []
+    zero = P.Stage.zero_grad
+
+    def counted(self):
+        fresh.append(self.stage)
+        zero(self)
+
+    monkeypatch.setattr(P.Stage, "zero_grad", counted)
+    R._compute_times(stages, 2, 4, 8, cuda=False)
+    assert fresh.count(0) == fresh.count(1) == 3 + 1  # three fresh starts, and the end
+    assert all(w.grad is None for st in stages for w in st.weights)
+    fresh.clear()
+    R._concurrent_host_times(stages, 4, 8, cuda=False)
+    assert fresh.count(0) == fresh.count(1) == 3 + 1
+    # and between fresh starts the gradient grows by each sample's (the same input every sample)
+    w = stages[1].weights[0]
+    out = R._run_part("F", stages[1], torch.ones(4, 8), None)
+    R._run_part("B", stages[1], out, None)
+    g1 = w.grad.clone()
+    out = R._run_part("F", stages[1], torch.ones(4, 8), None)
+    R._run_part("B", stages[1], out, None)
+    assert torch.allclose(w.grad, 2 * g1)
+
+
 def test_thread_per_stage_host_times_and_their_model():
     """The thread-per-stage driver's host times: every stage's thread issues its forward at once, then its backward
     (CPU stages here: the same code path without CUDA), one sample per repeat. Its model takes those times (one
@@ -423,7 +456,7 @@ def test_thread_per_stage_host_times_and_their_model():
     got = R._concurrent_host_times(stages, 1, 2, cuda=False)
     assert sorted(got) == [0, 1] and all(len(v) == 2 for v in got.values())
     assert all(v[k] > 0 for s in got.values() for v in s for k in ("F host threads", "B host threads"))
-    assert all(w.grad is None for st in stages for w in st.weights)  # each sample's gradients dropped
+    assert all(w.grad is None for st in stages for w in st.weights)  # the gradients dropped at the end
     rows = []
     for sample in range(3):
         rows += [dict(kind="pipeline_part", transport="copy", part=p, stage=s, sample=sample, time_us=t, host_us=2.0,

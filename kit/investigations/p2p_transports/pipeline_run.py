@@ -261,7 +261,10 @@ def _compute_times(stages: list, n: int, warmup: int, repeats: int, cuda: bool) 
     host counts on its own, and a device-bound driver never pays). The stages of one
     process are issued as its one driving thread issues them, taking turns (:func:`.pipeline.drive`): every
     stage's forward in stage order, then every backward in reverse order, each on its own input (no stage waits
-    for another), synchronised once per sample: a thread that takes turns over several GPUs' autograd graphs
+    for another), synchronised once per sample. The weights' gradients accumulate over ``m`` samples (fresh once per
+    ``m``, as once per iteration of ``m`` micro-batches): in the pipeline every backward of an iteration but the first
+    adds into the existing gradients -- an in-place add per weight on the GPU, and its launch on the host -- which a
+    backward into fresh gradients (taken over, no kernel) does not pay. A thread that takes turns over several GPUs' autograd graphs
     issues each step slower than one stage's steps back to back (FINDINGS.md, P2P on 4 H100s), and its time per
     step in that setting is what the model with the host needs."""
     import torch
@@ -276,6 +279,9 @@ def _compute_times(stages: list, n: int, warmup: int, repeats: int, cuda: bool) 
     clock = time.perf_counter
     for i in range(-warmup, repeats):
         timers, ys, us = {}, {}, {}
+        if (i + warmup) % stages[0].m == 0:  # fresh gradients once per m samples, as once per iteration of m micro-batches
+            for st in stages:
+                st.zero_grad()
         for st in stages:
             s = st.stage
             with torch.cuda.device(st.device) if cuda else nullcontext():
@@ -302,7 +308,6 @@ def _compute_times(stages: list, n: int, warmup: int, repeats: int, cuda: bool) 
         for st in stages:
             s = st.stage
             us[s].update(timers[s].read())
-            st.zero_grad()
             for p in "FB" if cuda else "":
                 us[s][f"{p} hold short"] = hold_short(us[s][f"{p} host"], us[s][f"{p} hold"])
                 if i < 0:  # the warm-up sizes the hold; the timed samples keep the last one
@@ -310,6 +315,8 @@ def _compute_times(stages: list, n: int, warmup: int, repeats: int, cuda: bool) 
                     holds[(s, p)] = hold_cycles(issued[(s, p)], holds[(s, p)], us[s][f"{p} hold"])
             if i >= 0:
                 out[s].append(us[s])
+    for st in stages:
+        st.zero_grad()
     return out
 
 
@@ -365,14 +372,18 @@ def _concurrent_host_times(stages: list, warmup: int, repeats: int, cuda: bool) 
         return got
 
     for i in range(-warmup, repeats):
+        if (i + warmup) % stages[0].m == 0:  # gradients accumulate over m samples, as over an iteration's micro-batches
+            for st in stages:
+                st.zero_grad()
         fw = together(lambda st: _run_part("F", st, prep[st.stage][0].detach().requires_grad_(st.stage > 0), None))
         bw = together(lambda st: _run_part("B", st, fw[st.stage][1], None if st.stage == st.n - 1 else prep[st.stage][1]))
         for st in stages:
             if cuda:
                 torch.cuda.synchronize(st.device)
-            st.zero_grad()
             if i >= 0:
                 out[st.stage].append({"F host threads": fw[st.stage][0], "B host threads": bw[st.stage][0]})
+    for st in stages:
+        st.zero_grad()
     return out
 
 
