@@ -9,10 +9,13 @@ file): a GPT-like transformer and a ResNet-like CNN. What is multi-rank here:
   (FSDP2 ``fully_shard`` per block and the root; bf16 = ``MixedPrecisionPolicy(param_dtype=bf16,
   reduce_dtype=fp32)``);
 * controls: ``control`` (balanced: every rank the same work), ``hostbound`` (small CNN batch: every rank's host
-  issues slower than its GPU runs), ``gpubound`` (GPT in fp32, larger batch);
+  issues slower than its GPU runs), ``gpubound`` (GPT in fp32, larger batch; under FSDP a larger one still, sizes
+  ``fsdp_gpubound``: FSDP's host issues a step in ~15-20 ms, so the GPU's work must be well above that);
 * one-rank faults (rank :data:`ONE_RANK` only): ``input_rank`` (that rank's DataLoader runs a ~15 ms/batch CPU
   transform in the training process), ``stall_rank`` (~20 ms of synchronous Python after its optimizer step),
-  ``gpu_rank`` (~8 ms of extra matmuls on that rank's GPU before its backward);
+  ``gpu_rank`` (~8 ms of extra matmuls on that rank's GPU before its backward; the bf16 FSDP control is host-bound,
+  its GPU idle most of the step, so there the matmuls add little: ``gpt-fsdp-fp32-gpu_rank`` plants them in the
+  GPU-bound FSDP job);
 * job-level faults: ``accum_no_sync`` (gradient accumulation over 4 micro-batches that all-reduces after every
   micro-batch; its control ``accum`` wraps the first 3 in ``no_sync()``), ``tiny_buckets`` (DDP
   ``bucket_cap_mb`` = 0.05: about one all-reduce per parameter), ``slow_comm`` (the control job with NCCL's
@@ -84,12 +87,13 @@ SIZES = {
 }
 VARIANT_SIZES = {
     "cuda": {"hostbound": {"batch": 8, "img": 32}, "gpubound": {"batch": 24},
-             "deep": {"d": 256, "layers": 12, "heads": 4}},
+             "deep": {"d": 256, "layers": 12, "heads": 4}, "fsdp_gpubound": {"batch": 48}},
     "cpu": {"hostbound": {"batch": 2, "img": 16}, "gpubound": {"batch": 16},
-            "deep": {"d": 64, "layers": 6, "heads": 2}},
+            "deep": {"d": 64, "layers": 6, "heads": 2}, "fsdp_gpubound": {"batch": 16}},
 }
 """``hostbound``: the CNN at a small batch; ``gpubound``: the GPT at a larger batch (in fp32); ``deep``: a narrow
-12-layer GPT (150 parameter tensors: one all-reduce each with tiny buckets) for the bucket pair"""
+12-layer GPT (150 parameter tensors: one all-reduce each with tiny buckets) for the bucket pair; ``fsdp_gpubound``:
+the GPT in fp32 at twice ``gpubound``'s batch (~60 ms of GPU work per step against FSDP's ~15-20 ms of host issue)"""
 MICRO = 4
 """micro-batches per optimizer step in the accumulation cases (each batch/MICRO samples)"""
 FAULT_PARAMS = {
@@ -147,6 +151,9 @@ def _cases() -> dict[str, dict]:
         _c("gpt", "ddp", "fp32", "gpubound", "tb_handler", sizes="gpubound"),
         _c("cnn", "ddp", "fp32", "input_rank", "tb_handler", cnn),
         _c("gpt", "fsdp", "bf16", "gpu_rank", "tb_handler", fsdp),
+        # FSDP with its GPU the bottleneck: the extra GPU work lengthens the job's step
+        _c("gpt", "fsdp", "fp32", "gpubound", "kit.capture", sizes="fsdp_gpubound"),
+        _c("gpt", "fsdp", "fp32", "gpu_rank", "kit.capture", "gpt-fsdp-fp32-gpubound", sizes="fsdp_gpubound"),
         # NCCL's environment: one spawn each
         _c("gpt", "ddp", "bf16", "p2p_off", "kit.capture", gpt, variant="p2p_off", fault="slow_comm"),
         _c("gpt", "fsdp", "bf16", "p2p_off", "tb_handler", fsdp, variant="p2p_off", fault="slow_comm"),
