@@ -26,6 +26,13 @@ CORPORA = [p for p in sorted(DATA.glob("corpus*")) if p.is_dir()]
 CASES = [f"{c.name}/{p.parent.name}" for c in CORPORA for p in sorted(c.glob("*/truth.json"))]
 LOW_RATIO, HIGH_RATIO = 0.5, 2.0
 
+FSDP_HOSTBOUND_GPU_RANK = (
+    "the planted matmuls (6.8 ms per step on rank 1's GPU) add +0.44 ms unprofiled: 19.57 ms against the control's "
+    "19.13 ms, inside the control's p10-p90 of 16.9-22.1 ms. The bf16 FSDP job is host-bound (rank 0's GPU busy "
+    "4.4 of 25.8 ms per traced step), so the matmuls run in rank 1's idle GPU time and the step does not grow; the "
+    "doctor says a job-level launch_bound [0, 1] (12.7 ms) and no late_rank. The case does not test what it claims: "
+    "gpt-fsdp-fp32-gpu_rank plants the same work in a GPU-bound FSDP job")
+"""the host-bound FSDP gpu_rank case: why no finding can name it (kept as a record of a fault the step hides)"""
 FIRST_MISSES = {
     # case: why the top finding is not the planted fault, or its cost not 0.5-2x the added time, today
     "corpus/cnn-host_sync": "input_bound comes first: in the profiled run the DataLoader took 6-9 ms per step (2.2 ms "
@@ -48,8 +55,11 @@ FIRST_MISSES = {
                                           "sweep's 253 GB/s, with the exposed communication folded in) but costs "
                                           "4.8 ms, 2.4x the 2.0 ms NCCL_P2P_DISABLE=1 adds unprofiled: in the "
                                           "profiled step less of the slower transfer is hidden",
+    "corpus-h100x2/gpt-fsdp-bf16-gpu_rank": FSDP_HOSTBOUND_GPU_RANK,
 }
-NAMED_MISSES: dict[str, str] = {}
+NAMED_MISSES: dict[str, str] = {
+    "corpus-h100x2/gpt-fsdp-bf16-gpu_rank": FSDP_HOSTBOUND_GPU_RANK,
+}
 CONTROL_MISSES: dict[str, str] = {
     # multi-rank control: what the doctor says that it should not, today
 }
@@ -150,7 +160,9 @@ def test_control_has_nothing_as_large_as_a_planted_fault(case):
     t, d = _truth(case), _result(case)
     corpus = case.split("/")[0]
     truths = [_truth(c) for c in CASES if c.startswith(corpus + "/")]
-    family = [f["added_us"] for f in truths if f.get("control") == t["case"] and f["added_us"]]
+    # a fault whose step lies inside the control's p10-p90 added nothing measurable: no size to stay under
+    family = [f["added_us"] for f in truths if f.get("control") == t["case"] and f["added_us"]
+              and f["step_us_unprofiled"]["median"] > t["step_us_unprofiled"]["p90"]]
     added = family or [f["added_us"] for f in truths if f["added_us"] and f["model"] == t["model"]]
     if not added:
         pytest.skip(f"{case}: no fault of its family recorded")
