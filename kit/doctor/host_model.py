@@ -24,7 +24,8 @@ main thread, the one holding the step annotations.
 **Per step** (:attr:`HostModel.per_step`, the small frame shipped to the judges): one row per step window
 (:func:`kit.doctor.steps.step_windows`), the main thread's time split by kind (``<kind>_us``, summing to
 ``dur``), and the GPU's busy time (``gpu_busy_us``: union of all activity; ``gpu_comm_us``: NCCL kernels;
-``gpu_compute_us``: busy time outside NCCL kernels). ``issue_us`` is the rank's own host time: it excludes time
+``gpu_compute_us``: busy time outside NCCL kernels; ``gpu_kernels_us``: the other kernels' own time, beside NCCL
+kernels too -- the GPU work the step cannot do without). ``issue_us`` is the rank's own host time: it excludes time
 blocked on data, the GPU, collectives and the allocator.
 """
 
@@ -63,7 +64,8 @@ OWN_KINDS = ("data_wait", "stall", "alloc", "issue")
 allocator's device calls, issuing its work -- not the time blocked on collectives, peers or the GPU, nor its short
 idle gaps (under the profiler mostly the profiler's own time between the events it records)"""
 PER_STEP = ("step", "ts", "end", "dur") + tuple(f"{k}_us" for k in KINDS) + ("gpu_busy_us", "gpu_comm_us",
-                                                                            "gpu_compute_us", "own_host_us")
+                                                                            "gpu_compute_us", "gpu_kernels_us",
+                                                                            "own_host_us")
 """the columns of :attr:`HostModel.per_step`; ``own_host_us``: the time any issuing thread spent in :data:`OWN_KINDS`
 inside the step's own annotation (the host's side of the step, not the window extended to its GPU work: a host that runs
 ahead of its GPU did its step's work before the window's GPU part)"""
@@ -228,7 +230,8 @@ def _gpu_model(view: "RankView") -> HostModel | None:
     sets[ALL] = _all_threads(cpu, calls, sets, threads, main)
     kern = g["cat"] == "kernel"
     nccl = kern & g["nccl"].astype(bool)
-    gpu = {"busy": union_np(g["ts"], g["end"]), "comm": union_np(g.loc[nccl, "ts"], g.loc[nccl, "end"])}
+    gpu = {"busy": union_np(g["ts"], g["end"]), "comm": union_np(g.loc[nccl, "ts"], g.loc[nccl, "end"]),
+           "kernels": union_np(g.loc[kern & ~nccl, "ts"], g.loc[kern & ~nccl, "end"])}
     return _finish(view, "gpu", win, main, threads, calls, sets, default="issue", gpu=gpu)
 
 
@@ -336,7 +339,7 @@ def _finish(view, mode, win, main, threads, calls, sets, default: str, gpu, cpu=
                                                                  fill_value=0.0)
     for k in KINDS:
         per_step[f"{k}_us"] = per[k].to_numpy(dtype=float)
-    for c, key in (("gpu_busy_us", "busy"), ("gpu_comm_us", "comm")):
+    for c, key in (("gpu_busy_us", "busy"), ("gpu_comm_us", "comm"), ("gpu_kernels_us", "kernels")):
         per_step[c] = _per_window(gpu[key], wa, wb) if gpu else 0.0
     per_step["gpu_compute_us"] = per_step["gpu_busy_us"] - per_step["gpu_comm_us"]
     per_step["own_host_us"] = _own_host(view, sets, win, default, main, calls)
