@@ -59,7 +59,7 @@ def profiler_notes(overhead: dict | None) -> list[str]:
     bases = sorted({o.basis for o in known})
     return [f"the profiler's own overhead: traced step {traced / 1e3:.2f} ms, {unprof / 1e3:.2f} ms without the "
             f"profiler ({' and '.join(bases)}, median over {len(known)} rank(s); {known[0].how}); launch-bound costs "
-            f"are stated net of it"]
+            f"are stated net of it, and DataLoader waits net of its part recorded inside them"]
 
 
 def capped(f: Finding, step_us: float | None) -> Finding:
