@@ -429,6 +429,8 @@ def test_parts_accumulate_gradients_as_an_iteration_does(monkeypatch):
     monkeypatch.setattr(P.Stage, "zero_grad", counted)
     R._compute_times(stages, 2, 4, 8, cuda=False)
     assert fresh.count(0) == fresh.count(1) == 3 + 1  # three fresh starts, and the end
+    # a rank that drives no stage (an in-process transport's ranks but 0) times nothing
+    assert R._compute_times([], 2, 4, 8, cuda=False) == {} and R._concurrent_host_times([], 4, 8, cuda=False) == {}
     assert all(w.grad is None for st in stages for w in st.weights)
     fresh.clear()
     R._concurrent_host_times(stages, 4, 8, cuda=False)

@@ -277,9 +277,10 @@ def _compute_times(stages: list, n: int, warmup: int, repeats: int, cuda: bool) 
     holds = {(st.stage, p): HOLD_PROBE_CYCLES for st in stages for p in "FB"}
     issued = {k: [] for k in holds}
     clock = time.perf_counter
+    m = stages[0].m if stages else 1  # a rank of an in-process transport other than 0 drives no stage
     for i in range(-warmup, repeats):
         timers, ys, us = {}, {}, {}
-        if (i + warmup) % stages[0].m == 0:  # fresh gradients once per m samples, as once per iteration of m micro-batches
+        if (i + warmup) % m == 0:  # fresh gradients once per m samples, as once per iteration of m micro-batches
             for st in stages:
                 st.zero_grad()
         for st in stages:
@@ -371,8 +372,9 @@ def _concurrent_host_times(stages: list, warmup: int, repeats: int, cuda: bool) 
             raise errors[0]
         return got
 
+    m = stages[0].m if stages else 1
     for i in range(-warmup, repeats):
-        if (i + warmup) % stages[0].m == 0:  # gradients accumulate over m samples, as over an iteration's micro-batches
+        if (i + warmup) % m == 0:  # gradients accumulate over m samples, as over an iteration's micro-batches
             for st in stages:
                 st.zero_grad()
         fw = together(lambda st: _run_part("F", st, prep[st.stage][0].detach().requires_grad_(st.stage > 0), None))
