@@ -184,6 +184,23 @@ def test_an_input_wait_without_the_profilers_ops_is_not_netted():
     assert net_of_profiler(f, {0: o}) is f  # without the rank's account: what launch took is unknown
 
 
+def test_the_job_floor_counts_a_gpus_own_kernels_not_its_transfer():
+    """No rank steps faster than the GPU with the most work of its own: its busy time less its collectives' waiting,
+    at most its non-NCCL kernels' own time (a transfer that overlaps the backward without the profiler is no floor);
+    measured overheads are left as they are."""
+    def est(busy, kernels, host=8000.0, traced=16000.0):
+        return ov.ProfilerOverhead(traced, traced - host, host, "estimated", "a test", host_us=host, gpu_busy_us=busy,
+                                   gpu_kernels_us=kernels)
+
+    got = ov.job_floor({0: est(15800.0, 9900.0), 1: est(15100.0, 10300.0), 2: est(10000.0, 9800.0)},
+                       {0: 5400.0, 1: 3900.0, 2: 0.0})
+    # rank 1: busy less waiting 11200 us, its kernels 10300: the floor is 10300 (rank 0: min(10400, 9900))
+    assert {r: o.unprofiled_step_us for r, o in got.items()} == {0: 10300.0, 1: 10300.0, 2: 10300.0}
+    assert all(o.overhead_us == 5700.0 and "rank 1: 10300 us" in o.how for o in got.values())
+    m = ov.ProfilerOverhead(16000.0, 9000.0, 7000.0, "measured", "a test")
+    assert ov.job_floor({0: m, 1: est(15100.0, 10300.0)}, {})[0] is m
+
+
 MULTI = [p for p in sorted(CORPUS.parent.glob("corpus-h100x*/*/truth.json"))]
 
 
