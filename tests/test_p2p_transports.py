@@ -936,9 +936,9 @@ def test_the_recorded_h100_runs():
     two = results.choose("p2p_transports", [], "recorded", set_name="p2p_transports@h100x2")
     mo = PA.model(four).set_index(["transport", "driver"])
     assert (mo.stages == 4).all()
-    for k, ms, ratio, hosted in ((("copy", "host"), 50.57, 3.236, 1.123), (("copy", "device"), 35.19, 2.251, 1.055),
-                                 (("ipc", "host"), 22.84, 1.390, 1.013), (("ipc-direct", "host"), 20.26, 1.211, 0.974),
-                                 (("nccl", "host"), 18.46, 1.181, 0.982), (("nccl", "device"), 17.37, 1.111, 1.111)):
+    for k, ms, ratio, hosted in ((("copy", "host"), 50.34, 2.948, 1.133), (("copy", "device"), 32.84, 1.924, 1.110),
+                                 (("ipc", "host"), 25.87, 1.480, 1.208), (("ipc-direct", "host"), 23.20, 1.279, 0.973),
+                                 (("nccl", "host"), 19.32, 1.126, 1.017), (("nccl", "device"), 17.28, 1.007, 1.007)):
         assert mo.loc[k, "measured_ms"] == approx(ms) and mo.loc[k, "measured_vs_model"] == pytest.approx(ratio, abs=0.002)
         assert mo.loc[k, "measured_vs_host_model"] == pytest.approx(hosted, abs=0.002)
     assert (mo.measured_ms > mo.predicted_p10_ms).all() and (mo.measured_ms > mo.host_model_p10_ms).all()
@@ -946,23 +946,24 @@ def test_the_recorded_h100_runs():
     pp = PA.pipeline(four).set_index(["transport", "driver"])
     assert pp.loc[("copy", "host"), "host_share"] == pytest.approx(0.994, abs=0.002)
     m2 = PA.model(two).set_index(["transport", "driver"])
-    for k, ratio, hosted in ((("copy", "host"), 2.372, 1.095), (("copy", "device"), 1.672, 1.025),
-                             (("ipc", "host"), 1.234, 0.898), (("ipc-direct", "host"), 1.179, 0.944),
-                             (("nccl", "host"), 1.240, 1.137), (("nccl", "device"), 1.142, 1.142)):
+    for k, ratio, hosted in ((("copy", "host"), 2.153, 1.162), (("copy", "device"), 1.717, 1.024),
+                             (("ipc", "host"), 1.342, 0.987), (("ipc-direct", "host"), 1.399, 1.026),
+                             (("nccl", "host"), 1.135, 0.911), (("nccl", "device"), 1.027, 1.027)):
         assert m2.loc[k, "measured_vs_model"] == pytest.approx(ratio, abs=0.002)
         assert m2.loc[k, "measured_vs_host_model"] == pytest.approx(hosted, abs=0.002)
     # a thread per stage: the model with each step's host time as issued with every stage's thread at once (the GIL);
-    # the device-bound graph replay has no host: its model is the device model
-    assert (mo.loc[("copy", "device"), "host_model_ms"] > 2 * mo.loc[("copy", "device"), "predicted_ms"])
+    # the device-bound graph replay has no host: its model is the device model -- within 1% / 3% of it once the parts'
+    # backwards add into accumulated gradients as the pipeline's do
+    assert (mo.loc[("copy", "device"), "host_model_ms"] > 1.5 * mo.loc[("copy", "device"), "predicted_ms"])
     assert mo.loc[("nccl", "device"), "host_model_ms"] == mo.loc[("nccl", "device"), "predicted_ms"]
     both = INV.table("at_256mib_both", four)
-    assert both.loc["ipc", "vs copy"] == pytest.approx(0.868, abs=0.002)
-    assert both.loc["ipc-direct", "vs copy"] == pytest.approx(0.963, abs=0.002)
-    assert both.loc["local copy_", "time_us_median"] == approx(185.1) and pd.isna(both.loc["local copy_", "vs copy"])
+    assert both.loc["ipc", "vs copy"] == pytest.approx(0.876, abs=0.002)
+    assert both.loc["ipc-direct", "vs copy"] == pytest.approx(0.976, abs=0.002)
+    assert both.loc["local copy_", "time_us_median"] == approx(185.5) and pd.isna(both.loc["local copy_", "vs copy"])
     lat, lat2 = A.latency(four), A.latency(two)
-    assert lat.loc["copy", "vs_copy_loop"] == pytest.approx(1.427, abs=0.002)
-    assert lat2.loc["copy", "vs_copy_loop"] == pytest.approx(1.809, abs=0.002)
-    assert lat.loc[X.BARE, "vs_floor"] == pytest.approx(2.40, abs=0.01)
+    assert lat.loc["copy", "vs_copy_loop"] == pytest.approx(1.548, abs=0.002)
+    assert lat2.loc["copy", "vs_copy_loop"] == pytest.approx(1.411, abs=0.002)
+    assert lat.loc[X.BARE, "vs_floor"] == pytest.approx(2.15, abs=0.01)
     m = A.matrices(four)
     assert m.notna().sum().sum() == 4 * (12 + 12)  # 4 transports: 12 ordered pairs one way, 6 pairs both ways x 2 cells
 
