@@ -55,7 +55,9 @@ FIRST_MISSES = {
                                                 "profiler (3.3 ms) and transfer (1.6 ms); the recorded job's host ran "
                                                 "~30% slower throughout than its no_sync control's (its forwards "
                                                 "too, which the sync does not touch), which the trace cannot charge "
-                                                "to the sync",
+                                                "to the sync. Re-recorded on the same 2 H100s the pair added 2.79 ms "
+                                                "(recorded/h100x2/doctor_accum), where the doctor said 3.78 ms "
+                                                "(1.35x): the fault's added time itself varies 2.8-10 ms",
     "corpus-h100x2/gpt-ddp-bf16-p2p_off": "low_busbw comes first (all-reduces of 49 MiB at 25.7 GB/s against the "
                                           "sweep's 253 GB/s, with the exposed communication folded in) but costs "
                                           "4.8 ms, 2.4x the 2.0 ms NCCL_P2P_DISABLE=1 adds unprofiled: in the "
