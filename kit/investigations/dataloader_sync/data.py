@@ -65,9 +65,8 @@ def make_loader(cfg, ctx, dataset, pinned: bool):
 
     Its workers are forked, as in a training script that torchrun starts on Linux: a rank that kit.launch spawned
     inherits ``spawn`` as its default start method, and spawned workers import torch again, every configuration
-    (the workers persist only within one). Measured before this: 5.0 and 5.3 s per configuration on an H100 at
-    test sizes (the investigation's two GPU tests, 80 and 90 s for 16 and 17 configurations); on 2 CPU cores a
-    rank waited 1.5 s in its first ``next()`` of a configuration while the spawned worker imported torch."""
+    (the workers persist only within one). What that cost, measured: FINDINGS.md, "Why the gradient all-reduce
+    looks slow in training"."""
     import multiprocessing
 
     import torch
