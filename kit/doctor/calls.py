@@ -27,6 +27,8 @@ ALLOC_CALLS = frozenset({"cudaMalloc", "cudaFree", "cudaMallocHost", "cudaHostAl
 (``cudaHostAlloc``); ``torch.cuda.empty_cache()`` shows as a run of ``cudaFree``"""
 GRAPH_LAUNCH = ("cudaGraphLaunch", "cuGraphLaunch")
 """host calls that replay a CUDA graph (prefixes: ``cudaGraphLaunch_v10000`` etc. included)"""
+ALLREDUCE_OP = "c10d::allreduce_"
+"""the prefix of the host's c10d call behind each all-reduce (its time includes launching the NCCL kernel)"""
 DATALOADER = "enumerate(DataLoader)"
 """the prefix of the annotation PyTorch puts around ``next(iter(loader))``"""
 STEP_PREFIX = "ProfilerStep#"

@@ -16,6 +16,7 @@ import numpy as np
 from ...collective_ops import bus_factor
 from ..collectives import Timeline, per_step_divisor
 from ..findings import make
+from ..calls import ALLREDUCE_OP
 from ..host_model import name_mask
 from ..model import Finding, Rule, Skip, rule
 from .comm import extract_timeline, host_work
@@ -29,8 +30,8 @@ MANY_SMALL_PER_STEP = 8
 """small all-reduces per step from which ``per_param_allreduce`` speaks (DDP issues a handful of buckets)"""
 LARGE_BYTES = 16 * MiB
 """all-reduces at or above this size give the trace's own bandwidth for the bucketing estimate"""
-HOST_OPS = ("c10d::allreduce_",)
-"""the host's call behind each all-reduce (c10d's op: its time includes launching the NCCL kernel)"""
+HOST_OPS = (ALLREDUCE_OP,)
+"""the host's call behind each all-reduce (:data:`kit.doctor.calls.ALLREDUCE_OP`)"""
 
 
 def extract_per_param(view) -> "tuple[Timeline, float] | Skip":

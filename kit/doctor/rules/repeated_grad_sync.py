@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from ...traces.frames import GRAD_SYNC_OPS
 from ..findings import make
+from ..calls import ALLREDUCE_OP
 from ..host_model import name_mask
 from ..model import Finding, Rule, Skip, rule
 from .comm import host_work
@@ -40,7 +41,7 @@ FORWARD_MARKS = ("DistributedDataParallel.forward", "FSDP::root_pre_forward")
 """the annotations PyTorch's data-parallel wrappers record once per forward of the wrapped model"""
 GRAD_COLLECTIVES = ("all_reduce", "reduce_scatter")
 """the collectives that synchronise gradients (DDP's bucket all-reduces; FSDP's reduce-scatters)"""
-SYNC_HOST_OPS = ("c10d::allreduce", "c10d::reduce_scatter", "c10d::_reduce_scatter", "FSDP::post_backward_reduce",
+SYNC_HOST_OPS = (ALLREDUCE_OP, "c10d::reduce_scatter", "c10d::_reduce_scatter", "FSDP::post_backward_reduce",
                  *GRAD_SYNC_OPS)
 """the host's own work of a gradient sync: the c10d calls that launch the gradient collectives, DDP's reducer ops
 (the trace layer keeps them), FSDP2's post-backward reduce annotation"""
