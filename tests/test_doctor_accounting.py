@@ -358,3 +358,20 @@ def test_a_cpu_ranks_gap_around_a_collective_is_waiting_for_its_peer():
     (wa, wb), (sa, sb) = _blocked_on_peers((np.array([10.0]), np.array([20.0])),
                                            (np.array([5.0, 30.0]), np.array([25.0, 40.0])))
     assert list(wa) == [5.0] and list(wb) == [25.0] and list(sa) == [30.0] and list(sb) == [40.0]
+
+
+def test_a_cpu_ranks_wait_ends_at_its_wake_up_after_the_collective():
+    """A 10 us collective inside a 50 ms gap of the main thread's ops: the thread waited for it up to its wake-up
+    after the collective ended; the rest of the gap is its own work without recorded ops -- a stall, not comm_wait."""
+    import numpy as np
+
+    from kit.doctor.host_model import STALL_US, WAKE_US, _blocked_on_peers
+
+    (wa, wb), (sa, sb) = _blocked_on_peers((np.array([100.0]), np.array([110.0])),
+                                           (np.array([0.0]), np.array([50_000.0])))
+    assert list(wa) == [0.0] and list(wb) == [110.0 + WAKE_US]
+    assert list(sa) == [110.0 + WAKE_US] and list(sb) == [50_000.0]
+    # a wake-up a little late (past WAKE_US, shorter than a stall) is still the wait, not a stall
+    (wa, wb), (sa, sb) = _blocked_on_peers((np.array([100.0]), np.array([110.0])),
+                                           (np.array([0.0]), np.array([110.0 + WAKE_US + 0.5 * STALL_US])))
+    assert list(wa) == [0.0] and list(wb) == [110.0 + WAKE_US + 0.5 * STALL_US] and len(sa) == 0

@@ -9,7 +9,7 @@ view of the host that the step accounting (:mod:`kit.doctor.accounting`), the ho
   such as the device-to-host copy behind ``.item()``, a ``cudaMemcpyAsync`` from pageable memory to the host);
 * ``comm_wait`` -- blocked on a collective or a peer (:data:`COMM_WAIT_OPS` on the thread; on a CPU-only job a
   collective op (:data:`kit.traces.frames.COMM_OPS`) on any thread of the process: gloo runs it on its own
-  thread while the main thread waits);
+  thread while the main thread waits, up to :data:`WAKE_US` after it ends);
 * ``alloc``     -- in the caching allocator's device calls (:data:`kit.doctor.calls.ALLOC_CALLS`);
 * ``stall``     -- a stretch of at least :data:`STALL_US` in which no thread of the process issued GPU work and
   the thread was in none of the above, outside every recorded op (on a CPU-only job: without any recorded op);
@@ -54,6 +54,11 @@ layer uses to call a GPU gap a stall"""
 IDLE_US = 200.0
 """a gap of at least this long between a thread's recorded events (runtime calls, kept ops, annotations) is idle
 host time, not issuing: the recorded calls of a thread issuing work come every 5-50 us"""
+WAKE_US = STALL_US
+"""on a CPU-only job, how long after a collective ends the thread that waited for it still counts as waiting (its
+wake-up): gloo's waiting thread ran its next op 0.02-0.14 ms after the all-reduce ended wherever the host had a core
+free (FINDINGS, thresholds table); a thread that resumes later is the host not running it (a loaded host) or Python
+work without a recorded op, which the trace cannot tell apart: past one stall's length it is the rank's own stall"""
 COMM_WAIT_OPS = ("c10d::wait", "c10d::barrier", "c10d::monitored_barrier", "gloo:")
 """op names (prefixes) of a thread blocked on a collective or a peer in a GPU job: a ``wait()`` on a work
 handle, a barrier, a gloo op run on the thread itself"""
@@ -297,17 +302,24 @@ def _cpu_model(view: "RankView", cpu: "pd.DataFrame") -> HostModel | None:
 
 
 def _blocked_on_peers(comm: tuple, gaps: tuple) -> tuple[tuple, tuple]:
-    """A CPU-only job's collective waits and stalls: a gap of the main thread's ops that a collective overlaps is
-    the thread blocked in the call that waits for it (DDP's ``backward()`` waiting for its buckets' all-reduce on
-    gloo's thread), up to its wake-up after the collective's own span ends -- waiting for a peer (``comm_wait``),
-    not a stall of its own; the other gaps stay stalls. Returns (comm_wait spans, stall spans)."""
+    """A CPU-only job's collective waits and stalls: in a gap of the main thread's ops that a collective overlaps,
+    the thread is blocked in the call that waits for it (DDP's ``backward()`` waiting for its buckets' all-reduce on
+    gloo's thread) from the collective's start to :data:`WAKE_US` after its end -- waiting for a peer
+    (``comm_wait``), not a stall of its own; a stretch of the gap outside those, at least :data:`STALL_US` long, is
+    a stall (Python work after the wait), a shorter one part of the wait (the hand-off to gloo's thread); the gaps
+    no collective overlaps stay stalls. Returns (comm_wait spans, stall spans)."""
     import numpy as np
 
     from ..traces.intervals import covered
 
     ga, gb = gaps
     hit = covered(*comm, ga, gb) > 0 if len(ga) else np.zeros(0, dtype=bool)
-    return union_np(np.r_[comm[0], ga[hit]], np.r_[comm[1], gb[hit]]), (ga[~hit], gb[~hit])
+    waits = (ga[hit], gb[hit])
+    ra, rb = subtract(waits, union_np(comm[0], comm[1] + WAKE_US))
+    own = (rb - ra) >= STALL_US
+    wa, wb = subtract(waits, (ra[own], rb[own]))
+    return (union_np(np.r_[comm[0], wa], np.r_[comm[1], wb]),
+            union_np(np.r_[ga[~hit], ra[own]], np.r_[gb[~hit], rb[own]]))
 
 
 # ------------------------------------------------------------------------------------------------ both
