@@ -393,9 +393,6 @@ def test_part_hold_is_sized_from_the_warm_up_and_a_short_one_is_flagged(monkeypa
     def run_part(part, st, x, grad):
         now[0] += next(issue[part]) / 1e6
 
-        def read(self):
-            return self.got
-
     monkeypatch.setattr(torch.cuda, "_sleep", slept.append)
     monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
     monkeypatch.setattr(R.timing, "PhaseTimer", Timer)
@@ -445,7 +442,7 @@ def test_parts_accumulate_gradients_as_an_iteration_does(monkeypatch):
     assert torch.allclose(w.grad, 2 * g1)
 
 
-def test_thread_per_stage_host_times_and_their_model():
+def test_thread_per_stage_host_times_and_their_model(monkeypatch):
     """The thread-per-stage driver's host times: every stage's thread issues its forward at once, then its backward
     (CPU stages here: the same code path without CUDA), one sample per repeat. Its model takes those times (one
     host per stage), not the times alone: stages F 1 / B 2 us, 2 us to issue alone, 5 us each with every thread at
@@ -459,6 +456,21 @@ def test_thread_per_stage_host_times_and_their_model():
     assert sorted(got) == [0, 1] and all(len(v) == 2 for v in got.values())
     assert all(v[k] > 0 for s in got.values() for v in s for k in ("F host threads", "B host threads"))
     assert all(w.grad is None for st in stages for w in st.weights)  # the gradients dropped at the end
+    # a stage whose thread fails before the gate (entering its device): its error is raised, and the other threads
+    # are not left waiting at the gate for it
+    import contextlib
+    import itertools
+
+    calls = itertools.count()
+
+    def device(d):
+        if next(calls) == 1:  # the second thread to enter its device
+            raise RuntimeError("a stage cannot enter its device")
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr(torch.cuda, "device", device)
+    with pytest.raises(RuntimeError, match="a stage cannot enter its device"):
+        R._concurrent_host_times(stages, 1, 2, cuda=True)
     rows = []
     for sample in range(3):
         rows += [dict(kind="pipeline_part", transport="copy", part=p, stage=s, sample=sample, time_us=t, host_us=2.0,

@@ -365,14 +365,15 @@ def _concurrent_host_times(stages: list, warmup: int, repeats: int, cuda: bool) 
                     got[st.stage] = ((clock() - h0) * 1e6, r)
             except BaseException as e:  # noqa: BLE001 -- raised again below
                 errors.append(e)
+                gate.abort()  # the threads still waiting at the gate raise BrokenBarrierError instead of waiting forever
 
         threads = [threading.Thread(target=run, args=(st,), daemon=True) for st in stages]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        if errors:
-            raise errors[0]
+        if errors:  # the first thread's own error, not the broken gate it left the others
+            raise next((e for e in errors if not isinstance(e, threading.BrokenBarrierError)), errors[0])
         return got
 
     m = stages[0].m if stages else 1
