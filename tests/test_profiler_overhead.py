@@ -257,7 +257,8 @@ LOO_MISSES = {
                                            "1.28x)",
 }
 """cases the fitted per-op cost misses by more than 2x when they are left out of the fit (the numbers are the
-table's; the whole-run figures from the same runs' full traces, not committed: FINDINGS.md)"""
+table's; the whole-run figures from the same runs' full traces, not committed, through the same fit:
+recorded/profiler_overhead/full-runs/h100-jobs-full-runs.json)"""
 
 
 @pytest.mark.parametrize("point", [pytest.param(p, id=p["case"], marks=[pytest.mark.xfail(

@@ -31,6 +31,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .model import SEVERITY_SHARE
+
 if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
@@ -219,14 +221,18 @@ def overhead(view_or_trace: Any, capture: dict | None = None, *, cpu_all: "pd.Da
     """One rank's :class:`ProfilerOverhead` (module docstring). ``view_or_trace``: a :class:`RankView` with its host
     model, a :class:`kit.traces.Trace` or a path; ``capture``: the kitCapture facts (default: the trace's own,
     :func:`kit.capture.capture_info`); ``cpu_all``: every CPU event of a CPU-only trace, where the caller read it.
-    Where the rank's account charges GPU idle to its DataLoader waits, the part of the overhead recorded inside them
-    (:attr:`ProfilerOverhead.data_wait_us`)."""
+    Where the rank's account charges GPU idle of at least the 'low' share of its step to its DataLoader waits, the part
+    of the overhead recorded inside them (:attr:`ProfilerOverhead.data_wait_us`; a GPU trace is read again with every
+    CPU event for it)."""
     from dataclasses import replace
 
     view = _view(view_or_trace)
     o = _overhead(view, capture, cpu_all, root)
     acct = getattr(view, "account", None)
-    if o.basis == "none" or acct is None or not hasattr(acct, "cost") or acct.cost("input") <= 0:
+    step = getattr(acct, "step_us", None) or getattr(acct, "window_us", None)
+    # below 'low' an input finding is information whatever its share: not worth reading the trace again for
+    if o.basis == "none" or acct is None or not hasattr(acct, "cost") or not step or \
+            acct.cost("input") < SEVERITY_SHARE["low"] * step:
         return o
     share = data_wait_share(view, _per_step(view))
     return replace(o, data_wait_us=share * (o.host_us if o.host_us is not None else o.overhead_us))
@@ -330,9 +336,8 @@ def job_floor(overhead: dict, waits: dict) -> dict:
     job not faster than the GPU with the most work of its own -- each rank's busy time less what its collectives'
     kernels spent waiting for peers (``waits``: rank -> us per step, :meth:`kit.doctor.context.JobContext.comm_waits`),
     at most its kernels other than NCCL's (:attr:`ProfilerOverhead.gpu_kernels_us`): the transfer a collective adds to
-    the traced busy time may overlap the backward without the profiler (the 4-GPU CNN control: busy less waiting 11.3
-    ms against a 10.4 ms unprofiled step). Measured overheads and ranks without the numbers are returned as they
-    are."""
+    the traced busy time may overlap the backward without the profiler (FINDINGS.md). Measured overheads and ranks
+    without the numbers are returned as they are."""
     from dataclasses import replace
 
     own = {r: min(o.gpu_busy_us - float(waits.get(r, 0.0)),
