@@ -21,6 +21,9 @@ A transport's *capabilities* are what an experiment may ask about it -- never it
 * ``graph_capture`` -- its transfers can be captured into a CUDA graph together with the compute around them
   (on replay the host issues nothing per message): NCCL's kernels can. A transport that hands messages over
   on the host (the IPC mailbox's shared-memory counters) or drives several GPUs from one process cannot.
+* ``device_handoff`` -- a receive is queued on the GPU and waits for its sender there, not on the host: its issue
+  does not wait for the sender's (NCCL's kernels). A transport whose receive is handed over on the host (the IPC
+  mailbox's counters, gloo's blocking receive, one thread that yields until a message is posted) has it False.
 
 ``Work.wait()`` has CUDA semantics on GPUs: it orders the caller's *current stream* after the transfer and does
 not block the host (like ``ProcessGroupNCCL``'s ``work.wait()``); on CPU it blocks until done.
@@ -48,6 +51,7 @@ class Capabilities:
     blocking_send: bool = False
     cross_node: bool = False
     graph_capture: bool = False
+    device_handoff: bool = False
 
 
 # ------------------------------------------------------------------------------------------------- Work

@@ -100,7 +100,7 @@ class DistTransport(Transport):
 class NcclTransport(DistTransport):
     """NCCL kernels on SMs move the bytes; one GPU per rank."""
 
-    caps = dataclasses.replace(DistTransport.caps, cuda=True, graph_capture=True)
+    caps = dataclasses.replace(DistTransport.caps, cuda=True, graph_capture=True, device_handoff=True)
     group_backend = "nccl"
 
     def __init__(self, ctx, timeout_s: float = 300.0, group=None):

@@ -228,8 +228,8 @@ def _host_model(comp: pd.DataFrame, hops: pd.DataFrame, p: int, m: int, r, msg: 
     message's) at its quantile ``qq``: 0.5 the model, 0.1 its lower spread bound. A thread per stage (``how``
     "threads"): each step's host time as measured with every stage's thread issuing its own at once
     (``host_threads_us``, :func:`.pipeline_run._concurrent_host_times`: the threads share the interpreter lock),
-    where the run has it. A transport whose transfers a CUDA graph can capture (``caps.graph_capture``: NCCL) hands
-    nothing over on the host, so a receive's issue does not wait for its sender's (``simulate``'s ``host_handoff``);
+    where the run has it. A transport whose receive waits for its sender on the GPU (``caps.device_handoff``: NCCL)
+    hands nothing over on the host, so a receive's issue does not wait for its sender's (``simulate``'s ``host_handoff``);
     the IPC mailboxes and one thread that yields until a message is posted do wait. NaN without host times (runs
     from before they were measured)."""
     if "host_us" not in comp.columns or comp["host_us"].isna().all():
@@ -262,7 +262,7 @@ def _host_model(comp: pd.DataFrame, hops: pd.DataFrame, p: int, m: int, r, msg: 
             hsend.append(float(by.get(k, 0.0)))
             hrecv.append(float(by.get(k + 1, 0.0)))
     return simulate(list(fb["F"]), list(fb["B"]), c, m, list(h["F"]), list(h["B"]), shared_host=shared,
-                    hsend=hsend, hrecv=hrecv, host_handoff=caps is None or not caps.graph_capture)
+                    hsend=hsend, hrecv=hrecv, host_handoff=caps is None or not caps.device_handoff)
 
 
 def _hop(hops: pd.DataFrame, s: int, qq: float) -> float:

@@ -225,7 +225,7 @@ def parts(cfg, ctx, T, S, P: Pipeline, keys: dict, act: int):
     warm = max(cfg.warmup, PART_WARMUP)
     stages = list(P.stages.values())
     times = _compute_times(stages, P.n, warm, cfg.repeats, S.is_cuda)
-    if T.caps.in_process and len(stages) > 1 and "device" in cfg.pipeline_drivers:  # the thread-per-stage driver's
+    if device_driver(T) == "threads" and len(stages) > 1 and "device" in cfg.pipeline_drivers:  # its driver's
         ctx.step(f"{T.name} pipeline parts host threads", point=False)
         for s, samples in _concurrent_host_times(stages, cfg.warmup, cfg.repeats, S.is_cuda).items():
             for us, more in zip(times[s], samples):
