@@ -1,13 +1,15 @@
 """Trim a recorded corpus' traces to what is committed: each rank's last ``--keep`` profiled steps (every event --
 host and GPU, all streams -- from the start of the first kept ``ProfilerStep#N`` on, as the profiler would have
 written had its window begun there; GPU work still queued from the step before stays, as at the start of any
-window), without the profiler's flow arrows (``ac2g``/``fwdbwd``: drawing links between a launch and its kernel,
+window, and so does GPU work already running at that start: a collective spinning for a late peer across it is the
+window's waiting, and dropping it would leave GPU idle the recorded trace does not have), without the profiler's flow arrows (``ac2g``/``fwdbwd``: drawing links between a launch and its kernel,
 which the correlation ids already give and no reader here uses). Metadata and the header are kept; the header gains
 ``"kitTrimmed": {"kept_steps", "dropped"}`` and the case's ``truth.json`` ``"trimmed": {"kept_steps": K}``.
 
     python tests/corpus/trim.py CORPUS_DIR [--keep 1]
 
-Idempotent: a trace already trimmed to ``--keep`` steps or fewer is left as it is.
+Idempotent: a trace already trimmed to ``--keep`` steps or fewer is left as it is. :func:`cut` is the one trim of
+a trace's events (``tests/data/doctor/make_test_data.py`` uses it too).
 """
 
 from __future__ import annotations
@@ -18,7 +20,25 @@ import json
 import sys
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # kit, without installing it
+
+from kit.traces.frames import GPU_CATS  # noqa: E402
+
 FLOWS = ("ac2g", "fwdbwd")
+
+
+def cut(ev: list[dict], keep: int, drop: tuple = ()) -> tuple[list[dict], list[dict]]:
+    """A trace's events from the start of its first of the last ``keep`` ``ProfilerStep#N`` on, with the metadata
+    and GPU activity (:data:`kit.traces.frames.GPU_CATS`) still running at that start, less the categories in
+    ``drop``; and the kept step annotations. Without step annotations every event not dropped is kept."""
+    steps = sorted((e for e in ev if e.get("cat") == "user_annotation"
+                    and str(e.get("name", "")).startswith("ProfilerStep#")), key=lambda e: e["ts"])[-keep:]
+    t0 = steps[0]["ts"] if steps else None
+    return [e for e in ev if e.get("cat") not in drop and (
+        t0 is None or e.get("ph") == "M" or e.get("cat") == "Trace" or e.get("ts", t0) >= t0
+        or (e.get("cat") in GPU_CATS and e["ts"] + e.get("dur", 0) > t0))], steps
 
 
 def trim(path: Path, keep: int) -> tuple[int, int]:
@@ -26,15 +46,13 @@ def trim(path: Path, keep: int) -> tuple[int, int]:
     with gzip.open(path, "rt") as f:
         data = json.load(f)
     ev = data["traceEvents"]
-    steps = sorted((e for e in ev if e.get("cat") == "user_annotation"
-                    and str(e.get("name", "")).startswith("ProfilerStep#")), key=lambda e: e["ts"])
-    if len(steps) <= keep and "kitTrimmed" in data:
+    n_steps = sum(1 for e in ev if e.get("cat") == "user_annotation"
+                  and str(e.get("name", "")).startswith("ProfilerStep#"))
+    if n_steps <= keep and "kitTrimmed" in data:
         return len(ev), len(ev)
-    t0 = steps[-keep]["ts"] if steps else None
-    kept = [e for e in ev if e.get("cat") not in FLOWS and (t0 is None or e.get("ph") == "M"
-                                                          or e.get("cat") == "Trace" or e.get("ts", t0) >= t0)]
+    kept, steps = cut(ev, keep, drop=FLOWS)
     data["traceEvents"] = kept
-    data["kitTrimmed"] = {"kept_steps": [e["name"] for e in steps[-keep:]], "dropped": f"earlier steps, {FLOWS}"}
+    data["kitTrimmed"] = {"kept_steps": [e["name"] for e in steps], "dropped": f"earlier steps, {FLOWS}"}
     tmp = path.with_suffix(".tmp")
     with gzip.open(tmp, "wt", compresslevel=9) as f:
         json.dump(data, f, separators=(",", ":"))

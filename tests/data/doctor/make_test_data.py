@@ -17,7 +17,9 @@ The sidecars (``capture_rank<r>.json``) are copied beside the traces.
 
 from __future__ import annotations
 
+import functools
 import gzip
+import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -29,21 +31,23 @@ HERE = ROOT / "recorded" / "h200x2" / "doctor"
 KEEP = {"contention": 2,  # a contended and an uncontended step: the all-reduce alone and beside the matmuls
         "cuda-graph-per-param": 3, "cuda-graph-per-param-mixing0": 3}  # graph replays: small already
 """recorded steps kept per case (default 1)"""
-GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
-"""the GPU activity kept when it is still running at the first kept step's start"""
 SWEEP = "collectives/20261123-053754-vm-8edfff"
+
+
+@functools.cache
+def _cut():
+    """``cut`` of ``tests/corpus/trim.py``: the one trim of a trace's events, shared with the multi-GPU corpus."""
+    spec = importlib.util.spec_from_file_location("corpus_trim", ROOT / "tests" / "corpus" / "trim.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.cut
 
 
 def trim(src: Path, dst: Path, keep: int) -> dict:
     with gzip.open(src, "rt") as f:
         data = json.load(f)
     ev = data["traceEvents"]
-    steps = sorted((e for e in ev if e.get("cat") == "user_annotation" and str(e.get("name", "")).startswith(
-        "ProfilerStep#")), key=lambda e: e["ts"])
-    kept = steps[-keep:]
-    t0 = kept[0]["ts"]
-    data["traceEvents"] = [e for e in ev if e.get("ph") == "M" or e.get("cat") == "Trace" or e.get("ts", t0) >= t0
-                           or (e.get("cat") in GPU_CATS and e["ts"] + e.get("dur", 0) > t0)]
+    data["traceEvents"], kept = _cut()(ev, keep)
     data["kitTrimmed"] = {"source": str(src.relative_to(ROOT)), "kept_steps": [e["name"] for e in kept]}
     dst.parent.mkdir(parents=True, exist_ok=True)
     with gzip.open(dst, "wt", compresslevel=9) as f:
