@@ -29,6 +29,15 @@ ranks run the same host code, a planted host stall by more (evidence: FINDINGS.m
 the recorded runs"). GPU time is not the profiler's: no such floor"""
 
 
+def steady(host_steps: dict) -> dict:
+    """Per rank with a host model, keyed by int rank, its per-step frame (``JobContext.host_steps``) over the steps
+    that :func:`own_excess` and :func:`own_reason` read: the step windows (``step >= 0``) where there are any, else
+    the one traced span. Idempotent: either function takes its result in place of ``host_steps``, so a caller asking
+    both derives it once."""
+    return {int(r): ps[ps["step"] >= 0] if (ps["step"] >= 0).any() else ps for r, ps in host_steps.items()
+            if ps is not None and not ps.empty}
+
+
 def own_excess(host_steps: dict, late: int, step_us: float | None, gpu_us: dict | None = None,
                overhead_us: float = 0.0, kinds: tuple[str, ...] = ("host", "gpu")) -> dict | None:
     """Does rank ``late`` have time of its own -- :data:`OWN_HOST` on its host, or GPU compute (``gpu_us``:
@@ -40,8 +49,7 @@ def own_excess(host_steps: dict, late: int, step_us: float | None, gpu_us: dict 
     not all there."""
     import numpy as np
 
-    have = {int(r): ps[ps["step"] >= 0] if (ps["step"] >= 0).any() else ps for r, ps in host_steps.items()
-            if ps is not None and not ps.empty}
+    have = steady(host_steps)
     if late not in have or len(have) < 2:
         return None
     per = {}
@@ -76,12 +84,11 @@ OWN_REASONS = {"stall_us": "host_stall", "data_wait_us": "data_wait", "issue_us"
 
 def own_reason(host_steps: dict, late: int, excess_us: float, share: float) -> tuple[str, float] | None:
     """Which of rank ``late``'s own host kinds (:data:`OWN_REASONS`) holds at least ``share`` of its own excess
-    (``excess_us``, :func:`own_excess`): its median per step beyond the largest other rank's. Returns (reason, that
-    excess per step) or None."""
+    (``excess_us``, :func:`own_excess`): its median per step beyond the largest other rank's, over the same steps
+    (:func:`steady`). Returns (reason, that excess per step) or None."""
     import numpy as np
 
-    med = {int(r): {c: float(np.median((ps[ps["step"] >= 0] if (ps["step"] >= 0).any() else ps)[c]))
-                    for c in OWN_REASONS} for r, ps in host_steps.items() if ps is not None and not ps.empty}
+    med = {r: {c: float(np.median(ps[c])) for c in OWN_REASONS} for r, ps in steady(host_steps).items()}
     if late not in med or len(med) < 2 or excess_us <= 0:
         return None
     more = {c: med[late][c] - max(m[c] for r, m in med.items() if r != late) for c in OWN_REASONS}

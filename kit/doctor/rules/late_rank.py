@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from ..collectives import Timeline, per_step_divisor, timeline
 from ..findings import make
 from ..model import RULES, Finding, RankView, Rule, Skip, rule
-from ..own_time import own_excess, own_reason
+from ..own_time import own_excess, own_reason, steady
 from .evidence import dur_text, excerpt, num
 from .late_arrival import attribute, host_time_until
 from .same_kernels import KERNEL_TOP, SLOW_GPU, extra_work, gpu_speed, kernel_speeds
@@ -186,9 +186,10 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     reason = max(excess, key=excess.get) if explained and visible and max(excess.values()) > 0 else None
     ovh = (ctx.overhead or {}).get(late)
     cpu_only = tl_of[late].gpu_kernels == 0
-    own = (own_excess(ctx.host_steps, late, ctx.step_us, None if cpu_only else gpu_us,
+    hs = steady(ctx.host_steps) if ctx.host_steps else None  # the steps both own-time checks read, derived once
+    own = (own_excess(hs, late, ctx.step_us, None if cpu_only else gpu_us,
                       ovh.overhead_us if ovh is not None else 0.0, kinds=("host",) if cpu_only else ("host", "gpu"))
-           if ctx.host_steps else None)
+           if hs else None)
     if own is not None and not own["confirmed"] and reason in (CPU_SAME_WORK_REASONS if cpu_only else
                                                                SAME_WORK_REASONS):
         return []  # late for issuing its work more slowly, no more of it: the slowest of equal hosts (job-level)
@@ -198,7 +199,7 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
         reason = "gpu_busy"  # its own GPU time exceeds the others' by more than they differ: its GPU, not its host
     # its own host time exceeds the others' but its lateness at the collectives it was last at is not explained (the
     # others waited for it where another rank's kernel ended last): the reason is the host kind behind that excess
-    in_own = (own_reason(ctx.host_steps, late, own["excess_us"], LATE_EXPLAINED)
+    in_own = (own_reason(hs, late, own["excess_us"], LATE_EXPLAINED)
               if reason is None and own is not None and own["confirmed"] and own["kind"] == "host" else None)
     if in_own is not None:
         reason = in_own[0]
