@@ -34,7 +34,8 @@ def test_the_reason_is_the_own_kind_holding_most_of_the_excess():
     from kit.doctor.own_time import own_reason
 
     def steps(stall, data, issue):
-        return pd.DataFrame({"step": range(3), "stall_us": stall, "data_wait_us": data, "issue_us": issue})
+        return pd.DataFrame({"step": range(3), "own_stall_us": stall, "own_data_wait_us": data,
+                             "own_host_us": stall + data + issue})
 
     hs = {0: steps(100.0, 500.0, 2000.0), 1: steps(3100.0, 500.0, 2200.0)}
     assert own_reason(hs, 1, 3200.0, 0.5) == ("host_stall", 3000.0)

@@ -70,10 +70,12 @@ allocator's device calls, issuing its work -- not the time blocked on collective
 idle gaps (under the profiler mostly the profiler's own time between the events it records)"""
 PER_STEP = ("step", "ts", "end", "dur") + tuple(f"{k}_us" for k in KINDS) + ("gpu_busy_us", "gpu_comm_us",
                                                                             "gpu_compute_us", "gpu_kernels_us",
-                                                                            "own_host_us")
+                                                                            "own_host_us", "own_stall_us",
+                                                                            "own_data_wait_us")
 """the columns of :attr:`HostModel.per_step`; ``own_host_us``: the time any issuing thread spent in :data:`OWN_KINDS`
 inside the step's own annotation (the host's side of the step, not the window extended to its GPU work: a host that runs
-ahead of its GPU did its step's work before the window's GPU part)"""
+ahead of its GPU did its step's work before the window's GPU part); ``own_stall_us``, ``own_data_wait_us``: the main
+thread's stall and data_wait inside it, on the same basis (the rest of ``own_host_us`` is issuing and the allocator)"""
 
 
 @dataclass(frozen=True)
@@ -354,17 +356,20 @@ def _finish(view, mode, win, main, threads, calls, sets, default: str, gpu, cpu=
     for c, key in (("gpu_busy_us", "busy"), ("gpu_comm_us", "comm"), ("gpu_kernels_us", "kernels")):
         per_step[c] = _per_window(gpu[key], wa, wb) if gpu else 0.0
     per_step["gpu_compute_us"] = per_step["gpu_busy_us"] - per_step["gpu_comm_us"]
-    per_step["own_host_us"] = _own_host(view, sets, win, default, main, calls)
+    own = _own_host(view, sets, win, default, main, calls)
+    for k in ("host", "stall", "data_wait"):
+        per_step[f"own_{k}_us"] = own[k]
     return HostModel(mode=mode, activity=act[["tid", "ts", "end", "kind", "name"]], per_step=per_step[list(PER_STEP)],
                      windows=win.reset_index(drop=True), main_tid=main, threads=tuple(threads), calls=calls, sets=sets)
 
 
-def _own_host(view, sets: dict, win: "pd.DataFrame", default: str, main, calls) -> "np.ndarray":
+def _own_host(view, sets: dict, win: "pd.DataFrame", default: str, main, calls) -> "dict[str, np.ndarray]":
     """Per window, the time inside its step annotation (the window's own bounds without step annotations) in which
     the main thread was in one of :data:`OWN_KINDS`, or another thread that issues the rank's work was issuing it or
     in the allocator (the autograd thread issuing the backward while the main thread waits in ``backward()``; a
     helper thread's long quiet stretches are its waiting for work, not the rank's time) -- less its calls that issue
-    work and block :data:`STALL_US` or longer: the GPU's queue is full, the host waits for the GPU."""
+    work and block :data:`STALL_US` or longer: the GPU's queue is full, the host waits for the GPU. Returns that time
+    (``host``) and the main thread's ``stall`` and ``data_wait`` in it, per window."""
     import numpy as np
 
     from ..traces.intervals import covered
@@ -377,11 +382,11 @@ def _own_host(view, sets: dict, win: "pd.DataFrame", default: str, main, calls) 
         a = by["ts"].reindex(win["step"]).to_numpy(dtype=float)
         b = by["end"].reindex(win["step"]).to_numpy(dtype=float)
     ok = ~np.isnan(a) & ~np.isnan(b) & (b > a)
-    out = np.zeros(len(win))
+    out = {k: np.zeros(len(win)) for k in ("host", "stall", "data_wait")}
     if not ok.any():
         return out
     lo, hi = float(a[ok].min()), float(b[ok].max())
-    sa, sb = [], []
+    sa, sb, mine = [], [], {}
     for t, spans in sets.items():
         if t == ALL:
             continue
@@ -389,13 +394,19 @@ def _own_host(view, sets: dict, win: "pd.DataFrame", default: str, main, calls) 
         m = np.isin(cls, OWN_KINDS if t == main else ("issue", "alloc"))
         sa.append(s[m])
         sb.append(e[m])
+        if t == main:
+            mine = {k: union_np(s[cls == k], e[cls == k]) for k in ("stall", "data_wait")}
     if sa:
         ua, ub = union_np(np.concatenate(sa), np.concatenate(sb))
         if calls is not None and len(calls) and "issues" in calls:
             full = calls[calls["issues"] & ((calls["end"] - calls["ts"]) >= STALL_US)]
             if len(full):
-                ua, ub = subtract((ua, ub), union_np(full["ts"].to_numpy(dtype=float), full["end"].to_numpy(dtype=float)))
-        out[ok] = covered(ua, ub, a[ok], b[ok])
+                blocked = union_np(full["ts"].to_numpy(dtype=float), full["end"].to_numpy(dtype=float))
+                ua, ub = subtract((ua, ub), blocked)
+                mine = {k: subtract(v, blocked) for k, v in mine.items()}
+        out["host"][ok] = covered(ua, ub, a[ok], b[ok])
+        for k, v in mine.items():
+            out[k][ok] = covered(*v, a[ok], b[ok])
     return out
 
 

@@ -77,8 +77,9 @@ def own_excess(host_steps: dict, late: int, step_us: float | None, gpu_us: dict 
             "per_rank": {str(r): {k: round(v, 1) for k, v in p.items()} for r, p in sorted(per.items())}}
 
 
-OWN_REASONS = {"stall_us": "host_stall", "data_wait_us": "data_wait", "issue_us": "host_busy"}
-"""the host model's per-step kinds (:data:`kit.doctor.host_model.PER_STEP`) of a rank's own host time, by the reason
+OWN_REASONS = {"own_stall_us": "host_stall", "own_data_wait_us": "data_wait", "own_issue_us": "host_busy"}
+"""the parts of a rank's own host time (:data:`OWN_HOST`, on its basis: inside the step annotation; the host model's
+:data:`kit.doctor.host_model.PER_STEP`; ``own_issue_us``: the rest of it, issuing and the allocator), by the reason
 ``late_rank`` names (:data:`kit.doctor.rules.late_arrival.REASONS`)"""
 
 
@@ -88,7 +89,9 @@ def own_reason(host_steps: dict, late: int, excess_us: float, share: float) -> t
     (:func:`steady`). Returns (reason, that excess per step) or None."""
     import numpy as np
 
-    med = {r: {c: float(np.median(ps[c])) for c in OWN_REASONS} for r, ps in steady(host_steps).items()}
+    parts = {r: ps.assign(own_issue_us=ps[OWN_HOST] - ps["own_stall_us"] - ps["own_data_wait_us"])
+             for r, ps in steady(host_steps).items()}
+    med = {r: {c: float(np.median(ps[c])) for c in OWN_REASONS} for r, ps in parts.items()}
     if late not in med or len(med) < 2 or excess_us <= 0:
         return None
     more = {c: med[late][c] - max(m[c] for r, m in med.items() if r != late) for c in OWN_REASONS}
