@@ -11,8 +11,10 @@ collective spinning for a late peer across it is the window's waiting, and dropp
 recorded trace does not have). Metadata events and the header are unchanged;
 ``"kitTrimmed": {"source", "kept_steps"}`` is added to the header.
 
-The collectives sweep is copied as the run directory ``kit doctor --sweep`` reads (meta.json, rows.csv.gz).
-The sidecars (``capture_rank<r>.json``) are copied beside the traces.
+The collectives sweep of the same machine (run ``20261123-053754-vm-8edfff``) is committed once, as the run
+directory ``kit doctor --sweep`` reads, in ``sweep_h200x2/`` (meta.json, rows.csv.gz; its logs stay beside the
+traces in ``recorded/h200x2/doctor/collectives/``). The sidecars (``capture_rank<r>.json``) are copied beside
+the traces.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ HERE = ROOT / "recorded" / "h200x2" / "doctor"
 KEEP = {"contention": 2,  # a contended and an uncontended step: the all-reduce alone and beside the matmuls
         "cuda-graph-per-param": 3, "cuda-graph-per-param-mixing0": 3}  # graph replays: small already
 """recorded steps kept per case (default 1)"""
-SWEEP = "collectives/20261123-053754-vm-8edfff"
 
 
 @functools.cache
@@ -63,10 +64,6 @@ def main() -> None:
             shutil.copy2(case / f"capture_rank{r}.json", OUT / case.name / f"capture_rank{r}.json")
             print(f"{case.name}/{src.name}: {res['kept']} of {res['events']} events, {res['steps']}, "
                   f"{(OUT / case.name / src.name).stat().st_size // 1024} KB")
-    sweep = OUT / "sweep_h200x2"
-    sweep.mkdir(parents=True, exist_ok=True)
-    for f in ("meta.json", "rows.csv.gz"):
-        shutil.copy2(HERE / SWEEP / f, sweep / f)
 
 
 if __name__ == "__main__":
