@@ -173,7 +173,7 @@ def run_notebook(name: str, params: dict, report_dir: Path, no_input: bool, log=
 
 def figure_sources(fig_dir: Path, name: str, figures: list[Path]) -> dict[str, str]:
     """figure -> what it shows ('this machine, 2026-11-25', 'recorded, 2x NVIDIA H200 (NV18), 2026-11-23', or for
-    the doctor 'traces recorded/h200x2/doctor/late-rank, 2 ranks on NVIDIA H200, 2026-11-23'): the runs the notebook
+    the doctor 'traces tests/data/doctor/late-rank, 2 ranks on NVIDIA H200, 2026-11-23'): the runs the notebook
     chose (kit.notebook.choose) or the traces it read (kit.doctor.notebook.doctor), last before the figure."""
     import json
 

@@ -20,7 +20,7 @@ def _strict(monkeypatch):
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = ROOT / "recorded" / "h200x2" / "doctor"
-"""the full recorded traces of the cases that kept them (clean, late-rank)"""
+"""the full recorded traces of the case that kept them (clean)"""
 EXCERPTS = ROOT / "tests" / "data" / "doctor"
 """the other cases' last recorded step (their full traces are in git history: recorded/README.md)"""
 SWEEP = EXCERPTS / "sweep_h200x2"
@@ -31,12 +31,12 @@ def _problems(d):
 
 
 def test_whole_jobs_every_rule():
-    """The recorded 2xH200 example runs, all rules together (clean and late-rank whole, the others' last step):
+    """The recorded 2xH200 example runs, all rules together (clean whole, the others' last step):
     clean gives nothing at or above 'low'; each planted problem is named; a rank late at the first all-reduce of
     each step only is not a late rank."""
     clean = diagnose([CASES / "clean"], sweep=SWEEP, workers=1)
     assert not clean.problems and set(clean.checked) >= {"late_rank", "exposed_comm", "low_busbw", "host_sync"}
-    late = _problems(diagnose([CASES / "late-rank"], sweep=SWEEP, workers=1))
+    late = _problems(diagnose([EXCERPTS / "late-rank"], sweep=SWEEP, workers=1))
     assert list(late)[0] == "late_rank" and late["late_rank"].ranks == (1,) and late["late_rank"].severity == "high"
     # the planted stall is also rank 1's own idle GPU: said once, as why rank 1 is late (not a second finding)
     assert "host_stall" in late["late_rank"].evidence["own_idle"] and "host_stall" not in late

@@ -121,18 +121,18 @@ def test_a_figure_drawn_from_committed_data_says_so_whatever_the_runs(tmp_path, 
 
 def test_doctor_figures_are_captioned_with_the_traces_hardware_and_date(tmp_path, monkeypatch):
     """The doctor page reads traces, not runs: its figures' captions name the traces' folder, the GPU their headers
-    give and the day they were captured (the recorded 2xH200 late-rank job)."""
+    give and the day they were captured (the recorded 2xH200 late-rank job's last step)."""
     from kit.doctor import notebook as dn
 
     monkeypatch.setenv("KIT_FIGURES_DIR", str(tmp_path))
     monkeypatch.setenv("KIT_FIGURE_PREFIX", "doctor")
-    d = dn.doctor(["recorded/h200x2/doctor/late-rank/trace_rank*.json.gz"])
+    d = dn.doctor(["tests/data/doctor/late-rank/trace_rank*.json.gz"])
     assert d.devices == ["NVIDIA H200"] and d.dates == ["2026-11-23"]
     f = tmp_path / "doctor-accounting.png"
     f.write_bytes(b"png")
     shows = runner.figure_sources(tmp_path, "doctor", [f])
     assert shows == {"figures/doctor-accounting.png":
-                     "traces recorded/h200x2/doctor/late-rank, 2 ranks on NVIDIA H200, 2026-11-23"}
+                     "traces tests/data/doctor/late-rank, 2 ranks on NVIDIA H200, 2026-11-23"}
 
 
 def test_an_interrupted_run_is_one_line_in_jupyter():
