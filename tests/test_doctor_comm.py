@@ -237,10 +237,42 @@ def test_contention_silent_on_copy_engine_and_ddp(ddp_jitter):
 
 
 # ------------------------------------------------------------------------------------------- low_busbw
-def test_low_busbw_needs_a_sweep_and_is_silent_at_link_speed(ddp_late, ddp_jitter):
-    assert [s.why for s in ddp_late.skipped if s.rule == "low_busbw"][0].startswith("needs a collectives sweep")
+def test_low_busbw_is_silent_at_link_speed_with_or_without_a_sweep(ddp_late, ddp_jitter):
     # 32 MiB DDP buckets at ~250 GB/s against the sweep's 251 GB/s: nothing to say
     assert "low_busbw" in ddp_jitter.checked and finding(ddp_jitter, "low_busbw") is None
+    # no sweep: the 2xH200 rows of the reference table (kit/doctor/busbw_reference.csv) stand in; still silent
+    assert "low_busbw" in ddp_late.checked and finding(ddp_late, "low_busbw") is None
+
+
+def _renamed_gpu(src: Path, dst: Path, name: str) -> Path:
+    """A copy of a trace whose header names another GPU (deviceProperties[*].name)."""
+    t = json.loads(gzip.decompress(src.read_bytes()))
+    for d in t.get("deviceProperties", []):
+        d["name"] = name
+    dst.write_bytes(gzip.compress(json.dumps(t).encode()))
+    return dst
+
+
+@pytest.mark.parametrize("gpu, why", [
+    ("NVIDIA A100-SXM4-80GB", "is not in the reference table"),  # no row for it: no number invented
+    ("NVIDIA H100 PCIe", "do not record the topology"),  # only NVLink-bridged figures: its links are unknown
+])
+def test_low_busbw_without_a_sweep_skips_an_unknown_gpu_or_link(tmp_path, gpu, why):
+    paths = [_renamed_gpu(Path(p), tmp_path / Path(p).name, gpu) for p in traces("recorded-collective_tracing-late")]
+    d = run(paths)
+    (reason,) = [s.why for s in d.skipped if s.rule == "low_busbw"]
+    assert reason.startswith("no sweep given") and gpu in reason and why in reason
+
+
+def test_the_sweep_wins_over_the_reference_table(example):
+    """p2p-disabled on 2xH200 with and without its sweep: the same slow buckets, the basis said."""
+    with_sweep = finding(example("p2p-disabled"), "low_busbw")
+    without = finding(run(traces("p2p-disabled", "trace_rank*.json.gz")), "low_busbw")
+    assert with_sweep.evidence["basis"] == "sweep" and "this machine's sweep" in with_sweep.summary
+    assert without.evidence["basis"] == "reference table"
+    assert "reference table: kit sweep" in without.summary and "recorded/h200x2/collectives/" in without.summary
+    assert without.evidence["checked_sizes"] == with_sweep.evidence["checked_sizes"]
+    assert without.evidence["job_nccl_differences"] == ["NCCL_P2P_DISABLE=1 (the reference: unset)"]
 
 
 def test_low_busbw_skips_what_the_sweep_does_not_cover():
@@ -327,7 +359,7 @@ def test_example_low_busbw_with_p2p_disabled(example):
     assert f.evidence["checked_sizes"] == 6 and len(f.evidence["sizes"]) == 6  # every bucket size
     worst = min(f.evidence["sizes"], key=lambda x: x["ratio"])
     assert worst["bytes"] == pytest.approx(32 << 20, rel=0.01) and worst["ratio"] == pytest.approx(0.10, abs=0.03)
-    assert worst["sweep_busbw_gbps"] == pytest.approx(251.5, rel=0.02)
+    assert worst["reference_busbw_gbps"] == pytest.approx(251.5, rel=0.02)
     assert f.cost_us_per_step == pytest.approx(13200, rel=0.2)
     assert silent(example("clean"), "low_busbw")
 

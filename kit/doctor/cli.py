@@ -42,7 +42,7 @@ def add_parser(sub) -> None:
     d.add_argument("--html", metavar="DIR", help="also render notebooks/doctor.ipynb for these traces into DIR")
     d.add_argument("--sweep", metavar="RUN_DIR",
                    help="a collectives sweep of the same machine (a kit collectives run, or nccl-tests output) "
-                        "for low_busbw")
+                        "for low_busbw; without it, the reference table of known GPU/link types")
     d.add_argument("--fr", nargs="+", metavar="DUMP", default=[],
                    help="Flight Recorder dumps (JSON, one per rank; rank from the file name, e.g. fr_rank0.json)")
     d.add_argument("--workers", type=int, default=None, metavar="N",

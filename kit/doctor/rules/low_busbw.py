@@ -1,6 +1,11 @@
-"""``low_busbw``: traced busbw well below the same machine's sweep (:mod:`kit.doctor.sweep`) at the same size."""
+"""``low_busbw``: traced busbw well below what the machine's links deliver at the same size -- against the same
+machine's sweep (:mod:`kit.doctor.sweep`) when one is given, else against the reference table of known GPU/link
+types (:mod:`kit.doctor.busbw_reference`); the finding says which."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 from ...collective_ops import bus_factor
 from ..collectives import Timeline, gloo_only, per_step_divisor
@@ -10,46 +15,95 @@ from .comm import extract_timeline
 from .evidence import excerpt, num, size_text
 
 LOW_BUSBW_RATIO = 0.5
-"""traced busbw below this share of the sweep's at the same size is 'well below'"""
+"""traced busbw below this share of the reference's at the same size is 'well below'"""
+
+
+@dataclass(frozen=True)
+class _Basis:
+    """What the traced busbw is compared with: ``lookup(collective, bytes, group size) -> (busbw, source) | None``,
+    ``has(collective, group size)`` (at any size), ``says(source, group size)`` (the basis of one comparison, as the
+    finding states it) and ``environment(source)`` (the NCCL_* settings it ran with; None when unknown)."""
+
+    kind: str
+    """'sweep' (this machine's) or 'reference table'"""
+    lookup: Callable[[str, float, int | None], tuple[float, str] | None]
+    has: Callable[[str, int | None], bool]
+    says: Callable[[str, int | None], str]
+    environment: Callable[[str], str | None]
+
+
+def _basis(ctx) -> _Basis | Skip:
+    """The sweep given (it wins), else the reference table's rows for the GPU the traces name (or why none)."""
+    from .. import busbw_reference as table
+    from ..sweep import attainable
+
+    if ctx.sweep is not None:
+        sw = ctx.sweep
+        methods = ", ".join(sorted(set(sw["source"].astype(str))))
+        return _Basis("sweep", lambda c, b, n: (lambda bw: None if bw is None else (bw, "sweep"))(attainable(sw, c, b)),
+                      lambda c, n: bool((sw["collective"] == c).any()),
+                      lambda src, n: f"this machine's sweep ({methods})", lambda src: None)
+    ids = [s.identity for s in ctx.summaries.values()]
+    ref = table.reference([getattr(i, "device", None) for i in ids], [getattr(i, "host", None) for i in ids])
+    if isinstance(ref, str):
+        return Skip("low_busbw", f"no sweep given (--sweep) and no reference for this machine: {ref}")
+    return _Basis("reference table", lambda c, b, n: table.attainable(ref, c, b, n),
+                  lambda c, n: n is not None and int(n) in ref.rows
+                  and bool((ref.rows[int(n)]["collective"] == c).any()),
+                  ref.basis, lambda src: ref.sources.get(src, ("", None))[1])
+
+
+def _job_env(ctx) -> dict[str, str] | None:
+    """The job's environment from its ``kitCapture`` header (the first rank that has one), None without."""
+    for cap in (ctx.capture or {}).values():
+        if isinstance(cap, dict) and isinstance(cap.get("env"), dict):
+            return cap["env"]
+    return None
 
 
 def judge_low_busbw(summaries: list[tuple[int, Timeline]], ctx) -> list[Finding] | Skip:
     from ...traces import summary as comm_summary
-    from ..sweep import attainable
+    from ..busbw_reference import environment_differences
 
     if gloo_only(summaries):
-        return Skip("low_busbw", "no NCCL collective in the traces, only gloo ops: a sweep measures NCCL kernels")
+        return Skip("low_busbw", "no NCCL collective in the traces, only gloo ops: busbw is judged on NCCL kernels")
     df = ctx.collectives("nccl")
     if df is None:
         return []
     if df["bytes"].isna().all():
         return Skip("low_busbw", "the NCCL kernels carry no collective metadata (bytes unknown: torch < 2.3?); "
                                  "busbw cannot be computed")
+    basis = _basis(ctx)
+    if isinstance(basis, Skip):
+        return basis
     s = comm_summary(df[df["bytes"].notna()])
     tl_of = dict(summaries)
     rows, outside, missing = [], [], set()
     for r in s.itertuples():
         if r.busbw_gbps_p50 is None or r.busbw_gbps_p50 != r.busbw_gbps_p50:
             continue
-        ref = attainable(ctx.sweep, r.collective, float(r.bytes))
-        if ref is None:
-            if (ctx.sweep["collective"] == r.collective).any():
+        n = None if r.group_size is None or r.group_size != r.group_size else int(r.group_size)
+        got = basis.lookup(r.collective, float(r.bytes), n)
+        if got is None:
+            if basis.has(r.collective, n):
                 outside.append(f"{r.collective} {size_text(r.bytes)}")
             else:
-                missing.add(r.collective)
+                missing.add(r.collective if basis.kind == "sweep" else f"{r.collective} on {n} GPUs")
             continue
+        ref, src = got
         rows.append({"collective": r.collective, "bytes": int(r.bytes), "count": int(r.count),
-                     "busbw_gbps": float(r.busbw_gbps_p50), "sweep_busbw_gbps": ref,
+                     "busbw_gbps": float(r.busbw_gbps_p50), "reference_busbw_gbps": ref,
                      "ratio": float(r.busbw_gbps_p50) / ref, "dur_us_p50": float(r.dur_us_p50),
-                     "group_size": r.group_size})
-    notes = {"outside_sweep_sizes": outside, "not_in_sweep": sorted(missing)}
+                     "group_size": r.group_size, "reference_source": src})
+    where = "the sweep covers" if basis.kind == "sweep" else "the reference table's bandwidth-bound sizes cover"
+    notes = {"outside_reference_sizes": outside, "not_in_reference": sorted(missing)}
     low = [r for r in rows if r["ratio"] < LOW_BUSBW_RATIO]
     if not rows:
-        return Skip("low_busbw", "the sweep covers none of the traced collectives at their sizes "
+        return Skip("low_busbw", f"{where} none of the traced collectives at their sizes "
                                  f"({', '.join(sorted(missing) + outside) or 'none'})")
     if not low:
         return []
-    # cost: per step, each slow instance's transfer time minus the time at the sweep's busbw
+    # cost: per step, each slow instance's transfer time minus the time at the reference's busbw
     n = max(per_step_divisor(tl) for tl in tl_of.values())
     cost = 0.0
     one = df.drop_duplicates(["match_key", "instance"]) if df["ranks_seen"].max() > 1 else df
@@ -57,35 +111,46 @@ def judge_low_busbw(summaries: list[tuple[int, Timeline]], ctx) -> list[Finding]
         g = one[(one["collective"] == r["collective"]) & (one["bytes"] == r["bytes"])]
         g = g[g["step"].notna()] if any(tl.steps for tl in tl_of.values()) else g
         f = bus_factor(r["collective"], int(r["group_size"])) if r["group_size"] else 1.0
-        t_ref = r["bytes"] * f / (r["sweep_busbw_gbps"] * 1e3)  # us
+        t_ref = r["bytes"] * f / (r["reference_busbw_gbps"] * 1e3)  # us
         t = g["instance_min_us"].where(g["instance_min_us"].notna(), g["dur_us"]).astype(float)
         cost += float((t - t_ref).clip(lower=0).sum())
-        r["sweep_us"] = t_ref
+        r["reference_us"] = t_ref
     cost /= n
     top = min(low, key=lambda r: r["ratio"])
     ex = df[(df["collective"] == top["collective"]) & (df["bytes"] == top["bytes"])].iloc[0]
+    env = _job_env(ctx)
+    said = basis.says(top["reference_source"], top["group_size"])
+    ref_env = basis.environment(top["reference_source"])
+    likely = environment_differences(env, ref_env) if env is not None else None
     ev = {"sizes": [{k: (num(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in low],
-          "checked_sizes": len(rows), **notes, "sweep_source": sorted(set(ctx.sweep["source"].astype(str))),
+          "checked_sizes": len(rows), **notes, "basis": basis.kind, "basis_text": said,
+          "reference_sources": sorted({r["reference_source"] for r in rows}), "job_nccl_differences": likely,
           "excerpt": excerpt(int(ex["rank"]), float(ex["start_us"]), float(ex["end_us"]))}
     summary = (f"{len(low)} of {len(rows)} traced (collective, size) pairs reach under "
-               f"{100 * LOW_BUSBW_RATIO:.0f}% of the sweep's busbw; worst: {top['collective']} of "
-               f"{size_text(top['bytes'])} at {top['busbw_gbps']:.1f} GB/s against {top['sweep_busbw_gbps']:.1f} GB/s "
-               f"({100 * top['ratio']:.0f}%)")
+               f"{100 * LOW_BUSBW_RATIO:.0f}% of the busbw the machine's links deliver; worst: {top['collective']} of "
+               f"{size_text(top['bytes'])} at {top['busbw_gbps']:.1f} GB/s against {top['reference_busbw_gbps']:.1f}"
+               f" GB/s ({100 * top['ratio']:.0f}%; basis: {said})"
+               + ("" if not likely else f"; the job sets {', '.join(likely)}" if ref_env is None else
+                  f"; the job's NCCL settings differ from the reference's: {', '.join(likely)}"))
     return [make("low_busbw", cost, sorted(tl_of), ev, summary)]
 
 
-rule(Rule(id="low_busbw", title="collectives slower than this machine can do", extract=extract_timeline,
-          judge=judge_low_busbw, needs_sweep=True,
+rule(Rule(id="low_busbw", title="collectives slower than this machine's links deliver", extract=extract_timeline,
+          judge=judge_low_busbw,
           order=50, cross_rank=True,
-          cause=("The job's collectives reach a fraction of the bandwidth the same machine reaches at the same size: "
-                 "NCCL is configured differently in the job (an NCCL_* variable forcing a protocol, algorithm or fewer"
-                 " channels), the traffic takes another path (a process group across nodes, P2P disabled, wrong NIC), "
-                 "or the kernels share the GPU with compute."),
-          fix=("Compare the job's NCCL environment with the sweep's (NCCL_DEBUG=INFO prints the chosen algorithm, "
+          cause=("The job's collectives reach a fraction of the bandwidth the machine's links deliver at the same size "
+                 "(its sweep, else nccl-tests figures for its GPU/link type): NCCL is configured differently in the "
+                 "job (an NCCL_* variable forcing a protocol, algorithm or fewer channels, or disabling P2P), the "
+                 "traffic takes another path (a process group across nodes, P2P disabled, wrong NIC), or the kernels "
+                 "share the GPU with compute."),
+          fix=("Compare the job's NCCL environment with the reference's (NCCL_DEBUG=INFO prints the chosen algorithm, "
                "protocol, channels and transport per communicator); unset NCCL_ALGO/NCCL_PROTO/NCCL_MAX_NCHANNELS "
                "overrides; check NCCL_P2P_DISABLE, NCCL_IB_HCA/NCCL_SOCKET_IFNAME; run the sweep with the job's "
                "environment to confirm."),
           caveats=("Traced durations are the per-instance minimum over ranks (the transfer, not the waiting) when 2+ "
-                   "ranks are given; with one rank they include waiting and understate busbw. The sweep must come from "
-                   "the same machine and group size; sizes outside the sweep's range are not judged."),
+                   "ranks are given; with one rank they include waiting and understate busbw. A sweep must come from "
+                   "the same machine; sizes outside its range are not judged. Without a sweep, the reference table "
+                   "(kit/doctor/busbw_reference.csv) is another machine of the same GPU and link type: only its "
+                   "bandwidth-bound sizes (from half its peak busbw up) are judged, at the job's GPU count; the "
+                   "traces do not record the topology, so only GPU names that fix the link are used."),
           notebook="collectives"))
