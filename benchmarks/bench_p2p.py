@@ -130,6 +130,9 @@ def check_pipeline(r, check: Check) -> None:
           + (f", model with the host {r.host_model_ms:.2f} ms ({r.measured_vs_host_model:.2f}x)" if hosted else "")
           + (f"; the host's time inside the iteration {r.host_in_iteration_ms:.2f} ms"
              if r.host_in_iteration_ms == r.host_in_iteration_ms else ""))
+    paired = getattr(r, "measured_vs_host_model_paired", float("nan"))
+    if hosted and paired == paired:
+        print(f"    each step against the model of the parts timed next to it, median: {paired:.3f}x")
     if not hosted:
         lo = r.predicted_p10_ms / r.predicted_ms
         check(f"{what}: measured / device model", r.measured_vs_model, f"<= {PIPE_VS_MODEL}, >= model p10 {lo:.3f}",

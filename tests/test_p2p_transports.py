@@ -900,7 +900,16 @@ def test_gpu_pipeline_same_numbers_over_every_transport(tmp_path, world):
     eager = df[(df.kind == "pipeline") & (df.how != "graph")]
     assert (eager.host_us > 0).all() and (eager.host_compute_us <= eager.host_us).all()
     msg = df[(df.kind == "pipeline_part") & (df.part == "message host")]
-    assert set(msg.transport) == {"copy"} and len(msg) == (world - 1) * cfg.repeats and (msg.host_us > 0).all()
+    steps, m = cfg.pipeline_steps, cfg.pipeline_micro_batches
+    assert set(msg.transport) == {"copy"} and set(msg.driver) == {"host"} and (msg.host_us > 0).all()
+    assert len(msg) == (world - 1) * steps * m  # m per hop before each timed host-driven step
+    # every stage's forward and backward timed next to each timed step of each driver (m samples each); the
+    # thread-per-stage driver's with every stage's thread issuing at once as well
+    fb = df[(df.kind == "pipeline_part") & df.part.isin(["F", "B"])]
+    assert (fb.groupby(["transport", "driver", "step", "stage", "part"]).size() == m).all()
+    assert set(fb.groupby(["transport", "driver"]).step.nunique()) == {steps}
+    assert fb[(fb.transport == "copy") & (fb.driver == "device")].host_threads_us.gt(0).all()
+    assert fb[fb.driver == "host"].host_threads_us.isna().all()
     runs = results.RunSet([run.dir])
     assert set(PA.model(runs).transport) == {"copy", "ipc", "nccl"}
     idle = PA.idle(runs)

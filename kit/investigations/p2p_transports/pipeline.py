@@ -297,50 +297,69 @@ def drive_threads(programs: list[Iterator[None]], T, devices: list, host: list |
     sleeps between)."""
     import threading
 
-    import torch
-
     programs, devices = list(programs), list(devices)
     if len(programs) != len(devices):
         raise ValueError(f"drive_threads: {len(programs)} stage programs but {len(devices)} devices")
     failed = threading.Event()
-    errors: list[BaseException] = []
     timeout = getattr(T, "timeout_s", 300.0)
 
-    def run(k, g, dev):
+    def run(k, g):
         clock = time.perf_counter
+        while not failed.is_set():
+            seen = T.posted
+            t0 = clock()
+            try:
+                next(g)
+            except StopIteration:
+                return
+            finally:
+                if host is not None:
+                    host[k] += clock() - t0
+            waited = 0.0
+            while not T.wait_posted(seen, 0.5):
+                waited += 0.5
+                if failed.is_set():
+                    return
+                if waited >= timeout:
+                    raise RuntimeError(f"pipeline: a stage waited {timeout:g} s for a message no stage posted "
+                                       "(schedule deadlock)")
+
+    run_in_threads([lambda k=k, g=g: run(k, g) for k, g in enumerate(programs)], devices, on_error=failed.set,
+                   name="stage")
+
+
+def run_in_threads(fns: list, devices: list, on_error=None, name: str = "thread") -> list:
+    """Call each of ``fns`` in its own host thread (named ``<name><i>``) with its device (``devices[i]``, or None)
+    current in it -- the current device and stream are per thread -- and join them all; their return values in
+    order. A thread that raises calls ``on_error()`` (so the others stop instead of waiting for it: set an event
+    they poll, abort a barrier they wait at); the first error that is not a broken barrier (the one the failing
+    thread left the others) is raised in the caller."""
+    import threading
+
+    import torch
+
+    out: list = [None] * len(fns)
+    errors: list[BaseException] = []
+
+    def run(i, fn, dev):
         try:
             if dev is not None and dev.type == "cuda":
                 torch.cuda.set_device(dev)
-            while not failed.is_set():
-                seen = T.posted
-                t0 = clock()
-                try:
-                    next(g)
-                except StopIteration:
-                    return
-                finally:
-                    if host is not None:
-                        host[k] += clock() - t0
-                waited = 0.0
-                while not T.wait_posted(seen, 0.5):
-                    waited += 0.5
-                    if failed.is_set():
-                        return
-                    if waited >= timeout:
-                        raise RuntimeError(f"pipeline: a stage waited {timeout:g} s for a message no stage posted "
-                                           "(schedule deadlock)")
+            out[i] = fn()
         except BaseException as e:  # noqa: BLE001 -- raised again in the caller
             errors.append(e)
-            failed.set()
+            if on_error is not None:
+                on_error()
 
-    threads = [threading.Thread(target=run, args=(i, g, d), name=f"stage{i}", daemon=True)
-               for i, (g, d) in enumerate(zip(programs, devices))]
+    threads = [threading.Thread(target=run, args=(i, fn, d), name=f"{name}{i}", daemon=True)
+               for i, (fn, d) in enumerate(zip(fns, devices))]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     if errors:
-        raise errors[0]
+        raise next((e for e in errors if not isinstance(e, threading.BrokenBarrierError)), errors[0])
+    return out
 
 
 def reference(n: int, layers: int, hidden: int, batch: int, m: int, device="cpu", dtype=None, seed: int = 0):

@@ -169,7 +169,8 @@ def model(data) -> pd.DataFrame:
     ``host_model_ms``: :func:`_host_model` (the host's time to issue each step and message, measured alone, in
     the simulation), ``host_model_p10_ms`` the same with every part and host time at its p10 (its lower spread
     bound: a measurement below it beats the model with the host); ``host_in_iteration_ms``: the host's time measured inside the iteration (:func:`pipeline`'s
-    ``host_ms``) -- where one thread issues every stage, an iteration cannot be shorter.
+    ``host_ms``) -- where one thread issues every stage, an iteration cannot be shorter;
+    ``measured_vs_host_model_paired``: each step against the parts timed next to it (:func:`_paired`).
     ``formula_ms``: the closed form ``sum_s (F_s + B_s) + (m - 1) max_s (F_s + B_s) + 2 (p - 1) max c`` (see the
     module docstring), which counts the transfers of the first and last micro-batch only; the simulation also
     finds a transfer on the critical path in the steady state when no stage has the slack to hide it."""
@@ -199,6 +200,7 @@ def model(data) -> pd.DataFrame:
         msg = same[(same["transport"] == r.transport) & (same["part"] == "message host")]
         hosted = _host_model(comp, hops, p, m, r, msg)
         hosted_p10 = _host_model(comp, hops, p, m, r, msg, qq=0.1)
+        paired = _paired(comp, hops, p, m, r, msg, _with_driver(g).query("driver == @r.driver"))
         per_stage = comp.groupby(["stage", "part"])["time_us"].median().groupby("stage").sum()
         b = comp[comp["part"] == "B"]["time_us"]
         cmax = max([_hop(hops, s, 0.5) for s in range(p - 1)] or [0.0])
@@ -212,12 +214,22 @@ def model(data) -> pd.DataFrame:
                         host_model_ms=hosted / 1e3, host_model_p10_ms=hosted_p10 / 1e3, host_in_iteration_ms=getattr(r, "host_ms", float("nan")),
                         measured_ms=r.time_ms_median,
                         measured_vs_model=r.time_ms_median * 1e3 / pred["median"],
-                        measured_vs_host_model=r.time_ms_median * 1e3 / hosted))
+                        measured_vs_host_model=r.time_ms_median * 1e3 / hosted,
+                        measured_vs_host_model_paired=paired))
     return pd.DataFrame(out)
 
 
+def _next_to(d: pd.DataFrame, driver: str, step=None) -> pd.DataFrame:
+    """The part rows timed next to ``driver``'s pipeline steps (:class:`.pipeline_run.Parts`; only step ``step``'s
+    where given); all of them in a run from before the parts were timed next to the steps (no ``driver`` column)."""
+    if "driver" not in d.columns or not (d["driver"] == driver).any():
+        return d
+    d = d[d["driver"] == driver]
+    return d[d["step"] == step] if step is not None and "step" in d.columns else d
+
+
 def _host_model(comp: pd.DataFrame, hops: pd.DataFrame, p: int, m: int, r, msg: pd.DataFrame | None = None,
-                qq: float = 0.5) -> float:
+                qq: float = 0.5, step=None) -> float:
     """:func:`simulate` with the host's time to issue each stage's forward and backward alone (the parts'
     ``host_us``, the transport's own run's: one process measures its stages one after another, several processes
     theirs at once, and the host's time per step differs between the two) and each message alone (the transfer part's ``host_us``: per message, each rank's own side; one
@@ -230,17 +242,18 @@ def _host_model(comp: pd.DataFrame, hops: pd.DataFrame, p: int, m: int, r, msg: 
     (``host_threads_us``, :func:`.pipeline_run._concurrent_host_times`: the threads share the interpreter lock),
     where the run has it. A transport whose receive waits for its sender on the GPU (``caps.device_handoff``: NCCL)
     hands nothing over on the host, so a receive's issue does not wait for its sender's (``simulate``'s ``host_handoff``);
-    the IPC mailboxes and one thread that yields until a message is posted do wait. NaN without host times (runs
+    the IPC mailboxes and one thread that yields until a message is posted do wait. The host times are those timed
+    next to this driver's steps (:func:`_next_to`; ``step``: next to that step only). NaN without host times (runs
     from before they were measured)."""
     if "host_us" not in comp.columns or comp["host_us"].isna().all():
         return float("nan")
-    msg = msg if msg is not None else comp.iloc[:0]
+    msg = _next_to(msg, r.driver, step) if msg is not None else comp.iloc[:0]
     fb = comp.groupby(["stage", "part"])["time_us"].quantile(qq).unstack()
     how = getattr(r, "how", "host")
     col = "host_us"  # a thread per stage: each step's issue while every stage's thread issues its own (GIL shared)
     if how == "threads" and "host_threads_us" in comp.columns and comp["host_threads_us"].notna().any():
         col = "host_threads_us"
-    own = comp[comp["transport"] == r.transport].dropna(subset=[col])  # issued as this transport's run issues
+    own = _next_to(comp[comp["transport"] == r.transport], r.driver, step).dropna(subset=[col])  # as this run issues
     h = (own if len(own) else comp.dropna(subset=[col])).groupby(["stage", "part"])[col].quantile(qq).unstack()
     c = [_hop(hops, s, qq) for s in range(p - 1)]
     if how == "graph":
@@ -263,6 +276,22 @@ def _host_model(comp: pd.DataFrame, hops: pd.DataFrame, p: int, m: int, r, msg: 
             hrecv.append(float(by.get(k + 1, 0.0)))
     return simulate(list(fb["F"]), list(fb["B"]), c, m, list(h["F"]), list(h["B"]), shared_host=shared,
                     hsend=hsend, hrecv=hrecv, host_handoff=caps is None or not caps.device_handoff)
+
+
+def _paired(comp, hops, p: int, m: int, r, msg, steps: pd.DataFrame) -> float:
+    """Median over the timed steps of each step's time (slowest rank) over the model with the host from the parts
+    timed next to that step only (:func:`_host_model` with ``step``): each sample against the parts measured beside
+    it. NaN for a CUDA graph's replay (no host) and for runs whose parts were not timed next to the steps."""
+    if getattr(r, "how", "host") == "graph" or "step" not in comp.columns or "driver" not in comp.columns:
+        return float("nan")
+    if "world_size" in steps.columns:
+        steps = steps[steps["world_size"] == r.stages]
+    own = comp[(comp["transport"] == r.transport) & (comp["driver"] == r.driver)]
+    ratios = []
+    for k, t in steps.groupby("step")["time_us"].max().items():
+        if (own["step"] == k).any():
+            ratios.append(t / _host_model(comp, hops, p, m, r, msg, step=k))
+    return float(pd.Series(ratios).median()) if ratios else float("nan")
 
 
 def _hop(hops: pd.DataFrame, s: int, qq: float) -> float:

@@ -47,7 +47,7 @@ from contextlib import nullcontext
 
 from ... import timing, traces
 from . import harness as H
-from .pipeline import CommStreams, Stage, drive, drive_threads, forward, loss_of, post_ops
+from .pipeline import CommStreams, Stage, drive, drive_threads, forward, loss_of, post_ops, run_in_threads
 
 PART_WARMUP = 20  # forward+backward pairs before the timed ones: ~30 ms of GEMMs, so the GPU's clocks have ramped
 # up (after 3 warm-ups on 2xH200 a stage's backward still spread 0.93-1.28 ms, and the model came out 11% high)
@@ -164,7 +164,10 @@ class Pipeline:
 
 
 def experiment(cfg, ctx, T, S):
-    """Rows ``pipeline``, ``pipeline_part``, ``trace`` and ``skipped`` (see the module docstring)."""
+    """Rows ``pipeline``, ``pipeline_part``, ``trace`` and ``skipped`` (see the module docstring). The parts a
+    model with the host needs are timed next to the pipeline steps (:class:`Parts`: before every timed step, one
+    iteration's worth of them), so a host whose speed drifts during the run moves the model and the measurement
+    alike."""
     import torch
 
     n = ctx.world_size
@@ -180,7 +183,8 @@ def experiment(cfg, ctx, T, S):
     keys = dict(transport=T.name, micro_batches=cfg.pipeline_micro_batches, layers=cfg.pipeline_layers,
                 hidden=cfg.pipeline_hidden, batch=cfg.pipeline_batch, dtype=str(dt).replace("torch.", ""),
                 world_size=n)
-    yield from parts(cfg, ctx, T, S, P, keys, act)
+    parts = Parts(cfg, ctx, T, S, P, keys, act)
+    yield from parts.transfers()
     for driver in cfg.pipeline_drivers:
         how = "host" if driver == "host" else device_driver(T)
         if how is None:
@@ -189,6 +193,9 @@ def experiment(cfg, ctx, T, S):
             continue
         step_fn = P.run(how)
         for step in range(-2, cfg.pipeline_steps):
+            if step >= 0:
+                ctx.step(f"{T.name} pipeline {driver} parts {step}", point=False)
+                yield from parts.next_to(driver, how, step)
             ctx.step(f"{T.name} pipeline {driver} step {step}", point=False)
             S.barrier()
             t0 = time.perf_counter()
@@ -213,45 +220,84 @@ def experiment(cfg, ctx, T, S):
             else:
                 path.unlink(missing_ok=True)
         P.graph = None
+    parts.close()
     P.stages.clear()
     H.free(ctx)
 
 
-def parts(cfg, ctx, T, S, P: Pipeline, keys: dict, act: int):
-    """``pipeline_part`` rows: each stage's forward and backward of one micro-batch alone (:func:`_compute_times`),
-    one activation sent between neighbours over ``T``, and for an in-process transport the host's time per
-    message as the pipeline's one thread posts it (:func:`_message_host_times`, part ``message host``)."""
-    ctx.step(f"{T.name} pipeline parts compute", point=False)
-    warm = max(cfg.warmup, PART_WARMUP)
-    stages = list(P.stages.values())
-    times = _compute_times(stages, P.n, warm, cfg.repeats, S.is_cuda)
-    if device_driver(T) == "threads" and len(stages) > 1 and "device" in cfg.pipeline_drivers:  # its driver's
-        ctx.step(f"{T.name} pipeline parts host threads", point=False)
-        for s, samples in _concurrent_host_times(stages, cfg.warmup, cfg.repeats, S.is_cuda).items():
-            for us, more in zip(times[s], samples):
-                us.update(more)
-    for s, samples in times.items():
-        for i, us in enumerate(samples):
-            yield from (dict(keys, kind="pipeline_part", part=part, stage=s, sample=i, time_us=us[part],
-                             host_us=us[f"{part} host"], hold_us=us.get(f"{part} hold", math.nan),
-                             hold_short=us.get(f"{part} hold short", math.nan),
-                             host_threads_us=us.get(f"{part} host threads", math.nan)) for part in ("F", "B"))
-    one = T.caps.in_process and P.comm is not None
-    post = lambda T_, op_list: post_ops(T_, op_list, P.comm)  # noqa: E731 -- as the pipeline posts them
-    for s in range(P.n - 1):
-        ctx.step(f"{T.name} pipeline parts transfer {s}->{s + 1}", point=False)
-        yield from H.timed_rows(cfg, ctx, T, S, [(s, s + 1, act)],
-                                dict(keys, part="transfer", src=s, dst=s + 1, bytes=act), kind="pipeline_part",
-                                post=post)
-    if one and P.stages:
-        ctx.step(f"{T.name} pipeline parts message host", point=False)
-        for (a, b), samples in _message_host_times(T, P, cfg.warmup, cfg.repeats).items():
-            yield from (dict(keys, kind="pipeline_part", part="message host", src=a, dst=b, bytes=act, sample=i,
-                             time_us=math.nan, host_us=us) for i, us in enumerate(samples))
-    H.free(ctx)
+class Parts:
+    """The ``pipeline_part`` rows of one transport's pipeline: one activation over each hop alone, timed once
+    (:meth:`transfers`); each stage's forward and backward alone (:func:`_compute_times`), and for an in-process
+    transport the host's time per message as the pipeline's one thread posts it (:func:`_message_host_times`,
+    host driver) or each step's host time with every stage's thread issuing at once (:func:`_concurrent_host_times`,
+    the thread-per-stage driver), timed next to the pipeline's steps (:meth:`next_to`: before each timed step of
+    each driver, ``m`` samples -- an iteration's worth: the first into fresh gradients, the others accumulating, as
+    in the iteration -- tagged with the driver and the step they precede). Timed in one phase before the pipeline,
+    the parts met another host than the steps: the host's speed drifted more than 10% between the two within one
+    run (FINDINGS.md, P2P on 2 and 4 H100s). The warm-ups (which size the GPU holds) run once, in :meth:`transfers`."""
+
+    def __init__(self, cfg, ctx, T, S, P: Pipeline, keys: dict, act: int):
+        self.cfg, self.ctx, self.T, self.S, self.P, self.keys, self.act = cfg, ctx, T, S, P, keys, act
+        self.stages = list(P.stages.values())
+        self.m = cfg.pipeline_micro_batches
+        self.holds: dict = {}
+        self.sample = 0  # a running index per transport: samples before different steps and drivers never share one
+        self.one = T.caps.in_process and P.comm is not None and bool(P.stages)
+
+    def transfers(self):
+        """Warm the compute parts up (sizing their holds) and the host-time passes; then one activation sent between
+        neighbours over ``T`` (:func:`.harness.timed_rows`), posted as the pipeline posts them (:func:`.pipeline.post_ops`)."""
+        cfg, ctx, T, S, P = self.cfg, self.ctx, self.T, self.S, self.P
+        ctx.step(f"{T.name} pipeline parts warm-up", point=False)
+        _compute_times(self.stages, P.n, max(cfg.warmup, PART_WARMUP), 0, S.is_cuda, self.holds)
+        if self._threads():
+            _concurrent_host_times(self.stages, cfg.warmup, 0, S.is_cuda)
+        if self.one:
+            _message_host_times(T, P, cfg.warmup, 0)
+        post = lambda T_, op_list: post_ops(T_, op_list, P.comm)  # noqa: E731 -- as the pipeline posts them
+        for s in range(P.n - 1):
+            ctx.step(f"{T.name} pipeline parts transfer {s}->{s + 1}", point=False)
+            yield from H.timed_rows(cfg, ctx, T, S, [(s, s + 1, self.act)],
+                                    dict(self.keys, part="transfer", src=s, dst=s + 1, bytes=self.act),
+                                    kind="pipeline_part", post=post)
+        H.free(ctx)
+
+    def _threads(self) -> bool:
+        return device_driver(self.T) == "threads" and len(self.stages) > 1 and "device" in self.cfg.pipeline_drivers
+
+    def next_to(self, driver: str, how: str, step: int):
+        """``m`` samples of each stage's forward and backward (and of the host times ``how`` is modelled with),
+        rows tagged ``driver`` and ``step``."""
+        cuda, m, k0 = self.S.is_cuda, self.m, self.sample
+        # the gradients the pipeline left are given back after: a CUDA graph's replay writes the gradients it
+        # captured, which the parts (fresh gradients once per m samples, dropped at the end) would leave unread
+        kept = [(w, w.grad) for st in self.stages for w in st.weights]
+        times = _compute_times(self.stages, self.P.n, 0, m, cuda, self.holds)
+        if how == "threads" and self._threads():
+            for s, samples in _concurrent_host_times(self.stages, 0, m, cuda).items():
+                for us, more in zip(times[s], samples):
+                    us.update(more)
+        tag = dict(self.keys, kind="pipeline_part", driver=driver, step=step)
+        for s, samples in times.items():
+            for i, us in enumerate(samples):
+                yield from (dict(tag, part=part, stage=s, sample=k0 + i, time_us=us[part], host_us=us[f"{part} host"],
+                                 hold_us=us.get(f"{part} hold", math.nan), hold_short=us.get(f"{part} hold short", math.nan),
+                                 host_threads_us=us.get(f"{part} host threads", math.nan)) for part in ("F", "B"))
+        if how == "host" and self.one:
+            for (a, b), samples in _message_host_times(self.T, self.P, 0, m).items():
+                yield from (dict(tag, part="message host", src=a, dst=b, bytes=self.act, sample=k0 + i,
+                                 time_us=math.nan, host_us=us) for i, us in enumerate(samples))
+        for w, g in kept:
+            w.grad = g
+        self.sample += m
+
+    def close(self) -> None:
+        for st in self.stages:
+            st.zero_grad()
 
 
-def _compute_times(stages: list, n: int, warmup: int, repeats: int, cuda: bool) -> dict[int, list[dict]]:
+def _compute_times(stages: list, n: int, warmup: int, repeats: int, cuda: bool,
+                   holds: dict | None = None) -> dict[int, list[dict]]:
     """Per stage, per sample {"F": us, "B": us, "F host": us, "B host": us} (and on a GPU "F hold" / "B hold":
     the hold's time on the GPU, "F hold short" / "B hold short": :func:`hold_short`): one forward and one backward of a
     micro-batch on the stage alone, on the device (CUDA events) and the host's time to issue each (the call's wall
@@ -269,7 +315,8 @@ def _compute_times(stages: list, n: int, warmup: int, repeats: int, cuda: bool) 
     adds into the existing gradients -- an in-place add per weight on the GPU, and its launch on the host -- which a
     backward into fresh gradients (taken over, no kernel) does not pay. A thread that takes turns over several GPUs' autograd graphs
     issues each step slower than one stage's steps back to back (FINDINGS.md, P2P on 4 H100s), and its time per
-    step in that setting is what the model with the host needs."""
+    step in that setting is what the model with the host needs. ``holds``: {(stage, part): cycles}, sized by this
+    call's warm-up and kept for the caller's next call (:class:`Parts`: one warm-up, then samples without)."""
     import torch
 
     prep = {}
@@ -277,7 +324,10 @@ def _compute_times(stages: list, n: int, warmup: int, repeats: int, cuda: bool) 
         x0 = st.inputs[0] if st.inputs is not None else torch.randn(st.batch, st.hidden, device=st.device, dtype=st.dtype)
         prep[st.stage] = (x0, torch.randn(st.batch, st.hidden, device=st.device, dtype=st.dtype))
     out = {st.stage: [] for st in stages}
-    holds = {(st.stage, p): HOLD_PROBE_CYCLES for st in stages for p in "FB"}
+    holds = {} if holds is None else holds  # kept by the caller: a later call without warm-up keeps its holds
+    for st in stages:
+        for p in "FB":
+            holds.setdefault((st.stage, p), HOLD_PROBE_CYCLES)
     issued = {k: [] for k in holds}
     clock = time.perf_counter
     m = stages[0].m if stages else 1  # a rank of an in-process transport other than 0 drives no stage
@@ -352,29 +402,18 @@ def _concurrent_host_times(stages: list, warmup: int, repeats: int, cuda: bool) 
     out = {st.stage: [] for st in stages}
     clock = time.perf_counter
 
-    def together(fn):
+    def together(fn):  # every stage's thread released at once by a gate (a failing thread aborts it)
         gate = threading.Barrier(len(stages))
-        got, errors = {}, []
 
-        def run(st):
-            try:
-                with torch.cuda.device(st.device) if cuda else nullcontext():
-                    gate.wait()
-                    h0 = clock()
-                    r = fn(st)
-                    got[st.stage] = ((clock() - h0) * 1e6, r)
-            except BaseException as e:  # noqa: BLE001 -- raised again below
-                errors.append(e)
-                gate.abort()  # the threads still waiting at the gate raise BrokenBarrierError instead of waiting forever
+        def timed(st):
+            with torch.cuda.device(st.device) if cuda else nullcontext():
+                gate.wait()
+                h0 = clock()
+                r = fn(st)
+                return (clock() - h0) * 1e6, r
 
-        threads = [threading.Thread(target=run, args=(st,), daemon=True) for st in stages]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:  # the first thread's own error, not the broken gate it left the others
-            raise next((e for e in errors if not isinstance(e, threading.BrokenBarrierError)), errors[0])
-        return got
+        got = run_in_threads([lambda st=st: timed(st) for st in stages], [None] * len(stages), on_error=gate.abort)
+        return {st.stage: g for st, g in zip(stages, got)}
 
     m = stages[0].m if stages else 1
     for i in range(-warmup, repeats):
