@@ -442,6 +442,47 @@ def test_parts_accumulate_gradients_as_an_iteration_does(monkeypatch):
     assert torch.allclose(w.grad, 2 * g1)
 
 
+def test_parts_are_timed_next_to_the_steps_of_each_driver():
+    """Before each timed step: m samples of every stage's forward and backward (the first into fresh gradients),
+    rows tagged with the driver and the step, sample numbers running on across steps and drivers; the gradients the
+    pipeline left (a CUDA graph's replay writes the ones it captured) are given back after. The model with the host
+    takes the host times timed next to its own driver's steps, and pairs each step with the parts beside it."""
+    import types
+
+    import torch
+
+    from kit.investigations.p2p_transports import pipeline_run as R
+
+    stages = {s: P.Stage(s, 2, 1, 8, 4, 2, torch.device("cpu"), torch.float32) for s in range(2)}
+    T = types.SimpleNamespace(caps=transports.Capabilities(), name="gloo")
+    Pl = types.SimpleNamespace(stages=stages, n=2, comm=None)
+    cfg = types.SimpleNamespace(pipeline_micro_batches=2, pipeline_drivers=["host"], warmup=1)
+    parts = R.Parts(cfg, None, T, types.SimpleNamespace(is_cuda=False), Pl, dict(transport="gloo", world_size=2), 64)
+    left = {s: [torch.full_like(w, 7.0) for w in st.weights] for s, st in stages.items()}
+    for s, st in stages.items():
+        for w, g in zip(st.weights, left[s]):
+            w.grad = g
+    rows = [r for step in (0, 1) for r in parts.next_to("host", "host", step)]
+    assert all(w.grad is g for s, st in stages.items() for w, g in zip(st.weights, left[s]))
+    d = pd.DataFrame(rows)
+    assert (d.kind == "pipeline_part").all() and set(d.driver) == {"host"} and set(d.part) == {"F", "B"}
+    assert d.groupby(["step", "stage", "part"]).size().eq(2).all() and sorted(set(d["sample"])) == [0, 1, 2, 3]
+    assert (d.host_us > 0).all() and d.host_threads_us.isna().all()
+    # the model: host times 2 us next to the host-driven steps, 9 us next to the others' -- the host model takes 2;
+    # step 0 took 40 us, step 1 80 us: paired against their own parts (2 and 4 us) each is 1x its model
+    fb = []
+    for drv, h in (("host", {0: 2.0, 1: 4.0}), ("device", {0: 9.0, 1: 9.0})):
+        fb += [dict(kind="pipeline_part", transport="copy", driver=drv, step=k, part=p, stage=s, sample=k,
+                    time_us=1.0, host_us=h[k], world_size=2) for k in (0, 1) for s in (0, 1) for p in "FB"]
+    pipe = [dict(kind="pipeline", transport="copy", driver="host", how="host", step=k, stage=s, time_us=t,
+                 loss=0.1 if s else float("nan"), grad_norm=1.0, micro_batches=2, world_size=2, host_us=t,
+                 host_compute_us=t) for k, t in ((0, 1.0), (1, 2.0)) for s in (0, 1)]
+    sim = lambda h: PA.simulate([1, 1], [1, 1], [0.0], 2, [h, h], [h, h], shared_host=True)  # noqa: E731
+    pipe = [dict(r, time_us=sim(2.0 if r["step"] == 0 else 4.0)) for r in pipe]
+    mo = PA.model(pd.DataFrame(fb + pipe)).set_index("driver").loc["host"]
+    assert mo.host_model_ms * 1e3 == pytest.approx(sim(3.0)) and mo.measured_vs_host_model_paired == pytest.approx(1.0)
+
+
 def test_thread_per_stage_host_times_and_their_model(monkeypatch):
     """The thread-per-stage driver's host times: every stage's thread issues its forward at once, then its backward
     (CPU stages here: the same code path without CUDA), one sample per repeat. Its model takes those times (one

@@ -19,7 +19,8 @@ Rows:
   for an eager driver the host's time in that stage's program during the iteration (``host_us``: from resuming
   it to its next yield, :func:`.pipeline.drive`) and in its forward and backward calls (``host_compute_us``);
 * ``pipeline_part`` -- ``part`` ``F`` / ``B``: one micro-batch's forward / backward on a stage alone (CUDA
-  events, ``repeats`` samples, the gradients accumulating as over an iteration's micro-batches; ``host_us`` the
+  events; timed next to the pipeline's steps, :class:`Parts`: ``m`` samples before each timed step of each driver,
+  tagged ``driver`` and ``step``, the gradients accumulating as over an iteration's micro-batches; ``host_us`` the
   host's time to issue it; ``hold_us`` the GPU's hold before it, ``hold_short`` whether that hold ended before the
   host finished queueing the part: :func:`_compute_times`; ``host_threads_us``, for an in-process transport with the
   device driver, the host's time to issue it while every stage's thread issues its own:
@@ -27,9 +28,10 @@ Rows:
   stages over the transport (:func:`.harness.timed_rows`), posted as the pipeline posts it (:func:`.pipeline.post_ops`:
   a cross-process transport's op in one ``exchange`` on the comm stream made current, as the pipeline's step does --
   its host time then includes that stream switch; an in-process transport's send and then the receive on the
-  receive stream -- not ``exchange``'s fast path, which the pipeline never takes); the model (:mod:`.pipeline_analysis`) predicts the
-  iteration from them; ``message host`` (in-process transports): the host's time per activation as the
-  pipeline's one thread posts it, each after a forward was issued (:func:`_message_host_times`);
+  receive stream -- not ``exchange``'s fast path, which the pipeline never takes; ``repeats`` samples, before the
+  pipeline); the model (:mod:`.pipeline_analysis`) predicts the iteration from them; ``message host`` (in-process
+  transports, next to the host-driven steps): the host's time per activation as the pipeline's one thread posts it,
+  each after a forward was issued (:func:`_message_host_times`);
 * ``trace`` -- one profiled iteration per driver (``experiment=pipeline``), for the timeline and the
   host-caused idle time.
 
