@@ -528,9 +528,14 @@ def run_ranks(case: dict, out: Path, warm: int, n: int, threads: int) -> dict:
 
 
 def _added(truth: dict, root: Path) -> None:
-    """Fill ``added_us`` from the control's truth.json under ``root`` (a control: None)."""
+    """Fill ``added_us`` from the control's truth.json under ``root`` (a control: None) -- or, where the case was
+    recorded interleaved with its control in one process, from that control's samples (``paired_control``)."""
     if truth["control"] == truth["case"]:
         truth["added_us"] = None
+        return
+    if truth.get("paired_control"):
+        c = truth["paired_control"]["median"]
+        truth["added_us"], truth["control_median_us"] = round(truth["step_us_unprofiled"]["median"] - c, 1), c
         return
     ctl = root / truth["control"] / "truth.json"
     if ctl.is_file():

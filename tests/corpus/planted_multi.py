@@ -54,6 +54,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import sys
 import time
 import traceback
@@ -94,6 +95,9 @@ VARIANT_SIZES = {
 """``hostbound``: the CNN at a small batch; ``gpubound``: the GPT at a larger batch (in fp32); ``deep``: a narrow
 12-layer GPT (150 parameter tensors: one all-reduce each with tiny buckets) for the bucket pair; ``fsdp_gpubound``:
 the GPT in fp32 at twice ``gpubound``'s batch (~60 ms of GPU work per step against FSDP's ~15-20 ms of host issue)"""
+FSDP_HOSTBOUND_EXTRA_GPU_MS = 30.0
+"""``gpt-fsdp-bf16-gpu_rank``'s matmuls: 8 ms of them ran in rank 1's idle GPU time and added nothing measurable
+(the bf16 FSDP job's host issues a step in ~19 ms, its GPU busy ~4 ms of it); 30 ms outlast that idle"""
 MICRO = 4
 """micro-batches per optimizer step in the accumulation cases (each batch/MICRO samples)"""
 FAULT_PARAMS = {
@@ -120,13 +124,14 @@ EXPECTED = {
 }
 
 
-def _c(model, par, dtype, kind, profiler, control=None, variant=None, fault=None, sizes=None):
+def _c(model, par, dtype, kind, profiler, control=None, variant=None, fault=None, sizes=None, extra_gpu_ms=None):
     name = f"{model}-{par}-{dtype}-{kind}"
     fault = fault or ("none" if kind in ("control", "hostbound", "gpubound", "accum", "deep") else kind)
     env = dict(FAULT_PARAMS.get(variant, {}).get("env", {}))
     return {"name": name, "model": model, "parallel": par, "dtype": dtype, "kind": kind, "fault": fault,
             "variant": variant or kind, "profiler": profiler, "control": control or name, "nccl_env": env,
-            "record_shapes": True, "with_stack": False, "sizes_variant": sizes}
+            "record_shapes": True, "with_stack": False, "sizes_variant": sizes,
+            **({"extra_gpu_ms": extra_gpu_ms} if extra_gpu_ms else {})}
 
 
 def _cases() -> dict[str, dict]:
@@ -150,7 +155,8 @@ def _cases() -> dict[str, dict]:
         _c("cnn", "ddp", "fp32", "hostbound", "kit.capture", sizes="hostbound"),
         _c("gpt", "ddp", "fp32", "gpubound", "tb_handler", sizes="gpubound"),
         _c("cnn", "ddp", "fp32", "input_rank", "tb_handler", cnn),
-        _c("gpt", "fsdp", "bf16", "gpu_rank", "tb_handler", fsdp),
+        # the host-bound FSDP job's GPU idles most of its step: the matmuls must outlast that idle to add time
+        _c("gpt", "fsdp", "bf16", "gpu_rank", "tb_handler", fsdp, extra_gpu_ms=FSDP_HOSTBOUND_EXTRA_GPU_MS),
         # FSDP with its GPU the bottleneck: the extra GPU work lengthens the job's step
         _c("gpt", "fsdp", "fp32", "gpubound", "kit.capture", sizes="fsdp_gpubound"),
         _c("gpt", "fsdp", "fp32", "gpu_rank", "kit.capture", "gpt-fsdp-fp32-gpubound", sizes="fsdp_gpubound"),
@@ -163,6 +169,13 @@ def _cases() -> dict[str, dict]:
 
 
 CASES = _cases()
+PAIRS = {
+    "accum": ("gpt-ddp-bf16-accum", "gpt-ddp-bf16-accum_no_sync"),
+    "fsdp_gpu": ("gpt-fsdp-bf16-control", "gpt-fsdp-bf16-gpu_rank"),
+}
+"""a fault and its control that one job runs by turns (:meth:`MultiJob.arm`), recorded interleaved in one process
+(``--pair``): the fault's added time without what differs between processes and minutes (one recording's host ran
+~30% slower throughout than its control's)"""
 GROUPS = {"controls": [n for n, c in CASES.items() if c["fault"] == "none"],
           "one_rank": [n for n, c in CASES.items() if c["kind"] in ("input_rank", "stall_rank", "gpu_rank")],
           "job": [n for n, c in CASES.items() if c["kind"] in ("accum_no_sync", "tiny_buckets")],
@@ -184,6 +197,8 @@ class MultiJob:
         torch.manual_seed(0)
         m = (P.GPT if case["model"] == "gpt" else P.CNN)(**self.size).to(dev)
         self.params_used = {k: v for k, v in FAULT_PARAMS.get(case["variant"], {}).items()}
+        if case.get("extra_gpu_ms"):
+            self.params_used["extra_gpu_ms"] = case["extra_gpu_ms"]
         if case["parallel"] == "ddp":
             kw = {"device_ids": [torch.device(dev).index]} if dev.startswith("cuda") else {}
             if self.kind == "tiny_buckets":
@@ -220,6 +235,14 @@ class MultiJob:
             self.params_used.update(got[ONE_RANK])
             self.extra = got[rank] if mine else None
 
+    def arm(self, case: dict) -> None:
+        """Run ``case`` from the next step on: one of a pair (:data:`PAIRS`) that share this job's model, data and
+        sizes and differ only in what the step does (the fault's toggle). The job was built for the pair's fault."""
+        if not hasattr(self, "_fault_extra"):
+            self._fault_extra = self.extra
+        self.case, self.kind = case, case["kind"]
+        self.extra = self._fault_extra if self.kind == "gpu_rank" else None
+
     def _calibrate_gpu(self) -> dict:
         """How many square matmuls make ``extra_gpu_ms`` on this rank's device (timed with CUDA events)."""
         n = 4096 if self.dev.startswith("cuda") else 256
@@ -229,7 +252,7 @@ class MultiJob:
         for _ in range(3):
             a @ a
         t = self._time(lambda: [a @ a for _ in range(10)]) / 10
-        count = max(1, round(FAULT_PARAMS["gpu_rank"]["extra_gpu_ms"] * 1e3 / t))
+        count = max(1, round(self.params_used["extra_gpu_ms"] * 1e3 / t))
         return {"matmul_n": n, "matmul_dtype": str(dt).replace("torch.", ""), "matmuls": count,
                 "matmul_us": round(t, 1), "extra_gpu_us_measured": round(self._time(self._extra_work(count)), 1)}
 
@@ -310,7 +333,7 @@ def _mib(root: Path) -> float:
 
 
 def _rank_main(rank: int, world: int, names: list[str], root: str, warm: int, n: int, port: int, threads: int,
-               deadline: float, device: str, env: dict, max_mib: float):
+               deadline: float, device: str, env: dict, max_mib: float, pair: tuple | None = None):
     import torch.distributed as dist
 
     os.environ.update(env)
@@ -325,6 +348,10 @@ def _rank_main(rank: int, world: int, names: list[str], root: str, warm: int, n:
                             **({"device_id": torch.device(dev)} if cuda else {}))
     est = 15.0  # seconds a case takes, until one has been timed
     status = {}
+    if pair is not None:  # (name, alternations): one interleaved pair, then done
+        _run_pair(pair[0], rank, world, Path(root), warm, n, pair[1], device, dev, env)
+        status = {name: "ok" for name in names}
+        names = []
     for name in names:
         case = CASES[name]
         go = [time.time() + est < deadline, rank == 0 and _mib(Path(root)) < max_mib]
@@ -377,6 +404,86 @@ def _rank_main(rank: int, world: int, names: list[str], root: str, warm: int, n:
     dist.destroy_process_group()
 
 
+def time_interleaved(job: MultiJob, arms: list[dict], warm: int, n: int, alternations: int) -> dict:
+    """Each arm of a pair timed by turns in one process: ``warm`` steps of each, then ``alternations`` rounds of
+    A then B (ABAB...), each a block of one settling step after the switch (untimed) and ``n`` timed ones
+    (:func:`planted.time_unprofiled`: CUDA events at each step's end, no synchronisation inside the block). Per arm
+    every sample in order and each block's boundaries."""
+    for c in arms:
+        job.arm(c)
+        time_unprofiled(job, warm, 3)
+    out = {c["name"]: {"samples": [], "blocks": []} for c in arms}
+    for _ in range(alternations):
+        for c in arms:
+            job.arm(c)
+            t = time_unprofiled(job, 1, n)
+            o = out[c["name"]]
+            o["blocks"].append([len(o["samples"]), len(o["samples"]) + n])
+            o["samples"] += t["samples"]
+    return {k: P.summarize(v["samples"]) | {"blocks": v["blocks"]} for k, v in out.items()}
+
+
+def _pair_truths(arms: list[dict], world: int, device: str, timings: list[dict], params: dict, root: Path,
+                 env: dict, alternations: int, n: int) -> dict[str, dict]:
+    """The pair's truth.json contents: each arm's as :func:`_truth` gives it, from its interleaved samples, plus how
+    they were interleaved and per block the job's median; the fault's ``paired_control`` (its control arm's
+    summary and samples) and ``added_us_by_alternation`` (its block median less the control's, per round)."""
+    out, job_blocks = {}, {}
+    for c in arms:
+        per = [t[c["name"]] for t in timings]
+        truth = _truth(c, world, device, per, params if c["fault"] != "none" else {}, root / c["name"], env)
+        job = [max(p["samples"][i] for p in per) for i in range(len(per[0]["samples"]))]
+        job_blocks[c["name"]] = [statistics.median(job[a:b]) for a, b in per[0]["blocks"]]
+        truth["interleaved"] = {"with": [a["name"] for a in arms], "order": "ABAB", "alternations": alternations,
+                                "block_steps": n, "settle_steps_per_block": 1,
+                                "block_median_us": [round(x, 1) for x in job_blocks[c["name"]]],
+                                "same_process_as_trace": True}
+        out[c["name"]] = truth
+    ctl, fault = arms
+    t = out[fault["name"]]
+    cs = out[ctl["name"]]["step_us_unprofiled"]
+    t["paired_control"] = {"case": ctl["name"], **{k: cs[k] for k in ("median", "p10", "p90", "samples")}}
+    t["added_us_by_alternation"] = [round(f - c, 1) for f, c in zip(job_blocks[fault["name"]], job_blocks[ctl["name"]])]
+    return out
+
+
+def _run_pair(pair: str, rank: int, world: int, root: Path, warm: int, n: int, alternations: int, device: str,
+              dev: str, env: dict) -> None:
+    """One pair (:data:`PAIRS`) on this rank: built once for its fault, timed by turns (:func:`time_interleaved`),
+    then each arm profiled its case's way in this same process; rank 0 writes both truth.json files."""
+    import torch.distributed as dist
+
+    t0 = time.time()
+    arms = [CASES[x] for x in PAIRS[pair]]
+    for c in arms:
+        if rank == 0:
+            shutil.rmtree(root / c["name"], ignore_errors=True)
+            (root / c["name"]).mkdir(parents=True)
+    dist.barrier()
+    job = MultiJob(arms[1], dev, rank, world)
+    timing = time_interleaved(job, arms, warm, n, alternations)
+    dist.barrier()
+    for c in arms:
+        job.arm(c)
+        profile_steps(job, c, root / c["name"])
+        dist.barrier()
+    timings = [None] * world
+    dist.all_gather_object(timings, timing)
+    if rank == 0:
+        truths = _pair_truths(arms, world, device, timings, job.params_used, root, env, alternations, n)
+        for name, truth in truths.items():
+            truth["wall_s"] = round(time.time() - t0, 1)
+            _added(truth, root)
+            (root / name / "truth.json").write_text(json.dumps(truth, indent=1) + "\n")
+            s = truth["step_us_unprofiled"]
+            by = truth.get("added_us_by_alternation")
+            added = "" if truth["added_us"] is None else (
+                f" added {truth['added_us'] / 1e3:+.2f} ms (by round {min(by) / 1e3:+.2f}..{max(by) / 1e3:+.2f})")
+            print(f"{name:32s} {s['median'] / 1e3:8.2f} ms (p10 {s['p10'] / 1e3:.2f} p90 {s['p90'] / 1e3:.2f})"
+                  f"{added}  [{truth['wall_s']} s]", flush=True)
+    job.close()
+
+
 def _truth(case: dict, world: int, device: str, timings: list[dict], params: dict, out: Path, env: dict) -> dict:
     # the job's step: the slowest rank's step, step by step (the ranks wait for each other at the collectives)
     job = [max(t["samples"][i] for t in timings) for i in range(len(timings[0]["samples"]))]
@@ -407,7 +514,7 @@ def _free_port() -> int:
 
 
 def run_session(names: list[str], world: int, root: Path, warm: int, n: int, threads: int, deadline: float,
-                device: str, env: dict, max_mib: float = 1e9) -> dict:
+                device: str, env: dict, max_mib: float = 1e9, pair: tuple | None = None) -> dict:
     """One spawn of ``world`` ranks running ``names`` in order; killed at ``deadline`` + 20 s if still running."""
     import torch.multiprocessing as mp
 
@@ -415,7 +522,7 @@ def run_session(names: list[str], world: int, root: Path, warm: int, n: int, thr
     for p in root.glob(".session-*.json"):
         p.unlink()
     ctx = mp.start_processes(_rank_main, args=(world, names, str(root), warm, n, _free_port(), threads, deadline,
-                                               device, env, max_mib), nprocs=world, join=False, start_method="spawn")
+                                               device, env, max_mib, pair), nprocs=world, join=False, start_method="spawn")
 
     def kill(*_):
         for p in ctx.processes:
@@ -491,6 +598,9 @@ def main(argv=None) -> int:
                     "starts only if the time left covers it (default 600)")
     ap.add_argument("--max-mib", type=float, default=1e9, help="start no case once the output directory holds "
                     "this many MiB (default: no limit)")
+    ap.add_argument("--pair", choices=sorted(PAIRS), help="record one fault and its control interleaved in one "
+                    "process instead of --cases (PAIRS): --steps per block, --alternations rounds of each")
+    ap.add_argument("--alternations", type=int, default=6, help="--pair: rounds of A then B (default 6)")
     ap.add_argument("--list", action="store_true", help="list the cases")
     ap.add_argument("--readme", type=Path, help="write README.md for the corpus in this directory and stop")
     a = ap.parse_args(argv)
@@ -507,6 +617,12 @@ def main(argv=None) -> int:
         print(f"wrote {a.readme / 'README.md'}")
         return 0
     names = []
+    if a.pair:
+        a.cases = ""
+        names = list(PAIRS[a.pair])
+        if len({tuple(sorted(CASES[x]["nccl_env"].items())) for x in names}) != 1 or a.alternations < 2:
+            print("planted_multi: a pair runs in one NCCL environment, with --alternations >= 2", file=sys.stderr)
+            return 2
     for tok in filter(None, a.cases.split(",")):
         if tok in GROUPS:
             names += [n for n in GROUPS[tok] if n not in names]
@@ -535,7 +651,7 @@ def main(argv=None) -> int:
             status.update({n: "skipped: the deadline" for n in group})
             continue
         status.update(run_session(group, a.world, out, a.warm, a.steps, a.threads, deadline, a.device, dict(env),
-                                  a.max_mib))
+                                  a.max_mib, (a.pair, a.alternations) if a.pair else None))
     for p in sorted(out.glob("*/truth.json")):  # a control recorded after its case
         t = json.loads(p.read_text())
         _added(t, out)
