@@ -31,14 +31,15 @@ from .model import RULES, SEVERITY_SHARE, Finding, severity, slice_rules
 
 MUST_SPEAK = SEVERITY_SHARE["high"]
 """GPU idle at or above this share of a step is never left without a finding at or above 'low'"""
-NET_OF_PROFILER_SLICES = ("launch", "input")
-"""the accounting slices the profiler's own host time lands in, in the order it is taken off them: it records an
-event per op and per runtime call, so the host issues more slowly under it (:mod:`kit.doctor.overhead`), and a
-DataLoader that runs in the main process (indexing every sample, collating, pinning: hundreds of recorded ops per
-batch) takes longer to hand over each batch -- the input slice takes at most the overhead's part recorded inside
-the DataLoader's waits (:attr:`kit.doctor.overhead.ProfilerOverhead.data_wait_us`). A finding that explains one of
-them is stated net of what is left of that overhead on its rank after the slices before it, and so is the idle that
-:func:`must_speak` guards"""
+NET_OF_PROFILER_SLICES = ("input", "launch")
+"""the accounting slices the profiler's own host time lands in, in the order it is taken off them: a DataLoader that
+runs in the main process (indexing every sample, collating, pinning: hundreds of recorded ops per batch) takes longer
+to hand over each batch by the profiler's events recorded inside its next() -- the input slice takes at most that
+part of the overhead (:attr:`kit.doctor.overhead.ProfilerOverhead.data_wait_us`), whatever the host's issuing took:
+those events lie inside the DataLoader's waits, not between launches -- and the host issues more slowly under it (an
+event per op and per runtime call: :mod:`kit.doctor.overhead`): the launch slice takes what is left. A finding that
+explains one of them is stated net of what is left of that overhead on its rank after the slices before it, and so
+is the idle that :func:`must_speak` guards"""
 OWN_SHARE = 0.5
 """a finding naming the late rank and others besides is the late rank's own (split off into late_rank) only when every
 other rank's cost in it is below this share of the late rank's: the majority of it is that rank's, as late_rank
@@ -101,22 +102,24 @@ def accounted(f: Finding, slices: tuple[str, ...], accounts: list[tuple[int, Acc
 
 def net_of_profiler(f: Finding, overhead: dict | None, accounts: "dict[int, Account] | None" = None) -> Finding:
     """A finding whose rule explains :data:`NET_OF_PROFILER_SLICES`, with the profiler's own overhead taken off its
-    cost (the median over its ranks of each rank's measured or estimated overhead; for a slice after the first, what
-    is left of the overhead of the rank whose cost it states after that rank's earlier slices, which needs its
-    ``accounts``); the traced cost and the overhead's numbers and basis go into the evidence. Other findings
-    unchanged."""
+    cost: the median over its ranks of each rank's measured or estimated overhead, at most the part of it that lands
+    in the finding's first such slice (:func:`_cap`); where an earlier slice took a part of it on some rank (the
+    input slice, before launch), what is left of the overhead of the rank whose cost it states after that rank's
+    earlier slices, which needs its ``accounts``. The traced cost and the overhead's numbers and basis go into the
+    evidence. Other findings unchanged."""
     r = RULES.get(f.rule)
     if not overhead or r is None or r.explains is None or not set(r.explains.slices) & set(NET_OF_PROFILER_SLICES):
         return f
     first = min(NET_OF_PROFILER_SLICES.index(s) for s in r.explains.slices if s in NET_OF_PROFILER_SLICES)
-    before = NET_OF_PROFILER_SLICES[:first]
-    if before:  # the overhead left on the stated rank after its earlier slices took theirs
+    before, s0 = NET_OF_PROFILER_SLICES[:first], NET_OF_PROFILER_SLICES[first]
+    took = any(_cap(v, x) > 0 for rk, v in overhead.items() if rk in f.ranks and v is not None and v.basis != "none"
+               for x in before)
+    if took:  # the overhead left on the stated rank after its earlier slices took theirs
         rk = f.evidence.get("rank", f.ranks[0] if len(f.ranks) == 1 else None)
         o = overhead.get(rk) if rk is not None else None
         a = (accounts or {}).get(rk)
         if o is None or o.basis == "none" or a is None:
             return f
-        s0 = NET_OF_PROFILER_SLICES[first]
         left = _left(o, a, before, s0)
         if left <= 0:
             return f
@@ -124,15 +127,22 @@ def net_of_profiler(f: Finding, overhead: dict | None, accounts: "dict[int, Acco
         whole, o = o, dataclasses.replace(o, overhead_us=left)
         overhead = {k: (dataclasses.replace(v, overhead_us=_left(v, accounts[k], before, s0))
                         if k in (accounts or {}) and v.basis != "none" else None) for k, v in overhead.items()}
-        after = f" ({whole.overhead_us / 1e3:.2f} ms per step, {o.basis}; {left / 1e3:.2f} ms of it recorded " \
-                f"inside the DataLoader's waits and not already taken off the {' and '.join(before)} slice)"
-    else:
-        mine = sorted((o for rk, o in overhead.items() if rk in f.ranks and o.basis != "none"),
-                      key=lambda o: o.overhead_us)
-        if not mine:
+        after = f" ({whole.overhead_us / 1e3:.2f} ms per step, {o.basis}; {left / 1e3:.2f} ms of it not already " \
+                f"taken off the {' and '.join(before)} slice, where the profiler's events inside the DataLoader's " \
+                f"waits went)"
+    else:  # each rank's overhead, at most the part of it that lands in the slice
+        capped = {k: dataclasses.replace(v, overhead_us=_cap(v, s0)) if v is not None and v.basis != "none" else v
+                  for k, v in overhead.items()}
+        mine = sorted(((v, capped[rk]) for rk, v in overhead.items() if rk in f.ranks and v is not None
+                       and v.basis != "none"), key=lambda p: p[1].overhead_us)
+        if not mine or mine[len(mine) // 2][1].overhead_us <= 0:
             return f
-        whole = o = mine[len(mine) // 2]
+        (whole, o), overhead = mine[len(mine) // 2], capped
         extra, after = {}, f" ({o.overhead_us / 1e3:.2f} ms per step, {o.basis})"
+        if o.overhead_us < whole.overhead_us:
+            extra = {"profiler_overhead_left_us": round(o.overhead_us, 1), "profiler_in_data_wait_us": _r(o.overhead_us)}
+            after = (f" ({whole.overhead_us / 1e3:.2f} ms per step, {o.basis}; {o.overhead_us / 1e3:.2f} ms of it "
+                     f"recorded inside the DataLoader's waits)")
     ev = {**f.evidence, "cost_traced_us_per_step": f.cost_us_per_step, **whole.as_dict(), **extra}
     if isinstance(ev.get("per_rank"), dict):  # each rank's cost net of its own overhead
         ev["per_rank"] = {rk: _net_rank(n, overhead.get(int(rk))) for rk, n in ev["per_rank"].items()}
@@ -143,15 +153,19 @@ def net_of_profiler(f: Finding, overhead: dict | None, accounts: "dict[int, Acco
 
 
 def _left(o, a: Account, slices, s: str) -> float:
-    """The overhead slice ``s`` may take on a rank: what the rank's earlier ``slices`` left (:func:`net_costs`'
-    order), at most the part of it that lands in ``s`` (:func:`_cap`)."""
-    return max(0.0, min(o.overhead_us - sum(a.cost(x) for x in slices), _cap(o, s)))
+    """The overhead slice ``s`` may take on a rank: what the rank's earlier ``slices`` left -- each took its cost, at
+    most the part of the overhead that lands in it (:func:`net_costs`' order) -- at most the part that lands in ``s``
+    (:func:`_cap`)."""
+    left = o.overhead_us
+    for x in slices:
+        left -= min(a.cost(x), max(0.0, left), _cap(o, x))
+    return max(0.0, min(left, _cap(o, s)))
 
 
 def _cap(o, s: str) -> float:
     """The most of the overhead ``o`` that can land in slice ``s``: all of it in the launch slice; in the input slice
-    the part recorded inside the DataLoader's waits."""
-    return o.overhead_us if s != "input" else float(o.data_wait_us or 0.0)
+    the part recorded inside the DataLoader's waits (never more than the whole)."""
+    return o.overhead_us if s != "input" else min(o.overhead_us, float(o.data_wait_us or 0.0))
 
 
 def _r(x):

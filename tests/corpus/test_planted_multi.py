@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "corpus" / "planted_multi.py"
-CORPORA = sorted(p for p in (ROOT / "tests" / "data" / "doctor").glob("corpus-h100x*") if p.is_dir())
+CORPORA = sorted(p for p in (ROOT / "tests" / "data" / "doctor").glob("corpus-h[0-9]*x*") if p.is_dir())
 KEYS = {"case", "fault", "variant", "expected_rule", "expected_ranks", "model", "parallel", "dtype", "profiler",
         "device", "world_size", "step_us_unprofiled", "control", "added_us", "fault_params", "nccl_env", "torch"}
 
@@ -34,7 +34,12 @@ def test_truths_and_traces_agree(corpus):
         if t["control"] != name and t["control"] in truths:
             ctl = truths[t["control"]]
             assert ctl["fault"] == "none" and ctl["model"] == t["model"] and ctl["parallel"] == t["parallel"]
-            assert t["added_us"] == pytest.approx(s["median"] - ctl["step_us_unprofiled"]["median"], abs=0.2)
+            # recorded interleaved with its control in one process: against that control's samples
+            base = (t["paired_control"] if t.get("paired_control") else ctl["step_us_unprofiled"])["median"]
+            assert t["added_us"] == pytest.approx(s["median"] - base, abs=0.2)
+        if t.get("paired_control"):
+            by = t["added_us_by_alternation"]
+            assert len(by) == t["interleaved"]["alternations"] >= 2 and min(by) <= t["added_us"] * 1.5
         traces = sorted((corpus / name).glob("*.json.gz"))
         assert len(traces) == t["world_size"], name
         pattern = {"tb_handler": "*.pt.trace.json.gz", "kit.capture": "trace_rank*.json.gz"}[t["profiler"]]
