@@ -178,6 +178,7 @@ CASES = _cases()
 PAIRS = {
     "accum": ("gpt-ddp-bf16-accum", "gpt-ddp-bf16-accum_no_sync"),
     "fsdp_gpu": ("gpt-fsdp-bf16-control", "gpt-fsdp-bf16-gpu_rank"),
+    "ddp_gpu": ("gpt-ddp-bf16-control", "gpt-ddp-bf16-gpu_rank"),
 }
 """a fault and its control that one job runs by turns (:meth:`MultiJob.arm`), recorded interleaved in one process
 (``--pair``): the fault's added time without what differs between processes and minutes (one recording's host ran
