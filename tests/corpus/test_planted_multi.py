@@ -86,3 +86,27 @@ def test_dry_run_on_gloo_ranks(tmp_path):
     bad = subprocess.run([sys.executable, str(SCRIPT), "--cases", "no-such-case"], capture_output=True, text=True,
                          timeout=120, cwd=ROOT)
     assert bad.returncode == 2 and "unknown case" in bad.stderr
+
+
+def test_a_pair_recorded_interleaved_states_its_added_time_against_its_own_control(tmp_path):
+    """--pair: the fault's truth holds its control arm's samples (paired_control), the added time against them and
+    per round (each block's job median, the slower rank per step, less the control's block of that round)."""
+    m = _module()
+    arms = [m.CASES[x] for x in m.PAIRS["accum"]]
+    for c in arms:
+        (tmp_path / c["name"]).mkdir()
+    n, rounds = 3, 2
+
+    def rank(base):  # samples of 2 rounds of n steps; blocks as time_interleaved gives them
+        out = {}
+        for c, add in zip(arms, (0.0, 1000.0)):
+            s = [base + add + 10.0 * i for i in range(n * rounds)]
+            out[c["name"]] = m.P.summarize(s) | {"blocks": [[0, n], [n, 2 * n]]}
+        return out
+
+    truths = m._pair_truths(arms, 2, "cpu", [rank(20000.0), rank(20005.0)], {}, tmp_path, {}, rounds, n)
+    fault, ctl = truths[arms[1]["name"]], truths[arms[0]["name"]]
+    m._added(fault, tmp_path)
+    assert fault["paired_control"]["samples"] == ctl["step_us_unprofiled"]["samples"]
+    assert fault["added_us"] == pytest.approx(1000.0) and fault["added_us_by_alternation"] == [1000.0, 1000.0]
+    assert fault["interleaved"]["alternations"] == rounds and fault["interleaved"]["block_median_us"][0] == 21015.0
