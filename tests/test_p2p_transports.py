@@ -454,7 +454,7 @@ def test_parts_are_timed_next_to_the_steps_of_each_driver():
     from kit.investigations.p2p_transports import pipeline_run as R
 
     stages = {s: P.Stage(s, 2, 1, 8, 4, 2, torch.device("cpu"), torch.float32) for s in range(2)}
-    T = types.SimpleNamespace(caps=transports.Capabilities(), name="gloo")
+    T = types.SimpleNamespace(caps=transports.Capabilities(in_process=True), name="copy")  # CPU stages, no messages
     Pl = types.SimpleNamespace(stages=stages, n=2, comm=None)
     cfg = types.SimpleNamespace(pipeline_micro_batches=2, pipeline_drivers=["host"], warmup=1)
     parts = R.Parts(cfg, None, T, types.SimpleNamespace(is_cuda=False), Pl, dict(transport="gloo", world_size=2), 64)
@@ -665,6 +665,10 @@ def test_whole_experiment_on_gloo(tmp_path):
     rows = df[df.kind == "pipeline"]
     assert (rows.host_us > 0).all() and (rows.host_compute_us > 0).all() and (rows.host_compute_us <= rows.host_us).all()
     assert 0 < pp.host_compute_ms <= pp.host_ms <= pp.time_ms_median
+    # each process's side of a message as the pipeline's step posts it, timed next to the host-driven steps
+    msg = df[(df.kind == "pipeline_part") & (df.part == "message host")]
+    assert set(zip(msg.side, msg["rank"])) == {("send", 0), ("recv", 1)} and (msg.host_us > 0).all()
+    assert len(msg) == 2 * cfg.pipeline_steps * cfg.pipeline_micro_batches and set(msg.driver) == {"host"}
     # CPU-only rows: every analysis answers, the findings speak of gloo at the largest size it measured
     _every_analysis_answers(runs, filled=("skipped", "bandwidth", "comm_comm", "comm_compute", "semantics",
                                           "pipeline"))
@@ -942,8 +946,13 @@ def test_gpu_pipeline_same_numbers_over_every_transport(tmp_path, world):
     assert (eager.host_us > 0).all() and (eager.host_compute_us <= eager.host_us).all()
     msg = df[(df.kind == "pipeline_part") & (df.part == "message host")]
     steps, m = cfg.pipeline_steps, cfg.pipeline_micro_batches
-    assert set(msg.transport) == {"copy"} and set(msg.driver) == {"host"} and (msg.host_us > 0).all()
-    assert len(msg) == (world - 1) * steps * m  # m per hop before each timed host-driven step
+    assert set(msg.transport) == {"copy", "ipc", "nccl"} and set(msg.driver) == {"host"} and (msg.host_us > 0).all()
+    # m per hop before each timed host-driven step: one thread's whole path (copy), each process its own side
+    assert len(msg[msg.transport == "copy"]) == (world - 1) * steps * m and msg[msg.transport == "copy"].side.isna().all()
+    for t in ("ipc", "nccl"):
+        sides = msg[msg.transport == t]
+        assert len(sides) == 2 * (world - 1) * steps * m
+        assert set(zip(sides.side, sides["rank"] - sides.src)) == {("send", 0), ("recv", 1)}
     # every stage's forward and backward timed next to each timed step of each driver (m samples each); the
     # thread-per-stage driver's with every stage's thread issuing at once as well
     fb = df[(df.kind == "pipeline_part") & df.part.isin(["F", "B"])]

@@ -53,6 +53,17 @@ class Sync:
             self.sync()
 
 
+    def host_barrier(self) -> None:
+        """The processes meet on the host only (the gloo group where there is one): no GPU is synchronised or
+        given a kernel, so a transfer already queued on a GPU (an NCCL send waiting for its receive) is left as it is."""
+        import torch.distributed as dist
+
+        if self._group is not None:
+            dist.barrier(group=self._group)
+        else:
+            self._ctx.barrier()
+
+
 def sync_for(T, ctx, host_group=None) -> Sync:
     return Sync(ctx, T.caps.in_process, ctx.is_cuda and T.caps.cuda, host_group)
 

@@ -232,9 +232,10 @@ def _host_model(comp: pd.DataFrame, hops: pd.DataFrame, p: int, m: int, r, msg: 
                 qq: float = 0.5, step=None) -> float:
     """:func:`simulate` with the host's time to issue each stage's forward and backward alone (the parts'
     ``host_us``, the transport's own run's: one process measures its stages one after another, several processes
-    theirs at once, and the host's time per step differs between the two) and each message alone (the transfer part's ``host_us``: per message, each rank's own side; one
-    process issues both sides of an in-process transport's message, counted once, on the receiving step -- from
-    ``msg``, the ``message host`` part measured as the pipeline's thread posts it, where the run has it): one
+    theirs at once, and the host's time per step differs between the two) and each message's (``msg``, the
+    ``message host`` part, posted as the pipeline posts it after a compute step, where the run has it -- else the
+    transfer part's ``host_us``, back to back: per message, each rank's own side; one process issues both sides of
+    an in-process transport's message, counted once, on the receiving step): one
     host for every stage where one thread drives them all (an in-process transport, host-driven), one per stage
     otherwise; a device-bound CUDA graph has none (the device model). Every part (device and host times, each
     message's) at its quantile ``qq``: 0.5 the model, 0.1 its lower spread bound. A thread per stage (``how``
@@ -264,7 +265,7 @@ def _host_model(comp: pd.DataFrame, hops: pd.DataFrame, p: int, m: int, r, msg: 
     for k in range(p - 1):  # the host's time per message alone, each side's own (one process: both in one)
         t = hops[(hops["src"] == k) & (hops["dst"] == k + 1)] if "src" in hops.columns else hops.iloc[:0]
         ctx_ = msg[(msg["src"] == k) & (msg["dst"] == k + 1)] if len(msg) and "src" in msg.columns else msg.iloc[:0]
-        if caps is not None and caps.in_process and len(ctx_):  # as the pipeline's thread posts it
+        if len(ctx_):  # as the pipeline posts it (one thread: both sides; a process per stage: each its own)
             t = ctx_
         hu = t.dropna(subset=["host_us"]) if "host_us" in t.columns else t.iloc[:0]
         if caps is not None and caps.in_process:

@@ -245,6 +245,7 @@ class Parts:
         self.holds: dict = {}
         self.sample = 0  # a running index per transport: samples before different steps and drivers never share one
         self.one = T.caps.in_process and P.comm is not None and bool(P.stages)
+        self.cross = not T.caps.in_process and "host" in cfg.pipeline_drivers  # every rank takes part (barriers)
 
     def transfers(self):
         """Warm the compute parts up (sizing their holds) and the host-time passes; then one activation sent between
@@ -256,6 +257,8 @@ class Parts:
             _concurrent_host_times(self.stages, cfg.warmup, 0, S.is_cuda)
         if self.one:
             _message_host_times(T, P, cfg.warmup, 0)
+        if self.cross:
+            _message_sides_times(T, P, S, cfg.warmup, 0)
         post = lambda T_, op_list: post_ops(T_, op_list, P.comm)  # noqa: E731 -- as the pipeline posts them
         for s in range(P.n - 1):
             ctx.step(f"{T.name} pipeline parts transfer {s}->{s + 1}", point=False)
@@ -289,6 +292,10 @@ class Parts:
             for (a, b), samples in _message_host_times(self.T, self.P, 0, m).items():
                 yield from (dict(tag, part="message host", src=a, dst=b, bytes=self.act, sample=k0 + i,
                                  time_us=math.nan, host_us=us) for i, us in enumerate(samples))
+        if how == "host" and self.cross:
+            for (a, b), samples in _message_sides_times(self.T, self.P, self.S, 0, m).items():
+                yield from (dict(tag, part="message host", src=a, dst=b, bytes=self.act, sample=k0 + i, side=side,
+                                 time_us=math.nan, host_us=us) for i, (side, us) in enumerate(samples))
         for w, g in kept:
             w.grad = g
         self.sample += m
@@ -464,4 +471,53 @@ def _message_host_times(T, P: Pipeline, warmup: int, repeats: int) -> dict[tuple
         P.sync()
     for s in st.values():
         s.zero_grad()
+    return out
+
+
+def _message_sides_times(T, P: Pipeline, S, warmup: int, repeats: int) -> dict[tuple[int, int], list[tuple[str, float]]]:
+    """{(src, dst): [(side, host us) per sample]}: a cross-process transport's host path for one activation, this
+    rank's side of it, as the pipeline's step posts it: over every hop in turn the sending rank issues its stage's
+    forward and posts the send (:func:`.pipeline.post_ops`: one ``exchange`` on the comm stream), the processes meet
+    on the host (:meth:`.harness.Sync.host_barrier`: the receive's wait then holds no wait for the sender's post), the
+    receiving rank issues a forward of its own (in the pipeline a receive follows a compute step) and then allocates
+    the buffer, posts the receive, waits for it and records the buffer on its compute stream; the sender then waits
+    for its send (a rendezvous transport issues its copy there), synchronised once per sample. The transfer part's
+    ``host_us`` times a message back to back with nothing in between, which costs the host less than in the
+    pipeline's steps (FINDINGS.md, P2P on 2 H200s)."""
+    import torch
+
+    me = P.stages  # this rank's stage
+    hops = [(s, s + 1) for s in range(P.n - 1)]
+    xs = {s: torch.randn(st.batch, st.hidden, device=st.device, dtype=st.dtype) for s, st in me.items()}
+    out = {h: [] for h in hops}
+    clock = time.perf_counter
+
+    def fwd(s):
+        with torch.cuda.device(me[s].device) if me[s].device.type == "cuda" else nullcontext():
+            return forward(me[s].weights, xs[s]).detach()
+
+    for i in range(-warmup, repeats):
+        for a, b in hops:
+            ws = []
+            if a in me:
+                y = fwd(a)
+                h0 = clock()
+                ws = post_ops(T, [("send", y, b)], P.comm)
+                if i >= 0:
+                    out[(a, b)].append(("send", (clock() - h0) * 1e6))
+            S.host_barrier()
+            if b in me:
+                fwd(b)
+                h0 = clock()
+                buf = me[b]._buffer(P.comm)
+                post_ops(T, [("recv", buf, a)], P.comm)[0].wait()
+                if buf.is_cuda:
+                    buf.record_stream(torch.cuda.current_stream(me[b].device))
+                if i >= 0:
+                    out[(a, b)].append(("recv", (clock() - h0) * 1e6))
+            for w in ws:
+                w.wait()
+        S.sync()
+    for st in me.values():
+        st.zero_grad()
     return out
