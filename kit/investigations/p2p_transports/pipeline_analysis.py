@@ -478,7 +478,10 @@ def findings(df) -> list[Observation]:
                                f"bubble {r.bubble_fraction:.0%}, slowest stage F+B {r.stage_f_plus_b_ms:.3f} ms, "
                                f"transfer {r.transfer_ms:.3f} ms)"
                                + (f"; with the host's time to issue each step {r.host_model_ms:.2f} ms "
-                                  f"({r.measured_vs_host_model:.2f}x)" if r.host_model_ms == r.host_model_ms else "")
+                                  f"({r.measured_vs_host_model:.2f}x"
+                                  + (f"; each step against the parts timed beside it {r.measured_vs_host_model_paired:.2f}x"
+                                     if r.measured_vs_host_model_paired == r.measured_vs_host_model_paired else "")
+                                  + ")" if r.host_model_ms == r.host_model_ms else "")
                                + (f"; the host's time inside the iteration {r.host_in_iteration_ms:.2f} ms"
                                   if r.host_in_iteration_ms == r.host_in_iteration_ms else ""),
                                float(r.measured_vs_model)))
