@@ -483,6 +483,30 @@ def test_parts_are_timed_next_to_the_steps_of_each_driver():
     assert mo.host_model_ms * 1e3 == pytest.approx(sim(3.0)) and mo.measured_vs_host_model_paired == pytest.approx(1.0)
 
 
+def test_message_sides_are_warmed_after_the_transfers_connect_the_pair(monkeypatch):
+    """A cross-process transport's message sides are posted a host barrier apart, so their pass must not be the first
+    send and receive of a pair: NCCL connects a pair on its first send and receive, both posted at once (the transfer
+    part's), and the sides' pass as the first P2P of a pipeline-only run hung on 2 GPUs."""
+    import types
+
+    import torch
+
+    from kit.investigations.p2p_transports import pipeline_run as R
+
+    order = []
+    monkeypatch.setattr(R.H, "timed_rows", lambda *a, **k: order.append("transfer") or [])
+    monkeypatch.setattr(R, "_message_sides_times", lambda *a, **k: order.append("sides") or {})
+    monkeypatch.setattr(R.H, "free", lambda ctx: None)
+    stages = {1: P.Stage(1, 2, 1, 8, 4, 2, torch.device("cpu"), torch.float32)}
+    T = types.SimpleNamespace(caps=transports.Capabilities(), name="nccl")
+    cfg = types.SimpleNamespace(pipeline_micro_batches=2, pipeline_drivers=["host", "device"], warmup=1)
+    ctx = types.SimpleNamespace(step=lambda *a, **k: None)
+    parts = R.Parts(cfg, ctx, T, types.SimpleNamespace(is_cuda=False), types.SimpleNamespace(stages=stages, n=2, comm=None),
+                    dict(transport="nccl", world_size=2), 64)
+    list(parts.transfers())
+    assert order == ["transfer", "sides"]
+
+
 def test_thread_per_stage_host_times_and_their_model(monkeypatch):
     """The thread-per-stage driver's host times: every stage's thread issues its forward at once, then its backward
     (CPU stages here: the same code path without CUDA), one sample per repeat. Its model takes those times (one

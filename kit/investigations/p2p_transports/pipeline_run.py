@@ -257,14 +257,15 @@ class Parts:
             _concurrent_host_times(self.stages, cfg.warmup, 0, S.is_cuda)
         if self.one:
             _message_host_times(T, P, cfg.warmup, 0)
-        if self.cross:
-            _message_sides_times(T, P, S, cfg.warmup, 0)
         post = lambda T_, op_list: post_ops(T_, op_list, P.comm)  # noqa: E731 -- as the pipeline posts them
         for s in range(P.n - 1):
             ctx.step(f"{T.name} pipeline parts transfer {s}->{s + 1}", point=False)
             yield from H.timed_rows(cfg, ctx, T, S, [(s, s + 1, self.act)],
                                     dict(self.keys, part="transfer", src=s, dst=s + 1, bytes=self.act),
                                     kind="pipeline_part", post=post)
+        if self.cross:  # after the transfers: NCCL connects a pair on its first send and receive, both posted at
+            # once (the sides' pass posts them a host barrier apart: as the first P2P of a pair it hung on 2x H200)
+            _message_sides_times(T, P, S, cfg.warmup, 0)
         H.free(ctx)
 
     def _threads(self) -> bool:
