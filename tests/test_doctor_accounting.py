@@ -234,6 +234,34 @@ def test_catch_up_is_the_blocked_threads_and_a_block_is_charged_once():
     assert _acc(pinned).per_step_us("host_stall") == _acc(base).per_step_us("host_stall") > 3000
 
 
+def test_a_drained_queue_is_charged_to_the_block_that_drained_it():
+    """The queue-drain attribution: (1) a 2910 us synchronize drains the GPU; the host issues a 1 ms kernel and
+    waits 5 ms for its DataLoader, which the empty queue no longer hides: of the wait's 3940 us of idle the first
+    2880 us are the sync's (its 2910 us less its own 10 us and the 20 us launch after it: the host would have been
+    that much further ahead, no more), the rest is the wait's, and so is the launch after it (the wait's own debt);
+    (2) a synchronize after a DataLoader wait ends the wait's debt (the lead it cost would have been spent waiting
+    in the synchronize): the launch after the synchronize is the host's own pace; (3) the same as (1) with the
+    batch from worker processes: the wait ends when the workers have it, however early the host comes -- all of it
+    is the wait's. Queued: 90 us at each start."""
+    sync = lambda ts, d: _x("cudaStreamSynchronize", "cuda_runtime", ts, d)  # noqa: E731
+    loader = lambda ts, d, it="_SingleProcessDataLoaderIter": _x(  # noqa: E731
+        f"enumerate(DataLoader)#{it}.__next__", "user_annotation", ts, d)
+
+    def drained(it="_SingleProcessDataLoaderIter"):
+        return _acc([_x("ProfilerStep#1", "user_annotation", 0, 12000), _launch(1, 0), _kernel(1, 100, 3000),
+                     sync(200, 2910), _launch(2, 3120), _kernel(2, 3200, 1000), loader(3140, 5000, it),
+                     _launch(3, 8150), _kernel(3, 8200, 3800)])
+
+    got = {s: round(drained().per_step_us(s)) for s in ("sync", "input", "launch", "queued")}
+    assert got == {"sync": 10 + 20 + 2880, "input": 3940 - 2880 + 20, "launch": 0, "queued": 90 + 70 + 40}
+    got = {s: round(drained("_MultiProcessingDataLoaderIter").per_step_us(s)) for s in ("sync", "input", "launch")}
+    assert got == {"sync": 10 + 20, "input": 3940 + 20, "launch": 0}
+    b = _acc([_x("ProfilerStep#1", "user_annotation", 0, 8000), _launch(1, 0), _kernel(1, 100, 1000),
+              loader(200, 3000), sync(3210, 20), _launch(2, 3300), _kernel(2, 3400, 4600)])
+    got = {s: round(b.per_step_us(s)) for s in ("sync", "input", "launch", "queued")}
+    assert got == {"sync": 20, "input": 2100 + 10, "launch": 80, "queued": 90 + 90}
+
+
 def test_zero_length_activity_only_is_a_skip_not_an_error(tmp_path):
     from kit.doctor import diagnose
 

@@ -28,17 +28,6 @@ LOW_RATIO, HIGH_RATIO = 0.5, 2.0
 
 FIRST_MISSES = {
     # case: why the top finding is not the planted fault, or its cost not 0.5-2x the added time, today
-    "corpus/cnn-host_sync": "input_bound comes first (4.3 ms net of the profiler's ops inside next(), 5.5 traced), "
-                            "host_sync second at 2.1 ms (0.51x the 4.19 ms added): the per-parameter .item() syncs "
-                            "drain the GPU's queue, so the DataLoader's next() after them runs on an idle GPU -- in "
-                            "cnn-control the same next() is hidden behind queued work (no input slice) -- and the "
-                            "accounting charges idle to what the host is doing, not to what emptied the queue",
-    "corpus/gpt-host_sync": "host_sync comes first (launch_bound's cost is now net of the profiler's estimated "
-                            "overhead) but costs 0.8 ms, 0.4x the 2.05 ms added: the per-parameter "
-                            "grad.norm().item() loop is both -- its syncs drain the queue and its ~100 norm launches "
-                            "cost the host time the GPU waits for; the launch slice (1.36 ms traced) goes entirely to "
-                            "the profiler's estimated overhead (2.24 ms, the isolated-loop table), 3x what the step "
-                            "lost to the profiler (13.18 ms traced, 12.46 unprofiled)",
     "corpus/gpt-input_bound-nosteps": "input_bound costs 2-4x the added time: profiled without a schedule, the "
                                       "traced span starts cold (32 ms against 20 ms unprofiled) and the "
                                       "DataLoader's share grows with it",

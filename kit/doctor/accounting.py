@@ -39,13 +39,18 @@ thread, and the stretch is split by what the thread was doing, in this precedenc
 6. ``launch``     -- anything else: the thread was issuing work (ops, launches, the framework's per-op cost
    between them) and could not keep up with the kernels.
 
-**Catch-up.** A thread that was blocked (1-5) when the GPU ran dry let the queue drain; after it returns it needs
-time to refill the queue, and the GPU idles meanwhile although the thread is "issuing". That catch-up is the
-block's cost (a host that was never blocked would have been ahead): from an idle stretch that begins inside a
-block, the ``launch`` time of that stretch and of the stretches that follow while the host stays behind (each
-kernel waiting for the next launch) goes to the block, up to the block's own duration -- a host blocked D us is
-at most D us behind (:func:`catch_up`). A block that begins after the GPU already ran dry (a host that was behind
-anyway: launch-bound) keeps only its own time. ``step_start``: a ``launch`` part before the first GPU
+**Catch-up (the queue-drain attribution).** A thread that was blocked (1-5) when the GPU ran dry let the queue
+drain; after it returns the GPU idles while the host refills the queue, although the thread is "issuing" (or
+waiting for its DataLoader, a wait the queued work would have hidden). A host blocked D us is D us behind where it
+would have been without the block: of the host-caused idle that follows on that thread, the first D us are the
+block's (:func:`owed_idle`: without the block the host's later work would have been issued D us earlier and the
+GPU would have run it in that idle instead; the GPU running, and its queued gaps, pay nothing of the debt) -- what
+the step would save without the block, and no more. The oldest block still owed takes an idle microsecond, so a
+DataLoader wait that a ``.item()`` per parameter exposed is the syncs', and the wait's own debt counts after
+theirs; a wait that ends when something else is done (a synchronising call or a device free: the GPU; a
+request to the DataLoader's worker processes: the workers) ends the other blocks' debts, the lead used up there,
+and its own idle is its own. A block that begins after the GPU already ran dry (a host that was behind anyway: launch-bound)
+keeps only its own time. ``step_start``: a ``launch`` part before the first GPU
 work a window issued (the host runs a step's Python before issuing anything). ``unexplained``: idle before which
 no issuing call is in the trace (no CUDA runtime events; work issued before the trace began). Idle after the last
 GPU work of the trace is split by what the thread that issued that work did next.
@@ -86,6 +91,12 @@ HOST_KIND = {"input": "data_wait", "sync": "sync", "allocator": "alloc", "host_s
 """the host model's kind (:data:`kit.doctor.host_model.KINDS`) behind each blocking slice; ``pageable`` is the host
 model's ``pageable_h2d`` calls (:func:`pageable_spans`)"""
 TOP_STALLS = 5
+FREE_CALLS = frozenset({"cudaFree", "cuMemFree"})
+"""the allocator's calls that wait for the GPU: freeing device memory synchronises the device (the CUDA runtime
+API's note on cudaFree: an implicit device synchronisation; ``empty_cache()`` is a run of them); the queue is
+drained when they return, like a synchronising call's"""
+WORKER_LOADER = "_MultiProcessingDataLoaderIter"
+"""in a DataLoader request's annotation: the batch comes from worker processes (``num_workers > 0``)"""
 
 
 @dataclass(frozen=True)
@@ -278,7 +289,8 @@ def account(view: "RankView", host: "HostModel | None" = None) -> "Account | Non
                                                                          aggfunc="sum", fill_value=0.0)
     per = per.reindex(index=range(len(win)), columns=list(SLICES), fill_value=0.0)
     grp = np.where(idle, w * (len(starts) + 1) + nxt, -1)
-    for (wi, cause, k), amount in catch_up(grp, w, nxt, cls, dur, s, t_next, host).items():
+    waits = {t: waiting_calls(model, t) for t in threads}
+    for (wi, cause, k), amount in owed_idle(grp, w, cls, dur, s, t_next, host, waits).items():
         per.loc[wi, k] -= amount
         per.loc[wi, cause] += amount
     per_step = pd.concat([win.reset_index(drop=True).assign(dur=wb - wa), per.reset_index(drop=True)], axis=1)
@@ -311,64 +323,89 @@ def pageable_spans(host: HostModel, tid: Any) -> "tuple[np.ndarray, np.ndarray]"
     return union_np(c["ts"], c["end"])
 
 
-def catch_up(grp, w, nxt, cls, dur, s, t_next, host) -> dict[tuple[int, str, str], float]:
-    """The catch-up of every block (module docstring): ``{(window, cause, slice): us}`` to move from another
-    host-caused slice to the block's.
+def owed_idle(grp, w, cls, dur, s, t_next, host, waits) -> dict[tuple[int, str, str], float]:
+    """The queue-drain attribution (module docstring, *Catch-up*): ``{(window, cause, slice): us}`` to move from
+    a host-caused slice to the block whose drained queue left the GPU idle. ``waits``: per thread, per blocking
+    slice, the spans of its waits that end when something else is done (:func:`waiting_calls`).
 
-    An idle stretch (``grp``: same window, same next activity) that begins inside a block (the first segment's
-    class is input/sync/allocator/host_stall) was drained by that block: the host, blocked D us, is D us further
-    behind than it would have been. From there, in that stretch and the host-caused stretches that follow (until
-    one whose next work was already queued, or the GPU ran without idling for as long as the host is still
-    behind: it caught up), the host's time -- issuing, or another
-    wait that the drained queue now exposes (a DataLoader request after a ``synchronize``) -- is the block's, up
-    to D in all (its own overlap with the idle time included): a block costs at most its own duration of GPU
-    time. The same kind of block again while the host is behind (a ``.item()`` per parameter) adds its D; what
-    exceeds the budget keeps its own slice.
-    """
+    A block that drained the GPU (an idle stretch begins inside it) left its thread ``D`` us (its duration) behind
+    where it would have been without it. Had the host not blocked, its work after the block would have been issued
+    ``D`` us earlier and the GPU would have run it in the idle stretches that follow, until it had run ``D`` us of
+    them: each microsecond of host-caused idle GPU time after the block, on that thread, pays ``D`` down (the
+    block's *debt*), whatever the host was doing (issuing, or waiting for its DataLoader: a drained queue no longer
+    hides the wait). The GPU running without idling pays nothing (its kernels run as late with the block as
+    without), and neither do queued gaps (the GPU's own). Every debt of the thread is paid by every such
+    microsecond (each block's own what-if), and the microsecond goes to the oldest block still owed. Blocks of one
+    kind on one thread share one debt (a ``.item()`` per parameter adds its ``D`` each time). A wait that ends when
+    something else is done (``waits``: the GPU, the DataLoader's workers) ends the other kinds' debts begun before
+    it (the lead they cost the host would have been spent waiting in it), and the idle inside it is its own."""
     import numpy as np
-    import pandas as pd
 
-    m = grp >= 0
-    if not m.any():
+    m = np.flatnonzero(grp >= 0)
+    if not len(m):
         return {}
-    df = pd.DataFrame({"grp": grp[m], "w": w[m], "nxt": nxt[m], "cls": cls[m], "dur": dur[m], "s": s[m],
-                       "t": t_next[m]})
-    # plain dicts, not pandas lookups: the loop below runs once per idle stretch (thousands per rank)
-    tot = df.groupby(["grp", "cls"])["dur"].sum().to_dict()
-    firsts = df.sort_values("s", kind="stable").drop_duplicates("grp")
-    moves: dict[tuple[int, str, str], float] = {}
-    stretch_end = df.assign(e=df["s"] + df["dur"]).groupby("grp")["e"].max().to_dict()
-    cause, cause_t, block, budget, prev_end = None, None, None, 0.0, -np.inf
+    m = m[np.lexsort((s[m], grp[m]))]
+    g_, w_, c_, d_, s_, t_ = grp[m], w[m], cls[m], dur[m], s[m], t_next[m]
+    own = np.zeros(len(m), dtype=bool)  # idle inside a wait that ends when something else is done: its own
+    for t, by_kind in waits.items():
+        mt = t_ == t
+        for k, (a, b) in by_kind.items():
+            mk = mt & (c_ == k)
+            own[mk] = cover(a, b, s_[mk])
+    bounds = np.concatenate([[0], np.flatnonzero(np.diff(g_)) + 1, [len(m)]])
     host_classes = ("launch", "step_start") + BLOCKING
-    for g, wi, n, c0, s0, t in zip(firsts["grp"].tolist(), firsts["w"].tolist(), firsts["nxt"].tolist(),
-                                   firsts["cls"].tolist(), firsts["s"].tolist(), firsts["t"].tolist()):
-        busy = s0 - prev_end  # the GPU ran this long without idling since the previous stretch
-        prev_end = float(stretch_end[g])
-        if c0 not in host_classes or busy >= budget:
-            # the next work was already queued, or the GPU ran as long as the host was behind: caught up
-            cause, cause_t, block, budget = None, None, None, 0.0
-        if c0 not in host_classes:
+    moves: dict[tuple[int, str, str], float] = {}
+    debts: dict = {}  # thread -> {kind: [us owed, start of its first block]}, oldest first
+    seen: dict = {}  # (thread, kind) -> the block whose drain was counted last (one block, two windows: once)
+    for j in np.argsort(s_[bounds[:-1]], kind="stable"):  # the idle stretches in time order
+        lo, hi = int(bounds[j]), int(bounds[j + 1])
+        c0, t, s0, wi = c_[lo], t_[lo], float(s_[lo]), int(w_[lo])
+        if c0 not in host_classes:  # the next work was already queued: the GPU's own gap
             continue
+        mine = debts.setdefault(t, {})
+        waited = waits.get(t, {})
         if c0 in BLOCKING:
             a, b = host[t][c0]
             i = int(np.searchsorted(a, s0, side="right")) - 1
-            own = float(tot.get((g, c0), 0.0))
-            if (t, c0, i) == block:  # the same block still (it crosses a step boundary): its overlap counts too
-                budget = max(budget - own, 0.0)
-            elif c0 == cause and t == cause_t:  # the same kind again while behind (a .item() per parameter)
-                block, budget = (t, c0, i), budget + max(float(b[i] - a[i]) - own, 0.0)
-            else:  # a block drained the GPU: its account starts
-                cause, cause_t, block, budget = c0, t, (t, c0, i), max(float(b[i] - a[i]) - own, 0.0)
-        if cause is None or t != cause_t:  # catch-up is the blocked thread's own time, no other thread's
-            continue
-        for k in host_classes:  # the host is behind because of the block: its time here is the block's
-            if k == cause:
+            if i >= 0 and seen.get((t, c0)) != i:  # this block drained the GPU: its debt starts (or grows)
+                seen[(t, c0)] = i
+                mine.setdefault(c0, [0.0, float(a[i])])[0] += float(b[i] - a[i])
+        for q in range(lo, hi):
+            k, amount = c_[q], float(d_[q])
+            if k not in host_classes or amount <= 0 or not mine:
                 continue
-            take = min(float(tot.get((g, k), 0.0)), budget)
-            if take > 0:
-                moves[(int(wi), cause, k)] = moves.get((int(wi), cause, k), 0.0) + take
-                budget -= take
+            for x, (a, _) in waited.items():  # such a wait since another kind's block began
+                if len(mine) > (x in mine):
+                    i = int(np.searchsorted(a, s_[q], side="right")) - 1
+                    for y in [y for y, v in mine.items() if i >= 0 and y != x and v[1] < a[i]]:
+                        del mine[y]
+            if own[q]:  # such a wait's own idle pays its own kind's debt only
+                if k in mine:
+                    mine[k][0] = max(0.0, mine[k][0] - amount)
+                continue
+            taken = 0.0
+            for x, v in mine.items():  # the oldest debt still owed takes the microsecond ...
+                share = max(0.0, min(amount, v[0]) - taken)
+                if share > 0 and x != k:
+                    moves[(wi, x, k)] = moves.get((wi, x, k), 0.0) + share
+                taken += share
+            for v in mine.values():  # ... and every debt is paid down by it
+                v[0] = max(0.0, v[0] - amount)
     return moves
+
+
+def waiting_calls(host: HostModel, tid: Any) -> "dict[str, tuple[np.ndarray, np.ndarray]]":
+    """Thread ``tid``'s waits that end when something else is done, whenever they begin, by the slice they block
+    in, as sorted disjoint spans: its synchronising calls (``sync``) and device frees (``allocator``,
+    :data:`FREE_CALLS`) end when the GPU is done, its requests to a DataLoader's worker processes (``input``,
+    :data:`WORKER_LOADER`) when the workers have the batch -- a host that came earlier would have waited longer.
+    (An in-process DataLoader loads the batch when asked: that wait is the host's own work, and moves with it.)"""
+    c, act = host.calls, host.activity
+    free = c[(c["tid"] == tid) & c["base"].astype(str).isin(FREE_CALLS)]
+    data = act[(act["tid"] == tid) & (act["kind"] == "data_wait")]
+    data = data[data["name"].astype(str).str.contains(WORKER_LOADER, regex=False)]
+    return {"sync": host.spans("sync", tid), "allocator": union_np(free["ts"], free["end"]),
+            "input": union_np(data["ts"], data["end"])}
 
 
 def _stalls(view, calls, host, s, e, cls) -> tuple[dict, ...]:
