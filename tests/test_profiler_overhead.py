@@ -157,7 +157,6 @@ def test_input_costs_are_net_of_the_profilers_ops_inside_the_dataloader():
     ev = f.evidence
     rk = ev["rank"]
     a = {int(k): v for k, v in d.accounting.items()}[rk]
-    assert ev["profiler_in_data_wait_us"] > ev["cost_traced_us_per_step"]  # more than the whole slice
     assert ev["profiler_overhead_left_us"] == pytest.approx(ev["profiler_in_data_wait_us"], abs=5.0)
     assert f.cost_us_per_step == max(0.0, round(ev["cost_traced_us_per_step"] - ev["profiler_overhead_left_us"], 1))
     assert "recorded inside the DataLoader's waits" in f.summary and f"{f.cost_us_per_step / 1e3:.2f} ms" in f.summary
