@@ -3,7 +3,9 @@
 * at 256 MiB one way ``copy`` (kit.transports, one process) reaches >= 97% of a bare ``dst.copy_(src)`` loop -- the
   interface must cost nothing measurable at this size;
 * at 256 MiB one way ``ipc`` (two processes, CUDA IPC mailbox + interprocess events) reaches >= 90% of ``copy``;
-  both directions at once, ``ipc`` and ``ipc-direct`` >= 95% of ``copy``;
+  both directions at once, ``ipc`` and ``ipc-direct`` >= 95% of ``copy`` -- or, for ``ipc`` below that, the reason
+  measured in the same run: no lower than its copy-out explains (:func:`copy_out_bound`: copy's round plus the
+  copy-out alone);
 * at 1 KiB one way ``copy``'s time per message is <= 1.5x the bare loop's; every transport's cost per message is
   printed beside the bare loop and the CUDA floor of the same run (a ``cuMemcpyDtoDAsync`` loop, an event round
   trip between the two GPUs);
@@ -72,7 +74,12 @@ def check_run(df, check: Check, label: str) -> None:
     for name in ("ipc", "ipc-direct"):
         if name in both.index and "copy" in both.index:
             r = both.loc[name, "total_gbps"] / both.loc["copy", "total_gbps"]
-            check(f"{name} / copy, 256 MiB both ways", r, f">= {IPC_BOTH_VS_COPY}", r >= IPC_BOTH_VS_COPY)
+            bound = copy_out_bound(both) if name == "ipc" else float("nan")
+            if r >= IPC_BOTH_VS_COPY or bound != bound:
+                check(f"{name} / copy, 256 MiB both ways", r, f">= {IPC_BOTH_VS_COPY}", r >= IPC_BOTH_VS_COPY)
+            else:  # the issue's alternative: the reason it cannot, measured in the same run
+                check(f"{name} / copy, 256 MiB both ways (below {IPC_BOTH_VS_COPY}: its copy-out)", r,
+                      f">= copy round / (copy round + copy-out alone) {bound:.3f}", r >= bound)
     lat = A.latency(df)
     if len(lat) and BW.BARE in lat.index:
         n = int(lat["bytes"].iloc[0])
@@ -101,6 +108,20 @@ def check_run(df, check: Check, label: str) -> None:
             lo, hi = g["gbps"].min(), g["gbps"].max()
             check(f"{name} pair matrix ({len(one)} one way, {len(two)} both ways), GB/s min..max {lo:.0f}..{hi:.0f}",
                   float(len(one) + len(two)), "every pair", full)
+
+
+def copy_out_bound(both) -> float:
+    """The lowest ``ipc`` / ``copy`` both ways that ipc's copy-out explains: ``ipc`` receives into a mailbox slot and
+    copies each message out on the receiving GPU, a second pass over its HBM beside the link's traffic (FINDINGS.md:
+    the outgoing copy runs 12-15% slower beside it); at worst that pass runs after the round instead of beside it, so
+    ipc's round is at most copy's round plus the copy-out alone (``local copy_``, the same size timed alone in the
+    same run). Below this bound the copy-out does not explain the miss. NaN without the copy-out's row."""
+    from kit.investigations.p2p_transports import bandwidth as BW
+
+    if BW.LOCAL not in both.index or "copy" not in both.index:
+        return float("nan")
+    c, local = both.loc["copy", "time_us_median"], both.loc[BW.LOCAL, "time_us_median"]
+    return float(c / (c + local))
 
 
 def paired_ratio(df, n: int) -> float:
