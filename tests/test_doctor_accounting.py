@@ -262,6 +262,26 @@ def test_a_drained_queue_is_charged_to_the_block_that_drained_it():
     assert got == {"sync": 20, "input": 2100 + 10, "launch": 80, "queued": 90 + 90}
 
 
+def test_host_syncs_estimate_counts_an_in_process_dataloader_in_its_bubble():
+    """host_sync's own estimate (:func:`kit.doctor.rules.sync_costs.sync_costs`) agrees with the accounting on
+    what a drained queue exposes: a synchronize that waited for the GPU, then a 2000 us DataLoader request in the
+    2100 us bubble before the next kernel -- the sync's (min of bubble and blocked time) when the DataLoader loads
+    in the process (it would have loaded earlier), not when the batch comes from worker processes."""
+    from kit.doctor.host_model import host_model
+    from kit.doctor.rules.sync_costs import sync_costs
+
+    def cost(it):
+        ev = [_x("ProfilerStep#1", "user_annotation", 0, 10000), _launch(1, 0), _kernel(1, 100, 1000),
+              _launch(3, 20), _kernel(3, 1100, 2000), _x("cudaStreamSynchronize", "cuda_runtime", 200, 2910),
+              _x(f"enumerate(DataLoader)#{it}.__next__", "user_annotation", 3120, 2000),
+              _launch(2, 5130), _kernel(2, 5200, 3800)]
+        v = _view(traces.from_dict({"schemaVersion": 1, "traceEvents": ev}))
+        return sync_costs(replace(v, host=host_model(v))).cost_us
+
+    assert cost("_SingleProcessDataLoaderIter") == pytest.approx(2100)
+    assert cost("_MultiProcessingDataLoaderIter") == pytest.approx(100)
+
+
 def test_zero_length_activity_only_is_a_skip_not_an_error(tmp_path):
     from kit.doctor import diagnose
 

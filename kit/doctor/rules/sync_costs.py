@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...traces.intervals import covered
+from ...traces.intervals import covered, union_np
+from ..accounting import WORKER_LOADER
 from ..model import RankView
 from .host import EXCERPT_PAD_US, host_timeline
 
@@ -32,9 +33,10 @@ def sync_costs(view: RankView) -> SyncCosts:
     which a trace of one step does not hold: its catch-up is then the starved run that opens its own step, the
     previous step having ended the same way (steady state). A call counts when the GPU was still busy as it was
     made (else it waited for nothing); its cost is bubble + catch-up but at most the time it blocked (without
-    the call the host would have been that much further ahead, no more), less any wait for the DataLoader in
-    the bubble (the batch arrives when the loader has it: a host that got there earlier would only have waited
-    longer, and lost its lead all the same). Successive calls followed by the same kernels (``.item()``: a copy,
+    the call the host would have been that much further ahead, no more), less any wait for a DataLoader's
+    worker processes in the bubble (the batch arrives when the workers have it: a host that got there earlier
+    would only have waited longer, and lost its lead all the same; an in-process DataLoader loads when asked and
+    would have loaded earlier: :func:`kit.doctor.accounting.waiting_calls`). Successive calls followed by the same kernels (``.item()``: a copy,
     then a stream synchronize) count once."""
     return view.shared("sync_costs", _sync_costs)
 
@@ -52,6 +54,9 @@ def _sync_costs(view: RankView) -> SyncCosts:
     labels = k.index.to_numpy()
 
     fed = np.flatnonzero(kstarved == 0)  # positions of the kernels the host had issued in time
+    act = view.host.activity
+    act = act[(act["kind"] == "data_wait") & act["name"].astype(str).str.contains(WORKER_LOADER, regex=False)]
+    workers = union_np(act["ts"], act["end"])  # waits for a DataLoader's worker processes
 
     def run_from(j: int) -> "np.ndarray":  # positions j, j+1, ... while starved
         i = int(np.searchsorted(fed, j))
@@ -70,7 +75,7 @@ def _sync_costs(view: RankView) -> SyncCosts:
         nxt = h.starts[i] if i < n else np.nan
         bubble = waited = 0.0
         if nxt == nxt and nxt > a:
-            bubble, waited = nxt - a, float(covered(h.data_a, h.data_b, [a], [nxt])[0])
+            bubble, waited = nxt - a, float(covered(*workers, [a], [nxt])[0])
         step = int(np.searchsorted(step_start, call, side="right"))
         in_step = np.searchsorted(step_start, kcall, side="right") == step  # kernels issued in the call's step
         j = int(np.searchsorted(kts, ret))
