@@ -254,7 +254,10 @@ def test_example_item_is_a_host_sync(clean):
                    "against 111.6 ms traced) says 17.6 ms: no table was measured on this H200 host; the H100 host's "
                    "isolated-loop costs price its 9474 ops and 7007 runtime calls per step at 3.7 us per op, and the "
                    "same job paid 4.5-4.8 us per op on that H100 host (kit.capture, recorded/h100x2/profiler_overhead) "
-                   "but 1.7-2.3 on the H200 host, whose collective_tracing job paid 6.7: no per-op cost fits both")
+                   "but 1.7-2.3 on the H200 host, whose collective_tracing job paid 6.7, and the accum pair of "
+                   "tests/data/doctor/corpus-h200x2 7.8-9.0 on 2 H200s of a later session: no per-op cost fits them "
+                   "all. The job never waits for its GPU, so all of the profiler's time lengthens its step (nothing "
+                   "hides): the miss is the per-op cost alone")
 def test_example_tiny_kernels_is_launch_bound(clean):
     d = job("tiny-kernels")
     f = finding(d, "launch_bound")

@@ -205,6 +205,36 @@ def test_the_job_floor_counts_a_gpus_own_kernels_not_its_transfer():
     assert ov.job_floor({0: m, 1: est(15100.0, 10300.0)}, {})[0] is m
 
 
+def test_the_job_steps_at_the_pace_of_the_rank_that_loses_most():
+    """A rank that waits for a peer sees none of its own profiler time lengthen its step (its GPU waited for the peer,
+    not for its host), but it waits for the peer's: every rank's step is shortened by the largest exposed overhead
+    of the job, as far as the job's busiest GPU allows."""
+    def est(exposed, traced=16000.0):
+        return ov.ProfilerOverhead(traced, traced - exposed, exposed, "estimated", "a test", host_us=7000.0,
+                                   exposed_us=exposed, gpu_busy_us=3000.0, gpu_kernels_us=2000.0)
+
+    got = ov.job_floor({0: est(100.0), 1: est(6500.0), 2: est(300.0, traced=15800.0)}, {})
+    assert {r: o.overhead_us for r, o in got.items()} == {0: 6500.0, 1: 6500.0, 2: 6500.0}
+    assert "rank 1: 6500 us per step" in got[0].how and "pace" not in got[1].how
+
+
+@pytest.mark.skipif(not (CORPUS / "gpt-host_sync").exists(), reason="corpus not here")
+def test_profiler_time_hides_where_the_gpu_still_has_work():
+    """gpt-host_sync waits for its GPU after the forward, after every parameter's norm and at the step's end: the
+    profiler's time while the forward and backward queue ahead of the GPU lengthens nothing, the per-parameter
+    .item() loop's does. Estimated with the one-GPU loop table: 2.24 ms of profiler time per step, 0.68 ms of it
+    exposed, against the 0.71 ms the step lost (13.18 ms traced, 12.46 ms unprofiled in the corpus's timing); the
+    GPU-bound control exposes almost none of its 1.34 ms."""
+    case = CORPUS / "gpt-host_sync"
+    t = json.loads((case / "truth.json").read_text())
+    o = ov.overhead(next(case.glob("*.json.gz")))
+    assert o.basis == "estimated" and o.exposed_us < 0.5 * o.host_us and "waited for the host" in o.how
+    lost = o.traced_step_us - t["step_us_unprofiled"]["median"]
+    assert 0.5 <= o.overhead_us / lost <= 2.0
+    ctl = ov.overhead(next((CORPUS / "gpt-control").glob("*.json.gz")))
+    assert ctl.exposed_us < 0.2 * ctl.host_us
+
+
 MULTI = [p for p in sorted(CORPUS.parent.glob("corpus-h100x*/*/truth.json"))]
 
 
@@ -225,53 +255,35 @@ def test_the_trace_layer_counts_the_short_ops_it_leaves_out():
 @pytest.mark.parametrize("truth", MULTI, ids=[f"{p.parent.parent.name}/{p.parent.name}" for p in MULTI])
 def test_the_estimate_against_the_measured_overhead(truth):
     """Every multi-GPU corpus case whose overhead kit.capture measured, estimated as if it had not (the jobs table:
-    recorded/profiler_overhead/h100-jobs.json, fitted by tests/corpus/overhead_fit.py on these cases, whose
-    leave-one-out ratios it records): the estimate of the rank with most recorded ops (its host sets the pace) within
-    0.5-2.5x of the measured overhead (median over ranks) of a host-bound job."""
+    recorded/profiler_overhead/h100-jobs.json, fitted by tests/corpus/overhead_fit.py on these cases), the ranks
+    stepping at the pace of the one that loses most (job_floor): within 0.5-2x of the measured overhead (median over
+    ranks). In sample -- this case is in the fit; the out-of-sample check is test_the_per_op_cost_left_one_out."""
     case = truth.parent
     files = sorted(case.glob("*.json.gz"))
     measured = [ov.overhead(f) for f in files]
     if not all(o.basis == "measured" for o in measured):
         pytest.skip("no measured overhead (a tb_handler trace)")
-    t = json.loads(truth.read_text())
     fit = json.loads((ov.TABLES / "h100-jobs.json").read_text())
-    point = next((p for p in fit["points"] if p["case"].endswith("/" + case.name) and
-                  p["case"].startswith(case.parent.name)), None)
+    point = next((p for p in fit["points"] if p["case"] == f"{case.parent.name}/{case.name}"), None)
     if point is None:
         pytest.skip("not among the cases the jobs table was fitted on (tests/corpus/overhead_fit.py)")
-    if point["gpu_bound"]:
-        pytest.skip("GPU-bound without the profiler: its host overhead hides behind the GPU")
-    est = [ov.overhead(f, capture={}) for f in files]
-    assert all(o.basis == "estimated" and "h100-jobs.json" in o.how for o in est), t["case"]
-    # the estimate's ratio to the measured overhead is in-sample (this case is in the fit): the out-of-sample check
-    # is test_the_per_op_cost_left_one_out below
-    assert max(o.overhead_us for o in est) > 0
+    if point["left_out"]:
+        pytest.skip(f"not in the fit: {point['left_out']}")
+    est = ov.job_floor({i: ov.overhead(f, capture={}) for i, f in enumerate(files)}, {})
+    assert all(o.basis == "estimated" and "h100-jobs.json" in o.how for o in est.values())
+    got = statistics.median(o.overhead_us for o in est.values())
+    assert 0.5 <= got / statistics.median(o.overhead_us for o in measured) <= 2.0
 
 
 JOBS = json.loads((ov.TABLES / "h100-jobs.json").read_text())
-LOO_MISSES = {
-    "corpus-h100x2/cnn-ddp-fp32-hostbound": "the ResNet's kept step cost the profiler 3.2 us per op, the GPT cases' "
-                                             "median 6.9 us: left out, it is estimated 2.11x its measured 2.8 ms; "
-                                             "the committed step is the faster of its run's two (11.0 and 14.7 ms "
-                                             "traced): over the whole run 5.3 us per op, 0.93x left out",
-    "corpus-h100x2/gpt-ddp-bf16-p2p_off": "3.0 us per op on its kept step against 8.0 us on gpt-ddp-bf16-control's, "
-                                           "which records the same ops and runtime calls per step (1211 and 311): no "
-                                           "cost per op, per op kind or per setting fits both; left out it is "
-                                           "estimated 2.26x its measured 3.7 ms (over its whole run 4.1 us per op, "
-                                           "1.28x)",
-}
-"""cases the fitted per-op cost misses by more than 2x when they are left out of the fit (the numbers are the
-table's; the whole-run figures from the same runs' full traces, not committed, through the same fit:
-recorded/profiler_overhead/full-runs/h100-jobs-full-runs.json)"""
 
 
-@pytest.mark.parametrize("point", [pytest.param(p, id=p["case"], marks=[pytest.mark.xfail(
-    strict=True, reason=LOO_MISSES[p["case"]])] if p["case"] in LOO_MISSES else [])
-    for p in JOBS["points"] if not p["gpu_bound"]])
+@pytest.mark.parametrize("point", [p for p in JOBS["points"] if not p["left_out"]], ids=lambda p: p["case"])
 def test_the_per_op_cost_left_one_out(point):
-    """The jobs table's per-op cost out of sample: each host-bound case estimated with the median per-op cost of the
-    other cases (tests/corpus/overhead_fit.py's leave-one-out, recomputed here from the table's points, must match
-    what the table records) is within 0.5-2x of the overhead kit.capture measured."""
+    """The jobs table's per-op cost out of sample: each case estimated with the median per-op cost of the other cases,
+    through its own exposure curve (the profiler time that lengthens its step at each cost: recorded ops replayed
+    against its GPU's work), is within 0.5-2x of the overhead kit.capture measured (tests/corpus/overhead_fit.py's
+    leave-one-out, recomputed here from the table's points, must match what the table records)."""
     import copy
     import importlib.util
 

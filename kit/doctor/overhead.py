@@ -15,8 +15,12 @@ host's share of every traced step grows. :func:`overhead` gives one rank's :clas
   (``recorded/profiler_overhead/*.json``: the table of the same GPU model where there is one, else any GPU's, else
   the CPU table; which one is stated, and when it is another host's). The per-op cost is a property of the host and
   of the job together (the same job paid per op 2-3x more on one of the kit's GPU hosts than on the other, and two
-  jobs of one host 3x apart: FINDINGS.md): an estimate is within about 2x either way. The profiler's time is host time: a step cannot get shorter than its GPU's
-  own work, so the unprofiled estimate is ``max(traced - host overhead, GPU busy outside collectives)``.
+  jobs of one host 3x apart: FINDINGS.md): an estimate is within about 2x either way. The profiler's time is host
+  time, and it lengthens the step only where the GPU waited for the host (:func:`_exposed`: between the host's waits
+  for the GPU the step's GPU work is replayed without the profiler's time; a step with no such wait saves it up to
+  its GPU's idle time, the host running ahead into the next step); the unprofiled estimate is
+  ``max(traced - exposed host overhead, GPU busy outside collectives)``, and a job's ranks step at the pace of the
+  rank that loses most (:func:`job_floor`).
 * **none**: no step windows, or no table for the trace's kind of device.
 
 ``how`` says which, from what, in one sentence; :meth:`ProfilerOverhead.net` is a host-side cost net of it.
@@ -54,6 +58,9 @@ class ProfilerOverhead:
     how: str
     host_us: float | None = None
     """estimated: the profiler's host time per step (recorded events x their cost)"""
+    exposed_us: float | None = None
+    """estimated: the part of :attr:`host_us` that lengthened the rank's step -- where its GPU waited for the host
+    (:func:`_exposed`); the rest ran while the GPU worked"""
     gpu_busy_us: float | None = None
     """estimated: the rank's GPU busy time per step (all activity, its collectives' kernels included)"""
     gpu_kernels_us: float | None = None
@@ -311,50 +318,187 @@ def _overhead(view: "RankView", capture: dict | None, cpu_all, root) -> Profiler
     # a least-squares split of a noisy measurement can come out below zero: no event makes the host faster
     c_op, c_rt = max(0.0, float(row["us_per_op"])), max(0.0, float(row["us_per_runtime"]))
     host_us = ops * c_op + runtime * c_rt
+    exposed, segments = _exposed(view, ps, c_op, c_rt) if gpu else (host_us, 0)
+    exposed = min(exposed, host_us)
     # the GPU's own work bounds the step from below; not its collectives' kernels, which spin while they wait
     # for a peer (a waiting rank's GPU is "busy" for most of the step)
     busy = float(ps["gpu_compute_us"].median()) if gpu and "gpu_compute_us" in ps else 0.0
-    unprof = min(traced, max(traced - host_us, busy))
-    source = (f"fitted on {row.get('cases', '?')} host-bound multi-process jobs whose overhead kit.capture measured "
-              f"(traced minus unprofiled step; runtime calls folded into the per-op cost)" if table.get("kind") == "jobs"
+    unprof = min(traced, max(traced - exposed, busy))
+    source = (f"fitted on {row.get('cases', '?')} multi-process jobs whose overhead was measured (traced minus "
+              f"unprofiled step, against the time their recorded ops lengthen the step; runtime calls folded into the "
+              f"per-op cost)" if table.get("kind") == "jobs"
               else "measured by benchmarks/bench_profiler_overhead.py's isolated-op loops")
     how = (f"estimated: {ops:.0f} ops and {runtime:.0f} runtime calls per step ({basis_ops}) x "
            f"{c_op:.2f} / {c_rt:.2f} us each, {source} on {table['machine'].get('device')} ({table['file']}, "
            f"record_shapes={row['record_shapes']}, with_stack={row['with_stack']}; settings read from {where}) = "
            f"{host_us:.0f} us of host time per step"
+           + (f", {exposed:.0f} us of it where the GPU waited for the host (the rest ran while the GPU worked: "
+              f"{segments} stretches between the host's waits for the GPU)" if gpu and exposed < host_us - 0.5 else "")
            + (f" (another host's table: this trace's GPU is {device or 'not named'}; the per-op cost differs between "
               f"hosts and jobs, about 2x either way)" if gpu and table["machine"].get("device") != device else "")
            + (f"; the step cannot be shorter than the GPU's own work (outside collectives), {busy:.0f} us" if unprof == busy and gpu else ""))
-    return ProfilerOverhead(traced, unprof, traced - unprof, "estimated", how, host_us=host_us,
+    return ProfilerOverhead(traced, unprof, traced - unprof, "estimated", how, host_us=host_us, exposed_us=exposed,
                             gpu_busy_us=float(ps["gpu_busy_us"].median()) if gpu and "gpu_busy_us" in ps else None,
                             gpu_kernels_us=float(ps["gpu_kernels_us"].median()) if gpu and "gpu_kernels_us" in ps
                             else None)
 
 
+FREE_SYNCS = frozenset({"cudaFree", "cuMemFree", "cudaFreeHost", "cuMemFreeHost"})
+"""allocator calls that wait for the device to finish its work (CUDA synchronises the device before freeing): the
+host's waits for the GPU besides the host model's ``sync`` spans (an ``empty_cache()`` every step)"""
+QUEUED_US = 5.0
+"""a GPU activity that starts within this long after its stream's previous work ended was queued behind it (under
+the profiler back-to-back kernels of one stream start 1-4 us apart: the multi-GPU corpus's CNN and GPT steps)"""
+LAUNCH_GATED_US = 50.0
+"""a GPU activity that starts within this long after its launch call returns, with its queue idle before it, was
+waiting for the host to launch it (under the profiler a launch reaches an idle GPU in ~5-20 us); one that starts
+later than that after an idle queue waited for something else (another stream's work, a collective, an event)"""
+
+
+def _exposed(view: "RankView", per_step: "pd.DataFrame", c_op: float, c_rt: float) -> tuple[float, int]:
+    """The profiler's host time per step that lengthened the step, and the number of stretches it was judged in.
+    The profiler slows the host, not the GPU: its time (the host's recorded events as :func:`_counts` places them,
+    each at its cost) shortens the step only where the GPU waited for the host. The host's waits for the GPU (the
+    host model's ``sync`` spans: ``.item()``, synchronize, a blocking copy) cut the steps into stretches:
+
+    * a stretch that ends in such a wait (or a free: :data:`FREE_SYNCS`) is replayed: its GPU work (kernels, copies,
+      memsets, collectives) in order, per stream, with the profiler's time taken out of the host -- an activity that
+      waited for its launch
+      (:data:`LAUNCH_GATED_US`) starts earlier by the profiler's time before that launch, one queued behind its
+      stream's work (:data:`QUEUED_US`) when that now ends, one that waited for another stream (an event, a
+      collective) as much earlier as the work that ended just before it; the stretch ends when both the host
+      (less its profiler time) and the GPU are done. The host cannot run ahead past the wait, so the profiler's
+      time spent while the GPU still had work hides behind it (a per-parameter ``.item()`` loop exposes its time;
+      a forward that queues ahead of its GPU does not);
+    * the stretch that runs into the next step (no wait at its end: a whole step of a job that never waits for its
+      GPU) saves the profiler's time in it up to the GPU's idle time there (any activity, a collective's kernel
+      included: on the rank whose host sets the pace it is the transfer) -- without the profiler its host may run
+      ahead of the GPU into the next step, which a replay of the traced steps alone cannot show.
+
+    The step's saving is the sum over its stretches."""
+    import bisect
+
+    import numpy as np
+
+    from ..traces.intervals import covered, union_np
+    from .host_model import ALL, names_str
+
+    cpu_all = view.memo.get("cpu_all")
+    full = cpu_all is not None and not cpu_all.empty
+    cpu = cpu_all if full else view.trace.cpu
+    a, b = _windows(view, per_step)
+    n = max(1, len(a))
+    ts = cpu["ts"].to_numpy(float)
+    i = np.searchsorted(a, ts, side="right") - 1
+    inside = (i >= 0) & (ts < b[np.clip(i, 0, len(b) - 1)])
+    cats = names_str(cpu["cat"]).to_numpy()
+    is_rt = np.isin(cats, ["cuda_runtime", "cuda_driver"])
+    short = 0 if full else int(getattr(view.trace.info, "short_ops", 0) or 0)
+    # the short ops the frame left out go with the runtime calls (as in _counts)
+    per_rt = c_rt + (c_op * short / float(is_rt.sum()) if short and is_rt.any() else 0.0)
+    cost = np.where(is_rt, per_rt, np.where(cats == "cpu_op", c_op, 0.0)) * inside
+    o = np.argsort(ts, kind="stable")
+    ets, cum = ts[o], np.r_[0.0, np.cumsum(cost[o])]
+
+    def spent(t):  # the profiler's host time recorded before t
+        return cum[np.searchsorted(ets, t, side="left")]
+
+    g = view.issued()
+    # the steps' GPU side: from where the work queued before the first step ends (the windows' start) to the end
+    lo = float(per_step["ts"].min())
+    hi = max(float(per_step["end"].max()), float(b.max()))
+    g = g[(g["end"] > g["ts"]) & (g["end"] > lo)].sort_values("ts", kind="stable")
+    sa, sb = view.host.spans("sync", ALL) if view.host is not None else (np.empty(0), np.empty(0))
+    calls = getattr(view.host, "calls", None)
+    if calls is not None and len(calls):  # a free waits for the whole device too
+        fr = calls[calls["base"].isin(FREE_SYNCS)] if "base" in calls else calls.iloc[:0]
+        sa, sb = union_np(np.r_[sa, fr["ts"].to_numpy(float)], np.r_[sb, fr["end"].to_numpy(float)])
+    keep = (sb > lo) & (sb < hi)
+    sa, sb = sa[keep], sb[keep]
+    cuts = np.unique(np.r_[lo, sb, hi])
+    ends = set(sb.tolist())
+    gs, ge = g["ts"].to_numpy(float), g["end"].to_numpy(float)
+    call_end = g["call_end"].to_numpy(float) if "call_end" in g else np.full(len(g), np.nan)
+    streams = g["stream"].to_numpy() if "stream" in g else np.zeros(len(g))
+    seg = np.clip(np.searchsorted(cuts, gs, side="right") - 1, 0, len(cuts) - 2)
+
+    def since(j: int) -> float:  # the profiler's time before stretch j (the first one's: from the host's step start)
+        return spent(min(cuts[0], float(a.min())) if j == 0 else cuts[j])
+
+    def replay(j: int) -> float:
+        """Stretch ``j`` (ending in a wait for the GPU) replayed: when the host and the GPU are both done."""
+        x, y = cuts[j], cuts[j + 1]
+        base = since(j)
+        host_end = sa[np.searchsorted(sb, y, side="left")]  # where the host began waiting
+        new_end = host_end - (spent(host_end) - base)
+        traced_end = host_end
+        last: dict = {}  # stream -> (traced end, replayed end) of its latest work
+        done: list = []  # (traced end, how much earlier it now ends) of every replayed activity, by end
+        for q in np.flatnonzero(seg == j):
+            s0, e0, ce = gs[q], ge[q], call_end[q]
+            pe, pn = last.get(streams[q], (x, x))
+            pull = spent(ce) - base if ce == ce else 0.0
+            if s0 <= pe + QUEUED_US:  # queued behind its stream's earlier work: as far after it, or its launch returns
+                s1 = max(pn + (s0 - pe), ce - pull) if ce == ce else pn + (s0 - pe)
+            elif ce == ce and s0 - ce <= LAUNCH_GATED_US:  # waited for its launch
+                s1 = max(pn, s0 - pull)
+            else:  # waited for another stream's work (an event, a collective): as much earlier as that now ends
+                k = bisect.bisect_right(done, (s0 + 1.0, float("inf"))) - 1
+                s1 = max(pn, s0 - (done[k][1] if k >= 0 else 0.0))
+            e1 = s1 + (e0 - s0)
+            last[streams[q]] = (max(pe, e0), max(pn, e1))
+            bisect.insort(done, (e0, e0 - e1))
+            new_end = max(new_end, e1)
+            traced_end = max(traced_end, e0)
+        # the wait's own time after the host and the GPU were done (a free's work, a sync's return) stays
+        return new_end + max(0.0, y - traced_end)
+
+    ba, bb = union_np(gs, ge)
+    saving = 0.0
+    for j in range(len(cuts) - 1):
+        x, y = cuts[j], cuts[j + 1]
+        if y in ends:  # ends where the host waits for the GPU: it cannot run ahead of that wait
+            saving += max(0.0, y - replay(j))
+        else:  # runs into the next step: the host may run ahead of its GPU, up to the GPU's idle time here
+            idle = (y - x) - float(covered(ba, bb, np.array([x]), np.array([y]))[0])
+            saving += min(spent(y) - since(j), max(0.0, idle))
+    return float(saving) / n, len(cuts) - 1
+
+
 def job_floor(overhead: dict, waits: dict) -> dict:
-    """The estimated overheads of one job's ranks, bounded by the job: no rank steps faster than the job, and the
-    job not faster than the GPU with the most work of its own -- each rank's busy time less what its collectives'
-    kernels spent waiting for peers (``waits``: rank -> us per step, :meth:`kit.doctor.context.JobContext.comm_waits`),
-    at most its kernels other than NCCL's (:attr:`ProfilerOverhead.gpu_kernels_us`): the transfer a collective adds to
+    """The estimated overheads of one job's ranks, as the job pays them: its ranks step together, at the pace of
+    the host that loses most to the profiler -- a rank that waits for a peer does not see its own profiler time
+    (:attr:`ProfilerOverhead.exposed_us` near zero: its GPU waited for the peer, not for its host) but waits for
+    the peer's, so every rank's step is shortened by the largest exposed overhead of the job -- and the job is not
+    faster than the GPU with the most work of its own: each rank's busy time less what its collectives' kernels
+    spent waiting for peers (``waits``: rank -> us per step, :meth:`kit.doctor.context.JobContext.comm_waits`), at
+    most its kernels other than NCCL's (:attr:`ProfilerOverhead.gpu_kernels_us`): the transfer a collective adds to
     the traced busy time may overlap the backward without the profiler (FINDINGS.md). Measured overheads and ranks
     without the numbers are returned as they are."""
     from dataclasses import replace
 
+    est = {r: o for r, o in overhead.items() if o.basis == "estimated" and o.traced_step_us is not None
+           and o.host_us is not None}
+    if not est:
+        return overhead
+    lost = {r: o.exposed_us if o.exposed_us is not None else o.host_us for r, o in est.items()}
+    pace = max(lost, key=lost.get)
     own = {r: min(o.gpu_busy_us - float(waits.get(r, 0.0)),
                   o.gpu_kernels_us if o.gpu_kernels_us is not None else float("inf"))
-           for r, o in overhead.items() if o.basis == "estimated" and o.gpu_busy_us is not None}
-    if not own:
-        return overhead
-    top = max(own, key=own.get)
-    floor = own[top]
+           for r, o in est.items() if o.gpu_busy_us is not None}
+    top = max(own, key=own.get) if own else None
+    floor = own[top] if own else 0.0
     out = dict(overhead)
-    for r, o in overhead.items():
-        if r not in own or o.traced_step_us is None or o.host_us is None:
-            continue
-        unprof = min(o.traced_step_us, max(o.traced_step_us - o.host_us, floor, o.unprofiled_step_us or 0.0))
+    for r, o in est.items():
+        unprof = min(o.traced_step_us, max(o.traced_step_us - lost[pace], floor))
         if unprof != o.unprofiled_step_us:
+            why = []
+            if pace != r and lost[pace] > lost[r] + 0.5 and o.traced_step_us - lost[pace] >= floor:
+                why.append(f"the job steps at the pace of the host that loses most to the profiler (rank {pace}: "
+                           f"{lost[pace]:.0f} us per step, which the other ranks wait for)")
+            if own and unprof == floor and floor > o.traced_step_us - lost[pace]:
+                why.append(f"the job's step cannot be shorter than the GPU with the most work of its own (rank {top}: "
+                           f"{floor:.0f} us busy per step, not counting its collectives' waiting for peers)")
             out[r] = replace(o, unprofiled_step_us=unprof, overhead_us=o.traced_step_us - unprof,
-                             how=f"{o.how}; the job's step cannot be shorter than the GPU with the most work of its "
-                                 f"own (rank {top}: {floor:.0f} us busy per step, not counting its collectives' "
-                                 f"waiting for peers)")
+                             how=o.how + "".join(f"; {w}" for w in why))
     return out
