@@ -3,9 +3,9 @@
 * at 256 MiB one way ``copy`` (kit.transports, one process) reaches >= 97% of a bare ``dst.copy_(src)`` loop -- the
   interface must cost nothing measurable at this size;
 * at 256 MiB one way ``ipc`` (two processes, CUDA IPC mailbox + interprocess events) reaches >= 90% of ``copy``;
-  both directions at once, ``ipc`` and ``ipc-direct`` >= 95% of ``copy`` -- or, for ``ipc`` below that, the reason
-  measured in the same run: no lower than its copy-out explains (:func:`copy_out_bound`: copy's round plus the
-  copy-out alone);
+  both directions at once, ``ipc`` and ``ipc-direct`` >= 95% of ``copy`` (for ``ipc`` below that, the lowest ratio
+  its copy-out could explain, :func:`copy_out_bound`, is printed as context: it assumes the copy-out runs fully
+  after the round, so it is a bound, not a check);
 * at 1 KiB one way ``copy``'s time per message is <= 1.5x the bare loop's; every transport's cost per message is
   printed beside the bare loop and the CUDA floor of the same run (a ``cuMemcpyDtoDAsync`` loop, an event round
   trip between the two GPUs);
@@ -18,8 +18,8 @@
   host time at its p10; 0.9x the model where a run has no p10, the upper 10% mirrored), with the device model's
   ratio and the host's time inside the iteration printed beside it (:func:`check_pipeline`). Where the run timed the
   parts next to the pipeline's steps, each step is taken against the model of the parts timed beside it and the
-  median of those ratios is checked (``measured_vs_host_model_paired``: this host's speed drifts within a run --
-  one run's host-driven copy steps 13.7-20.7 ms -- and a ratio of two medians taken over a drift is not one
+  median of those ratios is checked (``measured_vs_host_model_paired``: this host's speed drifts within a run
+  (FINDINGS.md: the P2P section) and a ratio of two medians taken over a drift is not one
   step against its own model); the ratio of the medians is printed beside it;
 * with more than two GPUs: the pair matrix holds every ordered pair one way and every pair both ways.
 
@@ -74,12 +74,11 @@ def check_run(df, check: Check, label: str) -> None:
     for name in ("ipc", "ipc-direct"):
         if name in both.index and "copy" in both.index:
             r = both.loc[name, "total_gbps"] / both.loc["copy", "total_gbps"]
+            check(f"{name} / copy, 256 MiB both ways", r, f">= {IPC_BOTH_VS_COPY}", r >= IPC_BOTH_VS_COPY)
             bound = copy_out_bound(both) if name == "ipc" else float("nan")
-            if r >= IPC_BOTH_VS_COPY or bound != bound:
-                check(f"{name} / copy, 256 MiB both ways", r, f">= {IPC_BOTH_VS_COPY}", r >= IPC_BOTH_VS_COPY)
-            else:  # the issue's alternative: the reason it cannot, measured in the same run
-                check(f"{name} / copy, 256 MiB both ways (below {IPC_BOTH_VS_COPY}: its copy-out)", r,
-                      f">= copy round / (copy round + copy-out alone) {bound:.3f}", r >= bound)
+            if r < IPC_BOTH_VS_COPY and bound == bound:  # context only: a bound this loose is not a check
+                print(f"    its copy-out, fully serialised after the round, would explain down to {bound:.3f} "
+                      f"(copy round / (copy round + copy-out alone)); how much of it overlaps is not measured")
     lat = A.latency(df)
     if len(lat) and BW.BARE in lat.index:
         n = int(lat["bytes"].iloc[0])
@@ -113,7 +112,7 @@ def check_run(df, check: Check, label: str) -> None:
 def copy_out_bound(both) -> float:
     """The lowest ``ipc`` / ``copy`` both ways that ipc's copy-out explains: ``ipc`` receives into a mailbox slot and
     copies each message out on the receiving GPU, a second pass over its HBM beside the link's traffic (FINDINGS.md:
-    the outgoing copy runs 12-15% slower beside it); at worst that pass runs after the round instead of beside it, so
+    the outgoing copy runs slower beside it); at worst that pass runs after the round instead of beside it, so
     ipc's round is at most copy's round plus the copy-out alone (``local copy_``, the same size timed alone in the
     same run). Below this bound the copy-out does not explain the miss. NaN without the copy-out's row."""
     from kit.investigations.p2p_transports import bandwidth as BW

@@ -54,8 +54,11 @@ class Sync:
 
 
     def host_barrier(self) -> None:
-        """The processes meet on the host only (the gloo group where there is one): no GPU is synchronised or
-        given a kernel, so a transfer already queued on a GPU (an NCCL send waiting for its receive) is left as it is."""
+        """The processes meet on the host only through the gloo group: no GPU is synchronised or given a kernel, so a
+        transfer already queued on a GPU (an NCCL send waiting for its receive) is left as it is. Without that group
+        (a CPU run, whose default group is gloo already) it is the context's barrier, which on a CUDA run would go
+        through NCCL and synchronise: every CUDA run with more than one process makes the group (``sync_for``'s
+        caller), so that case does not arise."""
         import torch.distributed as dist
 
         if self._group is not None:
