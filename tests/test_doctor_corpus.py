@@ -48,11 +48,6 @@ CONTROL_MISSES: dict[str, str] = {
     # multi-rank control: what the doctor says that it should not, today
 }
 LARGE_MISSES: dict[str, str] = {
-    "corpus-h100x2/cnn-ddp-fp32-control": "job-level launch_bound 0.20 ms (LOW), 0.07x the 2.95 ms its GPU idles "
-                                          "unprofiled: the input slice (3.50 ms traced) goes to the profiler's ops "
-                                          "inside next() (3.43 ms), and the estimated overhead left (4.63 of 8.06 ms, "
-                                          "the isolated-loop table) nets the launch slice (4.83 ms) to near nothing "
-                                          "-- the step lost 6.84 ms to the profiler (18.23 traced, 11.39 unprofiled)",
 }
 """controls whose largest finding is also larger than a planted fault of their family, or whose job-level
 launch_bound is not 0.5-2x the GPU's unprofiled idle: why, today"""

@@ -147,7 +147,9 @@ H2_CNN_CONTROL = CORPUS.parent / "corpus-h100x2" / "cnn-ddp-fp32-control"
 def test_input_costs_are_net_of_the_profilers_ops_inside_the_dataloader():
     """A DataLoader in the main process records every sample's indexing, the collate and the pinning inside its
     next() (590 of the 1398 aten ops of a step of the 2-GPU CNN control): that share of the overhead lands in the
-    input slice. input_bound is stated net of it, whatever the launch slice holds; launch takes what is left."""
+    input slice, and so does the GPU's idle while the host caught up after the wait (the queue-drain debt, issued at
+    the profiler's pace). input_bound is stated net of both on its rank, whatever the launch slice holds; launch takes
+    what is left."""
     from kit.doctor import diagnose
     from kit.doctor.rank_phase import rank_summary
 
@@ -157,11 +159,16 @@ def test_input_costs_are_net_of_the_profilers_ops_inside_the_dataloader():
     ev = f.evidence
     rk = ev["rank"]
     a = {int(k): v for k, v in d.accounting.items()}[rk]
-    assert ev["profiler_overhead_left_us"] == pytest.approx(ev["profiler_in_data_wait_us"], abs=5.0)
+    s = next(x for x in map(rank_summary, paths) if x.rank == rk)
+    caught = s.account.caught_up_cost("input")
+    assert caught > 0 and ev["profiler_in_catch_up_us"] == pytest.approx(
+        ev["profiler_overhead_left_us"] - ev["profiler_in_data_wait_us"], abs=0.2)
+    assert ev["profiler_overhead_left_us"] == pytest.approx(
+        min(ev["profiler_overhead_us"], ev["profiler_in_data_wait_us"] + caught), abs=5.0)
     assert f.cost_us_per_step == max(0.0, round(ev["cost_traced_us_per_step"] - ev["profiler_overhead_left_us"], 1))
     assert "recorded inside the DataLoader's waits" in f.summary and f"{f.cost_us_per_step / 1e3:.2f} ms" in f.summary
     launch = next(x for x in d.findings if x.rule == "launch_bound")  # the overhead the input slice did not take
-    took = min(a["share"]["input"] * a["step_us"], ev["profiler_in_data_wait_us"])
+    took = min(a["share"]["input"] * a["step_us"], ev["profiler_overhead_left_us"])
     assert launch.evidence["profiler_overhead_left_us"] == pytest.approx(ev["profiler_overhead_us"] - took, abs=5.0)
     s = rank_summary(paths[0])
     assert s.overhead.data_wait_us / s.overhead.host_us == pytest.approx(590 / 1398, abs=0.02)
@@ -186,6 +193,34 @@ def test_an_input_wait_without_the_profilers_ops_is_not_netted():
                      cause="c", fix="f")
     assert net_of_profiler(launch, {0: o}, {0: acct}).cost_us_per_step == pytest.approx(200.0)  # 1000 - (1000 - 200)
     assert net_of_profiler(launch, {0: o}) is launch  # without the rank's account: what input took is unknown
+
+
+def test_the_catch_up_after_a_wait_is_netted_as_issuing():
+    """The GPU's idle while the host caught up after a DataLoader wait that drained it (the queue-drain debt: in the
+    input slice) was issued at the profiler's pace: input takes the overhead up to the part recorded inside the waits
+    plus that catch-up; launch takes what is left."""
+    from kit.doctor.model import Finding
+    from kit.doctor.reconcile import net_costs, net_of_profiler
+
+    class Acct:
+        def cost(self, s):
+            return {"input": 3000.0, "launch": 1000.0}.get(s, 0.0)
+
+        def caught_up_cost(self, s):
+            return 1500.0 if s == "input" else 0.0
+
+    def finding(rule):
+        return Finding(rule=rule, cost_us_per_step=Acct().cost(rule.split("_")[0]), ranks=(0,), evidence={"rank": 0},
+                       summary="s", cause="c", fix="f")
+
+    o = ov.ProfilerOverhead(9000.0, 5000.0, 4000.0, "estimated", "a test", data_wait_us=1000.0)
+    got = net_of_profiler(finding("input_bound"), {0: o}, {0: Acct()})
+    assert got.cost_us_per_step == pytest.approx(500.0)  # 3000 - (1000 inside the waits + 1500 caught up)
+    assert got.evidence["profiler_in_catch_up_us"] == pytest.approx(1500.0)
+    assert net_of_profiler(finding("launch_bound"), {0: o}, {0: Acct()}).cost_us_per_step == 0.0  # 1000 - 1500
+    assert net_costs(Acct(), o)["input"] == pytest.approx(500.0)
+    small = ov.ProfilerOverhead(7000.0, 5000.0, 2000.0, "estimated", "a test", data_wait_us=1000.0)
+    assert net_of_profiler(finding("input_bound"), {0: small}, {0: Acct()}).cost_us_per_step == pytest.approx(1000.0)
 
 
 def test_the_job_floor_counts_a_gpus_own_kernels_not_its_transfer():

@@ -87,6 +87,8 @@ HOST = ("input", "sync", "pageable", "allocator", "host_stall", "launch")
 IDLE = HOST + ("step_start", "queued", "unexplained")
 SLICES = BUSY + IDLE
 BLOCKING = ("input", "sync", "pageable", "allocator", "host_stall")
+ISSUING = ("launch", "step_start")
+"""the host-caused slices in which the thread was issuing (not blocked): a block's catch-up is taken from them"""
 HOST_KIND = {"input": "data_wait", "sync": "sync", "allocator": "alloc", "host_stall": "stall"}
 """the host model's kind (:data:`kit.doctor.host_model.KINDS`) behind each blocking slice; ``pageable`` is the host
 model's ``pageable_h2d`` calls (:func:`pageable_spans`)"""
@@ -125,6 +127,11 @@ class Account:
     step_us: float | None = None
     """the rank's step time (:func:`kit.doctor.steps.step_time`): a slice's cost is its share of the window
     times this, so no cost exceeds a step"""
+    caught_up: dict = field(default_factory=dict)
+    """per blocking slice, the part of it (us, summed over the windows) that is the host's catch-up after its
+    blocks (module docstring, *Catch-up*): GPU idle while the thread was issuing (:data:`ISSUING`), moved to the block
+    that drained the queue. The host issued it at its own pace -- the profiler's, where it slows the issuing: the
+    profiler's overhead lands there as it does in ``launch`` (:mod:`kit.doctor.reconcile`)"""
 
     @property
     def steps(self) -> int:
@@ -153,6 +160,13 @@ class Account:
         if not w:
             return 0.0
         return self.per_step_us(s) / w * (self.step_us or w)
+
+    def caught_up_cost(self, s: str) -> float:
+        """The cost per step of the catch-up part of slice ``s`` (:attr:`caught_up`), as :meth:`cost` states it."""
+        w = self.window_us
+        if not w:
+            return 0.0
+        return float(self.caught_up.get(s, 0.0)) / self.steps / w * (self.step_us or w)
 
     def share(self, s: str) -> float:
         return self.per_step_us(s) / self.window_us if self.window_us else 0.0
@@ -290,9 +304,12 @@ def account(view: "RankView", host: "HostModel | None" = None) -> "Account | Non
     per = per.reindex(index=range(len(win)), columns=list(SLICES), fill_value=0.0)
     grp = np.where(idle, w * (len(starts) + 1) + nxt, -1)
     waits = {t: waiting_calls(model, t) for t in threads}
+    caught_up: dict[str, float] = {}
     for (wi, cause, k), amount in owed_idle(grp, w, cls, dur, s, t_next, host, waits).items():
         per.loc[wi, k] -= amount
         per.loc[wi, cause] += amount
+        if k in ISSUING:
+            caught_up[cause] = caught_up.get(cause, 0.0) + amount
     per_step = pd.concat([win.reset_index(drop=True).assign(dur=wb - wa), per.reset_index(drop=True)], axis=1)
 
     in_win = (kw >= 0) & own
@@ -313,7 +330,7 @@ def account(view: "RankView", host: "HostModel | None" = None) -> "Account | Non
                    queued={"gaps_per_step": len(qd) / max(1, len(win)),
                            "median_us": float(qd.median()) if len(qd) else None,
                            "above_median_share": above / float(qd.sum()) if len(qd) and qd.sum() > 0 else 0.0},
-                   threads=len(threads), step_us=view.step_us)
+                   threads=len(threads), step_us=view.step_us, caught_up=caught_up)
 
 
 def pageable_spans(host: HostModel, tid: Any) -> "tuple[np.ndarray, np.ndarray]":
