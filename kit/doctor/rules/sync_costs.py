@@ -1,12 +1,13 @@
-"""What the blocking host calls of one rank cost the GPU (:func:`sync_costs`): ``host_sync``'s cost, and the
-catch-up kernels ``launch_bound`` does not count again."""
+"""What the blocking host calls of one rank cost the GPU (:func:`sync_costs`): ``host_sync``'s own estimate (its
+evidence; the finding's cost is the step accounting's ``sync`` slice), and the catch-up kernels ``launch_bound`` does
+not count again."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...traces.intervals import covered, union_np
-from ..accounting import WORKER_LOADER
+from ...traces.intervals import covered
+from ..accounting import waiting_calls
 from ..model import RankView
 from .host import EXCERPT_PAD_US, host_timeline
 
@@ -33,11 +34,11 @@ def sync_costs(view: RankView) -> SyncCosts:
     which a trace of one step does not hold: its catch-up is then the starved run that opens its own step, the
     previous step having ended the same way (steady state). A call counts when the GPU was still busy as it was
     made (else it waited for nothing); its cost is bubble + catch-up but at most the time it blocked (without
-    the call the host would have been that much further ahead, no more), less any wait for a DataLoader's
-    worker processes in the bubble (the batch arrives when the workers have it: a host that got there earlier
-    would only have waited longer, and lost its lead all the same; an in-process DataLoader loads when asked and
-    would have loaded earlier: :func:`kit.doctor.accounting.waiting_calls`). Successive calls followed by the same kernels (``.item()``: a copy,
-    then a stream synchronize) count once."""
+    the call the host would have been that much further ahead, no more), less any wait of the call's thread for a
+    DataLoader's worker processes in the bubble (the batch arrives when the workers have it: a host that got there
+    earlier would only have waited longer, and lost its lead all the same; an in-process DataLoader loads when asked
+    and would have loaded earlier: :func:`kit.doctor.accounting.waiting_calls`). Successive calls followed by the
+    same kernels (``.item()``: a copy, then a stream synchronize) count once."""
     return view.shared("sync_costs", _sync_costs)
 
 
@@ -54,9 +55,8 @@ def _sync_costs(view: RankView) -> SyncCosts:
     labels = k.index.to_numpy()
 
     fed = np.flatnonzero(kstarved == 0)  # positions of the kernels the host had issued in time
-    act = view.host.activity
-    act = act[(act["kind"] == "data_wait") & act["name"].astype(str).str.contains(WORKER_LOADER, regex=False)]
-    workers = union_np(act["ts"], act["end"])  # waits for a DataLoader's worker processes
+    workers = {t: waiting_calls(view.host, t)["input"] for t in b["tid"].unique()}  # each thread's waits for
+    # a DataLoader's worker processes
 
     def run_from(j: int) -> "np.ndarray":  # positions j, j+1, ... while starved
         i = int(np.searchsorted(fed, j))
@@ -64,7 +64,7 @@ def _sync_costs(view: RankView) -> SyncCosts:
 
     step_start = view.steps["ts"].to_numpy(dtype=float) if len(view.steps) else np.array([-np.inf])
     best: dict[int, tuple[float, "np.ndarray"]] = {}
-    for call, ret, dur in b[["ts", "end", "dur"]].itertuples(index=False):
+    for call, ret, dur, tid in b[["ts", "end", "dur", "tid"]].itertuples(index=False):
         i = int(np.searchsorted(h.starts, call, side="right"))
         busy_call = h.busy_until[i - 1] if i > 0 else -np.inf
         i = int(np.searchsorted(h.starts, ret, side="right"))
@@ -75,7 +75,7 @@ def _sync_costs(view: RankView) -> SyncCosts:
         nxt = h.starts[i] if i < n else np.nan
         bubble = waited = 0.0
         if nxt == nxt and nxt > a:
-            bubble, waited = nxt - a, float(covered(*workers, [a], [nxt])[0])
+            bubble, waited = nxt - a, float(covered(*workers[tid], [a], [nxt])[0])
         step = int(np.searchsorted(step_start, call, side="right"))
         in_step = np.searchsorted(step_start, kcall, side="right") == step  # kernels issued in the call's step
         j = int(np.searchsorted(kts, ret))
