@@ -170,3 +170,46 @@ def test_one_rules_parser_for_cli_page_and_notebook():
     with pytest.raises(RuleIdError, match="no_such"):
         parse_ids("late_rank,no_such")
     assert any("no_such" in b for b in DoctorConfig(traces=["x"], rules="no_such").check())
+
+
+# ------------------------------------------------------------------------------------------- one sentence, one cost
+COST_SAID = re.compile(r"(\d+(?:\.(\d+))?) (ms|us) per step")
+"""a cost per step as the sentences say it: '4.19 ms per step', '2032 us per step'"""
+RECORDED = Path(__file__).resolve().parents[1] / "recorded"
+CORPUS_CASES = sorted(f"{p.parent.parent.name}/{p.parent.name}" for c in DOC.glob("corpus*") if c.is_dir()
+                      for p in c.glob("*/truth.json"))
+
+
+def first_cost_said(summary: str) -> tuple[float, float] | None:
+    """The first cost per step a sentence says, in us, and half the unit of its last digit (what its rounding may
+    hide), or None when it says none."""
+    m = COST_SAID.search(summary)
+    if m is None:
+        return None
+    scale = 1e3 if m.group(3) == "ms" else 1.0
+    return float(m.group(1)) * scale, 0.5 * 10.0 ** -len(m.group(2) or "") * scale
+
+
+def _corpus_case(case: str):
+    """A corpus case through the doctor as tests/test_doctor_corpus.py runs it (with its machine's collectives sweep
+    where one is recorded)."""
+    corpus, _ = case.split("/")
+    runs = sorted((RECORDED / corpus.removeprefix("corpus-") / "collectives").glob("*/rows.csv.gz")) \
+        if corpus.startswith("corpus-") else []
+    files = sorted(p for p in (DOC / case).iterdir() if p.name.endswith((".json.gz", ".json"))
+                   and p.name != "truth.json" and not p.name.startswith("capture_"))
+    return diagnose(files, workers=1, sweep=runs[-1].parent if runs else None)
+
+
+@pytest.mark.parametrize("case", CORPUS_CASES)
+def test_each_sentence_says_its_finding_cost_first(case):
+    """One sentence, one cost: the first cost per step a finding's sentence says is the finding's cost, as the
+    sentence rounds it (the cost itself is kept to 0.1 us) -- net of the profiler where the cost is, the traced
+    number after it, labelled; a rule's own estimate, where the step accounting sets the cost, only in the
+    evidence."""
+    for f in _corpus_case(case).findings:
+        said = first_cost_said(f.summary)
+        assert said is not None, f"{f.rule}: says no cost per step: {f.summary}"
+        assert abs(said[0] - f.cost_us_per_step) <= said[1] + 0.05, \
+            f"{f.rule}: cost {f.cost_us_per_step:.1f} us, the sentence says {said[0]:.1f} first: {f.summary}"
+        assert "the rule's estimate" not in f.summary

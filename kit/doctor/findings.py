@@ -59,17 +59,41 @@ def worst_rank(rid: str, fired: list[tuple[int, float, dict]], of: int, sentence
     return make(rid, round(cost, 1), ranks, ev, sentence(worst, who(worst, ranks, of)))
 
 
+def restated(summary: str, cost_us: float, basis: str, before: str) -> str:
+    """A finding's sentence once :mod:`kit.doctor.reconcile` changed its cost: the cost it now carries first, with
+    ``basis`` saying what it is (e.g. net of the profiler's overhead), then the sentence as said before, labelled
+    ``before`` (e.g. 'as traced'). One sentence, one cost: its first cost per step is the finding's."""
+    return f"{cost_us / 1e3:.2f} ms per step {basis}; {before}: {summary}"
+
+
+def slice_cost(a, slices: tuple[str, ...], whole: bool = False) -> float:
+    """What the idle ``slices`` of one rank's :class:`~kit.doctor.accounting.Account` cost per step: the part a
+    finding charges (:meth:`~kit.doctor.accounting.Account.charged`), or the ``whole`` slices."""
+    return sum(a.cost(s) * a.charged(s, whole) for s in slices)
+
+
+def slice_share(a, slices: tuple[str, ...], whole: bool = False) -> float:
+    """:func:`slice_cost`'s share of the rank's window."""
+    return sum(a.share(s) * a.charged(s, whole) for s in slices)
+
+
+def slice_sentence(rid: str, slices: tuple[str, ...], a, who_: str, whole: bool = False) -> str:
+    """Rule ``rid``'s sentence for the ``slices`` of one rank's account, said of ``who_`` (:func:`who`): its
+    :class:`~kit.doctor.model.Explains` sentence, which states :func:`slice_cost` first."""
+    return RULES[rid].explains.sentence(a, slice_cost(a, slices, whole), slice_share(a, slices, whole), who_)
+
+
 def slice_finding(rid: str, slices: tuple[str, ...], accounts: list, whole: bool = False,
                   of: int | None = None) -> list[Finding]:
     """One finding for the idle ``slices`` of ``accounts`` (``[(rank, Account)]``) naming every rank where they cost
     >= 'low' of its step; [] when none does. ``whole``: the whole slice, not only the part a finding charges
     (:meth:`kit.doctor.accounting.Account.charged`). ``of``: the job's ranks when ``accounts`` are some of them.
-    Said with rule ``rid``'s :class:`~kit.doctor.model.Explains`."""
+    Said with rule ``rid``'s :class:`~kit.doctor.model.Explains` (:func:`slice_sentence`)."""
     def cost(a) -> float:
-        return sum(a.cost(s) * a.charged(s, whole) for s in slices)
+        return slice_cost(a, slices, whole)
 
     def share(a) -> float:
-        return sum(a.share(s) * a.charged(s, whole) for s in slices)
+        return slice_share(a, slices, whole)
 
     ex = RULES[rid].explains
     fired = [(rk, cost(a), {"share_of_step": _r(share(a), 4)}) for rk, a in accounts if share(a) >= LOW]
@@ -86,8 +110,7 @@ def slice_finding(rid: str, slices: tuple[str, ...], accounts: list, whole: bool
               "steps_with_it": f"{int((a.per_step[list(slices)].sum(axis=1) > 0).sum())} of {a.steps}"}
         return {**ev, **ex.evidence(a)}
 
-    return [worst_rank(rid, fired, n, lambda rk, w: ex.sentence(of[rk], cost(of[rk]), share(of[rk]), w),
-                       evidence)]
+    return [worst_rank(rid, fired, n, lambda rk, w: slice_sentence(rid, slices, of[rk], w, whole), evidence)]
 
 
 def slice_judge(rid: str):

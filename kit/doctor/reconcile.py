@@ -26,7 +26,7 @@ import dataclasses
 
 from .accounting import HOST, IDLE, Account
 from .context import JobContext
-from .findings import LOW, slice_finding
+from .findings import LOW, restated, slice_cost, slice_finding, slice_sentence, who
 from .model import RULES, SEVERITY_SHARE, Finding, severity, slice_rules
 
 MUST_SPEAK = SEVERITY_SHARE["high"]
@@ -82,25 +82,24 @@ def explain_rest(accounts: list[tuple[int, Account]], findings: list[Finding],
 
 
 def accounted(f: Finding, slices: tuple[str, ...], accounts: list[tuple[int, Account]]) -> Finding:
-    """A signature rule's finding with the accounting's cost, one number throughout: the cost (the worst rank's
-    charged ``slices``), each rank's cost in ``per_rank``, and the sentence saying that the number it quotes is
-    the rule's estimate; the rule's own numbers stay in the evidence (``rule_estimate_us_per_step``)."""
+    """A signature rule's finding with the accounting's cost, one number throughout: the cost (the worst of its
+    ranks' charged ``slices``), each rank's cost in ``per_rank``, and the sentence the accounting says of that rank
+    (:func:`kit.doctor.findings.slice_sentence`, as for a silent rule), which states that cost; the rule's own
+    numbers, its estimate among them (``rule_estimate_us_per_step``), stay in the evidence."""
     of = dict(accounts)
-
-    def cost(rk) -> float:
-        return sum(of[rk].cost(s) * of[rk].charged(s) for s in slices) if rk in of else 0.0
-
-    worst = max((cost(rk) for rk in of), default=0.0)
-    ev = {**f.evidence, "rule_estimate_us_per_step": f.cost_us_per_step, "accounted_us_per_step": round(worst, 1)}
+    mine = [rk for rk in f.ranks if rk in of] or list(of)
+    if not mine:
+        return f
+    worst = max(mine, key=lambda rk: slice_cost(of[rk], slices))
+    c = slice_cost(of[worst], slices)
+    ev = {**f.evidence, "rank": worst, "rule_estimate_us_per_step": f.cost_us_per_step,
+          "accounted_us_per_step": round(c, 1)}
     if isinstance(ev.get("per_rank"), dict):
-        ev["per_rank"] = {rk: {**n, "cost_us_per_step": round(cost(int(rk)), 1),
+        ev["per_rank"] = {rk: {**n, "cost_us_per_step": round(slice_cost(of[int(rk)], slices), 1),
                                "rule_estimate_us_per_step": n.get("cost_us_per_step")} if isinstance(n, dict) and
                           int(rk) in of else n for rk, n in ev["per_rank"].items()}
-    if round(worst) == round(f.cost_us_per_step):
-        return dataclasses.replace(f, cost_us_per_step=round(worst, 1), evidence=ev)
-    return dataclasses.replace(f, cost_us_per_step=round(worst, 1), evidence=ev, summary=(
-        f"{f.summary} (the rule's estimate, {f.cost_us_per_step:.0f} us per step; the step accounting, which gives "
-        f"each idle microsecond one cause, charges it {worst:.0f} us per step)"))
+    return dataclasses.replace(f, cost_us_per_step=round(c, 1), evidence=ev,
+                               summary=slice_sentence(f.rule, slices, of[worst], who(worst, f.ranks, len(of))))
 
 
 def net_of_profiler(f: Finding, overhead: dict | None, accounts: "dict[int, Account] | None" = None) -> Finding:
@@ -159,8 +158,8 @@ def net_of_profiler(f: Finding, overhead: dict | None, accounts: "dict[int, Acco
     if isinstance(ev.get("per_rank"), dict):  # each rank's cost net of its own overhead
         ev["per_rank"] = {rk: _net_rank(n, overhead.get(int(rk))) for rk, n in ev["per_rank"].items()}
     net = round(o.net(f.cost_us_per_step), 1)
-    said = f.summary if round(net) == round(f.cost_us_per_step) else (  # the sentence says the cost it states
-        f"{f.summary}; {net / 1e3:.2f} ms per step net of the profiler's own overhead{after}")
+    said = f.summary if round(net) == round(f.cost_us_per_step) else restated(  # the sentence says the cost it states
+        f.summary, net, f"net of the profiler's own overhead{after}", "as traced")
     return dataclasses.replace(f, cost_us_per_step=net, evidence=ev, summary=said)
 
 
@@ -334,9 +333,9 @@ def host_work_first(findings: list[Finding]) -> list[Finding]:
         return findings
     left = max(0.0, launch.cost_us_per_step - sum(why.values()))
     said = "; ".join(f"{rid} {us / 1e3:.2f} ms" for rid, us in why.items())
-    merged = dataclasses.replace(launch, cost_us_per_step=round(left, 1), summary=(
-        f"{launch.summary}; of that host time, {said} per step is host work named separately (said first): "
-        f"{left / 1e3:.2f} ms per step left here"), evidence={**launch.evidence, "explained_by": why,
+    merged = dataclasses.replace(launch, cost_us_per_step=round(left, 1), summary=restated(
+        launch.summary, left, f"once the host work named separately ({said} per step, said first) is taken off",
+        "before that"), evidence={**launch.evidence, "explained_by": why,
                                                              "said_after": sorted(why),
                                                              "cost_before_explained_us": launch.cost_us_per_step})
     return [merged if f is launch else f for f in findings]

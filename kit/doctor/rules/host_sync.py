@@ -1,13 +1,14 @@
 """``host_sync``: synchronising calls inside the step (stream/device/event synchronize, blocking copies such as
-``.item()``) empty the GPU's queue; the cost is the idle GPU after each until the host is ahead again
-(:func:`kit.doctor.rules.sync_costs.sync_costs`)."""
+``.item()``) empty the GPU's queue; the cost is the idle GPU inside and after each until the host is ahead again,
+the accounting's ``sync`` slice (:func:`kit.doctor.reconcile.accounted`); the rule's own estimate
+(:func:`kit.doctor.rules.sync_costs.sync_costs`) stays in its evidence."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from ..accounting import Account
+from ..accounting import WORKER_LOADER, Account
 from ..model import Explains, RankView, Rule, rule
 from .evidence import num
 from .host import HostSummary, HostTimeline, host_extract, judge_fired
@@ -51,9 +52,14 @@ def sync_extract(view: RankView, h: HostTimeline) -> HostSyncs:
 
 
 def slice_sentence(a: Account, c: float, sh: float, who: str) -> str:
-    """Said from the accounting's ``sync`` slice when the signature above stays silent."""
+    """Said from the accounting's ``sync`` slice, which is the cost (:func:`kit.doctor.reconcile.accounted`): the
+    GPU's idle inside the calls and after them until the host was ahead again -- while it issued its next work, or
+    loaded its next batch in the training process with the queue drained (the DataLoader's wait that queued work
+    would have hidden)."""
+    loads = any(WORKER_LOADER not in str(name) for name in a.calls.get("input") or {})
     return (f"the GPU sat idle {c / 1e3:.2f} ms per step ({100 * sh:.1f}%) while the host was blocked in "
-            f"synchronising calls and then refilled the GPU's queue on {who}"
+            f"synchronising calls and then, with the GPU's queue they drained empty, issued its next work"
+            + (" or loaded its next batch" if loads else "") + f" on {who}"
             + (f": {a.calls_text('sync')}" if a.calls.get("sync") else ""))
 
 
@@ -72,5 +78,7 @@ rule(Rule(id="host_sync", title="synchronising host calls inside the step", extr
                "each call in the code."),
           caveats=("Some synchronisation is needed (a value the host branches on, an early stop): move it out of the"
                    " hot loop rather than remove it. The host time blocked in the call is mostly the GPU's own "
-                   "queued work and is not the cost; the idle GPU after it is, until the host has rebuilt its lead."),
+                   "queued work and is not the cost; the idle GPU after it is, until the host has rebuilt its lead -- "
+                   "including a wait for a DataLoader that loads in the training process (num_workers=0) while the "
+                   "queue is empty: with work queued, the GPU would have run through that wait."),
           notebook="dataloader_sync"))

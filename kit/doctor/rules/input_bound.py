@@ -27,7 +27,7 @@ def sentence(a: Account, c: float, sh: float, who: str) -> str:
         return (f"the main thread waited {c / 1e3:.2f} ms per step ({100 * sh:.1f}% of the step) for its DataLoader "
                 f"on {who}{loader}{inside_text(a)}")
     return (f"the GPU sat idle {c / 1e3:.2f} ms per step ({100 * sh:.1f}% of the step) while the host waited for its "
-            f"DataLoader on {who}{loader}{inside_text(a)}")
+            f"DataLoader, or refilled the GPU's queue the wait had drained, on {who}{loader}{inside_text(a)}")
 
 
 rule(Rule(

@@ -252,16 +252,16 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
                      f"{'slower' if slower > 0 else 'faster'} than theirs, and more GPU work besides -- work the other "
                      f"ranks do not have" + _extra_text(late, summaries, ev))
     ev["reason"] = reason
-    summary = (f"rank {late} arrived last at {len(late_at)} of {len(inst)} collectives, a median "
+    basis_text = (f" ({BASIS_TEXT[basis]})" if cost < waited else
+                  f" (its own time per step beyond the slowest other rank's: each other rank waits {dur_text(bound)} "
+                  f"or more per step at the collectives, some of it where another rank's kernel ended last, as a "
+                  f"broadcast's root does without waiting)" if cost > waited else ", what the others waited for it")
+    # its cost first (one sentence, one cost), then what made it late and what the others waited
+    summary = (f"were rank {late} as fast as the others the job would gain about {dur_text(cost)} per step"
+               f"{basis_text}: it arrived last at {len(late_at)} of {len(inst)} collectives, a median "
                f"{dur_text(ev['after_next_latest_us_median'])} after the next-latest rank (up to "
                f"{dur_text(ev['late_by_us_max'])} after the first){why}; the other ranks waited {dur_text(waited)} per "
-               f"step for it alone" + (f"; were it as fast as the others the job would gain about {dur_text(cost)} per "
-                                       f"step ({BASIS_TEXT[basis]})" if cost < waited else
-                                       f"; were it as fast as the others the job would gain about {dur_text(cost)} per "
-                                       f"step (its own time per step beyond the slowest other rank's: each other "
-                                       f"rank waits {dur_text(bound)} or more per step at the collectives, some of it "
-                                       f"where another rank's kernel ended last, as a broadcast's root does without "
-                                       f"waiting)" if cost > waited else ""))
+               f"step for it alone")
     return [make("late_rank", cost, [late], ev, summary, fix=f"{FIX_BY_REASON[reason]} {RULES['late_rank'].fix}"
                  if reason else None)]
 

@@ -117,13 +117,15 @@ def judge_per_param(summaries: list[tuple[int, Timeline]], ctx) -> list[Finding]
           "per_rank": per_rank,
           "excerpt": excerpt(worst, float(first_step["start_us"].min()), float(first_step["end_us"].max()))}
     summary = (f"{w['all_reduces_per_step']:g} all-reduces per step, {w['small_per_step']:g} of them below "
-               f"{size_text(SMALL_BYTES)} (median {size_text(w['bytes_p50'])}): {w['small_time_us_per_step']:.0f} us "
-               f"per step at ~{latency:.0f} us each, {100 * (w['latency_bound_share'] or 0):.0f}% of the all-reduce "
-               f"time; {size_text(BUCKET_BYTES)} buckets would take ~{w['bucketed_estimate_us_per_step']:.0f} us "
-               f"instead of {w['below_bucket_us_per_step']:.0f} us; the host's all-reduce calls took "
-               f"{w['host_calls_traced_us_per_step']:.0f} us per step as traced, of which fewer calls would save the "
-               f"step {w['host_work_us_per_step']:.0f} us (net of the profiler; none where the host runs ahead of a "
-               f"busy GPU)")
+               f"{size_text(SMALL_BYTES)} (median {size_text(w['bytes_p50'])}): fewer, larger ones would save "
+               f"about {w['saving_us_per_step'] or 0.0:.0f} us per step -- "
+               f"{w['kernel_saving_us_per_step'] or 0.0:.0f} us of all-reduce time ({size_text(BUCKET_BYTES)} buckets "
+               f"would take ~{w['bucketed_estimate_us_per_step']:.0f} us instead of "
+               f"{w['below_bucket_us_per_step']:.0f} us) and {w['host_work_us_per_step']:.0f} us of the host's "
+               f"all-reduce calls (net of the profiler; none where the host runs ahead of a busy GPU; the calls took "
+               f"{w['host_calls_traced_us_per_step']:.0f} us per step as traced); the small ones take "
+               f"{w['small_time_us_per_step']:.0f} us per step at ~{latency:.0f} us each, "
+               f"{100 * (w['latency_bound_share'] or 0):.0f}% of the all-reduce time")
     return [make("per_param_allreduce", w["saving_us_per_step"] or 0.0, fired, ev, summary)]
 
 
