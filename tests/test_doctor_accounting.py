@@ -262,6 +262,25 @@ def test_a_drained_queue_is_charged_to_the_block_that_drained_it():
     assert got == {"sync": 20, "input": 2100 + 10, "launch": 80, "queued": 90 + 90}
 
 
+def test_a_paid_off_debt_does_not_date_the_next_blocks_debt():
+    """A reviewer's case: two 100 us synchronizes each drain the GPU and are followed by 80 us of issuing idle; a
+    batch from worker processes is waited for between them while queued GPU work hides the wait. The first sync's
+    debt (100 less its own 50 us of idle) is paid off by the 80 us after it (50 to sync); the second's (100 less its
+    own 20) takes all 80 after it. The worker wait began after the first sync but before the second: it ends no
+    debt of the second's, so the sync slice is 50 + 20 + 50 + 80 with or without it, not 50 + 20 + 50."""
+    sync = lambda ts: _x("cudaStreamSynchronize", "cuda_runtime", ts, 100)  # noqa: E731
+
+    def two_syncs(wait):
+        ev = [_x("ProfilerStep#1", "user_annotation", 0, 6000), _launch(1, 0), _kernel(1, 50, 100), sync(100),
+              _launch(2, 270), _kernel(2, 280, 2000), sync(2200), _launch(3, 2370), _kernel(3, 2380, 3620)]
+        loader = _x("enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__", "user_annotation", 400, 1000)
+        return _acc(ev + [loader] * wait)
+
+    for wait in (0, 1):
+        got = {s: round(two_syncs(wait).per_step_us(s)) for s in ("sync", "launch", "input")}
+        assert got == {"sync": 50 + 20 + 50 + 80, "launch": 30, "input": 0}, wait
+
+
 def test_host_syncs_estimate_counts_an_in_process_dataloader_in_its_bubble():
     """host_sync's own estimate (:func:`kit.doctor.rules.sync_costs.sync_costs`) agrees with the accounting on
     what a drained queue exposes: a synchronize that waited for the GPU, then a 2000 us DataLoader request in the

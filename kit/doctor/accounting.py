@@ -353,7 +353,8 @@ def owed_idle(grp, w, cls, dur, s, t_next, host, waits) -> dict[tuple[int, str, 
     hides the wait). The GPU running without idling pays nothing (its kernels run as late with the block as
     without), and neither do queued gaps (the GPU's own). Every debt of the thread is paid by every such
     microsecond (each block's own what-if), and the microsecond goes to the oldest block still owed. Blocks of one
-    kind on one thread share one debt (a ``.item()`` per parameter adds its ``D`` each time). A wait that ends when
+    kind on one thread share one debt (a ``.item()`` per parameter adds its ``D`` each time) until it is paid off;
+    the kind's next block owes anew, from its own start. A wait that ends when
     something else is done (``waits``: the GPU, the DataLoader's workers) ends the other kinds' debts begun before
     it (the lead they cost the host would have been spent waiting in it), and the idle inside it is its own."""
     import numpy as np
@@ -372,7 +373,7 @@ def owed_idle(grp, w, cls, dur, s, t_next, host, waits) -> dict[tuple[int, str, 
     bounds = np.concatenate([[0], np.flatnonzero(np.diff(g_)) + 1, [len(m)]])
     host_classes = ("launch", "step_start") + BLOCKING
     moves: dict[tuple[int, str, str], float] = {}
-    debts: dict = {}  # thread -> {kind: [us owed, start of its first block]}, oldest first
+    debts: dict = {}  # thread -> {kind: [us owed, start of its first block since it was last paid off]}, oldest first
     seen: dict = {}  # (thread, kind) -> the block whose drain was counted last (one block, two windows: once)
     for j in np.argsort(s_[bounds[:-1]], kind="stable"):  # the idle stretches in time order
         lo, hi = int(bounds[j]), int(bounds[j + 1])
@@ -398,16 +399,18 @@ def owed_idle(grp, w, cls, dur, s, t_next, host, waits) -> dict[tuple[int, str, 
                         del mine[y]
             if own[q]:  # such a wait's own idle pays its own kind's debt only
                 if k in mine:
-                    mine[k][0] = max(0.0, mine[k][0] - amount)
-                continue
-            taken = 0.0
-            for x, v in mine.items():  # the oldest debt still owed takes the microsecond ...
-                share = max(0.0, min(amount, v[0]) - taken)
-                if share > 0 and x != k:
-                    moves[(wi, x, k)] = moves.get((wi, x, k), 0.0) + share
-                taken += share
-            for v in mine.values():  # ... and every debt is paid down by it
-                v[0] = max(0.0, v[0] - amount)
+                    mine[k][0] -= amount
+            else:
+                taken = 0.0
+                for x, v in mine.items():  # the oldest debt still owed takes the microsecond ...
+                    share = max(0.0, min(amount, v[0]) - taken)
+                    if share > 0 and x != k:
+                        moves[(wi, x, k)] = moves.get((wi, x, k), 0.0) + share
+                    taken += share
+                for v in mine.values():  # ... and every debt is paid down by it
+                    v[0] -= amount
+            for x in [x for x, v in mine.items() if v[0] <= 0]:  # paid off: the kind's next block owes anew
+                del mine[x]  # (from its own start, the newest debt: a wait since an old paid block ends nothing)
     return moves
 
 
