@@ -34,10 +34,11 @@ FIRST_MISSES = {
     "corpus-h100x2/gpt-ddp-bf16-accum_no_sync": "repeated_grad_sync comes first but costs 4.9 ms, 0.49x the "
                                                 "10.05 ms this recording's truth says -- one block of fault steps "
                                                 "against one of control steps, each its own job; recorded "
-                                                "interleaved with its control in one process (ABAB, 8 rounds of 40 "
-                                                "steps) the fault adds 4.21, 2.80, 4.28 and 4.73 ms in four "
-                                                "processes (2 H200s: corpus-h200x2, recorded/h200x2/doctor_accum and "
-                                                "doctor_pairs), the doctor saying 1.12-1.59x of each",
+                                                "interleaved with its control in one process (8 rounds of 40 steps, "
+                                                "the control first in each) the fault adds 3.83, 3.08, 3.89 and 4.81 "
+                                                "ms (median of rounds) in four processes (2 H200s: corpus-h200x2, "
+                                                "recorded/h200x2/doctor_accum and doctor_pairs), the doctor saying "
+                                                "1.10-1.44x of each",
     "corpus-h100x2/gpt-ddp-bf16-p2p_off": "low_busbw comes first (all-reduces of 49 MiB at 25.7 GB/s against the "
                                           "sweep's 253 GB/s, with the exposed communication folded in) but costs "
                                           "4.8 ms, 2.4x the 2.0 ms NCCL_P2P_DISABLE=1 adds unprofiled: in the "

@@ -10,7 +10,7 @@ file): a GPT-like transformer and a ResNet-like CNN. What is multi-rank here:
   reduce_dtype=fp32)``);
 * controls: ``control`` (balanced: every rank the same work), ``hostbound`` (small CNN batch: every rank's host
   issues slower than its GPU runs), ``gpubound`` (GPT in fp32, larger batch; under FSDP a larger one still, sizes
-  ``fsdp_gpubound``: FSDP's host issues a step in ~15-20 ms, so the GPU's work must be well above that);
+  ``fsdp_gpubound``: FSDP's host is slow to issue a step, so the GPU's work must be well above that);
 * one-rank faults (rank :data:`ONE_RANK` only): ``input_rank`` (that rank's DataLoader runs a ~15 ms/batch CPU
   transform in the training process), ``stall_rank`` (~20 ms of synchronous Python after its optimizer step),
   ``gpu_rank`` (~8 ms of extra matmuls on that rank's GPU before its backward; the bf16 FSDP control is host-bound,
@@ -29,9 +29,11 @@ header) and ``tb_handler`` (``torch.profiler`` with ``schedule(wait=1, warmup=1,
 inside the trace). ``record_shapes`` on, no stacks: traces stay small.
 
 ``--pair`` (:data:`PAIRS`) records a fault and its control interleaved in one process instead: one job built
-for the fault, ABAB blocks of unprofiled steps (:func:`time_interleaved`), then each arm traced in that process;
-the fault's ``truth.json`` adds ``paired_control`` (its control arm's samples; ``added_us`` is against them) and
-``added_us_by_alternation``.
+for the fault, blocks of unprofiled steps in ABBA order (:func:`time_interleaved`: a drift within a round biases
+each round's difference one way, the next round's the other), then each arm traced in that process; the fault's
+``truth.json`` adds ``paired_control`` (its control arm's samples), ``added_us_by_alternation`` (per round, the
+fault's block median less the control's) and ``added_us_over_rounds`` (:func:`paired_added`: their median, which
+is ``added_us``, and an interval for it over the rounds).
 
 Each case writes ``<out>/<case>/`` with every rank's trace and ``truth.json``: the unprofiled step time of the job
 (per step, the slowest rank's CUDA-event step time; median, p10, p90 and every sample; every rank's samples under
@@ -56,6 +58,7 @@ import argparse
 import contextlib
 import importlib.util
 import json
+import math
 import os
 import shutil
 import signal
@@ -100,10 +103,12 @@ VARIANT_SIZES = {
 }
 """``hostbound``: the CNN at a small batch; ``gpubound``: the GPT at a larger batch (in fp32); ``deep``: a narrow
 12-layer GPT (150 parameter tensors: one all-reduce each with tiny buckets) for the bucket pair; ``fsdp_gpubound``:
-the GPT in fp32 at twice ``gpubound``'s batch (~60 ms of GPU work per step against FSDP's ~15-20 ms of host issue)"""
+the GPT in fp32 at twice ``gpubound``'s batch (GPU work per step well above FSDP's host issue; the measured times
+are in FINDINGS.md)"""
 FSDP_HOSTBOUND_EXTRA_GPU_MS = 30.0
-"""``gpt-fsdp-bf16-gpu_rank``'s matmuls: 8 ms of them ran in rank 1's idle GPU time and added nothing measurable
-(the bf16 FSDP job's host issues a step in ~19 ms, its GPU busy ~4 ms of it); 30 ms outlast that idle"""
+"""``gpt-fsdp-bf16-gpu_rank``'s matmuls: the bf16 FSDP job is host-bound, its GPU idle most of the step, so 8 ms of
+them ran in rank 1's idle GPU time and added nothing measurable (the times: FINDINGS.md, FSDP gpu_rank); 30 ms
+outlast that idle"""
 MICRO = 4
 """micro-batches per optimizer step in the accumulation cases (each batch/MICRO samples)"""
 FAULT_PARAMS = {
@@ -411,37 +416,83 @@ def _rank_main(rank: int, world: int, names: list[str], root: str, warm: int, n:
     dist.destroy_process_group()
 
 
+def round_order(arms: list, r: int) -> list:
+    """The arms of round ``r`` in the order they run: ABBA (A then B in even rounds, B then A in odd ones), so that
+    a drift within a round adds to one round's difference what it takes from the next's."""
+    return list(arms) if r % 2 == 0 else list(arms)[::-1]
+
+
 def time_interleaved(job: MultiJob, arms: list[dict], warm: int, n: int, alternations: int) -> dict:
-    """Each arm of a pair timed by turns in one process: ``warm`` steps of each, then ``alternations`` rounds of
-    A then B (ABAB...), each a block of one settling step after the switch (untimed) and ``n`` timed ones
-    (:func:`planted.time_unprofiled`: CUDA events at each step's end, no synchronisation inside the block). Per arm
-    every sample in order and each block's boundaries."""
+    """Each arm of a pair timed by turns in one process: ``warm`` steps of each, then ``alternations`` rounds in
+    :func:`round_order` (ABBA...), each arm's turn a block of one settling step after the switch (untimed) and
+    ``n`` timed ones (:func:`planted.time_unprofiled`: CUDA events at each step's end, no synchronisation inside
+    the block). Per arm every sample in order, each block's boundaries and its place in its round (0 first)."""
     for c in arms:
         job.arm(c)
         time_unprofiled(job, warm, 3)
-    out = {c["name"]: {"samples": [], "blocks": []} for c in arms}
-    for _ in range(alternations):
-        for c in arms:
+    out = {c["name"]: {"samples": [], "blocks": [], "position": []} for c in arms}
+    for r in range(alternations):
+        for i, c in enumerate(round_order(arms, r)):
             job.arm(c)
             t = time_unprofiled(job, 1, n)
             o = out[c["name"]]
             o["blocks"].append([len(o["samples"]), len(o["samples"]) + n])
+            o["position"].append(i)
             o["samples"] += t["samples"]
-    return {k: P.summarize(v["samples"]) | {"blocks": v["blocks"]} for k, v in out.items()}
+    return {k: P.summarize(v["samples"]) | {"blocks": v["blocks"], "position": v["position"]}
+            for k, v in out.items()}
+
+
+def paired_added(by_round: list[float], level: float = 0.9) -> dict:
+    """A pair's added time from its per-round differences (each round's fault block median less the control's):
+    their median, and a distribution-free interval for it over the rounds -- the k-th smallest to the k-th largest
+    round, k the largest whose binomial coverage (the chance that the true median lies inside) is at least
+    ``level``: 8 rounds give the 2nd to the 7th at 93.0%; below 5 rounds no k reaches 0.9, and the interval is
+    the whole range at its coverage (``scipy.stats.quantile_test(...).confidence_interval`` gives the same
+    interval; it is written out here because the GPU machines that record the pairs have no scipy). The rounds,
+    not the steps, are the samples: steps of one block share its round's drift, so resampling steps would
+    understate how far rounds differ."""
+    xs, n = sorted(by_round), len(by_round)
+
+    def cover(k):
+        return 1.0 - 2.0 * sum(math.comb(n, i) for i in range(k)) / 2 ** n
+
+    k = max([k for k in range(1, n // 2 + 1) if cover(k) >= level], default=1)
+    return {"median": round(statistics.median(xs), 1), "low": xs[k - 1], "high": xs[n - k],
+            "coverage": round(cover(k), 3), "rounds": n, "min": xs[0], "max": xs[-1],
+            "method": "median of the per-round differences; interval: order statistics over rounds (binomial)"}
+
+
+def against_next_control(truth: dict) -> list[float]:
+    """A paired fault's block medians less its control's of the *next* round, per round but the last: where every
+    round ran the control first (``order`` "ABAB", the recordings before ABBA), each of these control blocks ran
+    after the fault block, so a drift within the run biases these differences the other way from
+    ``added_us_by_alternation``'s; how far their medians differ bounds what the order did."""
+    n = truth["interleaved"]["block_steps"]
+
+    def blocks(xs):
+        return [statistics.median(xs[i:i + n]) for i in range(0, len(xs), n)]
+
+    f, c = blocks(truth["step_us_unprofiled"]["samples"]), blocks(truth["paired_control"]["samples"])
+    return [round(f[r] - c[r + 1], 1) for r in range(len(f) - 1)]
 
 
 def _pair_truths(arms: list[dict], world: int, device: str, timings: list[dict], params: dict, root: Path,
                  env: dict, alternations: int, n: int) -> dict[str, dict]:
     """The pair's truth.json contents: each arm's as :func:`_truth` gives it, from its interleaved samples, plus how
-    they were interleaved and per block the job's median; the fault's ``paired_control`` (its control arm's
-    summary and samples) and ``added_us_by_alternation`` (its block median less the control's, per round)."""
+    they were interleaved (``order``, A the control; ``control_first_by_round``) and per block the job's median;
+    the fault's ``paired_control`` (its control arm's summary and samples) and ``added_us_by_alternation`` (its
+    block median less the control's, per round, in the order the rounds ran); ``added_us``: :func:`_added`."""
     out, job_blocks = {}, {}
+    first = [p == 0 for p in timings[0][arms[0]["name"]]["position"]]  # the control ran first in that round
     for c in arms:
         per = [t[c["name"]] for t in timings]
         truth = _truth(c, world, device, per, params if c["fault"] != "none" else {}, root / c["name"], env)
         job = [max(p["samples"][i] for p in per) for i in range(len(per[0]["samples"]))]
         job_blocks[c["name"]] = [statistics.median(job[a:b]) for a, b in per[0]["blocks"]]
-        truth["interleaved"] = {"with": [a["name"] for a in arms], "order": "ABAB", "alternations": alternations,
+        truth["interleaved"] = {"with": [a["name"] for a in arms],
+                                "order": " ".join("AB" if f else "BA" for f in first),  # A: the control
+                                "control_first_by_round": first, "alternations": alternations,
                                 "block_steps": n, "settle_steps_per_block": 1,
                                 "block_median_us": [round(x, 1) for x in job_blocks[c["name"]]],
                                 "same_process_as_trace": True}
@@ -485,7 +536,8 @@ def _run_pair(pair: str, rank: int, world: int, root: Path, warm: int, n: int, a
             s = truth["step_us_unprofiled"]
             by = truth.get("added_us_by_alternation")
             added = "" if truth["added_us"] is None else (
-                f" added {truth['added_us'] / 1e3:+.2f} ms (by round {min(by) / 1e3:+.2f}..{max(by) / 1e3:+.2f})")
+                f" added {truth['added_us'] / 1e3:+.2f} ms (median of rounds; by round {min(by) / 1e3:+.2f}.."
+                f"{max(by) / 1e3:+.2f})")
             print(f"{name:32s} {s['median'] / 1e3:8.2f} ms (p10 {s['p10'] / 1e3:.2f} p90 {s['p90'] / 1e3:.2f})"
                   f"{added}  [{truth['wall_s']} s]", flush=True)
     job.close()
@@ -511,6 +563,14 @@ def _truth(case: dict, world: int, device: str, timings: list[dict], params: dic
 
 
 def _added(truth: dict, root: Path) -> None:
+    """``added_us``: for a pair recorded interleaved, the median of its per-round differences (:func:`paired_added`,
+    kept whole in ``added_us_over_rounds``); otherwise against the control's truth.json (:func:`planted._added`)."""
+    by = truth.get("added_us_by_alternation")
+    if truth.get("paired_control") and by:
+        over = paired_added(by)
+        truth["added_us"], truth["added_us_over_rounds"] = over["median"], over
+        truth["control_median_us"] = truth["paired_control"]["median"]
+        return
     P._added(truth, root)
 
 
@@ -570,6 +630,9 @@ def readme(root: Path) -> str:
         s = t["step_us_unprofiled"]
         size = sum(f.stat().st_size for f in p.parent.iterdir() if f.is_file())
         added = "--" if t["added_us"] is None else f"{t['added_us'] / 1e3:+.2f}"
+        if t.get("added_us_over_rounds"):
+            o = t["added_us_over_rounds"]
+            added += f" ({o['low'] / 1e3:+.2f}..{o['high'] / 1e3:+.2f}, {o['coverage']:.0%})"
         ranks = "" if not t.get("expected_ranks") else f" {t['expected_ranks']}"
         variant = "" if t["variant"] == t["fault"] else f" ({t['variant']})"
         rows.append(f"| {t['case']} | {t['fault']}{variant} | {t['expected_rule'] or '--'}{ranks} | {t['model']} "
@@ -583,8 +646,9 @@ def readme(root: Path) -> str:
             "`truth.json`; the jobs and how each was recorded: `tests/corpus/planted_multi.py` (its docstring).\n"
             "Step time: the job's step without the profiler (per step the slowest rank's CUDA-event time), median\n"
             "(p10-p90) over the timed steps, in ms; added: median minus the control's median, in ms (a case\n"
-            "recorded interleaved with its control in one process, `--pair`: against that control's samples, its\n"
-            "truth.json's `paired_control`; the spread over the rounds in `added_us_by_alternation`). Each case's\n"
+            "recorded interleaved with its control in one process, `--pair`: the median over the rounds of its\n"
+            "block median less its control arm's of the same round, `added_us_by_alternation`, and in brackets an\n"
+            "interval for it over the rounds with its coverage, truth.json's `added_us_over_rounds`). Each case's\n"
             "directory holds every rank's trace as the profiler named it and `truth.json`.\n\n"
             "| case | fault (variant) | expected rule [ranks] | job | profiler | device x ranks | "
             "step ms, median (p10-p90) | added ms | KiB |\n|---|---|---|---|---|---|---|---|---|\n")
@@ -609,7 +673,7 @@ def main(argv=None) -> int:
                     "this many MiB (default: no limit)")
     ap.add_argument("--pair", choices=sorted(PAIRS), help="record one fault and its control interleaved in one "
                     "process instead of --cases (PAIRS): --steps per block, --alternations rounds of each")
-    ap.add_argument("--alternations", type=int, default=6, help="--pair: rounds of A then B (default 6)")
+    ap.add_argument("--alternations", type=int, default=6, help="--pair: rounds, ABBA (default 6)")
     ap.add_argument("--list", action="store_true", help="list the cases")
     ap.add_argument("--readme", type=Path, help="write README.md for the corpus in this directory and stop")
     a = ap.parse_args(argv)

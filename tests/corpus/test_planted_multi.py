@@ -4,6 +4,7 @@ them is tested in tests/test_doctor_corpus.py."""
 
 import gzip
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -35,11 +36,10 @@ def test_truths_and_traces_agree(corpus):
             ctl = truths[t["control"]]
             assert ctl["fault"] == "none" and ctl["model"] == t["model"] and ctl["parallel"] == t["parallel"]
             # recorded interleaved with its control in one process: against that control's samples
-            base = (t["paired_control"] if t.get("paired_control") else ctl["step_us_unprofiled"])["median"]
-            assert t["added_us"] == pytest.approx(s["median"] - base, abs=0.2)
+            if not t.get("paired_control"):
+                assert t["added_us"] == pytest.approx(s["median"] - ctl["step_us_unprofiled"]["median"], abs=0.2)
         if t.get("paired_control"):
-            by = t["added_us_by_alternation"]
-            assert len(by) == t["interleaved"]["alternations"] >= 2 and min(by) <= t["added_us"] * 1.5
+            _check_pair(t)
         traces = sorted((corpus / name).glob("*.json.gz"))
         assert len(traces) == t["world_size"], name
         pattern = {"tb_handler": "*.pt.trace.json.gz", "kit.capture": "trace_rank*.json.gz"}[t["profiler"]]
@@ -52,6 +52,26 @@ def test_truths_and_traces_agree(corpus):
         if t["profiler"] == "kit.capture":
             assert len(data["kitCapture"]["unprofiled_step_us"] if isinstance(data.get("kitCapture"), dict)
                        else json.loads(data["kitCapture"])["unprofiled_step_us"]) == 5
+
+
+def _check_pair(t: dict) -> None:
+    """A fault recorded interleaved with its control: per round its block median less the control's block median
+    of the same round, in the order the rounds ran (from the samples as stored); the added time is their median,
+    inside the interval over rounds that is stored with it, which lies inside the rounds' range."""
+    m, il, s = _module(), t["interleaved"], t["step_us_unprofiled"]
+    n, rounds, by = il["block_steps"], il["alternations"], t["added_us_by_alternation"]
+
+    def blocks(xs):
+        return [statistics.median(xs[i:i + n]) for i in range(0, len(xs), n)]
+
+    fault, ctl = blocks(s["samples"]), blocks(t["paired_control"]["samples"])
+    assert len(by) == len(fault) == len(ctl) == rounds >= 2
+    assert by == pytest.approx([f - c for f, c in zip(fault, ctl)], abs=0.11)
+    assert il["block_median_us"] == pytest.approx(fault, abs=0.06)
+    assert il["order"].split() == ["AB" if x else "BA" for x in il["control_first_by_round"]]
+    over = t["added_us_over_rounds"]
+    assert over == m.paired_added(by) and t["added_us"] == over["median"]
+    assert min(by) <= over["low"] <= t["added_us"] <= over["high"] <= max(by)
 
 
 def test_readme_tables_are_generated_from_the_truths():
@@ -97,11 +117,12 @@ def test_a_pair_recorded_interleaved_states_its_added_time_against_its_own_contr
         (tmp_path / c["name"]).mkdir()
     n, rounds = 3, 2
 
-    def rank(base):  # samples of 2 rounds of n steps; blocks as time_interleaved gives them
+    def rank(base):  # samples of 2 rounds of n steps; blocks and places in the round as time_interleaved gives them
         out = {}
-        for c, add in zip(arms, (0.0, 1000.0)):
+        for j, (c, add) in enumerate(zip(arms, (0.0, 1000.0))):
             s = [base + add + 10.0 * i for i in range(n * rounds)]
-            out[c["name"]] = m.P.summarize(s) | {"blocks": [[0, n], [n, 2 * n]]}
+            out[c["name"]] = m.P.summarize(s) | {"blocks": [[0, n], [n, 2 * n]],
+                                                 "position": [m.round_order(arms, r).index(c) for r in range(rounds)]}
         return out
 
     truths = m._pair_truths(arms, 2, "cpu", [rank(20000.0), rank(20005.0)], {}, tmp_path, {}, rounds, n)
@@ -110,3 +131,43 @@ def test_a_pair_recorded_interleaved_states_its_added_time_against_its_own_contr
     assert fault["paired_control"]["samples"] == ctl["step_us_unprofiled"]["samples"]
     assert fault["added_us"] == pytest.approx(1000.0) and fault["added_us_by_alternation"] == [1000.0, 1000.0]
     assert fault["interleaved"]["alternations"] == rounds and fault["interleaved"]["block_median_us"][0] == 21015.0
+    assert fault["interleaved"]["order"] == "AB BA" and fault["interleaved"]["control_first_by_round"] == [True, False]
+    _check_pair(fault)
+
+
+def test_pairs_are_timed_in_abba_order():
+    """time_interleaved runs the rounds ABBA (the control first in even rounds, the fault first in odd ones), a
+    settling step after each switch, and says each arm's place in its round."""
+    m = _module()
+    arms = [m.CASES[x] for x in m.PAIRS["accum"]]
+    ran = []
+
+    class Job:
+        dev = "cpu"
+
+        def arm(self, c):
+            self.c = c["name"]
+
+        def step(self):
+            ran.append(self.c)
+
+    out = m.time_interleaved(Job(), arms, 1, 2, 4)
+    a, b = (c["name"] for c in arms)
+    blocks = [ran[i] for i in range(8, len(ran), 3)]  # after 4 warm-up steps per arm; 1 settling + 2 timed a block
+    assert blocks == [a, b, b, a, a, b, b, a] and len(ran) == 8 + 8 * 3
+    assert out[a]["position"] == [0, 1, 0, 1] and out[b]["position"] == [1, 0, 1, 0]
+    assert out[a]["blocks"] == [[0, 2], [2, 4], [4, 6], [6, 8]]
+
+
+def test_a_pairs_interval_over_rounds():
+    """The added time of a pair is the median of its rounds; its interval the order statistics whose binomial
+    coverage is at least 90% (8 rounds: the 2nd to the 7th, 93.0%), as scipy's quantile test gives it."""
+    m = _module()
+    by = [238.4, 3502.7, 2623.8, 5602.5, 6268.3, 3458.2, 4154.5, 13358.4]
+    o = m.paired_added(by)
+    assert (o["median"], o["low"], o["high"], o["coverage"], o["rounds"]) == (3828.6, 2623.8, 6268.3, 0.93, 8)
+    assert m.paired_added([1.0, 2.0, 3.0])["low"] == 1.0 and m.paired_added([1.0, 2.0, 3.0])["coverage"] == 0.75
+    stats = pytest.importorskip("scipy.stats")
+    for xs in (by, by[:6], by + [100.0, 9000.0, 50.0]):
+        ci = stats.quantile_test(xs, q=0, p=0.5).confidence_interval(confidence_level=0.9)
+        assert (m.paired_added(xs)["low"], m.paired_added(xs)["high"]) == (ci.low, ci.high)
