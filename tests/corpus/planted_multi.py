@@ -465,9 +465,9 @@ def paired_added(by_round: list[float], level: float = 0.9) -> dict:
 
 def against_next_control(truth: dict) -> list[float]:
     """A paired fault's block medians less its control's of the *next* round, per round but the last: where every
-    round ran the control first (``order`` "ABAB", the recordings before ABBA), each of these control blocks ran
-    after the fault block, so a drift within the run biases these differences the other way from
-    ``added_us_by_alternation``'s; how far their medians differ bounds what the order did."""
+    round ran the control first (``control_first_by_round`` all true: the recordings before ABBA), each of these
+    control blocks ran after the fault block, so a drift within the run biases these differences the other way
+    from ``added_us_by_alternation``'s; how far their medians differ bounds what the order did."""
     n = truth["interleaved"]["block_steps"]
 
     def blocks(xs):

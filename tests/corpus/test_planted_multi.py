@@ -132,6 +132,8 @@ def test_a_pair_recorded_interleaved_states_its_added_time_against_its_own_contr
     assert fault["added_us"] == pytest.approx(1000.0) and fault["added_us_by_alternation"] == [1000.0, 1000.0]
     assert fault["interleaved"]["alternations"] == rounds and fault["interleaved"]["block_median_us"][0] == 21015.0
     assert fault["interleaved"]["order"] == "AB BA" and fault["interleaved"]["control_first_by_round"] == [True, False]
+    # the fault's round-0 block (median 21015) against the control's round-1 block (20045)
+    assert m.against_next_control(fault) == [970.0]
     _check_pair(fault)
 
 
