@@ -1,6 +1,6 @@
 """What ``kit doctor`` says on each case of a planted-fault corpus, beside the truth: the planted fault and its
-added time (unprofiled), the top finding, its cost as traced and net of the profiler's own overhead
-as the doctor states it (net of the profiler's overhead for launch-bound costs: :mod:`kit.doctor.overhead`, measured
+added time (unprofiled; for a pair recorded interleaved, with its interval over the rounds), the top finding, its
+cost as traced and net of the profiler's own overhead as the doctor states it (net of the profiler's overhead for launch-bound costs: :mod:`kit.doctor.overhead`, measured
 where kit.capture timed unprofiled steps, else estimated), and the profiler's overhead per rank (traced vs
 unprofiled step).
 
@@ -41,6 +41,7 @@ def verdict(case: Path, sweep=None) -> dict:
     added = t.get("added_us")
     return {"case": t["case"], "fault": t["fault"], "variant": t.get("variant"), "expected": t["expected_rule"],
             "expected_ranks": t.get("expected_ranks"), "added_us": added,
+            "added_over_rounds": t.get("added_us_over_rounds"),
             "unprofiled_us": t["step_us_unprofiled"]["median"], "traced_us": traced,
             "overhead_us": ov_us, "overhead_basis": sorted({o.basis for o in ovs}),
             "top": top.rule if top else None, "top_ranks": list(top.ranks) if top else [],
@@ -56,6 +57,9 @@ def markdown(rows: list[dict]) -> str:
     for r in rows:
         truth = (r["expected"] or "none") + (f" {r['expected_ranks']}" if r["expected_ranks"] else "")
         added = "--" if r["added_us"] is None else f"{r['added_us'] / 1e3:+.2f}"
+        if r.get("added_over_rounds"):  # a pair recorded interleaved: the interval over its rounds
+            o = r["added_over_rounds"]
+            added += f" ({o['low'] / 1e3:+.2f}..{o['high'] / 1e3:+.2f})"
         traced = "--" if r["traced_us"] is None else f"{r['traced_us'] / 1e3:.2f}"
         ratio = "--" if r["ratio"] is None else f"{r['ratio']:.2f} / {r['net_ratio']:.2f}"
         out.append(f"| {r['case']} | {truth} | {added} | {r['unprofiled_us'] / 1e3:.2f} / {traced} "
