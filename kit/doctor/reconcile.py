@@ -311,9 +311,11 @@ def fold_into_low_busbw(findings: list[Finding]) -> list[Finding]:
     exp = next((f for f in findings if f.rule == "exposed_comm"), None)
     if low is None or exp is None or not set(exp.ranks) <= set(low.ranks):
         return findings
-    merged = dataclasses.replace(
+    merged = dataclasses.replace(  # said first: the finding whose cost it carries
         low, cost_us_per_step=max(low.cost_us_per_step, exp.cost_us_per_step),
-        summary=f"{low.summary}; that is why communication is left exposed: {exp.summary}",
+        summary=f"{low.summary}; that is why communication is left exposed: {exp.summary}"
+        if low.cost_us_per_step >= exp.cost_us_per_step else
+        f"{exp.summary}; it is left exposed because it is slow: {low.summary}",
         evidence={**low.evidence, "exposed": {"cost_us_per_step": exp.cost_us_per_step, **exp.evidence}})
     return [merged if f is low else f for f in findings if f is not exp]
 

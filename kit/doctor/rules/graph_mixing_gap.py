@@ -74,7 +74,7 @@ class GraphGaps(HostSummary):
     def sentence(self, who: str) -> str:
         return (f"{self.nccl / self.steps:.0f} NCCL kernels per step replayed from CUDA graphs wait a median "
                 f"{self.gap_nccl_us:.1f} us before they start, against {self.baseline_us:.1f} us before "
-                f"{self.baseline_of}: {self.cost:.0f} us of idle GPU per step on {who}"
+                f"{self.baseline_of}: the GPU idles {self.cost:.0f} us per step longer before them on {who}"
                 + (f"; the graphs ran their NCCL kernels on {self.launched_into}" if self.stream is not None else ""))
 
 

@@ -126,7 +126,8 @@ def judge_low_busbw(summaries: list[tuple[int, Timeline]], ctx) -> list[Finding]
           "checked_sizes": len(rows), **notes, "basis": basis.kind, "basis_text": said,
           "reference_sources": sorted({r["reference_source"] for r in rows}), "job_nccl_differences": likely,
           "excerpt": excerpt(int(ex["rank"]), float(ex["start_us"]), float(ex["end_us"]))}
-    summary = (f"{len(low)} of {len(rows)} traced (collective, size) pairs reach under "
+    summary = (f"collectives below the machine's links take {cost:.0f} us per step longer than at the busbw they "
+               f"deliver: {len(low)} of {len(rows)} traced (collective, size) pairs reach under "
                f"{100 * LOW_BUSBW_RATIO:.0f}% of the busbw the machine's links deliver; worst: {top['collective']} of "
                f"{size_text(top['bytes'])} at {top['busbw_gbps']:.1f} GB/s against {top['reference_busbw_gbps']:.1f}"
                f" GB/s ({100 * top['ratio']:.0f}%; basis: {said})"
