@@ -223,40 +223,6 @@ def test_the_catch_up_after_a_wait_is_netted_as_issuing():
     assert net_of_profiler(finding("input_bound"), {0: small}, {0: Acct()}).cost_us_per_step == pytest.approx(1000.0)
 
 
-def test_every_blocks_catch_up_is_netted_as_issuing():
-    """The catch-up after any block that drained the GPU (a synchronising call here; a free, a pageable copy or a
-    stall alike: one rule) is issuing at the profiler's pace, moved to the block by the queue-drain debt: its slice
-    takes the overhead up to that catch-up (a synchronising call records none of the profiler's events inside it),
-    after the input slice and before launch -- the order the idle comes in a step; never more than the overhead."""
-    from kit.doctor import rules  # noqa: F401  (registers them: net_of_profiler reads what each explains)
-    from kit.doctor.accounting import IDLE
-    from kit.doctor.model import Finding
-    from kit.doctor.reconcile import net_costs, net_of_profiler
-
-    class Acct:
-        def cost(self, s):
-            return {"input": 1000.0, "sync": 3000.0, "launch": 1000.0}.get(s, 0.0)
-
-        def caught_up_cost(self, s):
-            return 1500.0 if s == "sync" else 0.0
-
-    def finding(rule, s):
-        return Finding(rule=rule, cost_us_per_step=Acct().cost(s), ranks=(0,), evidence={"rank": 0}, summary="s",
-                       cause="c", fix="f")
-
-    o = ov.ProfilerOverhead(9000.0, 5000.0, 4000.0, "estimated", "a test", data_wait_us=600.0)
-    # input takes its waits' 600; sync its catch-up's 1500 (not its own 1500 of idle); launch the 1000 of 1900 left
-    assert net_costs(Acct(), o) == pytest.approx({**{s: 0.0 for s in IDLE}, "input": 400.0, "sync": 1500.0,
-                                                  "launch": 0.0})
-    got = net_of_profiler(finding("host_sync", "sync"), {0: o}, {0: Acct()})
-    assert got.cost_us_per_step == pytest.approx(1500.0) and got.evidence["cost_traced_us_per_step"] == 3000.0
-    assert net_of_profiler(finding("launch_bound", "launch"), {0: o}, {0: Acct()}).cost_us_per_step == 0.0
-    small = ov.ProfilerOverhead(6000.0, 5000.0, 1000.0, "estimated", "a test", data_wait_us=600.0)
-    assert net_of_profiler(finding("host_sync", "sync"), {0: small}, {0: Acct()}).cost_us_per_step == \
-        pytest.approx(2600.0)  # 3000 - (1000 - 600 the input slice took)
-    assert net_costs(Acct(), small)["launch"] == pytest.approx(1000.0)
-
-
 def test_the_job_floor_counts_a_gpus_own_kernels_not_its_transfer():
     """No rank steps faster than the GPU with the most work of its own: its busy time less its collectives' waiting,
     at most its non-NCCL kernels' own time (a transfer that overlaps the backward without the profiler is no floor);

@@ -24,27 +24,25 @@ from __future__ import annotations
 
 import dataclasses
 
-from .accounting import BLOCKING, HOST, IDLE, Account
+from .accounting import HOST, IDLE, Account
 from .context import JobContext
 from .findings import LOW, restated, slice_cost, slice_finding, slice_sentence, who
 from .model import RULES, SEVERITY_SHARE, Finding, severity, slice_rules
 
 MUST_SPEAK = SEVERITY_SHARE["high"]
 """GPU idle at or above this share of a step is never left without a finding at or above 'low'"""
-NET_OF_PROFILER_SLICES = BLOCKING + ("launch",)
+NET_OF_PROFILER_SLICES = ("input", "launch")
 """the accounting slices the profiler's own host time lands in, in the order it is taken off them (the order the idle
-was caused in a step: the blocks -- the DataLoader's wait first -- and the host's catch-up after them, then its
-issuing): a DataLoader that runs in the main process (indexing every sample, collating, pinning: hundreds of recorded
-ops per batch) takes longer to hand over each batch by the profiler's events recorded inside its next()
-(:attr:`kit.doctor.overhead.ProfilerOverhead.data_wait_us`), and the host issues more slowly under it (an event per op
-and per runtime call: :mod:`kit.doctor.overhead`). A blocking slice (:data:`kit.doctor.accounting.BLOCKING`) holds the
-GPU's idle inside its blocks -- of the overhead it takes at most the part recorded there (the input slice's waits; a
-synchronising call, a copy or a free waits for the GPU, not for recorded ops) -- and the idle while the host caught
-up after a block that drained the GPU (:attr:`kit.doctor.accounting.Account.caught_up`: idle while it issued, at the
-profiler's pace, moved to the block by the queue-drain debt) -- that part takes the overhead as launch does
-(:func:`_cap`, one rule for every blocking slice); the launch slice takes what is left. A finding that explains one of
-them is stated net of what is left of that overhead on its rank after the slices before it, and so is the idle that
-:func:`must_speak` guards"""
+was caused in a step: the DataLoader's wait, the host's catch-up after it, then its issuing): a DataLoader that runs
+in the main process (indexing every sample, collating, pinning: hundreds of recorded ops per batch) takes longer to
+hand over each batch by the profiler's events recorded inside its next() (:attr:`kit.doctor.overhead.
+ProfilerOverhead.data_wait_us`), and the host issues more slowly under it (an event per op and per runtime call:
+:mod:`kit.doctor.overhead`). The input slice holds the GPU's idle inside the waits -- of the overhead it takes at most
+the part recorded there, whatever the host's issuing took -- and the idle while the host caught up after a wait that
+drained the GPU (:attr:`kit.doctor.accounting.Account.caught_up`: idle while it issued, at the profiler's pace, owed
+to the wait by a debt the profiler's events inside it lengthened) -- that part takes the overhead as launch does
+(:func:`_cap`); the launch slice takes what is left. A finding that explains one of them is stated net of what is
+left of that overhead on its rank after the slices before it, and so is the idle that :func:`must_speak` guards"""
 OWN_SHARE = 0.5
 """a finding naming the late rank and others besides is the late rank's own (split off into late_rank) only when every
 other rank's cost in it is below this share of the late rank's: the majority of it is that rank's, as late_rank
@@ -107,10 +105,9 @@ def accounted(f: Finding, slices: tuple[str, ...], accounts: list[tuple[int, Acc
 def net_of_profiler(f: Finding, overhead: dict | None, accounts: "dict[int, Account] | None" = None) -> Finding:
     """A finding whose rule explains :data:`NET_OF_PROFILER_SLICES`, with the profiler's own overhead taken off its
     cost: the median over its ranks of each rank's measured or estimated overhead, at most the part of it that lands
-    in the finding's first such slice (:func:`_cap`) -- in a blocking slice that part is the rank's own (its waits'
+    in the finding's first such slice (:func:`_cap`) -- in the input slice that part is the rank's own (its waits'
     events, its catch-up: ``accounts``), so there the overhead of the rank whose cost the finding states; where an
-    earlier slice took a part of it on some rank (a blocking slice, before launch or a later one), what is left of
-    the overhead of the rank whose cost it states after that rank's
+    earlier slice took a part of it on some rank (the input slice, before launch), what is left of the overhead of the rank whose cost it states after that rank's
     earlier slices, which needs its ``accounts``. The traced cost and the overhead's numbers and basis go into the
     evidence. Other findings unchanged."""
     r = RULES.get(f.rule)
@@ -134,31 +131,29 @@ def net_of_profiler(f: Finding, overhead: dict | None, accounts: "dict[int, Acco
         overhead = {k: (dataclasses.replace(v, overhead_us=_left(v, accounts[k], before, s0))
                         if k in (accounts or {}) and v.basis != "none" else None) for k, v in overhead.items()}
         after = f" ({whole.overhead_us / 1e3:.2f} ms per step, {o.basis}; {left / 1e3:.2f} ms of it not already " \
-                f"taken off the {'/'.join(before)} slice{'s' * (len(before) > 1)}, where the profiler's events " \
-                f"inside the DataLoader's waits and the host's catch-up after its blocks went)"
+                f"taken off the {' and '.join(before)} slice, where the profiler's events inside the DataLoader's " \
+                f"waits and the host's catch-up after them went)"
     else:  # each rank's overhead, at most the part of it that lands in the slice
         capped = {k: dataclasses.replace(v, overhead_us=_cap(v, s0, (accounts or {}).get(k)))
                   if v is not None and v.basis != "none" else v for k, v in overhead.items()}
         mine = sorted(((v, capped[rk], rk) for rk, v in overhead.items() if rk in f.ranks and v is not None
                        and v.basis != "none"), key=lambda p: p[1].overhead_us)
-        # a blocking slice's part of the overhead is the rank's own (its waits, its catch-up): the stated rank's
-        own = [p for p in mine if s0 in BLOCKING and p[2] == f.evidence.get("rank")]
+        # the input slice's part of the overhead is the rank's own (its waits, its catch-up): the stated rank's
+        own = [p for p in mine if s0 == "input" and p[2] == f.evidence.get("rank")]
         pick = own[0] if own else mine[len(mine) // 2] if mine else None
         if pick is None or pick[1].overhead_us <= 0:
             return f
         (whole, o, rk), overhead = pick, capped
         extra, after = {}, f" ({o.overhead_us / 1e3:.2f} ms per step, {o.basis})"
         if o.overhead_us < whole.overhead_us:
-            waits = min(o.overhead_us, _recorded_in(whole, s0))
+            waits = min(o.overhead_us, float(whole.data_wait_us or 0.0))
             caught = o.overhead_us - waits
             extra = {"profiler_overhead_left_us": round(o.overhead_us, 1), "profiler_in_data_wait_us": _r(waits),
                      "profiler_in_catch_up_us": _r(caught)}
-            parts = ([f"recorded inside the DataLoader's waits" + (f" ({waits / 1e3:.2f} ms)" if caught >= 0.5
-                                                                    else "")] if waits >= 0.5 else []) + (
-                [f"in the host's catch-up after {'them' if waits >= 0.5 else 'its blocks'}, issued at the profiler's "
-                 f"pace" + (f" ({caught / 1e3:.2f} ms)" if waits >= 0.5 else "")] if caught >= 0.5 else [])
             after = (f" ({whole.overhead_us / 1e3:.2f} ms per step, {o.basis}; {o.overhead_us / 1e3:.2f} ms of it "
-                     f"{' and '.join(parts) or 'in this slice'})")
+                     f"recorded inside the DataLoader's waits" + (
+                         f" ({waits / 1e3:.2f} ms) and in the host's catch-up after them, issued at the profiler's "
+                         f"pace ({caught / 1e3:.2f} ms)" if caught >= 0.5 else "") + ")")
     ev = {**f.evidence, "cost_traced_us_per_step": f.cost_us_per_step, **whole.as_dict(), **extra}
     if isinstance(ev.get("per_rank"), dict):  # each rank's cost net of its own overhead
         ev["per_rank"] = {rk: _net_rank(n, overhead.get(int(rk))) for rk, n in ev["per_rank"].items()}
@@ -180,20 +175,13 @@ def _left(o, a: Account, slices, s: str) -> float:
 
 def _cap(o, s: str, a: "Account | None" = None) -> float:
     """The most of the overhead ``o`` that can land in slice ``s`` (of the rank whose account is ``a``): all of it in
-    the launch slice; in a blocking slice the part recorded inside its blocks (:func:`_recorded_in`), plus the idle of
-    the host's catch-up after them (:attr:`kit.doctor.accounting.Account.caught_up`: issuing, as in launch) -- the
-    blocks' idle first, then the catch-up's, the order they came in; never more than the whole."""
-    if s not in BLOCKING:
+    the launch slice; in the input slice the part recorded inside the DataLoader's waits, plus the idle of the host's
+    catch-up after them (:attr:`kit.doctor.accounting.Account.caught_up`: issuing, as in launch) -- the waits' idle
+    first, then the catch-up's, the order they came in; never more than the whole."""
+    if s != "input":
         return o.overhead_us
     caught = a.caught_up_cost(s) if hasattr(a, "caught_up_cost") else 0.0
-    return min(o.overhead_us, _recorded_in(o, s) + caught)
-
-
-def _recorded_in(o, s: str) -> float:
-    """The part of the overhead ``o`` recorded inside blocking slice ``s``'s blocks: the DataLoader's waits'
-    (:attr:`kit.doctor.overhead.ProfilerOverhead.data_wait_us`), the only blocks the overhead's model measures its
-    part inside; elsewhere none (a synchronising call, a copy or a free waits for the GPU, not for recorded ops)."""
-    return float(o.data_wait_us or 0.0) if s == "input" else 0.0
+    return min(o.overhead_us, float(o.data_wait_us or 0.0) + caught)
 
 
 def _r(x):
