@@ -177,6 +177,7 @@ def test_input_costs_are_net_of_the_profilers_ops_inside_the_dataloader():
 def test_an_input_wait_without_the_profilers_ops_is_not_netted():
     """A loader fed by worker processes records nothing of its work in the main process's next(): no part of the
     overhead lands there (data_wait_us 0 or unknown), and input_bound keeps its traced cost."""
+    import kit.doctor.rules  # noqa: F401 -- registers the rules whose slices net_of_profiler looks up
     from kit.doctor.model import Finding
     from kit.doctor.reconcile import net_of_profiler
 
