@@ -73,7 +73,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..traces.intervals import cover, partition, union_np
-from .calls import STEP_PREFIX
+from .calls import FREE_CALLS, STEP_PREFIX, WORKER_LOADER
 from .host_model import HostModel, host_model, name_mask, names_str
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -93,12 +93,6 @@ HOST_KIND = {"input": "data_wait", "sync": "sync", "allocator": "alloc", "host_s
 """the host model's kind (:data:`kit.doctor.host_model.KINDS`) behind each blocking slice; ``pageable`` is the host
 model's ``pageable_h2d`` calls (:func:`pageable_spans`)"""
 TOP_STALLS = 5
-FREE_CALLS = frozenset({"cudaFree", "cuMemFree"})
-"""the allocator's calls that wait for the GPU: freeing device memory synchronises the device (the CUDA runtime
-API's note on cudaFree: an implicit device synchronisation; ``empty_cache()`` is a run of them); the queue is
-drained when they return, like a synchronising call's"""
-WORKER_LOADER = "_MultiProcessingDataLoaderIter"
-"""in a DataLoader request's annotation: the batch comes from worker processes (``num_workers > 0``)"""
 
 
 @dataclass(frozen=True)

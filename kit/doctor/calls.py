@@ -31,6 +31,12 @@ ALLREDUCE_OP = "c10d::allreduce_"
 """the prefix of the host's c10d call behind each all-reduce (its time includes launching the NCCL kernel)"""
 DATALOADER = "enumerate(DataLoader)"
 """the prefix of the annotation PyTorch puts around ``next(iter(loader))``"""
+FREE_CALLS = frozenset({"cudaFree", "cuMemFree"})
+"""the allocator's calls that wait for the GPU: freeing device memory synchronises the device (the CUDA runtime
+API's note on cudaFree: an implicit device synchronisation; ``empty_cache()`` is a run of them); the queue is
+drained when they return, like a synchronising call's"""
+WORKER_LOADER = "_MultiProcessingDataLoaderIter"
+"""in a DataLoader request's annotation: the batch comes from worker processes (``num_workers > 0``)"""
 STEP_PREFIX = "ProfilerStep#"
 
 _SUFFIX = re.compile(r"(_v\d+|_ptsz|_ptds|_spt)+$")

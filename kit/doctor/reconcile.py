@@ -104,12 +104,11 @@ def accounted(f: Finding, slices: tuple[str, ...], accounts: list[tuple[int, Acc
 
 def net_of_profiler(f: Finding, overhead: dict | None, accounts: "dict[int, Account] | None" = None) -> Finding:
     """A finding whose rule explains :data:`NET_OF_PROFILER_SLICES`, with the profiler's own overhead taken off its
-    cost: the median over its ranks of each rank's measured or estimated overhead, at most the part of it that lands
-    in the finding's first such slice (:func:`_cap`) -- in the input slice that part is the rank's own (its waits'
-    events, its catch-up: ``accounts``), so there the overhead of the rank whose cost the finding states; where an
-    earlier slice took a part of it on some rank (the input slice, before launch), what is left of the overhead of the rank whose cost it states after that rank's
-    earlier slices, which needs its ``accounts``. The traced cost and the overhead's numbers and basis go into the
-    evidence. Other findings unchanged."""
+    cost. Which overhead: the median over the finding's ranks of each rank's (measured or estimated), at most the part
+    that lands in the finding's first such slice (:func:`_cap`); for the input slice the stated rank's own (that part
+    is its waits' events and its catch-up, from ``accounts``). Where an earlier slice already took a part on some
+    rank (input before launch): what the stated rank's earlier slices left (:func:`_left`, needs its ``accounts``).
+    The traced cost and the overhead's numbers and basis go into the evidence; other findings are unchanged."""
     r = RULES.get(f.rule)
     if not overhead or r is None or r.explains is None or not set(r.explains.slices) & set(NET_OF_PROFILER_SLICES):
         return f

@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..accounting import WORKER_LOADER, Account
+from ..accounting import Account
+from ..calls import WORKER_LOADER
 from ..model import Explains, RankView, Rule, rule
 from .evidence import num
 from .host import HostSummary, HostTimeline, host_extract, judge_fired
