@@ -5,7 +5,7 @@ types (:mod:`kit.doctor.busbw_reference`); the finding says which."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING
 
 from ...collective_ops import bus_factor
 from ..collectives import Timeline, gloo_only, per_step_divisor
@@ -14,43 +14,67 @@ from ..model import Finding, Rule, Skip, rule
 from .comm import extract_timeline
 from .evidence import excerpt, num, size_text
 
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+    from ..busbw_reference import Reference
+
 LOW_BUSBW_RATIO = 0.5
 """traced busbw below this share of the reference's at the same size is 'well below'"""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _Basis:
-    """What the traced busbw is compared with: ``lookup(collective, bytes, group size) -> (busbw, source) | None``,
-    ``has(collective, group size)`` (at any size), ``says(source, group size)`` (the basis of one comparison, as the
-    finding states it) and ``environment(source)`` (the NCCL_* settings it ran with; None when unknown)."""
+    """What the traced busbw is compared with: this machine's ``sweep`` (its rows, :mod:`kit.doctor.sweep`) when
+    one is given, else the reference table's rows for the job's GPU (``ref``); exactly one of them is set."""
 
-    kind: str
-    """'sweep' (this machine's) or 'reference table'"""
-    lookup: Callable[[str, float, int | None], tuple[float, str] | None]
-    has: Callable[[str, int | None], bool]
-    says: Callable[[str, int | None], str]
-    environment: Callable[[str], str | None]
+    sweep: "pd.DataFrame | None" = None
+    ref: "Reference | None" = None
+
+    @property
+    def kind(self) -> str:
+        """'sweep' (this machine's) or 'reference table'"""
+        return "sweep" if self.sweep is not None else "reference table"
+
+    def lookup(self, collective: str, nbytes: float, gpus: int | None) -> tuple[float, str] | None:
+        """``(busbw, source)`` of ``collective`` at ``nbytes`` on ``gpus`` GPUs; None outside what the basis covers."""
+        from .. import busbw_reference as table
+        from ..sweep import attainable
+
+        if self.sweep is None:
+            return table.attainable(self.ref, collective, nbytes, gpus)
+        bw = attainable(self.sweep, collective, nbytes)
+        return None if bw is None else (bw, "sweep")
+
+    def has(self, collective: str, gpus: int | None) -> bool:
+        """The basis has ``collective`` (on ``gpus`` GPUs) at some size."""
+        if self.sweep is not None:
+            return bool((self.sweep["collective"] == collective).any())
+        return gpus is not None and int(gpus) in self.ref.rows and bool(
+            (self.ref.rows[int(gpus)]["collective"] == collective).any())
+
+    def says(self, source: str, gpus: int | None) -> str:
+        """The basis of one comparison, as the finding states it."""
+        if self.sweep is not None:
+            return f"this machine's sweep ({', '.join(sorted(set(self.sweep['source'].astype(str))))})"
+        return self.ref.basis(source, gpus)
+
+    def environment(self, source: str) -> str | None:
+        """The NCCL_* settings ``source`` ran with; None when unknown (a sweep does not record them)."""
+        return None if self.sweep is not None else self.ref.sources.get(source, ("", None))[1]
 
 
 def _basis(ctx) -> _Basis | Skip:
     """The sweep given (it wins), else the reference table's rows for the GPU the traces name (or why none)."""
     from .. import busbw_reference as table
-    from ..sweep import attainable
 
     if ctx.sweep is not None:
-        sw = ctx.sweep
-        methods = ", ".join(sorted(set(sw["source"].astype(str))))
-        return _Basis("sweep", lambda c, b, n: (lambda bw: None if bw is None else (bw, "sweep"))(attainable(sw, c, b)),
-                      lambda c, n: bool((sw["collective"] == c).any()),
-                      lambda src, n: f"this machine's sweep ({methods})", lambda src: None)
+        return _Basis(sweep=ctx.sweep)
     ids = [s.identity for s in ctx.summaries.values()]
     ref = table.reference([getattr(i, "device", None) for i in ids], [getattr(i, "host", None) for i in ids])
     if isinstance(ref, str):
         return Skip("low_busbw", f"no sweep given (--sweep) and no reference for this machine: {ref}")
-    return _Basis("reference table", lambda c, b, n: table.attainable(ref, c, b, n),
-                  lambda c, n: n is not None and int(n) in ref.rows
-                  and bool((ref.rows[int(n)]["collective"] == c).any()),
-                  ref.basis, lambda src: ref.sources.get(src, ("", None))[1])
+    return _Basis(ref=ref)
 
 
 def _job_env(ctx) -> dict[str, str] | None:
