@@ -109,6 +109,9 @@ FSDP_HOSTBOUND_EXTRA_GPU_MS = 30.0
 """``gpt-fsdp-bf16-gpu_rank``'s matmuls: the bf16 FSDP job is host-bound, its GPU idle most of the step, so 8 ms of
 them ran in rank 1's idle GPU time and added nothing measurable (the times: FINDINGS.md, FSDP gpu_rank); 30 ms
 outlast that idle"""
+DDP_HEAVY_EXTRA_GPU_MS = 20.0
+"""``gpt-ddp-bf16-gpu_rank20``'s matmuls: the 8 ms of ``gpt-ddp-bf16-gpu_rank`` added +2.4 ms to the host-bound
+bf16 DDP job on 2 H200s (FINDINGS.md, DDP gpu_rank on H200), most of them running in its GPU's idle time"""
 MICRO = 4
 """micro-batches per optimizer step in the accumulation cases (each batch/MICRO samples)"""
 FAULT_PARAMS = {
@@ -135,8 +138,9 @@ EXPECTED = {
 }
 
 
-def _c(model, par, dtype, kind, profiler, control=None, variant=None, fault=None, sizes=None, extra_gpu_ms=None):
-    name = f"{model}-{par}-{dtype}-{kind}"
+def _c(model, par, dtype, kind, profiler, control=None, variant=None, fault=None, sizes=None, extra_gpu_ms=None,
+       suffix=""):
+    name = f"{model}-{par}-{dtype}-{kind}{suffix}"
     fault = fault or ("none" if kind in ("control", "hostbound", "gpubound", "accum", "deep") else kind)
     env = dict(FAULT_PARAMS.get(variant, {}).get("env", {}))
     return {"name": name, "model": model, "parallel": par, "dtype": dtype, "kind": kind, "fault": fault,
@@ -175,6 +179,10 @@ def _cases() -> dict[str, dict]:
         _c("gpt", "ddp", "bf16", "p2p_off", "kit.capture", gpt, variant="p2p_off", fault="slow_comm"),
         _c("gpt", "fsdp", "bf16", "p2p_off", "tb_handler", fsdp, variant="p2p_off", fault="slow_comm"),
         _c("gpt", "ddp", "bf16", "proto_ll", "kit.capture", gpt, variant="proto_ll", fault="slow_comm"),
+        # the host-bound bf16 DDP job's GPU idles part of its step too: 8 ms of matmuls added +2.4 ms on 2 H200s;
+        # 20 ms outlast that idle, so the job pays clearly for rank 1's GPU
+        _c("gpt", "ddp", "bf16", "gpu_rank", "kit.capture", gpt, extra_gpu_ms=DDP_HEAVY_EXTRA_GPU_MS,
+           suffix=f"{DDP_HEAVY_EXTRA_GPU_MS:.0f}"),
     ]
     return {c["name"]: c for c in out}
 
@@ -184,10 +192,15 @@ PAIRS = {
     "accum": ("gpt-ddp-bf16-accum", "gpt-ddp-bf16-accum_no_sync"),
     "fsdp_gpu": ("gpt-fsdp-bf16-control", "gpt-fsdp-bf16-gpu_rank"),
     "ddp_gpu": ("gpt-ddp-bf16-control", "gpt-ddp-bf16-gpu_rank"),
+    "ddp_gpu20": ("gpt-ddp-bf16-control", "gpt-ddp-bf16-gpu_rank20"),
+    "cnn_stall": ("cnn-ddp-fp32-control", "cnn-ddp-fp32-stall_rank"),
+    "p2p_off": ("gpt-ddp-bf16-control", "gpt-ddp-bf16-p2p_off"),
 }
 """a fault and its control that one job runs by turns (:meth:`MultiJob.arm`), recorded interleaved in one process
 (``--pair``): the fault's added time without what differs between processes and minutes (one recording's host ran
-~30% slower throughout than its control's)"""
+~30% slower throughout than its control's). A pair whose arms differ in NCCL's environment (``p2p_off``), which
+NCCL reads once per process, is interleaved by *sessions* instead (:func:`run_session_pair`): each block a fresh
+spawn of the arm's environment, the blocks in ABBA order"""
 GROUPS = {"controls": [n for n, c in CASES.items() if c["fault"] == "none"],
           "one_rank": [n for n, c in CASES.items() if c["kind"] in ("input_rank", "stall_rank", "gpu_rank")],
           "job": [n for n, c in CASES.items() if c["kind"] in ("accum_no_sync", "tiny_buckets")],
@@ -345,7 +358,8 @@ def _mib(root: Path) -> float:
 
 
 def _rank_main(rank: int, world: int, names: list[str], root: str, warm: int, n: int, port: int, threads: int,
-               deadline: float, device: str, env: dict, max_mib: float, pair: tuple | None = None):
+               deadline: float, device: str, env: dict, max_mib: float, pair: tuple | None = None,
+               block: dict | None = None):
     import torch.distributed as dist
 
     os.environ.update(env)
@@ -362,6 +376,10 @@ def _rank_main(rank: int, world: int, names: list[str], root: str, warm: int, n:
     status = {}
     if pair is not None:  # (name, alternations): one interleaved pair, then done
         _run_pair(pair[0], rank, world, Path(root), warm, n, pair[1], device, dev, env)
+        status = {name: "ok" for name in names}
+        names = []
+    if block is not None:  # one block of a pair interleaved by sessions (run_session_pair), then done
+        _run_block(block, rank, world, Path(root), warm, n, dev)
         status = {name: "ok" for name in names}
         names = []
     for name in names:
@@ -478,7 +496,8 @@ def against_next_control(truth: dict) -> list[float]:
 
 
 def _pair_truths(arms: list[dict], world: int, device: str, timings: list[dict], params: dict, root: Path,
-                 env: dict, alternations: int, n: int) -> dict[str, dict]:
+                 env: dict, alternations: int, n: int, device_name: str | None = None,
+                 sessions: bool = False) -> dict[str, dict]:
     """The pair's truth.json contents: each arm's as :func:`_truth` gives it, from its interleaved samples, plus how
     they were interleaved (``order``, A the control; ``control_first_by_round``) and per block the job's median;
     the fault's ``paired_control`` (its control arm's summary and samples) and ``added_us_by_alternation`` (its
@@ -487,7 +506,8 @@ def _pair_truths(arms: list[dict], world: int, device: str, timings: list[dict],
     first = [p == 0 for p in timings[0][arms[0]["name"]]["position"]]  # the control ran first in that round
     for c in arms:
         per = [t[c["name"]] for t in timings]
-        truth = _truth(c, world, device, per, params if c["fault"] != "none" else {}, root / c["name"], env)
+        truth = _truth(c, world, device, per, params if c["fault"] != "none" else {}, root / c["name"],
+                       c["nccl_env"] if sessions else env, device_name)
         job = [max(p["samples"][i] for p in per) for i in range(len(per[0]["samples"]))]
         job_blocks[c["name"]] = [statistics.median(job[a:b]) for a, b in per[0]["blocks"]]
         truth["interleaved"] = {"with": [a["name"] for a in arms],
@@ -495,7 +515,9 @@ def _pair_truths(arms: list[dict], world: int, device: str, timings: list[dict],
                                 "control_first_by_round": first, "alternations": alternations,
                                 "block_steps": n, "settle_steps_per_block": 1,
                                 "block_median_us": [round(x, 1) for x in job_blocks[c["name"]]],
-                                "same_process_as_trace": True}
+                                "same_process_as_trace": not sessions,
+                                **({"by": "sessions: each block a fresh spawn in its arm's NCCL environment, each "
+                                          "arm traced after its timed steps in the last round"} if sessions else {})}
         out[c["name"]] = truth
     ctl, fault = arms
     t = out[fault["name"]]
@@ -543,11 +565,94 @@ def _run_pair(pair: str, rank: int, world: int, root: Path, warm: int, n: int, a
     job.close()
 
 
-def _truth(case: dict, world: int, device: str, timings: list[dict], params: dict, out: Path, env: dict) -> dict:
+def _run_block(block: dict, rank: int, world: int, root: Path, warm: int, n: int, dev: str) -> None:
+    """One block of a pair interleaved by sessions on this rank: the arm's job built and timed (``warm`` steps, then
+    ``n``), traced if ``block["trace"]``; rank 0 writes every rank's timing to ``root/block["file"]``."""
+    import torch.distributed as dist
+
+    case = CASES[block["arm"]]
+    job = MultiJob(case, dev, rank, world)
+    timing = time_unprofiled(job, warm, n)
+    dist.barrier()
+    if block["trace"]:
+        profile_steps(job, case, root / case["name"])
+        dist.barrier()
+    timings = [None] * world
+    dist.all_gather_object(timings, timing)
+    if rank == 0:
+        name = torch.cuda.get_device_name() if dev.startswith("cuda") else "cpu"
+        (root / block["file"]).write_text(json.dumps({"timings": timings, "params": job.params_used,
+                                                      "device_name": name, "pid": os.getpid()}))
+    job.close()
+
+
+def run_session_pair(pair: str, world: int, root: Path, warm: int, n: int, threads: int, deadline: float,
+                     device: str, alternations: int) -> dict:
+    """A pair whose arms differ in NCCL's environment (read once per process), interleaved by sessions: per round
+    (:func:`round_order`: ABBA...) each arm's block is a fresh spawn in its environment (``warm`` steps, ``n`` timed),
+    each arm traced after its timed steps in the last round; the truths as :func:`_pair_truths` makes them for an
+    in-process pair, ``interleaved.by`` saying how. The rounds end early (at 2 or more) where the deadline leaves
+    no room for another."""
+    t0 = time.time()
+    arms = [CASES[x] for x in PAIRS[pair]]
+    for c in arms:
+        shutil.rmtree(root / c["name"], ignore_errors=True)
+        (root / c["name"]).mkdir(parents=True)
+    per_block, est, done = {}, 20.0, 0
+    for r in range(alternations):
+        # the last round traces each arm after its timed steps; it is the last when the deadline leaves no room
+        # for one more (each round at least 2)
+        last = r == alternations - 1 or (r >= 1 and time.time() + 4 * est > deadline)
+        for i, c in enumerate(round_order(arms, r)):
+            b0 = time.time()
+            blk = {"arm": c["name"], "trace": last, "file": f".block-{r}-{i}.json"}
+            st = run_session([c["name"]], world, root, warm, n, threads, deadline + (30 if last else 0), device,
+                             dict(c["nccl_env"]), block=blk)
+            if st[c["name"]] != "ok":
+                return {x["name"]: "failed" for x in arms}
+            per_block[(r, c["name"])] = (i, json.loads((root / blk["file"]).read_text()))
+            (root / blk["file"]).unlink()
+            est = max(est * 0.5, time.time() - b0)
+        done = r + 1
+        if last:
+            break
+    timings = []
+    for rank in range(world):
+        per = {}
+        for c in arms:
+            samples, blocks, position = [], [], []
+            for r in range(done):
+                i, b = per_block[(r, c["name"])]
+                xs = b["timings"][rank]["samples"]
+                blocks.append([len(samples), len(samples) + len(xs)])
+                position.append(i)
+                samples += xs
+            per[c["name"]] = P.summarize(samples) | {"blocks": blocks, "position": position}
+        timings.append(per)
+    first = per_block[(0, arms[1]["name"])][1]
+    truths = _pair_truths(arms, world, device, timings, first["params"], root, {}, done, n,
+                          device_name=first["device_name"], sessions=True)
+    for name, truth in truths.items():
+        truth["wall_s"] = round(time.time() - t0, 1)
+        truth["interleaved"]["pids_by_round"] = [per_block[(r, name)][1]["pid"] for r in range(done)]
+        truth["interleaved"]["settle_steps_per_block"] = warm  # each block's session warms up anew
+        _added(truth, root)
+        (root / name / "truth.json").write_text(json.dumps(truth, indent=1) + "\n")
+        s, by = truth["step_us_unprofiled"], truth.get("added_us_by_alternation")
+        added = "" if truth["added_us"] is None else (
+            f" added {truth['added_us'] / 1e3:+.2f} ms (median of rounds; by round {min(by) / 1e3:+.2f}.."
+            f"{max(by) / 1e3:+.2f})")
+        print(f"{name:32s} {s['median'] / 1e3:8.2f} ms (p10 {s['p10'] / 1e3:.2f} p90 {s['p90'] / 1e3:.2f})"
+              f"{added}  [{truth['wall_s']} s, {done} rounds by sessions]", flush=True)
+    return {x["name"]: "ok" for x in arms}
+
+
+def _truth(case: dict, world: int, device: str, timings: list[dict], params: dict, out: Path, env: dict,
+           device_name: str | None = None) -> dict:
     # the job's step: the slowest rank's step, step by step (the ranks wait for each other at the collectives)
     job = [max(t["samples"][i] for t in timings) for i in range(len(timings[0]["samples"]))]
     rule, ranks, reason = EXPECTED[case["fault"]]
-    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    name = device_name or (torch.cuda.get_device_name() if device == "cuda" else "cpu")
     files = sorted(f.name for f in out.iterdir() if f.name != "truth.json")
     return {"case": case["name"], "fault": case["fault"], "variant": case["variant"], "expected_rule": rule,
             "expected_ranks": ranks, "expected_reason": reason, "model": case["model"],
@@ -581,7 +686,8 @@ def _free_port() -> int:
 
 
 def run_session(names: list[str], world: int, root: Path, warm: int, n: int, threads: int, deadline: float,
-                device: str, env: dict, max_mib: float = 1e9, pair: tuple | None = None) -> dict:
+                device: str, env: dict, max_mib: float = 1e9, pair: tuple | None = None,
+                block: dict | None = None) -> dict:
     """One spawn of ``world`` ranks running ``names`` in order; killed at ``deadline`` + 20 s if still running."""
     import torch.multiprocessing as mp
 
@@ -589,7 +695,7 @@ def run_session(names: list[str], world: int, root: Path, warm: int, n: int, thr
     for p in root.glob(".session-*.json"):
         p.unlink()
     ctx = mp.start_processes(_rank_main, args=(world, names, str(root), warm, n, _free_port(), threads, deadline,
-                                               device, env, max_mib, pair), nprocs=world, join=False, start_method="spawn")
+                                               device, env, max_mib, pair, block), nprocs=world, join=False, start_method="spawn")
 
     def kill(*_):
         for p in ctx.processes:
@@ -693,8 +799,8 @@ def main(argv=None) -> int:
     if a.pair:
         a.cases = ""
         names = list(PAIRS[a.pair])
-        if len({tuple(sorted(CASES[x]["nccl_env"].items())) for x in names}) != 1 or a.alternations < 2:
-            print("planted_multi: a pair runs in one NCCL environment, with --alternations >= 2", file=sys.stderr)
+        if a.alternations < 2:
+            print("planted_multi: a pair needs --alternations >= 2", file=sys.stderr)
             return 2
     for tok in filter(None, a.cases.split(",")):
         if tok in GROUPS:
@@ -715,6 +821,13 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(HERE.parents[1]))  # kit, for kit.capture, without installing it
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parents[1]), os.environ.get("PYTHONPATH")]))
     deadline = time.time() + a.budget_s
+    if a.pair and len({tuple(sorted(CASES[x]["nccl_env"].items())) for x in names}) > 1:
+        out.mkdir(parents=True, exist_ok=True)
+        status = run_session_pair(a.pair, a.world, out, a.warm, a.steps, a.threads, deadline, a.device, a.alternations)
+        bad = {n: s for n, s in status.items() if s != "ok"}
+        for n, s in bad.items():
+            print(f"{n:32s} {s}", flush=True)
+        return 1 if bad else 0
     sessions: dict[tuple, list[str]] = {}
     for n in names:  # one spawn per NCCL environment, in the order the cases were given
         sessions.setdefault(tuple(sorted(CASES[n]["nccl_env"].items())), []).append(n)
