@@ -28,9 +28,6 @@ LOW_RATIO, HIGH_RATIO = 0.5, 2.0
 
 FIRST_MISSES = {
     # case: why the top finding is not the planted fault, or its cost not 0.5-2x the added time, today
-    "corpus/gpt-input_bound-nosteps": "input_bound costs 2-4x the added time: profiled without a schedule, the "
-                                      "traced span starts cold (32 ms against 20 ms unprofiled) and the "
-                                      "DataLoader's share grows with it",
     "corpus-h100x2/gpt-ddp-bf16-accum_no_sync": "repeated_grad_sync comes first but costs 4.9 ms, 0.49x the "
                                                 "10.05 ms this recording's truth says -- one block of fault steps "
                                                 "against one of control steps, each its own job; recorded "

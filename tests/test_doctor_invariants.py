@@ -222,3 +222,31 @@ def test_without_steps_the_span_after_start_up_is_the_step():
     assert st.attrs.get("span") and list(st["step"]) == [-1]
     assert st["ts"].iloc[0] == pytest.approx(501_000) and "one-time start-up left out" in st.attrs["left_out"]
     assert _steps(_work(1, 0) + _work(2, 1_000)).empty  # nothing to leave out: the traced span stays the step
+
+
+def _loop(first_us: float) -> list:
+    """4 iterations of a loop traced without ProfilerStep: a DataLoader request, a kernel, an optimizer step; the
+    first iteration ``first_us`` long, the others 5 ms."""
+    nxt, opt = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", "Optimizer.step#SGD.step"
+    ev, t0 = [], 0.0
+    for i, d in enumerate((first_us, 5_000, 5_000, 5_000)):
+        ev += [_x(nxt, "user_annotation", t0, 1_000), _x(opt, "user_annotation", t0 + d - 500, 400)]
+        ev += _work(i + 1, t0 + d - 2_000, dur=2_500)
+        t0 += d
+    return ev
+
+
+def test_without_a_schedule_the_first_inferred_step_is_the_profilers_warm_up():
+    """No ProfilerStep (the profiler never stepped: no schedule, no warm-up): the first of 3+ steps inferred from
+    the DataLoader requests, when longer than the others, is the profiler's warm-up and left out; its GPU work that
+    runs into the next step is not that step's (the window starts where it ends)."""
+    from kit import traces
+    from kit.doctor.model import RankView
+    from kit.doctor.steps import rank_windows
+
+    ev = _loop(7_000)
+    st = _steps(ev)
+    assert list(st["step"]) == [1, 2, 3] and "left out as the profiler's warm-up" in st.attrs["left_out"]
+    win = rank_windows(RankView(trace=traces.from_dict({"schemaVersion": 1, "traceEvents": ev}), steps=st, rank=0))
+    assert win["start"].iloc[0] == pytest.approx(5_000 + 10 + 2_500)  # the left-out step's kernel ends in step 1
+    assert list(_steps(_loop(5_000))["step"]) == [0, 1, 2, 3]  # a first step no longer than the others stays

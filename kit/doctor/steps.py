@@ -169,6 +169,15 @@ def steady(st: "pd.DataFrame", cpu=None, gpu=None) -> "pd.DataFrame":
                         f"a median of {rest / 1e3:.1f} ms for the others; {why})")
             st = st.iloc[1:].reset_index(drop=True)
             dur = dur[1:]
+        elif attrs.get(INFERRED) and len(st) >= 3 and dur[0] > rest:
+            # steps inferred: the profiler never stepped, so it had no schedule and no warm-up -- its first step
+            # is the profiler's warm-up, the one torch.profiler.schedule(warmup=...) discards ("skewed by an
+            # extra overhead": the first CUDA calls after CUPTI starts, e.g. the first pin_memory's is_pinned)
+            said.append(f"step {int(st['step'].iloc[0])} left out as the profiler's warm-up ({dur[0] / 1e3:.1f} ms "
+                        f"against a median of {rest / 1e3:.1f} ms for the others: traced without a schedule, the "
+                        f"first step carries the profiler's own start-up)")
+            st = st.iloc[1:].reset_index(drop=True)
+            dur = dur[1:]
     if len(st) >= 3 and not attrs.get(INFERRED) and dur[-1] > TEARDOWN_RATIO * float(np.median(dur[:-1])):
         ts, end = float(st["ts"].iloc[-1]), float(st["end"].iloc[-1])
         cut = ts + float(np.median(dur[:-1]))
@@ -243,15 +252,20 @@ def _rank_windows(view: "RankView") -> "pd.DataFrame":
 
 
 def carried_end(view: "RankView", g: "pd.DataFrame") -> float | None:
-    """Where the GPU work queued before the trace began ends: activities whose issuing call is not in a trace that
-    records runtime calls (the steps before the profiler's window, still running when it opened), up to the first
-    work a traced step issued. The first window starts there, as every later window starts where the previous one
-    ended: the previous steps' work is the profiler's start-up, not the first step's."""
+    """Where the GPU work queued before the first step ends: activities whose issuing call is not in a trace that
+    records runtime calls (the steps before the profiler's window, still running when it opened), or precedes the
+    first step (one-time work :func:`steady` left out), up to the first work a step issued. The first window starts
+    there, as every later window starts where the previous one ended: the previous steps' work is the profiler's
+    start-up, not the first step's."""
     import numpy as np
 
     if g.empty or g["call_ts"].isna().all():
         return None
-    own = g["call_ts"].notna().to_numpy()
+    call = g["call_ts"].to_numpy(dtype=float)
+    first_step = float(view.steps["ts"].min()) if not view.steps.empty else np.nan
+    own = ~np.isnan(call) & ~(call < first_step)
+    if not own.any():
+        return None
     first = float(g.loc[own, "ts"].min())
     before = g[~own & (g["ts"].to_numpy(dtype=float) < first)]
     return float(before["end"].max()) if len(before) else None
