@@ -353,14 +353,19 @@ def _before(case: str, rank: int):
 
 
 def test_example_low_busbw_with_p2p_disabled(example):
-    d = example("p2p-disabled")  # NCCL_P2P_DISABLE=1: all-reduces through host memory, not NVLink
+    """NCCL_P2P_DISABLE=1: all-reduces through host memory, not NVLink -- 13.2 ms per step longer than at the sweep's
+    busbw, but the GPU-bound job hides most of that under its backward: unprofiled it runs 55.8 against the clean
+    case's 54.2 ms (recorded/h200x2/doctor/README.md). The cost is the longer time's part during which GPU work
+    waited behind the collectives on both ranks -- not the whole slowdown, not more than the exposed transfer."""
+    d = example("p2p-disabled")
     f = finding(d, "low_busbw")
-    assert f is not None and f.severity == "high"
+    assert f is not None and f.severity == "medium"
     assert f.evidence["checked_sizes"] == 6 and len(f.evidence["sizes"]) == 6  # every bucket size
     worst = min(f.evidence["sizes"], key=lambda x: x["ratio"])
     assert worst["bytes"] == pytest.approx(32 << 20, rel=0.01) and worst["ratio"] == pytest.approx(0.10, abs=0.03)
     assert worst["reference_busbw_gbps"] == pytest.approx(251.5, rel=0.02)
-    assert f.cost_us_per_step == pytest.approx(13200, rel=0.2)
+    assert f.evidence["cost_basis"] == "held" and f.evidence["longer_us_per_step"] == pytest.approx(13200, rel=0.2)
+    assert 0.5 * 1600 <= f.cost_us_per_step <= min(2 * 1600, f.evidence["exposed"]["cost_us_per_step"])
     assert silent(example("clean"), "low_busbw")
 
 

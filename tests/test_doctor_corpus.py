@@ -36,10 +36,6 @@ FIRST_MISSES = {
                                                 "ms (median of rounds) in four processes (2 H200s: corpus-h200x2, "
                                                 "recorded/h200x2/doctor_accum and doctor_pairs), the doctor saying "
                                                 "1.10-1.44x of each",
-    "corpus-h100x2/gpt-ddp-bf16-p2p_off": "low_busbw comes first (all-reduces of 49 MiB at 25.7 GB/s against the "
-                                          "sweep's 253 GB/s, with the exposed communication folded in) but costs "
-                                          "4.8 ms, 2.4x the 2.0 ms NCCL_P2P_DISABLE=1 adds unprofiled: in the "
-                                          "profiled step less of the slower transfer is hidden",
 }
 NAMED_MISSES: dict[str, str] = {}
 CONTROL_MISSES: dict[str, str] = {

@@ -46,7 +46,7 @@ def test_whole_jobs_every_rule():
     tiny = _problems(diagnose([EXCERPTS / "tiny-kernels"], workers=1))
     assert list(tiny)[0] == "launch_bound" and all(f.severity == "low" for f in list(tiny.values())[1:])
     p2p = _problems(diagnose([EXCERPTS / "p2p-disabled"], sweep=SWEEP, workers=1))
-    assert p2p["low_busbw"].severity == "high"
+    assert list(p2p)[0] == "low_busbw" and p2p["low_busbw"].severity == "medium"  # 2 ms of a 56 ms step
 
 
 def test_same_rank_twice_and_bad_headers_are_one_line_each(tmp_path):

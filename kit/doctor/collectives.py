@@ -59,6 +59,10 @@ class Timeline:
     """profiled steps on this rank (0: no ProfilerStep annotation)"""
     step_us: float | None
     gpu_kernels: int
+    held: "pd.DataFrame | None" = None
+    """``device, a, b``: time inside the communication windows when GPU work already launched had not started and
+    no compute kernel ran (sorted, disjoint per device): work held back behind the collectives (or behind the
+    GPU's queue), not a GPU waiting for its host. None when the trace has no launch calls to tell"""
 
 
 def timeline(view: "RankView") -> Timeline:
@@ -100,7 +104,8 @@ def _build_timeline(view: "RankView") -> Timeline:
     comp_cols = ["device", "a", "b"]
     if rows.empty:
         return Timeline(view.rank, "", rows.assign(step=[], launch_us=[], end_us=[], overlap_us=[]),
-                        pd.DataFrame(columns=comp_cols), len(view.steps), view.step_us, len(kernels))
+                        pd.DataFrame(columns=comp_cols), len(view.steps), view.step_us, len(kernels),
+                        pd.DataFrame(columns=comp_cols))
     rows["rank"] = view.rank
     rows["end_us"] = rows["start_us"] + rows["dur_us"]
     for c in ("trace", "kernel", "dtype", "pg_desc"):  # a few distinct strings, repeated: keep the summary small
@@ -126,8 +131,9 @@ def _build_timeline(view: "RankView") -> Timeline:
     # a kernel whose launch is not in the trace was launched before the profiled window (a GPU running behind
     # its host): it belongs to no profiled step
     rows["step"] = np.where(known, step_of(launch, view.steps), np.nan)
-    # compute kernels inside the communication windows, per device
-    comp, overlap = [], np.zeros(len(rows))
+    # compute kernels inside the communication windows, per device; and the time there when launched work waited
+    comp, held, overlap = [], [], np.zeros(len(rows))
+    issued = view.issued() if known.any() else None
     for dev, d in kernels.groupby("device", sort=True):
         nc = d[d["nccl"]]
         if nc.empty:
@@ -138,13 +144,37 @@ def _build_timeline(view: "RankView") -> Timeline:
         cut = intersect(list(zip(ua, ub)), list(zip(ca, cb)))
         ca, cb = (np.array([x[0] for x in cut], dtype=float), np.array([x[1] for x in cut], dtype=float))
         comp.append(pd.DataFrame({"device": dev, "a": ca, "b": cb}))
+        if issued is not None:
+            held.append(_held(issued[issued["device"] == dev], ua, ub, ca, cb).assign(device=dev))
         sel = (rows["device"].astype(str) == str(dev)).to_numpy() & nccl_mask
         overlap[sel] = covered(ca, cb, rows.loc[sel, "start_us"], rows.loc[sel, "end_us"])
     rows["overlap_us"] = overlap
     compute = pd.concat(comp, ignore_index=True) if comp else pd.DataFrame(columns=comp_cols)
     backend = "nccl" if nccl_mask.any() else "gloo"
+    held_df = None if issued is None else (pd.concat(held, ignore_index=True)[comp_cols] if held
+                                           else pd.DataFrame(columns=comp_cols))
     return Timeline(view.rank, backend, rows.reset_index(drop=True), compute, len(view.steps), view.step_us,
-                    len(kernels))
+                    len(kernels), held_df)
+
+
+def _held(g: "pd.DataFrame", ua, ub, ca, cb) -> "pd.DataFrame":
+    """One device's time inside the communication windows ``ua, ub`` when some activity of ``g`` (:meth:`RankView.
+    issued`) had been launched (its call returned; one whose call is not in the trace was queued before the trace
+    began) and had not started, less the compute time ``ca, cb``."""
+    import numpy as np
+    import pandas as pd
+
+    from ..traces.intervals import subtract
+
+    start = g["ts"].to_numpy(dtype=float)
+    launched = g["call_end"].to_numpy(dtype=float)
+    launched = np.where(np.isnan(launched), -np.inf, launched)
+    w = launched < start
+    pa, pb = union_np(np.maximum(launched[w], ua[0] if len(ua) else 0.0), start[w])
+    pa, pb = subtract((pa, pb), (ca, cb))
+    cut = intersect(list(zip(ua, ub)), list(zip(pa, pb)))
+    return pd.DataFrame({"a": np.array([x[0] for x in cut], dtype=float),
+                         "b": np.array([x[1] for x in cut], dtype=float)})
 
 
 def matched(summaries: list[tuple[int, Timeline]]) -> "pd.DataFrame":

@@ -305,16 +305,14 @@ def fold_into_low_busbw(findings: list[Finding]) -> list[Finding]:
     """One cause, one finding: communication left exposed (``exposed_comm``) by collectives that run far below what
     the machine's links deliver (``low_busbw``, against its sweep) is exposed *because* it is slow -- the two name
     the same microseconds. When both fire and low_busbw names every rank exposed_comm names, exposed_comm's numbers
-    become low_busbw's evidence (``exposed``) and its sentence, at the larger of the two costs."""
+    become low_busbw's evidence (``exposed``) and its sentence, at low_busbw's cost: what the step would save at the
+    links' busbw (the exposed time of a slow collective is not all saved: the GPU may have waited for its host then)."""
     low = next((f for f in findings if f.rule == "low_busbw"), None)
     exp = next((f for f in findings if f.rule == "exposed_comm"), None)
     if low is None or exp is None or not set(exp.ranks) <= set(low.ranks):
         return findings
-    merged = dataclasses.replace(  # said first: the finding whose cost it carries
-        low, cost_us_per_step=max(low.cost_us_per_step, exp.cost_us_per_step),
-        summary=f"{low.summary}; that is why communication is left exposed: {exp.summary}"
-        if low.cost_us_per_step >= exp.cost_us_per_step else
-        f"{exp.summary}; it is left exposed because it is slow: {low.summary}",
+    merged = dataclasses.replace(
+        low, summary=f"{low.summary}; that is why communication is left exposed: {exp.summary}",
         evidence={**low.evidence, "exposed": {"cost_us_per_step": exp.cost_us_per_step, **exp.evidence}})
     return [merged if f is low else f for f in findings if f is not exp]
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ...collective_ops import bus_factor
 from ..collectives import Timeline, gloo_only, per_step_divisor
 from ..findings import make
 from ..model import Finding, Rule, Skip, rule
@@ -85,6 +84,48 @@ def _job_env(ctx) -> dict[str, str] | None:
     return None
 
 
+def _cost(df: "pd.DataFrame", low: list[dict], tl_of: dict[int, Timeline]) -> tuple[float, float, str]:
+    """Per step: how much longer the slow collectives take than at the reference's busbw, and what the step would
+    save at it, with its basis. Each slow instance's transfer (the last ``instance_min_us`` of its kernel on every
+    rank) would end ``t - t_ref`` sooner: of that tail, the step saves the time GPU work waited behind it -- work
+    already launched and not started, no compute running (:attr:`Timeline.held`) -- on every rank the instance
+    ran on (its least); a rank whose GPU had nothing to run then was waiting for its host, which a faster
+    collective does not change, and time hidden under compute is saved by no one. Without launch calls in a trace
+    (``held`` unknown) the tail's time that no compute hid is counted (``'exposed'``)."""
+    import numpy as np
+
+    from ...collective_ops import bus_factor
+    from ..collectives import kernel_parts
+    from ...traces.intervals import covered
+
+    n = max(per_step_divisor(tl) for tl in tl_of.values())
+    held = all(tl.held is not None for tl in tl_of.values())
+    stepped = any(tl.steps for tl in tl_of.values())
+    longer = saved = 0.0
+    for r in low:
+        g = df[(df["collective"] == r["collective"]) & (df["bytes"] == r["bytes"])]
+        g = g[g["step"].notna()] if stepped else g
+        if g.empty:
+            continue
+        f = bus_factor(r["collective"], int(r["group_size"])) if r["group_size"] else 1.0
+        t_ref = r["bytes"] * f / (r["reference_busbw_gbps"] * 1e3)  # us
+        r["reference_us"] = t_ref
+        a, b = kernel_parts(g, "transfer")
+        cut = np.clip((b - a) - t_ref, 0.0, None)  # the transfer's tail that would vanish
+        gain = np.zeros(len(g))
+        for (rank, dev), i in g.groupby([g["rank"], g["device"].astype(str)]).indices.items():
+            tl = tl_of[int(rank)]
+            iv = tl.held if held else tl.compute
+            iv = iv[iv["device"].astype(str) == dev]
+            got = covered(iv["a"].to_numpy(dtype=float), iv["b"].to_numpy(dtype=float), b[i] - cut[i], b[i])
+            gain[i] = got if held else cut[i] - got
+        key = [g["match_key"], g["instance"]] if "instance" in g else [g.index]
+        per = g.assign(cut=cut, gain=gain).groupby(key)
+        longer += float(per["cut"].max().sum())
+        saved += float(per["gain"].min().sum())
+    return longer / n, saved / n, "held" if held else "exposed"
+
+
 def judge_low_busbw(summaries: list[tuple[int, Timeline]], ctx) -> list[Finding] | Skip:
     from ...traces import summary as comm_summary
     from ..busbw_reference import environment_differences
@@ -127,19 +168,7 @@ def judge_low_busbw(summaries: list[tuple[int, Timeline]], ctx) -> list[Finding]
                                  f"({', '.join(sorted(missing) + outside) or 'none'})")
     if not low:
         return []
-    # cost: per step, each slow instance's transfer time minus the time at the reference's busbw
-    n = max(per_step_divisor(tl) for tl in tl_of.values())
-    cost = 0.0
-    one = df.drop_duplicates(["match_key", "instance"]) if df["ranks_seen"].max() > 1 else df
-    for r in low:
-        g = one[(one["collective"] == r["collective"]) & (one["bytes"] == r["bytes"])]
-        g = g[g["step"].notna()] if any(tl.steps for tl in tl_of.values()) else g
-        f = bus_factor(r["collective"], int(r["group_size"])) if r["group_size"] else 1.0
-        t_ref = r["bytes"] * f / (r["reference_busbw_gbps"] * 1e3)  # us
-        t = g["instance_min_us"].where(g["instance_min_us"].notna(), g["dur_us"]).astype(float)
-        cost += float((t - t_ref).clip(lower=0).sum())
-        r["reference_us"] = t_ref
-    cost /= n
+    longer, cost, basis_cost = _cost(df, low, tl_of)
     top = min(low, key=lambda r: r["ratio"])
     ex = df[(df["collective"] == top["collective"]) & (df["bytes"] == top["bytes"])].iloc[0]
     env = _job_env(ctx)
@@ -148,10 +177,14 @@ def judge_low_busbw(summaries: list[tuple[int, Timeline]], ctx) -> list[Finding]
     likely = environment_differences(env, ref_env) if env is not None else None
     ev = {"sizes": [{k: (num(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in low],
           "checked_sizes": len(rows), **notes, "basis": basis.kind, "basis_text": said,
+          "longer_us_per_step": num(longer), "cost_basis": basis_cost,
           "reference_sources": sorted({r["reference_source"] for r in rows}), "job_nccl_differences": likely,
           "excerpt": excerpt(int(ex["rank"]), float(ex["start_us"]), float(ex["end_us"]))}
-    summary = (f"collectives below the machine's links take {cost:.0f} us per step longer than at the busbw they "
-               f"deliver: {len(low)} of {len(rows)} traced (collective, size) pairs reach under "
+    summary = (f"collectives below the machine's links cost {cost:.0f} us per step: " + (
+               "the part of the time they take longer than at the busbw the links deliver "
+               f"({longer:.0f} us per step) during which GPU work waited behind them on every rank" if basis_cost ==
+               "held" else f"the part of the time they take longer than at the busbw the links deliver ({longer:.0f} "
+               "us per step) that no compute hid") + f"; {len(low)} of {len(rows)} traced (collective, size) pairs reach under "
                f"{100 * LOW_BUSBW_RATIO:.0f}% of the busbw the machine's links deliver; worst: {top['collective']} of "
                f"{size_text(top['bytes'])} at {top['busbw_gbps']:.1f} GB/s against {top['reference_busbw_gbps']:.1f}"
                f" GB/s ({100 * top['ratio']:.0f}%; basis: {said})"
@@ -173,7 +206,9 @@ rule(Rule(id="low_busbw", title="collectives slower than this machine's links de
                "overrides; check NCCL_P2P_DISABLE, NCCL_IB_HCA/NCCL_SOCKET_IFNAME; run the sweep with the job's "
                "environment to confirm."),
           caveats=("Traced durations are the per-instance minimum over ranks (the transfer, not the waiting) when 2+ "
-                   "ranks are given; with one rank they include waiting and understate busbw. A sweep must come from "
+                   "ranks are given; with one rank they include waiting and understate busbw. The cost is the part of "
+                   "the longer time during which launched GPU work waited behind the collectives on every rank, "
+                   "summed per instance (an upper bound where one collective's delay is absorbed before the next). A sweep must come from "
                    "the same machine; sizes outside its range are not judged. Without a sweep, the reference table "
                    "(kit/doctor/busbw_reference.csv) is another machine of the same GPU and link type: only its "
                    "bandwidth-bound sizes (from half its peak busbw up) are judged, at the job's GPU count; the "
