@@ -236,10 +236,24 @@ def proxy_runs(runs) -> "results.RunSet":
 
 
 def _has_steps(path) -> bool:
+    return _dump_has_steps(str(path), _stamp_of(Path(path)))
+
+
+@lru_cache(maxsize=64)
+def _dump_has_steps(path: str, stamp: tuple) -> bool:
     try:
         return bool((ncd.read_dump(path).events["cat"] == "NET").any())
     except ncd.DumpError:
         return False
+
+
+def _stamp_of(f: Path) -> tuple:
+    """What changes when a dump is rewritten (size, mtime): a cached answer of an older file is not reused."""
+    try:
+        st = f.stat()
+        return st.st_size, st.st_mtime_ns
+    except OSError:
+        return (None, None)
 
 
 def proxy_table(runs):
@@ -252,42 +266,53 @@ def proxy_table(runs):
     for the kernel to start (in ``SendGpuWait``)."""
     import pandas as pd
 
-    rows = []
-    for d in (d for d in proxy_runs(runs).dirs if ncd.find_dumps(d)):
-        label = results.run_label(results.read_meta(d)) or d.name
-        traced, _ = _aligned(str(d), _stamp(d))
-        part = ({(int(r.rank), r.name, int(r.seq)): (r.part, r.kernel_end - r.kernel_ts) for r in traced.itertuples()}
-                if len(traced) else {})  # NCCL numbers each collective type on its own (SeqNum)
-        for f in ncd.find_dumps(d):
-            try:
-                dump = ncd.read_dump(f)
-            except ncd.DumpError:
-                continue  # named by nccl_findings (alignment_table)
-            e = dump.events.assign(dur=lambda x: (x["end"] - x["ts"]).astype("float64"))
-            sub = e[e["cat"].isin(["PROXY", "NET"]) & (e["depth"] >= 4)]
-            for cidx, g in sub.groupby("coll"):
-                c = e.loc[e["idx"] == cidx].iloc[0]
-                ops = g[g["cat"] == "PROXY"]
-                steps = g[g["cat"] == "NET"]
-                seq = int(c["seq"])
-                where, kernel_us = part.get((dump.rank, c["name"], seq), ("other", float("nan")))
-                row = {"label": label, "part": where, "rank": dump.rank, "name": c["name"], "seq": seq,
-                       "bytes": float(c["count"]) * DTYPE_BYTES.get(c["datatype"], float("nan")),
-                       "algorithm": c["algorithm"], "protocol": c["protocol"], "n_channels": c["n_channels"],
-                       "proxy_ops": int(ops["name"].str.startswith("Progress").sum()),
-                       "send_steps": int((steps["name"] == "SendWait").sum()),
-                       "recv_steps": int((steps["name"] == "RecvWait").sum()),
-                       "step_bytes": float((ops["trans_size"].astype("float64") / ops["steps"].astype("float64")).median()),
-                       "kernel_us": kernel_us,
-                       "proxy_us": float(ops["end"].max() - ops["ts"].min())}
-                med = steps.groupby("name")["dur"].median()
-                row.update({f"{st}_us": float(med.get(st, float("nan"))) for st in SEND_STATES + RECV_STATES})
-                row["send_gbps"] = row["step_bytes"] / row["SendWait_us"] / 1e3  # one step's bytes over its send
-                rows.append(row)
-    t = pd.DataFrame(rows)
+    rows = [r for d in proxy_runs(runs).dirs if ncd.find_dumps(d)
+            for r in _proxy_rows(str(d), _stamp(d), tuple(_stamp_of(f) for f in ncd.find_dumps(d)))]
+    t = pd.DataFrame([dict(r) for r in rows])
     if len(t) and t["label"].nunique() <= 1:
         t = t.drop(columns="label")
     return t
+
+
+@lru_cache(maxsize=16)
+def _proxy_rows(run_dir: str, stamp: float, dump_stamps: tuple) -> tuple[dict, ...]:
+    """:func:`proxy_table`'s rows of one run directory, read once per process (a notebook's tables, figure and
+    findings of the network proxy all start from them; the dumps' size and mtime in the key: a rewritten dump
+    is read again). The caller gets fresh rows: a table built from them cannot change the cached ones."""
+    d = Path(run_dir)
+    label = results.run_label(results.read_meta(d)) or d.name
+    traced, _ = _aligned(run_dir, stamp)
+    part = ({(int(r.rank), r.name, int(r.seq)): (r.part, r.kernel_end - r.kernel_ts) for r in traced.itertuples()}
+            if len(traced) else {})  # NCCL numbers each collective type on its own (SeqNum)
+    rows = []
+    for f in ncd.find_dumps(d):
+        try:
+            dump = ncd.read_dump(f)
+        except ncd.DumpError:
+            continue  # named by nccl_findings (alignment_table)
+        e = dump.events.assign(dur=lambda x: (x["end"] - x["ts"]).astype("float64"))
+        sub = e[e["cat"].isin(["PROXY", "NET"]) & (e["depth"] >= 4)]
+        colls = e.set_index("idx")
+        for cidx, g in sub.groupby("coll"):
+            c = colls.loc[cidx]
+            ops = g[g["cat"] == "PROXY"]
+            steps = g[g["cat"] == "NET"]
+            seq = int(c["seq"])
+            where, kernel_us = part.get((dump.rank, c["name"], seq), ("other", float("nan")))
+            row = {"label": label, "part": where, "rank": dump.rank, "name": c["name"], "seq": seq,
+                   "bytes": float(c["count"]) * DTYPE_BYTES.get(c["datatype"], float("nan")),
+                   "algorithm": c["algorithm"], "protocol": c["protocol"], "n_channels": c["n_channels"],
+                   "proxy_ops": int(ops["name"].str.startswith("Progress").sum()),
+                   "send_steps": int((steps["name"] == "SendWait").sum()),
+                   "recv_steps": int((steps["name"] == "RecvWait").sum()),
+                   "step_bytes": float((ops["trans_size"].astype("float64") / ops["steps"].astype("float64")).median()),
+                   "kernel_us": kernel_us,
+                   "proxy_us": float(ops["end"].max() - ops["ts"].min())}
+            med = steps.groupby("name")["dur"].median()
+            row.update({f"{st}_us": float(med.get(st, float("nan"))) for st in SEND_STATES + RECV_STATES})
+            row["send_gbps"] = row["step_bytes"] / row["SendWait_us"] / 1e3  # one step's bytes over its send
+            rows.append(row)
+    return tuple(rows)
 
 
 def proxy_summary_table(runs):
