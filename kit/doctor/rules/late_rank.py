@@ -98,6 +98,8 @@ REASON_TEXT_CPU = {**REASON_TEXT, "host_stall": "stalled on the host, with no re
 
 BASIS_TEXT = {"own_excess": "its own time per step beyond the slowest other rank's; the others' waiting also holds "
                             "the profiler's uneven slowing of the hosts",
+              "others_host": "its GPU's excess over the others' is larger, but each other rank's step is at least its "
+                             "own host time: their step less that, net of the profiler",
               "reason_excess": "the lateness its reason added beyond the other ranks' same activity; the others' "
                                "waiting also holds the profiler's uneven slowing of the hosts"}
 """how late_rank's cost was read, when it is not the others' waiting"""
@@ -126,6 +128,33 @@ def own_gain(own: dict | None, reason: str | None, excess: dict, n: int) -> tupl
     if reason is not None and excess.get(reason, 0.0) > 0:
         return float(excess[reason]) / n, "reason_excess"
     return None, "others_wait"
+
+
+def host_room(host_steps: dict, late: int, overhead: dict | None) -> float | None:
+    """What the job could gain at most were the GPU-late rank ``late`` as fast as the others, as their hosts allow:
+    each other rank's step cannot be shorter than its own host time (:data:`kit.doctor.own_time.OWN_HOST`), so
+    the least over the others of their step less their own host time -- both net of the profiler (the step by the
+    overhead on it, the host by the profiler's own time on that host where estimated, else the same overhead).
+    Comparing GPU time with GPU time alone overstates it where the others' steps are their hosts' (a host-bound
+    job whose late rank's extra kernels first fill its GPU's idle time). None where an other rank's own host time
+    exceeds its step (its issuing threads overlap, or its launches queue behind its waiting GPU: not a pace) or
+    the steps are not there."""
+    import numpy as np
+
+    from ..own_time import OWN_HOST
+
+    rooms = []
+    for r, ps in host_steps.items():
+        if r == late:
+            continue
+        step, host = float(np.median(ps["dur"])), float(np.median(ps[OWN_HOST]))
+        if not host or host > step:
+            return None
+        o = (overhead or {}).get(r)
+        on_step = o.overhead_us if o is not None else 0.0
+        on_host = o.host_us if o is not None and o.host_us is not None else on_step
+        rooms.append(max(0.0, (step - on_step) - (host - on_host)))
+    return min(rooms) if rooms else None
 
 
 def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip:
@@ -214,6 +243,9 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     bound = min(float(waits[fl["rank"] == r].sum()) / per_step_divisor(tl_of[r]) for r in tl_of if r != late)
     if gain is not None:
         cost = min(max(waited, bound) if basis == "own_excess" else waited, gain)
+    room = host_room(hs, late, ctx.overhead) if basis == "own_excess" and own["kind"] == "gpu" else None
+    if room is not None and room < cost:  # its GPU's excess fills time the others' hosts would take anyway
+        cost, basis = room, "others_host"
     late_at = mine[mine["material"]]
     worst = late_at.loc[late_at["late_by_us"].idxmax()]
     ev = {"late_rank": late, "last_at": len(mine), "late_at": len(late_at), "instances": len(inst),
