@@ -61,9 +61,13 @@ def test_a_failing_rank_fails_the_run_with_its_log(tmp_path):
     assert meta["status"] == "failed" and meta["emulated"]["nodes"] == 2
 
 
-def test_a_rank_ignoring_sigterm_does_not_outlive_the_run(tmp_path):
+def test_a_rank_ignoring_sigterm_does_not_outlive_the_run(tmp_path, monkeypatch):
     """torch elastic starts workers in their own session: killing an agent's session does not reach them, so
-    each worker dies with its agent (kit.launch.emulated._worker); found by review, reproduced here."""
+    each worker dies with its agent (kit.launch.emulated._worker); found by review, reproduced here. The
+    launcher's waits are shortened (the same escalation: the failed agent's peer stopped, SIGTERM to its agent,
+    ignored by its rank, then SIGKILL to the agent's session), not skipped: 10 s + 15 s of waiting otherwise."""
+    monkeypatch.setattr(emulated, "_PEER_GRACE_S", 1.0)
+    monkeypatch.setattr(emulated._Agents, "kill_grace_s", 2.0)
     with pytest.raises(LaunchError, match="deliberate failure on rank 1"):
         launch(exps.raise_on_rank1_while_rank0_ignores_sigterm, _cfg(tmp_path), "emulated")
     (run_dir,) = [p.parent for p in (tmp_path / "res").glob("emulated/*/meta.json")]
