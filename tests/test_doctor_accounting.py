@@ -442,3 +442,28 @@ def test_a_cpu_ranks_wait_ends_at_its_wake_up_after_the_collective():
     (wa, wb), (sa, sb) = _blocked_on_peers((np.array([100.0]), np.array([110.0])),
                                            (np.array([0.0]), np.array([110.0 + WAKE_US + 0.5 * STALL_US])))
     assert list(wa) == [0.0] and list(wb) == [110.0 + WAKE_US + 0.5 * STALL_US] and len(sa) == 0
+
+
+def test_pytorchs_own_regions_are_issuing_not_a_stall():
+    """1.5 ms between two launches, 1.2 ms of it inside ``Optimizer.step#...`` (PyTorch's annotation around the
+    optimizer: its Python and dispatch before its first launch, e.g. an FSDP2 optimizer's DTensor dispatch): the
+    host issuing its work (launch), not a stall; the 290 us before the region is not a stall either (shorter than
+    a stall). Inside a user's own region the same gap stays a stall."""
+    def gap(region):
+        return _acc([_x("ProfilerStep#1", "user_annotation", 0, 6000), _launch(1, 0), _kernel(1, 50, 100),
+                     _x(region, "user_annotation", 300, 1500), _launch(2, 1500), _kernel(2, 1550, 4450)])
+    framework, user = gap("Optimizer.step#SGD.step"), gap("## logging ##")
+    assert framework.per_step_us("host_stall") == 0 and framework.per_step_us("launch") == pytest.approx(1360)
+    assert user.per_step_us("host_stall") == pytest.approx(1360)
+
+
+def test_a_block_begun_on_a_dry_gpu_owes_nothing_across_a_step_boundary():
+    """The GPU runs dry while the host is in the optimizer (issuing: launch); a 3.5 ms stall follows and crosses
+    into the next step, whose DataLoader wait the GPU then idles through. The stall began after the GPU ran dry: it
+    drained nothing, so it owes no catch-up -- the window's start cutting the idle stretch in two is not a drain
+    (before, the second part registered the stall's whole duration as a debt and took the wait's idle)."""
+    a = _acc([_x("ProfilerStep#1", "user_annotation", 0, 5000), _x("ProfilerStep#2", "user_annotation", 5000, 7000),
+              _launch(1, 0), _kernel(1, 50, 1000), _x("Optimizer.step#SGD.step", "user_annotation", 20, 1580),
+              _x("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", "user_annotation", 5100, 2900),
+              _launch(2, 8050), _kernel(2, 8100, 3900)])
+    assert a.total["host_stall"] == pytest.approx(3500) and a.total["input"] >= 2900

@@ -356,8 +356,10 @@ def owed_idle(grp, w, cls, dur, s, t_next, host, waits) -> dict[tuple[int, str, 
     m = np.flatnonzero(grp >= 0)
     if not len(m):
         return {}
+    # an idle stretch that a window's start cuts in two: its second part did not drain the GPU (it was dry already)
+    cont = np.r_[False, (grp[:-1] >= 0) & (grp[1:] != grp[:-1]) & np.isclose(s[:-1] + dur[:-1], s[1:])]
     m = m[np.lexsort((s[m], grp[m]))]
-    g_, w_, c_, d_, s_, t_ = grp[m], w[m], cls[m], dur[m], s[m], t_next[m]
+    g_, w_, c_, d_, s_, t_, k_ = grp[m], w[m], cls[m], dur[m], s[m], t_next[m], cont[m]
     own = np.zeros(len(m), dtype=bool)  # idle inside a wait that ends when something else is done: its own
     for t, by_kind in waits.items():
         mt = t_ == t
@@ -379,7 +381,7 @@ def owed_idle(grp, w, cls, dur, s, t_next, host, waits) -> dict[tuple[int, str, 
         if c0 in BLOCKING:
             a, b = host[t][c0]
             i = int(np.searchsorted(a, s0, side="right")) - 1
-            if i >= 0 and seen.get((t, c0)) != i:  # this block drained the GPU: its debt starts (or grows)
+            if i >= 0 and seen.get((t, c0)) != i and not k_[lo]:  # it drained the GPU: its debt starts (or grows)
                 seen[(t, c0)] = i
                 mine.setdefault(c0, [0.0, float(a[i])])[0] += float(b[i] - a[i])
         for q in range(lo, hi):

@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Any
 from ..traces.frames import COMM_OPS
 from ..traces.gaps import DEFAULT_STALL_US
 from ..traces.intervals import cover, gaps_between, partition, subtract, union_np
-from .calls import ALLOC_CALLS, BLOCKING_COPY_CALLS, DATALOADER, STEP_PREFIX, SYNC_CALLS, base_name
+from .calls import (ALLOC_CALLS, BLOCKING_COPY_CALLS, DATALOADER, FRAMEWORK_REGIONS, STEP_PREFIX, SYNC_CALLS,
+                    base_name)
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -225,7 +226,13 @@ def _gpu_model(view: "RankView") -> HostModel | None:
                           np.concatenate([[lo, hi + 1e-3]] + [np.maximum(x["end"].to_numpy(dtype=float),
                                                                          x["ts"].to_numpy(dtype=float) + 1e-3)
                                                               for x in act]))
-        stall = subtract(gaps_between(ca, cb, STALL_US), union_np(ops["ts"], ops["end"]))
+        # (and outside PyTorch's own regions of issuing code, FRAMEWORK_REGIONS); what is left must itself be a
+        # stretch of STALL_US: a shorter rest between them is the host's per-op cost, not a stall
+        region = ann[_starts(ann["name"], FRAMEWORK_REGIONS)]
+        sa, sb = subtract(gaps_between(ca, cb, STALL_US),
+                          union_np(np.r_[ops["ts"].to_numpy(dtype=float), region["ts"].to_numpy(dtype=float)],
+                                   np.r_[ops["end"].to_numpy(dtype=float), region["end"].to_numpy(dtype=float)]))
+        stall = (sa[sb - sa >= STALL_US], sb[sb - sa >= STALL_US])
         rec = pd.concat([mine[["ts", "end"]], ops[["ts", "end"]],
                          ann.loc[~_starts(ann["name"], STEP_PREFIX), ["ts", "end"]]])
         ra, rb = union_np(np.r_[lo - 1e-3, rec["ts"].to_numpy(dtype=float), hi],
