@@ -96,20 +96,22 @@ def test_experiments_ask_capabilities_not_names():
 def test_ipc_moves_a_large_message_in_aligned_pieces():
     """ipc's large messages move in pieces (the receiver copies one out while the next crosses the link): the
     pieces tile the message exactly, in order, at most MAX_PIECES of them, every boundary aligned for any dtype;
-    they halve, so each copy-out hides behind the next piece's transfer and only a small last one stays exposed
-    (256 MiB: 128, 64, 32, 16, 8, 4, 4 MiB)."""
+    each about a quarter of the one before, so each copy-out hides behind the next piece's transfer, only a small
+    last one stays exposed, and the boundaries (each costs the link) are few (256 MiB: 192, 48, 16 MiB)."""
     from kit.transports import ipc, mailbox
 
     assert ipc.pieces(1000) == [(0, 1000)] and ipc.pieces(ipc.PIECE_MIN_BYTES - 1) == [(0, ipc.PIECE_MIN_BYTES - 1)]
     mib = 1 << 20
-    assert [m // mib for _, m in ipc.pieces(256 * mib)] == [128, 64, 32, 16, 8, 4, 4]
+    assert [m // mib for _, m in ipc.pieces(256 * mib)] == [192, 48, 16]
+    assert [m // mib for _, m in ipc.pieces(ipc.PIECE_MIN_BYTES)] == [48, 16]
     for n in (ipc.PIECE_MIN_BYTES, ipc.PIECE_MIN_BYTES + 4004, 256 << 20, (1 << 30) + 7, 1 << 40):
         p = ipc.pieces(n)
         assert 1 < len(p) <= ipc.MAX_PIECES and p[0][0] == 0 and sum(m for _, m in p) == n
         assert all(o + m == o2 for (o, m), (o2, _) in zip(p, p[1:]))
         assert all(o % mailbox.SLOT_ALIGN == 0 for o, _ in p) and all(m > 0 for _, m in p)
-        assert all(m2 <= m for (_, m), (_, m2) in zip(p[:-2], p[1:-1]))  # halving: each no larger than the last
-    assert ipc.pieces(1 << 40)[-1][1] > 2 * ipc.TAIL_BYTES  # capped at MAX_PIECES: the rest in the last piece
+        assert all(2 * m2 <= m for (_, m), (_, m2) in zip(p, p[1:]))  # each well under the one before
+        assert p[-1][1] <= ipc.TAIL_BYTES
+    assert ipc.pieces(1 << 60)[-1][1] > ipc.TAIL_BYTES  # capped at MAX_PIECES: the rest in the last piece
 
 
 def test_interface_keeps_data_intact_on_gloo(tmp_path):
@@ -603,6 +605,32 @@ def test_idle_of_and_launch_attribution():
     two = PA.idle_of(pd.concat([ev.assign(rank=0), ev.assign(rank=1)]))
     assert list(zip(two["rank"], two.device)) == [(0, 0), (1, 0)]  # one GPU per rank: not merged
     assert PA.idle_of(pd.DataFrame()).empty and PA._with_launch(gpu, pd.DataFrame()).launch_ts.isna().all()
+
+
+def test_one_core_pins_every_thread_and_gives_each_its_cpus_back():
+    """``one_core``: every thread of the process -- one already running, one started inside -- on one core for the
+    block, then each back on the CPUs it had."""
+    import os
+    import threading
+
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no thread affinity on this OS")
+    before = os.sched_getaffinity(0)
+    go, seen = threading.Event(), {}
+    t0 = threading.Thread(target=go.wait)
+    t0.start()
+    try:
+        with P.one_core() as core:
+            assert core == max(before) and os.sched_getaffinity(0) == {core}
+            assert os.sched_getaffinity(t0.native_id) == {core}
+            t1 = threading.Thread(target=lambda: seen.update(inside=os.sched_getaffinity(0)))
+            t1.start()
+            t1.join()
+        assert seen["inside"] == {core}
+        assert os.sched_getaffinity(0) == before and os.sched_getaffinity(t0.native_id) == before
+    finally:
+        go.set()
+        t0.join()
 
 
 def test_drive_threads_rejects_mismatched_stages():

@@ -9,11 +9,12 @@ stream that carries its own outgoing copy, so every round was the transfer *then
 (:func:`pieces`), each signalled by its own ready event, on a send stream of its own (one per caller stream, so
 flows a caller puts on two streams stay on two, and a receive's copy-out -- on the caller's stream -- never queues
 behind this rank's own outgoing pieces), and the receiver copies piece ``k`` out while piece ``k + 1`` crosses
-the link: only the last piece's copy-out remains. The pieces halve (1/2, 1/4, ... of the message, the last two
-:data:`TAIL_BYTES` or less): a piece's copy-out (a local copy, several times the link's rate) hides behind the
-next piece's transfer, and what stays exposed is the copy-out of a small last piece instead of 1/8 of the message
-(equal pieces). The measurements behind these choices: FINDINGS.md, "P2P transports for pipeline parallelism".
-(``ipc-direct`` has no second copy at all.) The endpoint is the rank.
+the link: only the last piece's copy-out remains. Each piece is a quarter of the one before (3/4 of the message,
+3/16, ..., the last :data:`TAIL_BYTES` or less): a piece's copy-out (a local copy, 4-5x the link's rate) still
+hides behind the next piece's transfer, and the pieces are few -- every boundary between two pieces costs the
+link time of its own (the copy engine drains one copy before the next starts, and an interprocess event is
+recorded between them), so 256 MiB moves in 3 pieces where halving took 7. The measurements behind these choices: FINDINGS.md, "P2P transports for pipeline
+parallelism". (``ipc-direct`` has no second copy at all.) The endpoint is the rank.
 """
 
 from __future__ import annotations
@@ -26,19 +27,22 @@ from .registry import register
 
 MAX_PIECES = 16  # ready events per mailbox slot: a message moves in at most this many pieces
 PIECE_MIN_BYTES = 64 << 20  # below this a message moves whole: its copy-out is a small part of its transfer, while
-# each piece costs a driver call and an event record on the host (FINDINGS.md)
-TAIL_BYTES = 4 << 20  # the pieces halve down to this: the last piece's copy-out is what stays exposed
+# each piece costs the link a boundary (FINDINGS.md)
+TAIL_BYTES = 16 << 20  # the pieces shrink down to this: the last piece's copy-out is what stays exposed
+SHRINK = 4  # each piece is this many times smaller than the one before: its predecessor's copy-out (a local copy
+# at 4-5x the link's rate on H200 and H100) must fit in its transfer
 
 
 def pieces(n: int) -> list[tuple[int, int]]:
     """``(offset, length)`` of the pieces an ``n``-byte message moves in (both ends compute the same): whole below
-    :data:`PIECE_MIN_BYTES`; else halving -- half the message, half the rest, ... -- until the rest is at most
-    below twice :data:`TAIL_BYTES`, which is the last piece (at most :data:`MAX_PIECES`; boundaries aligned)."""
+    :data:`PIECE_MIN_BYTES`; else each piece ``1 - 1/SHRINK`` of what is left (3/4 of the message, then 3/4 of the
+    rest, ...) until the rest is at most :data:`TAIL_BYTES`, which is the last piece (at most :data:`MAX_PIECES`;
+    boundaries aligned). 256 MiB: 192, 48 and 16 MiB."""
     if n < PIECE_MIN_BYTES:
         return [(0, n)]
     out, o = [], 0
-    while n - o >= 2 * TAIL_BYTES and len(out) < MAX_PIECES - 1:
-        m = (n - o) // 2 // mailbox.SLOT_ALIGN * mailbox.SLOT_ALIGN
+    while n - o > TAIL_BYTES and len(out) < MAX_PIECES - 1:
+        m = (n - o) * (SHRINK - 1) // SHRINK // mailbox.SLOT_ALIGN * mailbox.SLOT_ALIGN
         out.append((o, m))
         o += m
     return out + [(o, n - o)]

@@ -63,6 +63,10 @@ class Config(LaunchConfig):
     """``one``: 0 -> 1; ``both``: one message each way at once"""
     iters: int = 10
     """messages per sample (back to back)"""
+    latency_iters: int = 0
+    """messages per sample for messages up to 64 KiB (``bandwidth.LATENCY_MAX_BYTES``; 0: ``iters``), where a message
+    costs the host tens of microseconds: a sample of a few of them, right after a barrier, times the loop's cold
+    start more than a message (FINDINGS.md, P2P transports; configs/gpu.yaml: 100)"""
     repeats: int = 10
     """samples per point"""
     warmup: int = 3
@@ -109,6 +113,11 @@ class Config(LaunchConfig):
     """``host``: each process issues its stages' work from Python step by step; ``device``: the host out of
     the way where the transport allows it (a thread per stage in one process, or the iteration as one CUDA
     graph for a capturable transport) -- see :mod:`.pipeline_run`"""
+    pipeline_one_core: bool = True
+    """where one thread drives every stage (an in-process transport, ``host`` driver), keep this process's threads
+    on one CPU core while it runs and while its parts are timed (:class:`.pipeline.one_core`: the hand-offs between
+    the driving thread and the autograd engine's thread per GPU stay on that core; rows get ``core``); False:
+    wherever the OS puts them"""
 
     def check(self) -> list[str]:
         errs = []
@@ -122,8 +131,8 @@ class Config(LaunchConfig):
                   "matrix_bytes", "flow_bytes", "small_bytes", "overlap_bytes"):
             if getattr(self, k) < 1:
                 errs.append(f"{k} must be >= 1 (got {getattr(self, k)})")
-        if self.warmup < 0 or self.recv_delay_ms < 0:
-            errs.append("warmup and recv_delay_ms must be >= 0")
+        if self.warmup < 0 or self.recv_delay_ms < 0 or self.latency_iters < 0:
+            errs.append("warmup, latency_iters and recv_delay_ms must be >= 0")
         if any(b < 1 for b in self.semantics_bytes):
             errs.append(f"semantics_bytes must be >= 1 (got {self.semantics_bytes})")
         return errs

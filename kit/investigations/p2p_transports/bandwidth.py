@@ -1,5 +1,7 @@
 """Experiment ``bandwidth``: one message of ``bytes`` from endpoint 0 to 1 (``direction`` ``one``), or one each
-way at once (``both``), ``iters`` messages per sample, barrier-aligned samples timed by
+way at once (``both``), ``iters`` messages per sample (``latency_iters``, where set, up to :data:`LATENCY_MAX_BYTES`: there a
+message costs the host tens of microseconds, and a sample of a few, right after a barrier, times mostly the
+loop's cold start), barrier-aligned samples timed by
 :func:`.harness.timed_rows` (CUDA events on each participating rank's stream, host clock on CPU). A sample's
 time is the slowest participant's (the receiver's stream ends when the data is there).
 
@@ -30,6 +32,7 @@ FLOOR_COPY = "cuMemcpy loop"
 FLOOR_EVENTS = "event round trip"
 LOCAL = "local copy_"
 REFERENCES = (BARE, FLOOR_COPY, FLOOR_EVENTS, LOCAL)
+LATENCY_MAX_BYTES = 64 << 10  # messages up to this size are timed ``cfg.latency_iters`` to a sample (their cost is the host's)
 
 
 def experiment(cfg, ctx, T, S):
@@ -42,9 +45,11 @@ def experiment(cfg, ctx, T, S):
         for n in sizes:
             ctx.step(f"{T.name} {direction} {stats.human_bytes(n)}", point=False)
             flows = [(0, 1, n)] + ([(1, 0, n)] if direction == "both" else [])
-            keys = dict(transport=T.name, direction=direction, src=0, dst=1, bytes=n, iters=cfg.iters,
+            iters = cfg.latency_iters if cfg.latency_iters and n <= LATENCY_MAX_BYTES else cfg.iters
+            keys = dict(transport=T.name, direction=direction, src=0, dst=1, bytes=n, iters=iters,
                         world_size=ctx.world_size, backend=ctx.backend)
-            yield from H.timed_rows(cfg, ctx, T, S, flows, keys, kind="bandwidth", reference=references(T, S, direction))
+            yield from H.timed_rows(cfg, ctx, T, S, flows, keys, kind="bandwidth", reference=references(T, S, direction),
+                                    iters=iters)
             if direction == "both" and n == sizes[-1] and cfg.profile and S.is_cuda:
                 yield from profiled(ctx, T, S, flows)
             H.free(ctx)

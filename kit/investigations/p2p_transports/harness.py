@@ -169,7 +169,7 @@ def participates(T, flows) -> bool:
     return any(T.sends(a) or T.recvs(b) for a, b, _ in flows)
 
 
-def timed_rows(cfg, ctx, T, S, flows, keys: dict, kind: str, reference=None, post=None) -> list[dict]:
+def timed_rows(cfg, ctx, T, S, flows, keys: dict, kind: str, reference=None, post=None, iters: int | None = None) -> list[dict]:
     """One timed point: the first round verified, then ``repeats`` samples of ``iters`` rounds
     (:func:`kit.timing.measure_interleaved` with ``S`` as its ctx; every round verified when ``cfg.verify``),
     the rounds posted and waited for as a program does, and joined into the timed stream once per sample
@@ -177,7 +177,7 @@ def timed_rows(cfg, ctx, T, S, flows, keys: dict, kind: str, reference=None, pos
     is charged for). Rows for the processes that take part. ``reference(bufs)`` -> ``{transport name: fn}``:
     loops the transport is compared with, on the same buffers, their samples taken in turn with the
     transport's; their rows carry that name as ``transport``. ``post``: how a round's ops are posted
-    (:func:`transfer`'s ``post_fn``)."""
+    (:func:`transfer`'s ``post_fn``). ``iters``: rounds per sample (default ``cfg.iters``)."""
     bufs = buffers(T, flows)
     verified_transfer(T, ctx, flows, bufs, seq=0, post_fn=post)  # always: the first transfer of every point is checked
     if cfg.verify:
@@ -194,7 +194,7 @@ def timed_rows(cfg, ctx, T, S, flows, keys: dict, kind: str, reference=None, pos
             transfer(T, ctx, flows, bufs, joined=False, op_list=op_list, post_fn=post, order=order)
     refs = reference(bufs) if reference is not None else {}
     joins = {T.name: lambda: join(T, ctx, flows)} if participates(T, flows) else {}  # the others stay off the GPUs
-    s = timing.measure_interleaved({T.name: fn, **refs}, S, iters=cfg.iters, repeats=cfg.repeats, warmup=cfg.warmup,
+    s = timing.measure_interleaved({T.name: fn, **refs}, S, iters=iters or cfg.iters, repeats=cfg.repeats, warmup=cfg.warmup,
                                    finish=joins)
     if not participates(T, flows):
         return []

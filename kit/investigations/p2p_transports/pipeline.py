@@ -285,6 +285,54 @@ def drive(programs: list[Iterator[None]], T=None, host: list | None = None) -> N
                                "(schedule deadlock)")
 
 
+class one_core:
+    """Keep every thread of this process -- and any it starts meanwhile -- on one CPU core for a block (``with
+    one_core() as core``: the highest-numbered core the process may use, or ``core``), then give each thread back
+    the CPUs it had (a thread started in the block: the process's). For one thread that drives every stage
+    (:func:`drive`): each forward and backward call hands work to other threads of the process and waits for
+    them -- the autograd engine runs a backward on a worker thread per GPU -- and on a VM a wake-up across cores
+    costs that thread far more than a switch on its own core (measured: FINDINGS.md, P2P transports). A no-op
+    (``core`` None) where the OS has no thread affinity."""
+
+    def __init__(self, core: int | None = None):
+        self.want, self.core, self.saved = core, None, {}
+
+    @staticmethod
+    def _threads() -> list[int]:
+        import os
+
+        try:
+            return [int(t) for t in os.listdir("/proc/self/task")]
+        except OSError:
+            return []
+
+    def __enter__(self):
+        import os
+
+        if not hasattr(os, "sched_setaffinity") or not self._threads():
+            return None
+        self.process = os.sched_getaffinity(0)
+        self.core = max(self.process) if self.want is None else self.want
+        for tid in self._threads():
+            try:
+                self.saved[tid] = os.sched_getaffinity(tid)
+                os.sched_setaffinity(tid, {self.core})
+            except OSError:  # a thread that ended meanwhile
+                pass
+        return self.core
+
+    def __exit__(self, *a):
+        import os
+
+        if self.core is not None:
+            for tid in self._threads():
+                try:
+                    os.sched_setaffinity(tid, self.saved.get(tid, self.process))
+                except OSError:
+                    pass
+        return False
+
+
 def drive_threads(programs: list[Iterator[None]], T, devices: list, host: list | None = None) -> None:
     """Run stage generators to completion, one host thread per stage (the device-bound driver of an in-process
     transport): a stage's thread issues its kernels while the others issue theirs -- PyTorch releases the GIL

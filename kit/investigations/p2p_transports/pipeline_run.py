@@ -4,7 +4,8 @@ parts a model of its iteration time needs.
 Drivers (``cfg.pipeline_drivers``):
 
 * ``host`` -- what a PyTorch program does: each process issues its stages' kernels and transfers from Python,
-  step by step (one thread taking turns over every stage for an in-process transport: :func:`.pipeline.drive`).
+  step by step (one thread taking turns over every stage for an in-process transport: :func:`.pipeline.drive`;
+  with ``cfg.pipeline_one_core`` that process's threads run on one CPU core meanwhile, :class:`.pipeline.one_core`).
 * ``device`` -- the host out of the way, where the transport allows it (asked by capability): an in-process
   transport gets one thread per stage (:func:`.pipeline.drive_threads`); a transport whose transfers can be
   captured (``caps.graph_capture``, NCCL) runs each stage's whole iteration as one CUDA graph, captured once
@@ -49,7 +50,7 @@ from contextlib import nullcontext
 
 from ... import timing, traces
 from . import harness as H
-from .pipeline import CommStreams, Stage, drive, drive_threads, forward, loss_of, post_ops, run_in_threads
+from .pipeline import CommStreams, Stage, drive, drive_threads, forward, loss_of, one_core, post_ops, run_in_threads
 
 PART_WARMUP = 20  # forward+backward pairs before the timed ones: ~30 ms of GEMMs, so the GPU's clocks have ramped
 # up (after 3 warm-ups on 2xH200 a stage's backward still spread 0.93-1.28 ms, and the model came out 11% high)
@@ -194,33 +195,36 @@ def experiment(cfg, ctx, T, S):
                        reason=why_no_device_driver(T))
             continue
         step_fn = P.run(how)
-        for step in range(-2, cfg.pipeline_steps):
-            if step >= 0:
-                ctx.step(f"{T.name} pipeline {driver} parts {step}", point=False)
-                yield from parts.next_to(driver, how, step)
-            ctx.step(f"{T.name} pipeline {driver} step {step}", point=False)
-            S.barrier()
-            t0 = time.perf_counter()
-            step_fn()
-            t = (time.perf_counter() - t0) * 1e6
-            if step < 0:
-                continue
-            for s, st in P.stages.items():
-                gn = math.sqrt(sum(float(w.grad.float().pow(2).sum()) for w in st.weights))
-                hs = P.host_s.get(s)
-                yield dict(keys, kind="pipeline", driver=driver, how=how, step=step, stage=s, time_us=t,
-                           loss=float(st.loss) if s == n - 1 else math.nan, grad_norm=gn,
-                           host_us=hs * 1e6 if hs is not None else math.nan,
-                           host_compute_us=st.host_compute_s * 1e6 if hs is not None else math.nan)
-        if cfg.profile and S.is_cuda:
-            ctx.step(f"{T.name} pipeline {driver} profile", point=False)
-            path = traces.trace_path(ctx, experiment="pipeline", transport=T.name, driver=driver)
-            timing.trace_steps(step_fn, S, 1, path, record_shapes=False)
-            if P.stages:
-                yield dict(kind="trace", experiment="pipeline", transport=T.name, driver=driver,
-                           path=str(path.relative_to(ctx.run_dir)), rank=ctx.rank)
-            else:
-                path.unlink(missing_ok=True)
+        pin = cfg.pipeline_one_core and how == "host" and T.caps.in_process and bool(P.stages)
+        with one_core() if pin else nullcontext() as core:  # one thread drives every stage: on one core
+            keys_d = dict(keys, core=core) if core is not None else keys
+            for step in range(-2, cfg.pipeline_steps):
+                if step >= 0:
+                    ctx.step(f"{T.name} pipeline {driver} parts {step}", point=False)
+                    yield from parts.next_to(driver, how, step, core)
+                ctx.step(f"{T.name} pipeline {driver} step {step}", point=False)
+                S.barrier()
+                t0 = time.perf_counter()
+                step_fn()
+                t = (time.perf_counter() - t0) * 1e6
+                if step < 0:
+                    continue
+                for s, st in P.stages.items():
+                    gn = math.sqrt(sum(float(w.grad.float().pow(2).sum()) for w in st.weights))
+                    hs = P.host_s.get(s)
+                    yield dict(keys_d, kind="pipeline", driver=driver, how=how, step=step, stage=s, time_us=t,
+                               loss=float(st.loss) if s == n - 1 else math.nan, grad_norm=gn,
+                               host_us=hs * 1e6 if hs is not None else math.nan,
+                               host_compute_us=st.host_compute_s * 1e6 if hs is not None else math.nan)
+            if cfg.profile and S.is_cuda:
+                ctx.step(f"{T.name} pipeline {driver} profile", point=False)
+                path = traces.trace_path(ctx, experiment="pipeline", transport=T.name, driver=driver)
+                timing.trace_steps(step_fn, S, 1, path, record_shapes=False)
+                if P.stages:
+                    yield dict(kind="trace", experiment="pipeline", transport=T.name, driver=driver,
+                               path=str(path.relative_to(ctx.run_dir)), rank=ctx.rank)
+                else:
+                    path.unlink(missing_ok=True)
         P.graph = None
     parts.close()
     P.stages.clear()
@@ -271,9 +275,9 @@ class Parts:
     def _threads(self) -> bool:
         return device_driver(self.T) == "threads" and len(self.stages) > 1 and "device" in self.cfg.pipeline_drivers
 
-    def next_to(self, driver: str, how: str, step: int):
+    def next_to(self, driver: str, how: str, step: int, core: int | None = None):
         """``m`` samples of each stage's forward and backward (and of the host times ``how`` is modelled with),
-        rows tagged ``driver`` and ``step``."""
+        rows tagged ``driver`` and ``step`` (and ``core``: the one CPU core the driver's threads ran on)."""
         cuda, m, k0 = self.S.is_cuda, self.m, self.sample
         # the gradients the pipeline left are given back after: a CUDA graph's replay writes the gradients it
         # captured, which the parts (fresh gradients once per m samples, dropped at the end) would leave unread
@@ -283,7 +287,7 @@ class Parts:
             for s, samples in _concurrent_host_times(self.stages, 0, m, cuda).items():
                 for us, more in zip(times[s], samples):
                     us.update(more)
-        tag = dict(self.keys, kind="pipeline_part", driver=driver, step=step)
+        tag = dict(self.keys, kind="pipeline_part", driver=driver, step=step, **({} if core is None else {"core": core}))
         for s, samples in times.items():
             for i, us in enumerate(samples):
                 yield from (dict(tag, part=part, stage=s, sample=k0 + i, time_us=us[part], host_us=us[f"{part} host"],
