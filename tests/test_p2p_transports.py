@@ -631,6 +631,10 @@ def test_one_core_pins_every_thread_and_gives_each_its_cpus_back():
     finally:
         go.set()
         t0.join()
+    with pytest.raises(ValueError, match="not one this process may use"):
+        with P.one_core(max(before) + 1):
+            pass
+    assert os.sched_getaffinity(0) == before
 
 
 def test_drive_threads_rejects_mismatched_stages():

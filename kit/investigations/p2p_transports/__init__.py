@@ -118,6 +118,8 @@ class Config(LaunchConfig):
     on one CPU core while it runs and while its parts are timed (:class:`.pipeline.one_core`: the hand-offs between
     the driving thread and the autograd engine's thread per GPU stay on that core; rows get ``core``); False:
     wherever the OS puts them"""
+    pipeline_core: int = -1
+    """the core of ``pipeline_one_core`` (-1: the highest-numbered one this process may use)"""
 
     def check(self) -> list[str]:
         errs = []
@@ -131,6 +133,8 @@ class Config(LaunchConfig):
                   "matrix_bytes", "flow_bytes", "small_bytes", "overlap_bytes"):
             if getattr(self, k) < 1:
                 errs.append(f"{k} must be >= 1 (got {getattr(self, k)})")
+        if self.pipeline_core < -1:
+            errs.append(f"pipeline_core must be a core number or -1 (got {self.pipeline_core})")
         if self.warmup < 0 or self.recv_delay_ms < 0 or self.latency_iters < 0:
             errs.append("warmup, latency_iters and recv_delay_ms must be >= 0")
         if any(b < 1 for b in self.semantics_bytes):

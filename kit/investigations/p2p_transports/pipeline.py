@@ -312,6 +312,8 @@ class one_core:
         if not hasattr(os, "sched_setaffinity") or not self._threads():
             return None
         self.process = os.sched_getaffinity(0)
+        if self.want is not None and self.want not in self.process:
+            raise ValueError(f"one_core: core {self.want} is not one this process may use ({sorted(self.process)})")
         self.core = max(self.process) if self.want is None else self.want
         for tid in self._threads():
             try:

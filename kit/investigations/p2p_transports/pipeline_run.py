@@ -196,7 +196,7 @@ def experiment(cfg, ctx, T, S):
             continue
         step_fn = P.run(how)
         pin = cfg.pipeline_one_core and how == "host" and T.caps.in_process and bool(P.stages)
-        with one_core() if pin else nullcontext() as core:  # one thread drives every stage: on one core
+        with one_core(None if cfg.pipeline_core < 0 else cfg.pipeline_core) if pin else nullcontext() as core:
             keys_d = dict(keys, core=core) if core is not None else keys
             for step in range(-2, cfg.pipeline_steps):
                 if step >= 0:
