@@ -144,13 +144,15 @@ def test_control_has_nothing_as_large_as_a_planted_fault(case):
     family = [f["added_us"] for f in truths if f.get("control") == t["case"] and f["added_us"]
               and f["step_us_unprofiled"]["median"] > t["step_us_unprofiled"]["p90"]]
     added = family or [f["added_us"] for f in truths if f["added_us"] and f["model"] == t["model"]]
-    if not added:
-        pytest.skip(f"{case}: no fault of its family recorded")
     job = [f for f in d.problems if f.rule == "launch_bound" and f.evidence.get("job_level")]
     for f in job:
         idle = _unprofiled_idle_us(t, d)
         assert LOW_RATIO * idle <= f.cost_us_per_step <= HIGH_RATIO * idle, \
             f"{case}: job-level launch_bound {f.cost_us_per_step:.0f} us vs {idle:.0f} us idle unprofiled"
+    if not added:  # nothing to stay under: only the job-level launch_bound is checked
+        if not job:
+            pytest.skip(f"{case}: no fault of its family recorded")
+        return
     worst = max((f.cost_us_per_step for f in d.problems if f not in job), default=0.0)
     assert worst < min(added), f"{case}: {d.problems[0].rule} {worst:.0f} us"
 
@@ -269,10 +271,10 @@ def test_slow_collectives_are_named_against_the_machines_sweep():
     assert _truth(case)["nccl_env"] == {"NCCL_P2P_DISABLE": "1"}
 
 
-def test_a_host_bound_job_is_launch_bound_as_a_whole():
+@pytest.mark.parametrize("case", ["corpus-h100x2/cnn-ddp-fp32-hostbound", "corpus-h200x2/cnn-ddp-fp32-hostbound"])
+def test_a_host_bound_job_is_launch_bound_as_a_whole(case):
     """The host-bound control (small CNN batch, every rank the same code): launch_bound names every rank, job-level,
     with the slowest host as context -- not the one rank the other waits for."""
-    case = "corpus-h100x2/cnn-ddp-fp32-hostbound"
     if case not in CASES:
         pytest.skip("corpus not here")
     f = next(f for f in _result(case).findings if f.rule == "launch_bound")
@@ -281,7 +283,7 @@ def test_a_host_bound_job_is_launch_bound_as_a_whole():
 
 
 @pytest.mark.parametrize("case", ["corpus-h100x2/gpt-ddp-bf16-gpu_rank", "corpus-h100x4/gpt-ddp-bf16-gpu_rank",
-                                  "corpus-h200x2/gpt-fsdp-bf16-gpu_rank"])
+                                  "corpus-h200x2/gpt-fsdp-bf16-gpu_rank", "corpus-h200x2/gpt-ddp-bf16-gpu_rank20"])
 def test_a_rank_slower_for_its_own_gpu_work_is_named_with_that_work(case):
     """Rank 1 runs extra matmuls before its backward: late_rank names it for its GPU (more work, not a slower GPU:
     the kernels it shares with the others run at their speed), with the extra kernels -- as many more launches per

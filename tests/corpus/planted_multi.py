@@ -15,7 +15,8 @@ file): a GPT-like transformer and a ResNet-like CNN. What is multi-rank here:
   transform in the training process), ``stall_rank`` (~20 ms of synchronous Python after its optimizer step),
   ``gpu_rank`` (~8 ms of extra matmuls on that rank's GPU before its backward; the bf16 FSDP control is host-bound,
   its GPU idle most of the step, so there they are 30 ms, :data:`FSDP_HOSTBOUND_EXTRA_GPU_MS`, and
-  ``gpt-fsdp-fp32-gpu_rank`` plants 8 ms in the GPU-bound FSDP job);
+  ``gpt-fsdp-fp32-gpu_rank`` plants 8 ms in the GPU-bound FSDP job; ``gpt-ddp-bf16-gpu_rank20`` plants
+  :data:`DDP_HEAVY_EXTRA_GPU_MS` in the host-bound bf16 DDP job, whose GPU also idles part of its step);
 * job-level faults: ``accum_no_sync`` (gradient accumulation over 4 micro-batches that all-reduces after every
   micro-batch; its control ``accum`` wraps the first 3 in ``no_sync()``), ``tiny_buckets`` (DDP
   ``bucket_cap_mb`` = 0.05: about one all-reduce per parameter), ``slow_comm`` (the control job with NCCL's
