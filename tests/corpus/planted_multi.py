@@ -196,10 +196,11 @@ PAIRS = {
     "ddp_gpu20": ("gpt-ddp-bf16-control", "gpt-ddp-bf16-gpu_rank20"),
     "cnn_stall": ("cnn-ddp-fp32-control", "cnn-ddp-fp32-stall_rank"),
     "p2p_off": ("gpt-ddp-bf16-control", "gpt-ddp-bf16-p2p_off"),
+    "proto_ll": ("gpt-ddp-bf16-control", "gpt-ddp-bf16-proto_ll"),
 }
 """a fault and its control that one job runs by turns (:meth:`MultiJob.arm`), recorded interleaved in one process
 (``--pair``): the fault's added time without what differs between processes and minutes (one recording's host ran
-~30% slower throughout than its control's). A pair whose arms differ in NCCL's environment (``p2p_off``), which
+~30% slower throughout than its control's). A pair whose arms differ in NCCL's environment (``p2p_off``, ``proto_ll``), which
 NCCL reads once per process, is interleaved by *sessions* instead (:func:`run_session_pair`): each block a fresh
 spawn of the arm's environment, the blocks in ABBA order"""
 GROUPS = {"controls": [n for n, c in CASES.items() if c["fault"] == "none"],
