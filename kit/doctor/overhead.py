@@ -245,6 +245,27 @@ def overhead(view_or_trace: Any, capture: dict | None = None, *, cpu_all: "pd.Da
     return replace(o, data_wait_us=share * (o.host_us if o.host_us is not None else o.overhead_us))
 
 
+def host_cost_us(view: "RankView", capture: dict | None = None, root: str | Path = TABLES) -> float | None:
+    """The profiler's own host time per step on this rank as its recorded ops price it (ops and runtime calls per
+    step x the picked table's costs, :func:`pick`) -- what the estimated basis calls ``host_us`` -- whatever the
+    basis: on a measured trace the overhead measured is the job's (traced less unprofiled step), which a host whose
+    GPU or peers set the pace hides; this is that host's own. None without steps or a table."""
+    from ..capture import capture_info
+
+    ps = _per_step(view)
+    if ps is None:
+        return None
+    gpu = not view.trace.gpu.empty
+    props = view.trace.header.get("deviceProperties") if isinstance(view.trace.header, dict) else None
+    device = props[0].get("name") if isinstance(props, list) and props and isinstance(props[0], dict) else None
+    shapes, stack, _ = _settings(view, capture_info(view.trace) if capture is None else capture)
+    table, row = pick(device, gpu, shapes, stack, (view.trace.info.world_size or 1) > 1, str(root))
+    if row is None:
+        return None
+    ops, runtime, _ = _counts(view, ps)
+    return ops * max(0.0, float(row["us_per_op"])) + runtime * max(0.0, float(row["us_per_runtime"]))
+
+
 def data_wait_share(view: "RankView", per_step: "pd.DataFrame") -> float:
     """The share of the recorded ``aten::`` ops of the steps (as :func:`_counts` places them) that lie inside the
     host model's DataLoader waits: a loader running in the main process records every sample's indexing, the collate
