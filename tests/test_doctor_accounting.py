@@ -448,13 +448,15 @@ def test_pytorchs_own_regions_are_issuing_not_a_stall():
     """1.5 ms between two launches, 1.2 ms of it inside ``Optimizer.step#...`` (PyTorch's annotation around the
     optimizer: its Python and dispatch before its first launch, e.g. an FSDP2 optimizer's DTensor dispatch): the
     host issuing its work (launch), not a stall; the 290 us before the region is not a stall either (shorter than
-    a stall). Inside a user's own region the same gap stays a stall."""
+    a stall). Inside a region around the user's code (DDP's forward runs the user's modules; a user's own
+    record_function) the same gap stays a stall."""
     def gap(region):
         return _acc([_x("ProfilerStep#1", "user_annotation", 0, 6000), _launch(1, 0), _kernel(1, 50, 100),
                      _x(region, "user_annotation", 300, 1500), _launch(2, 1500), _kernel(2, 1550, 4450)])
     framework, user = gap("Optimizer.step#SGD.step"), gap("## logging ##")
     assert framework.per_step_us("host_stall") == 0 and framework.per_step_us("launch") == pytest.approx(1360)
     assert user.per_step_us("host_stall") == pytest.approx(1360)
+    assert gap("DistributedDataParallel.forward").per_step_us("host_stall") == pytest.approx(1360)
 
 
 def test_a_block_begun_on_a_dry_gpu_owes_nothing_across_a_step_boundary():

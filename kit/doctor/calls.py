@@ -38,11 +38,12 @@ drained when they return, like a synchronising call's"""
 WORKER_LOADER = "_MultiProcessingDataLoaderIter"
 """in a DataLoader request's annotation: the batch comes from worker processes (``num_workers > 0``)"""
 STEP_PREFIX = "ProfilerStep#"
-FRAMEWORK_REGIONS = ("Optimizer.step#", "Optimizer.zero_grad#", "DistributedDataParallel.forward", "FSDP::")
-"""prefixes of the annotations PyTorch itself puts around code that issues GPU work (the optimizer's step and
-zero_grad, DDP's forward, FSDP2's hooks): their time is the framework issuing the step's work -- Python and dispatch
-before its first launch (an FSDP2 optimizer's DTensor dispatch, a few hundred us) included -- never a stall. A user's
-own ``record_function`` regions are not among them: a stall inside one stays a stall"""
+FRAMEWORK_REGIONS = ("Optimizer.step#", "Optimizer.zero_grad#", "FSDP::")
+"""prefixes of the annotations PyTorch itself puts around its own code that issues GPU work (the optimizer's step and
+zero_grad, FSDP2's hooks): their time is the framework issuing the step's work -- Python and dispatch before its
+first launch (an FSDP2 optimizer's DTensor dispatch, a few hundred us) included -- never a stall. Regions around the
+user's code are not among them (DDP's forward runs the user's modules; a user's own ``record_function``): a stall
+inside one stays a stall"""
 
 _SUFFIX = re.compile(r"(_v\d+|_ptsz|_ptds|_spt)+$")
 
