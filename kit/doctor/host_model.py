@@ -12,7 +12,8 @@ view of the host that the step accounting (:mod:`kit.doctor.accounting`), the ho
   thread while the main thread waits, up to :data:`WAKE_US` after it ends);
 * ``alloc``     -- in the caching allocator's device calls (:data:`kit.doctor.calls.ALLOC_CALLS`);
 * ``stall``     -- a stretch of at least :data:`STALL_US` in which no thread of the process issued GPU work and
-  the thread was in none of the above, outside every recorded op (on a CPU-only job: without any recorded op);
+  the thread was in none of the above, outside every recorded op and PyTorch's own regions of issuing code
+  (:data:`kit.doctor.calls.FRAMEWORK_REGIONS`), itself at least that long (on a CPU-only job: without any recorded op);
 * ``issue``     -- the host issuing GPU work or running ops (a recorded event, or a gap between them shorter than
   :data:`IDLE_US`); on a CPU-only job the main thread's ops;
 * ``idle``      -- the rest: short host time no event accounts for.
