@@ -275,6 +275,28 @@ def test_the_sweep_wins_over_the_reference_table(example):
     assert without.evidence["job_nccl_differences"] == ["NCCL_P2P_DISABLE=1 (the reference: unset)"]
 
 
+def test_low_busbw_without_launch_calls_counts_what_no_compute_hid(tmp_path):
+    """A trace without its runtime calls cannot tell work held back behind a collective from a GPU waiting for its
+    host: low_busbw then costs the part of the slow transfers' extra time that no compute hid -- at least what work
+    waited behind them on every rank, its cost where the calls are there (p2p-disabled, both read as one span)."""
+    def copy(name: str, drop) -> list[str]:
+        (tmp_path / name).mkdir()
+        for src in traces("p2p-disabled", "trace_rank*.json.gz"):
+            t = json.loads(gzip.decompress(Path(src).read_bytes()))
+            t["traceEvents"] = [e for e in t["traceEvents"] if not drop(e)]
+            (tmp_path / name / Path(src).name).write_bytes(gzip.compress(json.dumps(t).encode()))
+        return sorted(str(p) for p in (tmp_path / name).glob("*.json.gz"))
+
+    def no_steps(e):
+        return str(e.get("name", "")).startswith("ProfilerStep")
+
+    held = finding(run(copy("held", no_steps), sweep=EXAMPLE_SWEEP), "low_busbw")
+    f = finding(run(copy("exposed", lambda e: no_steps(e) or e.get("cat") in ("cuda_runtime", "cuda_driver")),
+                    sweep=EXAMPLE_SWEEP), "low_busbw")
+    assert f.evidence["cost_basis"] == "exposed" and held.evidence["cost_basis"] == "held"
+    assert held.cost_us_per_step <= f.cost_us_per_step < f.evidence["longer_us_per_step"]
+
+
 def test_low_busbw_skips_what_the_sweep_does_not_cover():
     tp = [str(DATA / "tp_rank0.json.gz"), str(DATA / "tp_rank1.json.gz")]  # all_gather/reduce_scatter only
     d = run(tp, sweep=DATA / "all_reduce_perf.txt")
