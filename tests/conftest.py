@@ -128,6 +128,24 @@ def kit_cli(*args, env=None, timeout=120, cwd=None):
                           capture_output=True, text=True, timeout=timeout)
 
 
+_DIAGNOSED: dict = {}
+
+
+def diagnosed(files, sweep=None):
+    """``kit.doctor.diagnose(files, workers=1, sweep=sweep)``, once per session for the same files and sweep: the
+    corpus, invariant and wording tests read the same diagnoses (none changes one). A diagnosis made under
+    ``KIT_DOCTOR_STRICT`` (no rule raised) also serves a test without it; one made without it is made again for a
+    strict test (a rule error there was a skip line)."""
+    from kit.doctor import diagnose
+    from kit.doctor.rank_phase import strict
+
+    key = (tuple(str(f) for f in files), None if sweep is None else str(sweep))
+    got = _DIAGNOSED.get(key)
+    if got is None or (strict() and not got[1]):
+        got = _DIAGNOSED[key] = (diagnose(files, workers=1, sweep=sweep), strict())
+    return got[0]
+
+
 def figure_says(fig) -> str:
     """What a figure of an analysis shows: ``"data"`` when a panel has data, else the text of the message figure
     (:func:`kit.plot.message`) that says why there is nothing to draw. Fails on a figure with neither."""

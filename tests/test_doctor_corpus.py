@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kit.doctor import diagnose
+from conftest import diagnosed
 
 
 @pytest.fixture(autouse=True)
@@ -66,7 +66,7 @@ def _sweep(case: str):
 def _diagnose(case: str):
     files = sorted(p for p in (DATA / case).iterdir() if p.name.endswith((".json.gz", ".json"))
                    and p.name != "truth.json" and not p.name.startswith("capture_"))
-    return diagnose(files, workers=1, sweep=_sweep(case))
+    return diagnosed(files, sweep=_sweep(case))
 
 
 _RESULTS: dict = {}

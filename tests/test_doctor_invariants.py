@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import diagnosed
 from kit.doctor import RULES, diagnose
 from kit.traces import TraceError
 from kit.traces.jobs import expand
@@ -110,7 +111,7 @@ def check(d) -> None:
 
 @pytest.mark.parametrize("files", committed())
 def test_costs_add_up_on_every_committed_trace_set(files):
-    check(diagnose(files, workers=1))
+    check(diagnosed(files))
 
 
 @pytest.mark.parametrize("files", public())

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from kit import traces
+from conftest import diagnosed
 from kit.doctor import diagnose
 from kit.doctor.report import format_text
 
@@ -201,7 +202,7 @@ def _corpus_case(case: str):
         if corpus.startswith("corpus-") else []
     files = sorted(p for p in (DOC / case).iterdir() if p.name.endswith((".json.gz", ".json"))
                    and p.name != "truth.json" and not p.name.startswith("capture_"))
-    return diagnose(files, workers=1, sweep=runs[-1].parent if runs else None)
+    return diagnosed(files, sweep=runs[-1].parent if runs else None)
 
 
 @pytest.mark.parametrize("case", CORPUS_CASES)
