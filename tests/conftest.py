@@ -205,6 +205,7 @@ class Background:
         self.roots = {job: base / f"job{i}" for i, job in enumerate(jobs)}
         self.env = dict(os.environ)  # as the session starts: a test's monkeypatched variables are not the commands'
         self.done: dict[tuple[str, ...], Any] = {}
+        self.took: dict[tuple[str, ...], float] = {}  # wall seconds of each command (the terminal summary)
         self.ready = {job: threading.Event() for job in jobs}
         self.procs: list[Any] = []
         self._stop = False
@@ -220,6 +221,7 @@ class Background:
         import subprocess
 
         for job in jobs:
+            start = time.monotonic()
             try:
                 root = self.roots[job]
                 root.mkdir(parents=True)
@@ -240,6 +242,7 @@ class Background:
             except Exception as e:  # a timeout, a failed start: the readers fail with it
                 self.done[job] = subprocess.CompletedProcess(list(job), -1, "", f"{type(e).__name__}: {e}")
             finally:
+                self.took[job] = time.monotonic() - start
                 self.ready[job].set()
 
     @staticmethod
@@ -266,12 +269,25 @@ class Background:
         self.thread.join(timeout=30)
 
 
+_BACKGROUND: Background | None = None
+
+
+def pytest_terminal_summary(terminalreporter):
+    """How long the background commands took, one after another beside the other tests: when their sum nears the
+    session's time, they -- not the tests in the foreground -- set how long ``make test`` takes."""
+    bg = _BACKGROUND
+    if bg is not None and bg.took:
+        terminalreporter.write_line(f"background runs: {len(bg.took)} commands, {sum(bg.took.values()):.0f} s in all ("
+                                    + ", ".join(f"{' '.join(j[:2])} {t:.0f} s" for j, t in bg.took.items()) + ")")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _background(request, _trace_cache, tmp_path_factory):
     """Started with the session's first test when any selected test reads a background run (after the trace
     cache's folder is set: the commands' CLIs write their trace caches there too)."""
+    global _BACKGROUND
     jobs = _jobs(request.session.items)
-    bg = Background(jobs, tmp_path_factory.mktemp("background")) if jobs else None
+    bg = _BACKGROUND = Background(jobs, tmp_path_factory.mktemp("background")) if jobs else None
     yield bg
     if bg is not None:
         bg.stop()
