@@ -48,6 +48,7 @@ Usage (from the repository root)::
     python tests/corpus/planted_multi.py --world 2 --out tests/data/doctor/corpus-h100x2 --budget-s 120
     python tests/corpus/planted_multi.py --world 2 --device cpu --out /tmp/mc --cases gpt-ddp-bf16-control  # gloo
     python tests/corpus/planted_multi.py --world 2 --out /tmp/pairs --pair accum --steps 40 --alternations 8
+    python tests/corpus/planted_multi.py --world 2 --out /tmp/pairs --pair p2p_off --steps 80 --alternations 3  # by sessions
     python tests/corpus/planted_multi.py --readme tests/data/doctor/corpus-h100x2
 
 Exit status: 0 every case ran, 1 a case failed or was left out for time, 2 bad arguments.
