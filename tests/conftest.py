@@ -62,7 +62,8 @@ def cfg(tmp_path):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "background(*args): reads `python -m kit ARGS` ({root}: its own folder), run in "
-                                       "the background while the other tests run (fixture background)")
+                                       "the background while the other tests run (fixture background; prepare=f: f(folder) writes what "
+                                       "the command reads there and returns variables for its environment)")
 
 
 @pytest.hookimpl(trylast=True)  # after -m/-k deselected what will not run
@@ -180,8 +181,14 @@ def assert_plan_kept(name, cfg, runs):
 
 
 # ------------------------------------------------------------------------------------------------ background runs
-def _jobs(items) -> list[tuple[str, ...]]:
-    return list(dict.fromkeys(tuple(m.args) for item in items for m in item.iter_markers("background")))
+def _job(mark) -> tuple:
+    """A background command: its arguments and its ``prepare`` (a function of its folder that writes what the
+    command reads there and returns variables for its environment; None: nothing to prepare)."""
+    return tuple(mark.args), mark.kwargs.get("prepare")
+
+
+def _jobs(items) -> list[tuple]:
+    return list(dict.fromkeys(_job(m) for item in items for m in item.iter_markers("background")))
 
 
 def _background_last(items) -> None:
@@ -196,10 +203,10 @@ def _background_last(items) -> None:
 class Background:
     """The ``python -m kit ARGS`` commands of the selected tests' ``background(*args)`` marks (``{root}`` in an
     argument: a folder of the command's own), run one after another in a thread from the session's first test on
-    -- the notebook runs of configs/cpu-smoke.yaml and the 8-rank launches, 10-40 s apiece, each as its test once
-    ran it. One command marked by several tests runs once."""
+    -- the notebook runs of configs/cpu-smoke.yaml, the 8-rank launches, the toy recipe's commands, 2-40 s apiece,
+    each as its test once ran it. One command marked by several tests runs once."""
 
-    def __init__(self, jobs: list[tuple[str, ...]], base: Path):
+    def __init__(self, jobs: list[tuple], base: Path):
         import threading
 
         self.roots = {job: base / f"job{i}" for i, job in enumerate(jobs)}
@@ -223,13 +230,15 @@ class Background:
         for job in jobs:
             start = time.monotonic()
             try:
+                args, prepare = job
                 root = self.roots[job]
                 root.mkdir(parents=True)
-                cmd = [sys.executable, "-m", "kit", *(str(a).replace("{root}", str(root)) for a in job)]
+                env = {**self.env, **(prepare(root) if prepare else {})}
+                cmd = [sys.executable, "-m", "kit", *(str(a).replace("{root}", str(root)) for a in args)]
                 with self._lock:
                     if self._stop:
                         raise RuntimeError("the session ended first")
-                    proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=subprocess.PIPE,
+                    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                             stderr=subprocess.PIPE, text=True, start_new_session=True)
                     self.procs.append(proc)
                 try:
@@ -240,7 +249,7 @@ class Background:
                     err += f"\nkilled after {self.TIMEOUT_S} s"
                 self.done[job] = subprocess.CompletedProcess(cmd, proc.returncode, out, err)
             except Exception as e:  # a timeout, a failed start: the readers fail with it
-                self.done[job] = subprocess.CompletedProcess(list(job), -1, "", f"{type(e).__name__}: {e}")
+                self.done[job] = subprocess.CompletedProcess(list(job[0]), -1, "", f"{type(e).__name__}: {e}")
             finally:
                 self.took[job] = time.monotonic() - start
                 self.ready[job].set()
@@ -255,7 +264,7 @@ class Background:
         except (ProcessLookupError, PermissionError):
             pass
 
-    def result(self, job: tuple[str, ...]):
+    def result(self, job: tuple):
         """``(CompletedProcess, the command's folder)``, once it ended (or was killed at its limit)."""
         if not self.ready[job].wait(self.TIMEOUT_S * (len(self.ready) + 1)):
             raise RuntimeError(f"background run {job} never ended")
@@ -278,7 +287,7 @@ def pytest_terminal_summary(terminalreporter):
     bg = _BACKGROUND
     if bg is not None and bg.took:
         terminalreporter.write_line(f"background runs: {len(bg.took)} commands, {sum(bg.took.values()):.0f} s in all ("
-                                    + ", ".join(f"{' '.join(j[:2])} {t:.0f} s" for j, t in bg.took.items()) + ")")
+                                    + ", ".join(f"{' '.join(j[0][:2])} {t:.0f} s" for j, t in bg.took.items()) + ")")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -296,4 +305,10 @@ def _background(request, _trace_cache, tmp_path_factory):
 @pytest.fixture
 def background(request, _background):
     """``(CompletedProcess, folder)`` of the command this test marks ``background(*args)``."""
-    return _background.result(tuple(request.node.get_closest_marker("background").args))
+    return _background.result(_job(request.node.get_closest_marker("background")))
+
+
+@pytest.fixture
+def backgrounds(request, _background):
+    """Every command this test marks ``background(*args)``: ``{args: (CompletedProcess, folder)}``."""
+    return {_job(m)[0]: _background.result(_job(m)) for m in request.node.iter_markers("background")}

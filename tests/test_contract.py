@@ -9,7 +9,7 @@ import textwrap
 import nbformat
 import pytest
 
-from conftest import ROOT, kit_cli
+from conftest import ROOT
 from kit import contract, results, stats
 from kit.collective_ops import COLLECTIVES, bus_factor, canonical, from_kernel
 from kit.config import ConfigError
@@ -92,34 +92,44 @@ def _make_investigation(tmp_path, name, ranks):
     return pkg
 
 
+def _toy_files(folder):
+    """The two toy investigations and their config in ``folder``: the variables that register them."""
+    pkg = _make_investigation(folder, "toy", 2)
+    _make_investigation(folder, "toy_big", 64)
+    (folder / "toy.yaml").write_text("defaults:\n  world_size: 2\n  backend: gloo\n  timeout_s: 60\ntoy:\n  numel: 2048\n"
+                                     "toy_big:\n  repeats: 2\n")
+    return {"PYTHONPATH": f"{pkg}{os.pathsep}{ROOT}",
+            "KIT_INVESTIGATIONS": f"toy=toy:{pkg / 'toy.ipynb'},toy_big=toy_big:{pkg / 'toy_big.ipynb'}"}
+
+
 @pytest.fixture
 def toy_env(tmp_path):
-    pkg = _make_investigation(tmp_path, "toy", 2)
-    _make_investigation(tmp_path, "toy_big", 64)
-    cfg = tmp_path / "toy.yaml"
-    cfg.write_text("defaults:\n  world_size: 2\n  backend: gloo\n  timeout_s: 60\ntoy:\n  numel: 2048\n"
-                   "toy_big:\n  repeats: 2\n")
-    env = {**os.environ, "PYTHONPATH": f"{pkg}{os.pathsep}{ROOT}",
-           "KIT_INVESTIGATIONS": f"toy=toy:{pkg / 'toy.ipynb'},toy_big=toy_big:{pkg / 'toy_big.ipynb'}"}
-    return env, cfg
+    return {**os.environ, **_toy_files(tmp_path)}, tmp_path / "toy.yaml"
 
 
-def _kit(args, env, timeout=300):
-    return kit_cli(*args, env=env, timeout=timeout)
+# the recipe's four commands, each on its own copy of the toy files, in the background (conftest.py): ~30 s of
+# notebook kernels and launches beside the other tests
+EXP_TOY = ("exp", "toy", "--config", "{root}/toy.yaml", "-p", "results_root={root}/r")
+RUN_BOTH = ("run", "toy", "toy_big", "--config", "{root}/toy.yaml", "--results-root", "{root}/k")
+RUN_STRICT = ("run", "toy_big", "--config", "{root}/toy.yaml", "--results-root", "{root}/k", "--strict")
+EXP_BIG = ("exp", "toy_big", "--config", "{root}/toy.yaml", "-p", "results_root={root}/r")
 
 
 @pytest.mark.slow
-def test_recipe_investigation_runs_through_kit_exp_and_kit_run(tmp_path, toy_env):
-    env, cfg = toy_env
-    p = _kit(["exp", "toy", "--config", str(cfg), "-p", f"results_root={tmp_path / 'r'}"], env)
+@pytest.mark.background(*EXP_TOY, prepare=_toy_files)
+@pytest.mark.background(*RUN_BOTH, prepare=_toy_files)
+@pytest.mark.background(*RUN_STRICT, prepare=_toy_files)
+@pytest.mark.background(*EXP_BIG, prepare=_toy_files)
+def test_recipe_investigation_runs_through_kit_exp_and_kit_run(backgrounds):
+    p, root = backgrounds[EXP_TOY]
     assert p.returncode == 0, p.stdout + p.stderr
-    df = results.load(tmp_path / "r" / "toy")
+    df = results.load(root / "r" / "toy")
     assert set(df["rank"]) == {0, 1} and (df["kind"] == "sample").all() and (df["numel"] == 2048).all()
     assert len(df) == 2 * 4  # every sample of every rank kept
 
-    p = _kit(["run", "toy", "toy_big", "--config", str(cfg), "--results-root", str(tmp_path / "k")], env)
+    p, root = backgrounds[RUN_BOTH]
     assert p.returncode == 0, p.stdout + p.stderr  # toy_big cannot run here: still exit 0
-    report = next((tmp_path / "k" / "reports").iterdir())
+    report = next((root / "k" / "reports").iterdir())
     entries = {e["name"]: e for e in json.loads((report / "report.json").read_text())["entries"]}
     assert entries["toy"]["status"] == "ok" and entries["toy"]["figures"] == ["figures/toy-times.png"]
     assert entries["toy_big"]["status"] == "skipped"
@@ -131,9 +141,9 @@ def test_recipe_investigation_runs_through_kit_exp_and_kit_run(tmp_path, toy_env
     executed = (report / "toy.html").read_text()
     assert "all_reduce of 2048 floats" in executed  # the finding, printed from findings(runs)
 
-    p = _kit(["run", "toy_big", "--config", str(cfg), "--results-root", str(tmp_path / "k2"), "--strict"], env)
+    p, _ = backgrounds[RUN_STRICT]
     assert p.returncode == 3 and "toy_big cannot run here" in p.stderr and "Traceback" not in p.stderr
-    p = _kit(["exp", "toy_big", "--config", str(cfg), "-p", f"results_root={tmp_path / 'r2'}"], env)
+    p, _ = backgrounds[EXP_BIG]
     assert p.returncode == 3 and "cannot run on this machine" in p.stderr and "Traceback" not in p.stderr
 
 

@@ -125,18 +125,22 @@ def test_cli_unknown_notebook_is_one_clear_error(tmp_path):
     assert p.returncode == 2 and "no notebook for ['nope']" in p.stderr and "Traceback" not in p.stderr
 
 
-def test_cli_exit_code_on_failing_notebook(tmp_path):
-    """`kit run` on a notebook whose cell raises: exit 1, the message names the notebook and the cell."""
-    nbdir = tmp_path / "nbs"
+def _failing_notebook(folder):
+    """collectives' notebook with a cell that raises after its parameters, registered in its place."""
+    nbdir = folder / "nbs"
     nbdir.mkdir()
     nb = nbformat.read(ROOT / "notebooks" / "collectives.ipynb", as_version=4)
     idx = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
     nb.cells.insert(idx + 1, nbformat.v4.new_code_cell("raise RuntimeError('boom from the CLI')"))
     nbformat.write(nb, nbdir / "collectives.ipynb")
-    env = {**__import__("os").environ, "KIT_INVESTIGATIONS": f"collectives=kit.investigations.collectives:{nbdir / 'collectives.ipynb'}"}
-    p = subprocess.run([sys.executable, "-m", "kit", "run", "collectives", "--config", "configs/cpu-smoke.yaml",
-                        "--results-root", str(tmp_path / "r")], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=300)
+    return {"KIT_INVESTIGATIONS": f"collectives=kit.investigations.collectives:{nbdir / 'collectives.ipynb'}"}
+
+
+@pytest.mark.background("run", "collectives", "--config", "configs/cpu-smoke.yaml", "--results-root", "{root}/r",
+                        prepare=_failing_notebook)
+def test_cli_exit_code_on_failing_notebook(background):
+    """`kit run` on a notebook whose cell raises: exit 1, the message names the notebook and the cell."""
+    p, _ = background
     assert p.returncode == 1, p.stdout + p.stderr
     assert "FAILED notebook collectives: cell" in p.stderr and "RuntimeError: boom from the CLI" in p.stderr
 
