@@ -13,7 +13,8 @@ that is not accounted for.
   naming it gets one for its largest idle slice (:func:`must_speak`);
 * when ``late_rank`` names rank L and an idle-slice finding names L alone, that slice is why L is late: it becomes
   late_rank's evidence and sentence (:func:`fold_into_late_rank`);
-* exposed communication that runs below the machine's sweep is said once, as ``low_busbw`` (:func:`fold_into_low_busbw`);
+* exposed communication that runs below the machine's sweep is said once, as ``low_busbw``, for the part the slow
+  collectives' extra time covers; the rest stays ``exposed_comm``'s (:func:`fold_into_low_busbw`);
 * the ``comm`` slice of each rank split into waiting for peers and transfer (:meth:`kit.doctor.context.JobContext.
   comm_waits`, derived once per job).
 
@@ -27,7 +28,7 @@ import dataclasses
 from .accounting import HOST, IDLE, Account
 from .context import JobContext
 from .findings import LOW, restated, slice_cost, slice_finding, slice_sentence, who
-from .model import RULES, SEVERITY_SHARE, Finding, severity, slice_rules
+from .model import REPORTED, RULES, SEVERITY_SHARE, Finding, severity, slice_rules
 
 MUST_SPEAK = SEVERITY_SHARE["high"]
 """GPU idle at or above this share of a step is never left without a finding at or above 'low'"""
@@ -60,7 +61,7 @@ def reconcile(findings: list[Finding], accounts: list[tuple[int, Account]], ctx:
     findings = [net_of_profiler(f, ctx.overhead, by_rank) for f in findings]  # every cost judged from here on is net
     if only is None:
         findings = findings + must_speak(accounts, findings, ctx)
-    return host_work_first(fold_into_low_busbw(fold_into_late_rank(findings, accounts, ctx.overhead)))
+    return host_work_first(fold_into_low_busbw(fold_into_late_rank(findings, accounts, ctx.overhead), ctx.step_us))
 
 
 def explain_rest(accounts: list[tuple[int, Account]], findings: list[Finding],
@@ -301,20 +302,39 @@ def job_level_launch(findings: list[Finding], ctx: JobContext) -> list[Finding]:
     return [merged if x is f else x for x in findings]
 
 
-def fold_into_low_busbw(findings: list[Finding]) -> list[Finding]:
+def fold_into_low_busbw(findings: list[Finding], step_us: float | None = None) -> list[Finding]:
     """One cause, one finding: communication left exposed (``exposed_comm``) by collectives that run far below what
-    the machine's links deliver (``low_busbw``, against its sweep) is exposed *because* it is slow -- the two name
-    the same microseconds. When both fire and low_busbw names every rank exposed_comm names, exposed_comm's numbers
-    become low_busbw's evidence (``exposed``) and its sentence, at low_busbw's cost: what the step would save at the
-    links' busbw (the exposed time of a slow collective is not all saved: the GPU may have waited for its host then)."""
+    the machine's links deliver (``low_busbw``, against its sweep) is exposed in part *because* it is slow -- the
+    part the slow collectives' extra time covers (low_busbw's ``longer_us_per_step``); the rest would stay exposed at
+    the links' busbw. When both fire and low_busbw names every rank exposed_comm names, that part is said inside
+    low_busbw (evidence ``exposed``: exposed_comm's numbers and ``explained_us_per_step``), at low_busbw's own cost --
+    what the step would save at the links' busbw (the exposed time of a slow collective is not all saved: the GPU may
+    have waited for its host then). The rest stays exposed_comm's, at that cost, when it is itself a problem (at
+    least 'low' of ``step_us``: :func:`kit.doctor.model.severity`); below that it is within a step's run-to-run spread
+    and only low_busbw's evidence keeps it."""
     low = next((f for f in findings if f.rule == "low_busbw"), None)
     exp = next((f for f in findings if f.rule == "exposed_comm"), None)
     if low is None or exp is None or not set(exp.ranks) <= set(low.ranks):
         return findings
+    longer = float(low.evidence.get("longer_us_per_step") or 0.0)
+    explained = min(longer, exp.cost_us_per_step)
+    rest = exp.cost_us_per_step - explained
+    keep = severity(rest, step_us) in REPORTED
     merged = dataclasses.replace(
-        low, summary=f"{low.summary}; that is why communication is left exposed: {exp.summary}",
-        evidence={**low.evidence, "exposed": {"cost_us_per_step": exp.cost_us_per_step, **exp.evidence}})
-    return [merged if f is low else f for f in findings if f is not exp]
+        low, summary=f"{low.summary}; of the {exp.cost_us_per_step:.0f} us per step of communication left exposed "
+                     f"(no compute beside it), their extra time covers {explained:.0f} us"
+                     + (f" (the other {rest:.0f} us would stay exposed at the links' busbw: exposed_comm)" if keep
+                        else ""),
+        evidence={**low.evidence, "exposed": {"cost_us_per_step": exp.cost_us_per_step,
+                                              "explained_us_per_step": round(explained, 1), **exp.evidence}})
+    if not keep:
+        return [merged if f is low else f for f in findings if f is not exp]
+    left = dataclasses.replace(exp, cost_us_per_step=round(rest, 1), summary=restated(
+        exp.summary, rest, f"of exposed communication the slow collectives do not explain (low_busbw: their extra "
+                           f"time covers {explained:.0f} us of it)", "in all"),
+        evidence={**exp.evidence, "cost_before_low_busbw_us": exp.cost_us_per_step,
+                  "explained_by_low_busbw_us": round(explained, 1)})
+    return [merged if f is low else left if f is exp else f for f in findings]
 
 
 def host_work_first(findings: list[Finding]) -> list[Finding]:
