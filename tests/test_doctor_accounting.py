@@ -459,6 +459,29 @@ def test_pytorchs_own_regions_are_issuing_not_a_stall():
     assert gap("DistributedDataParallel.forward").per_step_us("host_stall") == pytest.approx(1360)
 
 
+def test_the_profilers_buffer_requests_are_its_own_time_not_a_stall():
+    """1.5 ms between two launches, 1.3 ms of it inside CUPTI's ``Activity Buffer Request`` (category ``overhead``,
+    on its own lane): the profiler's time (the host model's ``profiler`` kind, left to ``launch``, which is stated net
+    of the profiler), not a host stall nor the rank's own time; a launch waiting for the GPU's full queue
+    (``Command Buffer Full``) is no profiler time: the same gap stays a stall. The trace layer keeps the category."""
+    from kit.doctor.host_model import host_model
+
+    def gap(name):
+        ev = [_x("ProfilerStep#1", "user_annotation", 0, 6000), _launch(1, 0), _kernel(1, 50, 100),
+              {"ph": "X", "name": name, "cat": "overhead", "ts": 200, "dur": 1300, "pid": -1, "tid": 0},
+              _launch(2, 1500), _kernel(2, 1550, 4450)]
+        v = _view(traces.from_dict({"schemaVersion": 1, "traceEvents": ev}))
+        return account(v), host_model(v).per_step.iloc[0]
+    (prof, ps), (full, fs) = gap("Activity Buffer Request"), gap("Command Buffer Full")
+    assert prof.per_step_us("host_stall") == 0 and prof.per_step_us("launch") == pytest.approx(1360)
+    assert full.per_step_us("host_stall") == pytest.approx(1360)
+    assert ps["profiler_us"] == pytest.approx(1300) and fs["profiler_us"] == 0  # (the stall after the last launch
+    assert fs["stall_us"] - ps["stall_us"] == pytest.approx(1490)  # to the step's end is the same in both)
+    assert fs["own_host_us"] - ps["own_host_us"] == pytest.approx(1490)  # (the 190 us before it: idle, not own)
+    kept = traces.load_trace(DATA / "doctor" / "corpus" / "gpt-control-nosteps" / "trace.json.gz", cache=False).cpu
+    assert (kept["cat"] == "overhead").sum() == 1
+
+
 def test_a_block_begun_on_a_dry_gpu_owes_nothing_across_a_step_boundary():
     """The GPU runs dry while the host is in the optimizer (issuing: launch); a 3.5 ms stall follows and crosses
     into the next step, whose DataLoader wait the GPU then idles through. The stall began after the GPU ran dry: it

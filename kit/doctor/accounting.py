@@ -536,7 +536,7 @@ def _inside(cpu: "pd.DataFrame", spans: "pd.DataFrame", n: int = 3) -> dict:
 
 # ------------------------------------------------------------------------------------------------ CPU mode
 CPU_SLICES = {"input": ("data_wait",), "comm": ("comm_wait",), "host_stall": ("stall",),
-              "compute": ("issue", "idle", "sync", "alloc")}
+              "compute": ("issue", "idle", "sync", "alloc", "profiler")}
 """the slices of a CPU-only trace, each the sum of the host model's per-step kinds of the main thread (module
 docstring)"""
 

@@ -11,6 +11,10 @@ view of the host that the step accounting (:mod:`kit.doctor.accounting`), the ho
   collective op (:data:`kit.traces.frames.COMM_OPS`) on any thread of the process: gloo runs it on its own
   thread while the main thread waits, up to :data:`WAKE_US` after it ends);
 * ``alloc``     -- in the caching allocator's device calls (:data:`kit.doctor.calls.ALLOC_CALLS`);
+* ``profiler``  -- the profiler's own host time: a stretch that would be a stall or idle, inside one of CUPTI's
+  :data:`PROFILER_EVENTS` (the trace layer's ``overhead`` events) -- not the job's, so neither a stall nor the rank's
+  own time; the accounting leaves the GPU idle under it to ``launch``, which is stated net of the profiler's overhead
+  (:mod:`kit.doctor.overhead` adds it to the profiler's estimated host time);
 * ``stall``     -- a stretch of at least :data:`STALL_US` in which no thread of the process issued GPU work and
   the thread was in none of the above, outside every recorded op and PyTorch's own regions of issuing code
   (:data:`kit.doctor.calls.FRAMEWORK_REGIONS`), itself at least that long (on a CPU-only job: without any recorded op);
@@ -47,7 +51,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from .model import RankView
 
-KINDS = ("data_wait", "sync", "comm_wait", "alloc", "stall", "issue", "idle")
+KINDS = ("data_wait", "sync", "comm_wait", "alloc", "profiler", "stall", "issue", "idle")
 """what a host thread can be doing, in precedence order (the module docstring)"""
 STALL_US = DEFAULT_STALL_US
 """a stretch of host time at least this long without a call that issues GPU work is a stall: no single op's
@@ -61,6 +65,11 @@ WAKE_US = STALL_US
 wake-up): gloo's waiting thread ran its next op 0.02-0.14 ms after the all-reduce ended wherever the host had a core
 free (FINDINGS, thresholds table); a thread that resumes later is the host not running it (a loaded host) or Python
 work without a recorded op, which the trace cannot tell apart: past one stall's length it is the rank's own stall"""
+PROFILER_EVENTS = ("Activity Buffer Request", "Buffer Flush")
+"""CUPTI's events (category ``overhead``) of the profiler's own host time: allocating an activity buffer, flushing
+one. In the 4-GPU GPT DDP control's first traced step, three 1.0-1.3 ms stretches with no op on two ranks lay inside
+17.7 / 14.5 ms buffer requests (ops there took 57-91 us, ``aten::empty``): the profiler's time, which had been a
+host stall (FINDINGS.md). Not ``Command Buffer Full``: a launch waiting for the GPU's full queue is the job's"""
 COMM_WAIT_OPS = ("c10d::wait", "c10d::barrier", "c10d::monitored_barrier", "gloo:")
 """op names (prefixes) of a thread blocked on a collective or a peer in a GPU job: a ``wait()`` on a work
 handle, a barrier, a gloo op run on the thread itself"""
@@ -208,6 +217,7 @@ def _gpu_model(view: "RankView") -> HostModel | None:
     threads = tuple(pd.unique(g["tid"].dropna()))
     main = _main_tid(cpu, g)
     issuing = calls[calls["issues"]]
+    prof = _profiler_spans(cpu)
     sets: dict = {}
     for t in dict.fromkeys(threads + ((main,) if main is not None else ())):
         mine = calls[calls["tid"] == t]
@@ -239,15 +249,29 @@ def _gpu_model(view: "RankView") -> HostModel | None:
         ra, rb = union_np(np.r_[lo - 1e-3, rec["ts"].to_numpy(dtype=float), hi],
                           np.r_[lo, np.maximum(rec["end"].to_numpy(dtype=float),
                                                rec["ts"].to_numpy(dtype=float) + 1e-3), hi + 1e-3])
+        idle = gaps_between(ra, rb, IDLE_US)
+        # the profiler's own time: where a stall or idle stretch lies inside one of its events (what is left of a
+        # stall outside them is a stall only if it is itself STALL_US)
+        quiet = union_np(np.r_[stall[0], idle[0]], np.r_[stall[1], idle[1]])
+        theirs = subtract(quiet, subtract(quiet, prof))
+        sa, sb = subtract(stall, prof)
         sets[t] = {"data_wait": union_np(data["ts"], data["end"]), "sync": union_np(sync["ts"], sync["end"]),
                    "comm_wait": union_np(comm["ts"], comm["end"]), "alloc": union_np(alloc["ts"], alloc["end"]),
-                   "stall": stall, "idle": gaps_between(ra, rb, IDLE_US)}
+                   "profiler": theirs, "stall": (sa[sb - sa >= STALL_US], sb[sb - sa >= STALL_US]), "idle": idle}
     sets[ALL] = _all_threads(cpu, calls, sets, threads, main)
     kern = g["cat"] == "kernel"
     nccl = kern & g["nccl"].astype(bool)
     gpu = {"busy": union_np(g["ts"], g["end"]), "comm": union_np(g.loc[nccl, "ts"], g.loc[nccl, "end"]),
            "kernels": union_np(g.loc[kern & ~nccl, "ts"], g.loc[kern & ~nccl, "end"])}
     return _finish(view, "gpu", win, main, threads, calls, sets, default="issue", gpu=gpu)
+
+
+def _profiler_spans(cpu: "pd.DataFrame") -> "tuple[np.ndarray, np.ndarray]":
+    """The sorted disjoint spans of the profiler's own events (:data:`PROFILER_EVENTS`)."""
+    if cpu.empty:
+        return union_np([], [])
+    ev = cpu[(cpu["cat"] == "overhead") & name_mask(cpu["name"], lambda s: s.isin(PROFILER_EVENTS))]
+    return union_np(ev["ts"], ev["end"])
 
 
 def _main_tid(cpu: "pd.DataFrame", g: "pd.DataFrame"):
@@ -276,6 +300,7 @@ def _all_threads(cpu: "pd.DataFrame", calls: "pd.DataFrame", sets: dict, threads
                           np.concatenate([p[1] for p in parts]) if parts else [])
     blocks = union_np(np.r_[out["data_wait"][0], out["sync"][0]], np.r_[out["data_wait"][1], out["sync"][1]])
     out["stall"] = subtract(sets[main]["stall"], blocks) if main in sets else (np.empty(0), np.empty(0))
+    out["profiler"] = sets[main]["profiler"] if main in sets else (np.empty(0), np.empty(0))
     return out
 
 

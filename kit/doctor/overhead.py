@@ -13,7 +13,8 @@ host's share of every traced step grows. :func:`overhead` gives one rank's :clas
   frame holds every op, else the ops it kept plus the short ones the trace layer counted) x the per-event cost that
   ``benchmarks/bench_profiler_overhead.py`` measured for the profiler settings the trace shows
   (``recorded/profiler_overhead/*.json``: the table of the same GPU model where there is one, else any GPU's, else
-  the CPU table; which one is stated, and when it is another host's). The per-op cost is a property of the host and
+  the CPU table; which one is stated, and when it is another host's), plus the profiler's own time the trace shows
+  (the host model's ``profiler`` kind: CUPTI's buffer requests and flushes). The per-op cost is a property of the host and
   of the job together (the same job paid per op 2-3x more on one of the kit's GPU hosts than on the other, and two
   jobs of one host 3x apart: FINDINGS.md): an estimate is within about 2x either way. The profiler's time is host
   time, and it lengthens the step only where the GPU waited for the host (:func:`_exposed`: between the host's waits
@@ -263,7 +264,15 @@ def host_cost_us(view: "RankView", capture: dict | None = None, root: str | Path
     if row is None:
         return None
     ops, runtime, _ = _counts(view, ps)
-    return ops * max(0.0, float(row["us_per_op"])) + runtime * max(0.0, float(row["us_per_runtime"]))
+    return (ops * max(0.0, float(row["us_per_op"])) + runtime * max(0.0, float(row["us_per_runtime"]))
+            + _shown_us(ps))
+
+
+def _shown_us(per_step: "pd.DataFrame") -> float:
+    """The profiler's own host time per step that the trace shows (the host model's ``profiler`` kind on the main
+    thread: CUPTI's buffer requests and flushes where the host would otherwise stall or idle), mean over the
+    steps."""
+    return float(per_step["profiler_us"].mean()) if "profiler_us" in per_step and len(per_step) else 0.0
 
 
 def data_wait_share(view: "RankView", per_step: "pd.DataFrame") -> float:
@@ -338,7 +347,8 @@ def _overhead(view: "RankView", capture: dict | None, cpu_all, root) -> Profiler
     ops, runtime, basis_ops = _counts(view, ps)
     # a least-squares split of a noisy measurement can come out below zero: no event makes the host faster
     c_op, c_rt = max(0.0, float(row["us_per_op"])), max(0.0, float(row["us_per_runtime"]))
-    host_us = ops * c_op + runtime * c_rt
+    shown = _shown_us(ps)
+    host_us = ops * c_op + runtime * c_rt + shown
     exposed, segments = _exposed(view, ps, c_op, c_rt) if gpu else (host_us, 0)
     exposed = min(exposed, host_us)
     # the GPU's own work bounds the step from below; not its collectives' kernels, which spin while they wait
@@ -351,8 +361,9 @@ def _overhead(view: "RankView", capture: dict | None, cpu_all, root) -> Profiler
               else "measured by benchmarks/bench_profiler_overhead.py's isolated-op loops")
     how = (f"estimated: {ops:.0f} ops and {runtime:.0f} runtime calls per step ({basis_ops}) x "
            f"{c_op:.2f} / {c_rt:.2f} us each, {source} on {table['machine'].get('device')} ({table['file']}, "
-           f"record_shapes={row['record_shapes']}, with_stack={row['with_stack']}; settings read from {where}) = "
-           f"{host_us:.0f} us of host time per step"
+           f"record_shapes={row['record_shapes']}, with_stack={row['with_stack']}; settings read from {where})"
+           + (f" + {shown:.0f} us of the profiler's own buffer requests and flushes shown in the trace" if shown >= 0.5
+              else "") + f" = {host_us:.0f} us of host time per step"
            + (f", {exposed:.0f} us of it where the GPU waited for the host (the rest ran while the GPU worked: "
               f"{segments} stretches between the host's waits for the GPU)" if gpu and exposed < host_us - 0.5 else "")
            + (f" (another host's table: this trace's GPU is {device or 'not named'}; the per-op cost differs between "
@@ -418,6 +429,10 @@ def _exposed(view: "RankView", per_step: "pd.DataFrame", c_op: float, c_rt: floa
     # the short ops the frame left out go with the runtime calls (as in _counts)
     per_rt = c_rt + (c_op * short / float(is_rt.sum()) if short and is_rt.any() else 0.0)
     cost = np.where(is_rt, per_rt, np.where(cats == "cpu_op", c_op, 0.0)) * inside
+    # the profiler's own time the trace shows (the host model's ``profiler`` kind), at its start
+    pa, pb = view.host.spans("profiler", ALL) if view.host is not None else (np.empty(0), np.empty(0))
+    k = np.searchsorted(a, pa, side="right") - 1
+    ts, cost = np.r_[ts, pa], np.r_[cost, (pb - pa) * ((k >= 0) & (pa < b[np.clip(k, 0, len(b) - 1)]))]
     o = np.argsort(ts, kind="stable")
     ets, cum = ts[o], np.r_[0.0, np.cumsum(cost[o])]
 

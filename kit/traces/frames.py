@@ -9,7 +9,8 @@
 * ``cpu`` -- the CPU events the analyses need, columns :data:`CPU_COLUMNS`: user annotations (``gloo:<op>``,
   ``nccl:<op>``, ``ProfilerStep#N``, ...), the runtime and driver calls (``cudaLaunchKernel``,
   ``cudaGraphLaunch``, ``cuLaunchKernelEx``, synchronisations) with their ``correlation`` -- the id their
-  kernel carries -- and the c10d / ``record_param_comms`` ops and DDP's reducer ops; ``cpu="all"`` keeps every CPU op;
+  kernel carries -- the c10d / ``record_param_comms`` ops, DDP's reducer ops and CUPTI's ``overhead`` events (the
+  profiler's own host time: :data:`CPU_CATS`); ``cpu="all"`` keeps every CPU op;
 * ``collectives`` -- one row per NCCL kernel or gloo op with bytes and bandwidth (:mod:`kit.traces.comm`);
 * ``info`` -- the header's ``distributedInfo``: rank, world size, backend, NCCL version (:class:`TraceInfo`).
 
@@ -46,7 +47,9 @@ if TYPE_CHECKING:  # pragma: no cover
     import pandas as pd
 
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
-CPU_CATS = ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver")
+CPU_CATS = ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "overhead")
+"""``overhead``: CUPTI's own events (``Activity Buffer Request``, ``Buffer Flush``: the profiler's host time;
+``Command Buffer Full``: a launch waiting for the GPU's full queue), on their own lane (pid -1), a few per trace"""
 ARG_COLUMNS = ("device", "stream", "correlation", "external_id", "collective", "in_nelems", "out_nelems",
                "group_size", "dtype", "pg_name", "pg_desc", "pg_ranks", "seq", "input_dims", "input_type")
 GPU_COLUMNS = ("name", "cat", "device", "stream", "ts", "dur", "end", "nccl", "correlation", "external_id",
@@ -276,8 +279,8 @@ def load_trace(path: str | Path, *, cpu: CpuMode = "default", raw: bool = False,
     truncated or foreign file.
 
     ``cpu``: which CPU events the ``cpu`` frame holds -- ``"default"`` (annotations, runtime/driver calls,
-    c10d ops and ``record_param_comms``), ``"comm"`` (only the ``gloo:``/``nccl:`` collective annotations: what
-    ``collectives`` needs), ``"none"``, ``"all"`` (every CPU op; memory grows with the trace).
+    c10d ops, ``record_param_comms`` and CUPTI's ``overhead`` events), ``"comm"`` (only the ``gloo:``/``nccl:``
+    collective annotations: what ``collectives`` needs), ``"none"``, ``"all"`` (every CPU op; memory grows with the trace).
     ``raw``: also keep the raw events as dicts (``Trace.events``; every event with ``cpu="all"``, else the
     ones the frames hold) -- decoded as plain dicts (slower, all in memory), never cached.
     ``adapter``: force one instead of detecting it from the header.
@@ -384,7 +387,7 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
     raw_of = lambda *cs: {r for r, c in ad.cats.items() if c in cs}  # noqa: E731
     gpu_raw = raw_of(*GPU_CATS)
     whole = {"none": set(), "all": raw_of(*CPU_CATS), "comm": set(),
-             "default": raw_of("user_annotation", "cuda_runtime", "cuda_driver")}[cpu]
+             "default": raw_of("user_annotation", "cuda_runtime", "cuda_driver", "overhead")}[cpu]
     by_name = {"comm": raw_of("user_annotation"), "default": raw_of("cpu_op")}.get(cpu, set())
     """CPU events kept whole, and those kept only when their name says so (decoded only for these)"""
     keep_cpu = _cpu_filter(cpu)
