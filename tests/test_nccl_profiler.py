@@ -284,6 +284,26 @@ def test_option_needs_nccl_and_a_plugin():
     assert any("CUDA" in r for r in contract.get("collective_tracing").needs(cfg, m))
 
 
+def test_proxy_rows_take_the_first_event_of_a_repeated_collective_index(tmp_path, monkeypatch):
+    """A dump whose collective index repeats: the proxy row reads that collective's first event (a lookup by index
+    would give a frame there), as the scan it replaced did."""
+    import types
+
+    import pandas as pd
+
+    from kit.investigations.collective_tracing import nccl_events as ne
+
+    ev = pd.DataFrame([dict(idx=i, cat=cat, depth=d, coll=c, ts=t, end=t + 5, seq=q, name=n, count=256, datatype="ncclFloat32",
+                            algorithm="RING", protocol="SIMPLE", n_channels=2, trans_size=1024, steps=4)
+                       for i, cat, d, c, t, q, n in ((0, "COLL", 0, -1, 0, 7, "AllReduce"), (0, "COLL", 0, -1, 1, 8, "AllReduce"),
+                                                     (1, "PROXY", 4, 0, 2, 0, "ProgressSend"), (2, "NET", 5, 0, 3, 0, "SendWait"))])
+    monkeypatch.setattr(ne.ncd, "find_dumps", lambda d: [tmp_path / "dump.json"])
+    monkeypatch.setattr(ne.ncd, "read_dump", lambda f: types.SimpleNamespace(rank=0, events=ev))
+    monkeypatch.setattr(ne, "_aligned", lambda run_dir, stamp: (pd.DataFrame(), None))
+    rows = ne._proxy_rows.__wrapped__(str(tmp_path), 0.0, ())
+    assert [(r["name"], r["seq"], r["proxy_ops"], r["send_steps"]) for r in rows] == [("AllReduce", 7, 1, 1)]
+
+
 # ------------------------------------------------------------------ the network proxy, recorded emulated-nodes run
 @pytest.mark.slow  # parses the recorded run's dumps: ~50 s on 2 busy cores
 def test_recorded_emulated_run_proxy_steps():

@@ -10,8 +10,8 @@ stream that carries its own outgoing copy, so every round was the transfer *then
 flows a caller puts on two streams stay on two, and a receive's copy-out -- on the caller's stream -- never queues
 behind this rank's own outgoing pieces), and the receiver copies piece ``k`` out while piece ``k + 1`` crosses
 the link: only the last piece's copy-out remains. Each piece is a quarter of the one before (3/4 of the message,
-3/16, ..., the last :data:`TAIL_BYTES` or less): a piece's copy-out (a local copy, 4-5x the link's rate) still
-hides behind the next piece's transfer, and the pieces are few -- every boundary between two pieces costs the
+3/16, ..., the last :data:`TAIL_BYTES` or less): a piece's copy-out (a local copy, several times the link's rate)
+still hides behind the next piece's transfer, and the pieces are few -- every boundary between two pieces costs the
 link time of its own (the copy engine drains one copy before the next starts, and an interprocess event is
 recorded between them), so 256 MiB moves in 3 pieces where halving took 7. The measurements behind these choices: FINDINGS.md, "P2P transports for pipeline
 parallelism". (``ipc-direct`` has no second copy at all.) The endpoint is the rank.
@@ -29,8 +29,8 @@ MAX_PIECES = 16  # ready events per mailbox slot: a message moves in at most thi
 PIECE_MIN_BYTES = 64 << 20  # below this a message moves whole: its copy-out is a small part of its transfer, while
 # each piece costs the link a boundary (FINDINGS.md)
 TAIL_BYTES = 16 << 20  # the pieces shrink down to this: the last piece's copy-out is what stays exposed
-SHRINK = 4  # each piece is this many times smaller than the one before: its predecessor's copy-out (a local copy
-# at 4-5x the link's rate on H200 and H100) must fit in its transfer
+SHRINK = 4  # each piece is this many times smaller than the one before: its predecessor's copy-out (a local copy,
+# several times the link's rate: FINDINGS.md) must fit in its transfer
 
 
 def pieces(n: int) -> list[tuple[int, int]]:

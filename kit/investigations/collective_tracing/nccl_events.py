@@ -295,6 +295,8 @@ def _proxy_rows(run_dir: str, stamp: float, dump_stamps: tuple) -> tuple[dict, .
         colls = e.set_index("idx")
         for cidx, g in sub.groupby("coll"):
             c = colls.loc[cidx]
+            if c.ndim == 2:  # a dump with a repeated idx gives a frame: its first event, as the scan before found
+                c = c.iloc[0]
             ops = g[g["cat"] == "PROXY"]
             steps = g[g["cat"] == "NET"]
             seq = int(c["seq"])
