@@ -4,6 +4,7 @@ benchmarks/bench_profiler_overhead.py recorded (recorded/profiler_overhead/)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import time
@@ -239,6 +240,28 @@ def test_the_job_floor_counts_a_gpus_own_kernels_not_its_transfer():
     assert all(o.overhead_us == 5700.0 and "rank 1: 10300 us" in o.how for o in got.values())
     m = ov.ProfilerOverhead(16000.0, 9000.0, 7000.0, "measured", "a test")
     assert ov.job_floor({0: m, 1: est(15100.0, 10300.0)}, {})[0] is m
+
+
+def test_a_measured_jobs_launch_gain_is_at_most_its_unprofiled_step_less_the_busiest_gpus_work():
+    """A measured overhead stays as measured; in a job of several ranks it gets the job floor as a cap: were every
+    host instant, the job would still take its busiest GPU's own work (rank 1: busy less waiting 9800 us, its
+    kernels 8950), so a launch-bound cost net of the profiler is at most 10750 - 8950 = 1800 us."""
+    import pandas as pd
+
+    from kit.doctor.model import Finding
+    from kit.doctor.reconcile import net_of_profiler
+    import kit.doctor.rules  # noqa: F401 -- registers the rules whose slices net_of_profiler looks up
+
+    def ps(busy, kernels):
+        return pd.DataFrame({"step": [1, 2, 3], "gpu_busy_us": [busy] * 3, "gpu_kernels_us": [kernels] * 3})
+
+    m = ov.ProfilerOverhead(18150.0, 10750.0, 7400.0, "measured", "a test")
+    got = ov.job_floor({0: m, 1: m}, {0: 200.0, 1: 600.0}, {0: ps(2500.0, 2100.0), 1: ps(10400.0, 8950.0)})
+    assert all(o.gain_cap_us == pytest.approx(1800.0) and o.overhead_us == 7400.0 for o in got.values())
+    f = Finding("launch_bound", 14740.0, (0, 1), {}, "the GPU sat idle 14.74 ms per step", "c", "f")
+    g = net_of_profiler(f, got)
+    assert g.cost_us_per_step == pytest.approx(1800.0) and g.evidence["profiler_gain_cap_us"] == pytest.approx(1800.0)
+    assert net_of_profiler(dataclasses.replace(f, cost_us_per_step=8000.0), got).cost_us_per_step == 600.0
 
 
 def test_the_job_steps_at_the_pace_of_the_rank_that_loses_most():

@@ -39,10 +39,10 @@ def job_context(summaries: Sequence[RankSummary], *, sweep=None) -> JobContext:
                       comm={int(s.rank): s.comm for s in summaries if s.comm is not None},  # type: ignore[arg-type]
                       overhead={int(s.rank): s.overhead for s in summaries  # type: ignore[arg-type]
                                 if getattr(s, "overhead", None) is not None} or None)
-    if ctx.overhead and len(ctx.ranks) > 1 and any(o.basis == "estimated" for o in ctx.overhead.values()):
-        from .overhead import job_floor  # the estimate bounded by the job's busiest GPU (its own work)
+    if ctx.overhead and len(ctx.ranks) > 1 and any(o.basis != "none" for o in ctx.overhead.values()):
+        from .overhead import job_floor  # the job's busiest GPU (its own work): bounds an estimate, caps a measured gain
 
-        ctx = replace(ctx, overhead=job_floor(ctx.overhead, ctx.comm_waits()))
+        ctx = replace(ctx, overhead=job_floor(ctx.overhead, ctx.comm_waits(), ctx.host_steps))
     return ctx
 
 

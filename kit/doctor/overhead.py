@@ -67,6 +67,10 @@ class ProfilerOverhead:
     gpu_kernels_us: float | None = None
     """estimated: the rank's non-NCCL kernels' own time per step (beside NCCL kernels too): GPU work its step cannot
     do without, with or without the profiler"""
+    gain_cap_us: float | None = None
+    """measured, in a job of several ranks: the most GPU idle the job's issuing can cost, net of the profiler -- the
+    unprofiled step less the busiest GPU's own work per step (:func:`job_floor`): were every host instant, the job would
+    still take that work"""
     data_wait_us: float | None = None
     """the part of the overhead recorded inside the DataLoader's waits (where they leave the GPU idle): the overhead
     spread evenly over the recorded ops of the steps, the share of the ops recorded inside the waits
@@ -501,7 +505,7 @@ def _exposed(view: "RankView", per_step: "pd.DataFrame", c_op: float, c_rt: floa
     return float(saving) / n, len(cuts) - 1
 
 
-def job_floor(overhead: dict, waits: dict) -> dict:
+def job_floor(overhead: dict, waits: dict, host_steps: dict | None = None) -> dict:
     """The estimated overheads of one job's ranks, as the job pays them: its ranks step together, at the pace of
     the host that loses most to the profiler -- a rank that waits for a peer does not see its own profiler time
     (:attr:`ProfilerOverhead.exposed_us` near zero: its GPU waited for the peer, not for its host) but waits for
@@ -509,10 +513,13 @@ def job_floor(overhead: dict, waits: dict) -> dict:
     faster than the GPU with the most work of its own: each rank's busy time less what its collectives' kernels
     spent waiting for peers (``waits``: rank -> us per step, :meth:`kit.doctor.context.JobContext.comm_waits`), at
     most its kernels other than NCCL's (:attr:`ProfilerOverhead.gpu_kernels_us`): the transfer a collective adds to
-    the traced busy time may overlap the backward without the profiler (FINDINGS.md). Measured overheads and ranks
-    without the numbers are returned as they are."""
+    the traced busy time may overlap the backward without the profiler (FINDINGS.md). A measured overhead stays as
+    measured, and gets the same floor as a cap (:attr:`ProfilerOverhead.gain_cap_us`: its unprofiled step less that
+    GPU work, read off ``host_steps``, rank -> the host model's per-step frame); ranks without the numbers are
+    returned as they are."""
     from dataclasses import replace
 
+    overhead = _gain_caps(overhead, waits, host_steps or {})
     est = {r: o for r, o in overhead.items() if o.basis == "estimated" and o.traced_step_us is not None
            and o.host_us is not None}
     if not est:
@@ -538,3 +545,24 @@ def job_floor(overhead: dict, waits: dict) -> dict:
             out[r] = replace(o, unprofiled_step_us=unprof, overhead_us=o.traced_step_us - unprof,
                              how=o.how + "".join(f"; {w}" for w in why))
     return out
+
+
+def _gain_caps(overhead: dict, waits: dict, host_steps: dict) -> dict:
+    """The measured overheads of a job with :attr:`ProfilerOverhead.gain_cap_us` set: the unprofiled step less the
+    GPU with the most work of its own (as :func:`job_floor`: busy time less its collectives' waiting for peers, at
+    most its kernels other than NCCL's; medians over each rank's steps)."""
+    from dataclasses import replace
+
+    own = {}
+    for r, ps in host_steps.items():
+        if ps is None or ps.empty or not {"gpu_busy_us", "gpu_kernels_us"} <= set(ps.columns):
+            continue
+        ps = ps[ps["step"] >= 0] if (ps["step"] >= 0).any() else ps
+        own[r] = min(float(ps["gpu_busy_us"].median()) - float(waits.get(r, 0.0)),
+                     float(ps["gpu_kernels_us"].median()))
+    if len(overhead) < 2 or not own:
+        return overhead
+    floor = max(own.values())
+    return {r: replace(o, gain_cap_us=max(0.0, o.unprofiled_step_us - floor))
+            if o is not None and o.basis == "measured" and o.unprofiled_step_us is not None else o
+            for r, o in overhead.items()}

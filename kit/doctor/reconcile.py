@@ -158,6 +158,11 @@ def net_of_profiler(f: Finding, overhead: dict | None, accounts: "dict[int, Acco
     if isinstance(ev.get("per_rank"), dict):  # each rank's cost net of its own overhead
         ev["per_rank"] = {rk: _net_rank(n, overhead.get(int(rk))) for rk, n in ev["per_rank"].items()}
     net = round(o.net(f.cost_us_per_step), 1)
+    if s0 == "launch" and o.gain_cap_us is not None and net > o.gain_cap_us:  # the job's busiest GPU bounds the gain
+        net = round(o.gain_cap_us, 1)
+        ev["profiler_gain_cap_us"] = net
+        after += (f"; at most {net / 1e3:.2f} ms, the unprofiled step less the busiest GPU's own work per step: "
+                  f"were every host instant the job would still take that")
     said = f.summary if round(net) == round(f.cost_us_per_step) else restated(  # the sentence says the cost it states
         f.summary, net, f"net of the profiler's own overhead{after}", "as traced")
     return dataclasses.replace(f, cost_us_per_step=net, evidence=ev, summary=said)
