@@ -482,6 +482,30 @@ def test_the_profilers_buffer_requests_are_its_own_time_not_a_stall():
     assert (kept["cat"] == "overhead").sum() == 1
 
 
+def _hooked(region: str, first_launch: float) -> "Account":
+    """A 25.55 ms step: a launch at 0, then ``region`` from 300 to 21800 with a launch at ``first_launch`` inside
+    it and the step's last launch at 21500 (its kernel runs 21550-25550); nothing else recorded."""
+    ev = [_x("ProfilerStep#1", "user_annotation", 0, 25550), _launch(1, 0), _kernel(1, 50, 100),
+          _x(region, "user_annotation", 300, 21500), _launch(3, 21500), _kernel(3, 21550, 4000)]
+    return _acc(ev + ([_launch(2, first_launch), _kernel(2, first_launch + 50, 100)] if first_launch else []))
+
+
+def test_a_stall_after_the_optimizers_first_launch_stays_a_stall():
+    """``Optimizer.step#`` wraps the user's step post-hooks and a custom optimizer's Python too: a 21 ms stretch
+    with no op inside it after the region's first launch (a post-hook that logs or sleeps) is a stall, as in a
+    user's own region; only the stretch before the first launch is the framework's dispatch."""
+    for region in ("Optimizer.step#SGD.step", "## logging ##"):
+        assert _hooked(region, 400).per_step_us("host_stall") == pytest.approx(21000, abs=200)
+
+
+@pytest.mark.xfail(strict=True, reason="a stall in a step pre-hook lies before the optimizer's first launch, where "
+                                       "the framework's dispatch is (Python, DTensor dispatch, grouping parameters: "
+                                       "0.5-1.3 ms measured); the hooks carry no annotation, so the trace does not "
+                                       "tell them apart and the stretch is taken for dispatch (launch)")
+def test_a_stall_in_a_step_pre_hook_is_a_stall():
+    assert _hooked("Optimizer.step#SGD.step", None).per_step_us("host_stall") == pytest.approx(21200, abs=300)
+
+
 def test_a_block_begun_on_a_dry_gpu_owes_nothing_across_a_step_boundary():
     """The GPU runs dry while the host is in the optimizer (issuing: launch); a 3.5 ms stall follows and crosses
     into the next step, whose DataLoader wait the GPU then idles through. The stall began after the GPU ran dry: it

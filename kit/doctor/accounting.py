@@ -35,8 +35,9 @@ thread, and the stretch is split by what the thread was doing, in this precedenc
    every recorded op (the host model's ``stall``, :mod:`kit.doctor.host_model`): Python or
    C++ work that issues nothing (logging, checkpointing, garbage collection, ``time.sleep``, a loop polling
    ``cudaEventQuery``); inside a long recorded op (kept by the trace layer, :data:`kit.traces.frames.
-   LONG_CPU_OP_US`) or one of PyTorch's own regions of issuing code (:data:`kit.doctor.calls.FRAMEWORK_REGIONS`:
-   the optimizer's step) it is the host's own cost of issuing work: ``launch``;
+   LONG_CPU_OP_US`) or the dispatch before the first launch of one of PyTorch's own regions of issuing code
+   (:data:`kit.doctor.calls.FRAMEWORK_REGIONS`: the optimizer's step) it is the host's own cost of issuing work:
+   ``launch``;
 6. ``launch``     -- anything else: the thread was issuing work (ops, launches, the framework's per-op cost
    between them) and could not keep up with the kernels.
 

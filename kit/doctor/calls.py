@@ -40,10 +40,10 @@ WORKER_LOADER = "_MultiProcessingDataLoaderIter"
 STEP_PREFIX = "ProfilerStep#"
 FRAMEWORK_REGIONS = ("Optimizer.step#", "Optimizer.zero_grad#", "FSDP::")
 """prefixes of the annotations PyTorch itself puts around its own code that issues GPU work (the optimizer's step and
-zero_grad, FSDP2's hooks): their time is the framework issuing the step's work -- Python and dispatch before its
-first launch (an FSDP2 optimizer's DTensor dispatch, a few hundred us) included -- never a stall. Regions around the
-user's code are not among them (DDP's forward runs the user's modules; a user's own ``record_function``): a stall
-inside one stays a stall"""
+zero_grad, FSDP2's hooks): the framework's Python and dispatch before a region's first launch (an FSDP2 optimizer's
+DTensor dispatch, a few hundred us) is issuing, not a stall (:func:`kit.doctor.host_model._dispatch`). User code runs
+inside them too (the optimizer's step hooks, a custom optimizer), and regions around the user's code are not among
+them (DDP's forward runs the user's modules; a user's own ``record_function``): a stall there stays a stall"""
 
 _SUFFIX = re.compile(r"(_v\d+|_ptsz|_ptds|_spt)+$")
 

@@ -16,8 +16,8 @@ view of the host that the step accounting (:mod:`kit.doctor.accounting`), the ho
   own time; the accounting leaves the GPU idle under it to ``launch``, which is stated net of the profiler's overhead
   (:mod:`kit.doctor.overhead` adds it to the profiler's estimated host time);
 * ``stall``     -- a stretch of at least :data:`STALL_US` in which no thread of the process issued GPU work and
-  the thread was in none of the above, outside every recorded op and PyTorch's own regions of issuing code
-  (:data:`kit.doctor.calls.FRAMEWORK_REGIONS`), itself at least that long (on a CPU-only job: without any recorded op);
+  the thread was in none of the above, outside every recorded op and the framework's dispatch before the first launch
+  of PyTorch's own regions of issuing code (:func:`_dispatch`), itself at least that long (on a CPU-only job: without any recorded op);
 * ``issue``     -- the host issuing GPU work or running ops (a recorded event, or a gap between them shorter than
   :data:`IDLE_US`); on a CPU-only job the main thread's ops;
 * ``idle``      -- the rest: short host time no event accounts for.
@@ -237,12 +237,11 @@ def _gpu_model(view: "RankView") -> HostModel | None:
                           np.concatenate([[lo, hi + 1e-3]] + [np.maximum(x["end"].to_numpy(dtype=float),
                                                                          x["ts"].to_numpy(dtype=float) + 1e-3)
                                                               for x in act]))
-        # (and outside PyTorch's own regions of issuing code, FRAMEWORK_REGIONS); what is left must itself be a
-        # stretch of STALL_US: a shorter rest between them is the host's per-op cost, not a stall
-        region = ann[_starts(ann["name"], FRAMEWORK_REGIONS)]
-        sa, sb = subtract(gaps_between(ca, cb, STALL_US),
-                          union_np(np.r_[ops["ts"].to_numpy(dtype=float), region["ts"].to_numpy(dtype=float)],
-                                   np.r_[ops["end"].to_numpy(dtype=float), region["end"].to_numpy(dtype=float)]))
+        # (and outside the dispatch of PyTorch's own regions of issuing code, :func:`_dispatch`); what is left must
+        # itself be a stretch of STALL_US: a shorter rest between them is the host's per-op cost, not a stall
+        da, db = _dispatch(ann[_starts(ann["name"], FRAMEWORK_REGIONS)], mine[mine["issues"]])
+        sa, sb = subtract(gaps_between(ca, cb, STALL_US), union_np(np.r_[ops["ts"].to_numpy(dtype=float), da],
+                                                                   np.r_[ops["end"].to_numpy(dtype=float), db]))
         stall = (sa[sb - sa >= STALL_US], sb[sb - sa >= STALL_US])
         rec = pd.concat([mine[["ts", "end"]], ops[["ts", "end"]],
                          ann.loc[~_starts(ann["name"], STEP_PREFIX), ["ts", "end"]]])
@@ -272,6 +271,21 @@ def _profiler_spans(cpu: "pd.DataFrame") -> "tuple[np.ndarray, np.ndarray]":
         return union_np([], [])
     ev = cpu[(cpu["cat"] == "overhead") & name_mask(cpu["name"], lambda s: s.isin(PROFILER_EVENTS))]
     return union_np(ev["ts"], ev["end"])
+
+
+def _dispatch(region: "pd.DataFrame", issuing: "pd.DataFrame") -> "tuple[np.ndarray, np.ndarray]":
+    """The framework's own dispatch in PyTorch's regions of issuing code (:data:`kit.doctor.calls.FRAMEWORK_REGIONS`):
+    per region, the stretch before its first issuing call on the thread (the whole region without one) -- its
+    Python and dispatch before the first launch: an FSDP2 optimizer's DTensor dispatch (~0.5 ms), SGD's grouping of
+    a GPT's parameters by device and dtype (1.3 ms on the 4x tiny-bucket job; FINDINGS.md). The region after its
+    first launch is not exempt: user code runs there too (``Optimizer.step#`` wraps the step post-hooks and a custom
+    optimizer's Python), so a stall there stays a stall. A stall in a step *pre*-hook lies before the first launch
+    and is taken for dispatch: the hooks carry no annotation of their own, so the trace does not tell them apart."""
+    import numpy as np
+
+    ra, rb = region["ts"].to_numpy(dtype=float), region["end"].to_numpy(dtype=float)
+    ts = np.r_[np.sort(issuing["ts"].to_numpy(dtype=float)), np.inf]
+    return union_np(ra, np.minimum(ts[np.searchsorted(ts, ra, side="left")], rb))
 
 
 def _main_tid(cpu: "pd.DataFrame", g: "pd.DataFrame"):
