@@ -621,7 +621,7 @@ def test_one_core_pins_every_thread_and_gives_each_its_cpus_back():
     t0.start()
     try:
         with P.one_core() as core:
-            assert core == max(before) and os.sched_getaffinity(0) == {core}
+            assert core in before and os.sched_getaffinity(0) == {core}
             assert os.sched_getaffinity(t0.native_id) == {core}
             t1 = threading.Thread(target=lambda: seen.update(inside=os.sched_getaffinity(0)))
             t1.start()
@@ -631,6 +631,11 @@ def test_one_core_pins_every_thread_and_gives_each_its_cpus_back():
     finally:
         go.set()
         t0.join()
+    # the default core: the one idle the longest between two reads of /proc/stat, core 0 only when alone
+    reads = iter([{0: (0, 10), 1: (5, 10), 2: (5, 10), 3: (9, 10)}, {0: (90, 100), 1: (50, 100), 2: (80, 100), 3: (20, 100)}])
+    assert P.one_core.idlest({0, 1, 2, 3}, wait_s=0, times=lambda: next(reads)) == 2
+    assert P.one_core.idlest({0}, wait_s=0, times=dict) == 0 and P.one_core.idlest({4, 7}, wait_s=0, times=dict) == 7
+    assert set(P.one_core.cpu_times()) >= before
     with pytest.raises(ValueError, match="not one this process may use"):
         with P.one_core(max(before) + 1):
             pass

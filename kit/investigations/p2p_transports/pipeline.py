@@ -287,15 +287,47 @@ def drive(programs: list[Iterator[None]], T=None, host: list | None = None) -> N
 
 class one_core:
     """Keep every thread of this process -- and any it starts meanwhile -- on one CPU core for a block (``with
-    one_core() as core``: the highest-numbered core the process may use, or ``core``), then give each thread back
-    the CPUs it had (a thread started in the block: the process's). For one thread that drives every stage
-    (:func:`drive`): each forward and backward call hands work to other threads of the process and waits for
-    them -- the autograd engine runs a backward on a worker thread per GPU -- and on a VM a wake-up across cores
-    costs that thread far more than a switch on its own core (measured: FINDINGS.md, P2P transports). A no-op
-    (``core`` None) where the OS has no thread affinity."""
+    one_core() as core``: the core the process may use that is idle the longest over 0.1 s on entry, :meth:`idlest`;
+    or ``core``), then give each thread back the CPUs it had (a thread started in the block: the process's). For one
+    thread that drives every stage (:func:`drive`): each forward and backward call hands work to other threads of
+    the process and waits for them -- the autograd engine runs a backward on a worker thread per GPU -- and on a VM
+    a wake-up across cores costs that thread far more than a switch on its own core; on a core another process
+    keeps busy it gains nothing (measured: FINDINGS.md, P2P transports). A no-op (``core`` None) where the OS has no
+    thread affinity."""
 
     def __init__(self, core: int | None = None):
         self.want, self.core, self.saved = core, None, {}
+
+    @staticmethod
+    def cpu_times() -> dict[int, tuple[int, int]]:
+        """{cpu: (idle ticks, all ticks)} from ``/proc/stat`` (empty where there is none)."""
+        out = {}
+        try:
+            with open("/proc/stat") as f:
+                for line in f:
+                    name, *ticks = line.split()
+                    if name.startswith("cpu") and name[3:].isdigit():
+                        t = [int(x) for x in ticks]
+                        out[int(name[3:])] = (t[3] + (t[4] if len(t) > 4 else 0), sum(t))
+        except (OSError, ValueError, IndexError):
+            return {}
+        return out
+
+    @classmethod
+    def idlest(cls, cores, wait_s: float = 0.1, times=None) -> int:
+        """The core of ``cores`` idle the longest over ``wait_s`` (``times``: a function returning
+        :meth:`cpu_times`, called twice), core 0 only when it is the only one; the highest-numbered one where
+        ``/proc/stat`` says nothing. A core another process keeps busy would take the driving thread's turns."""
+        import time
+
+        times = times or cls.cpu_times
+        cores = sorted(cores)
+        pool = [c for c in cores if c != 0] or cores
+        a = times()
+        time.sleep(wait_s)
+        b = times()
+        idle = {c: b[c][0] - a[c][0] for c in pool if c in a and c in b}
+        return max(idle, key=lambda c: (idle[c], c)) if idle else pool[-1]
 
     @staticmethod
     def _threads() -> list[int]:
@@ -314,7 +346,7 @@ class one_core:
         self.process = os.sched_getaffinity(0)
         if self.want is not None and self.want not in self.process:
             raise ValueError(f"one_core: core {self.want} is not one this process may use ({sorted(self.process)})")
-        self.core = max(self.process) if self.want is None else self.want
+        self.core = self.idlest(self.process) if self.want is None else self.want
         for tid in self._threads():
             try:
                 self.saved[tid] = os.sched_getaffinity(tid)
