@@ -239,8 +239,8 @@ def _loop(first_us: float) -> list:
 
 def test_without_a_schedule_the_first_inferred_step_is_the_profilers_warm_up():
     """No ProfilerStep (the profiler never stepped: no schedule, no warm-up): the first of 3+ steps inferred from
-    the DataLoader requests, when longer than the others, is the profiler's warm-up and left out; its GPU work that
-    runs into the next step is not that step's (the window starts where it ends)."""
+    the DataLoader requests, when longer than the others by more than their spread, is the profiler's warm-up and left
+    out; its GPU work that runs into the next step is not that step's (the window starts where it ends)."""
     from kit import traces
     from kit.doctor.model import RankView
     from kit.doctor.steps import rank_windows
@@ -251,3 +251,6 @@ def test_without_a_schedule_the_first_inferred_step_is_the_profilers_warm_up():
     win = rank_windows(RankView(trace=traces.from_dict({"schemaVersion": 1, "traceEvents": ev}), steps=st, rank=0))
     assert win["start"].iloc[0] == pytest.approx(5_000 + 10 + 2_500)  # the left-out step's kernel ends in step 1
     assert list(_steps(_loop(5_000))["step"]) == [0, 1, 2, 3]  # a first step no longer than the others stays
+    # nor one longer within the others' spread: two traces of one loop keep or drop it alike (STEP_SPREAD)
+    from kit.doctor.steps import STEP_SPREAD
+    assert list(_steps(_loop(5_000 * (1 + STEP_SPREAD / 2)))["step"]) == [0, 1, 2, 3]

@@ -34,6 +34,10 @@ WARMUP_RATIO = 3.0
 """a first step longer than this many times the median of the others (3+ steps) is start-up, not a step: the
 steady steps of the public and committed traces vary by at most 2x, a start-up step by more (evidence: FINDINGS.md,
 "kit doctor's thresholds against the recorded runs")"""
+STEP_SPREAD = 0.03
+"""steps of one loop differ by up to this share of their median between identical runs (the kit's recorded runs
+move by 1-3%: :data:`kit.doctor.model.SEVERITY_SHARE`); a first inferred step within it of the others' median is one
+of them, not the profiler's warm-up (:func:`steady`)"""
 STARTUP_US = 100_000.0
 """a CUDA runtime or driver call at least this long, other than a copy or a synchronisation (those wait for the
 GPU), during which the GPU idles (:data:`STARTUP_IDLE`), is one-time start-up: creating the context, loading a
@@ -132,7 +136,8 @@ def steady(st: "pd.DataFrame", cpu=None, gpu=None) -> "pd.DataFrame":
     """The steps less one-time work (what is left out is said in ``attrs[LEFT_OUT]``):
 
     * the first step when it is start-up: longer than :data:`WARMUP_RATIO` times the median of the others (3+
-      steps), or holding a start-up call (:func:`startup_calls`; 2+ steps);
+      steps), or holding a start-up call (:func:`startup_calls`; 2+ steps); of 3+ inferred steps, the first when it
+      lies above the others' median by more than their spread and :data:`STEP_SPREAD` (the profiler's warm-up);
     * the end of the last ``ProfilerStep`` when it holds the profiler's stop (:data:`TEARDOWN_RATIO`): cut at the
       others' median, or at the end of its last call that issued GPU work if later (an inferred step ends at its
       ``Optimizer.step``: nothing to cut);
@@ -169,10 +174,14 @@ def steady(st: "pd.DataFrame", cpu=None, gpu=None) -> "pd.DataFrame":
                         f"a median of {rest / 1e3:.1f} ms for the others; {why})")
             st = st.iloc[1:].reset_index(drop=True)
             dur = dur[1:]
-        elif attrs.get(INFERRED) and len(st) >= 3 and dur[0] > rest:
+        elif attrs.get(INFERRED) and len(st) >= 3 and dur[0] - rest > max(
+                float(np.abs(dur[1:] - rest).max()), STEP_SPREAD * rest):
             # steps inferred: the profiler never stepped, so it had no schedule and no warm-up -- its first step
             # is the profiler's warm-up, the one torch.profiler.schedule(warmup=...) discards ("skewed by an
-            # extra overhead": the first CUDA calls after CUPTI starts, e.g. the first pin_memory's is_pinned)
+            # extra overhead": the first CUDA calls after CUPTI starts, e.g. the first pin_memory's is_pinned).
+            # It is told from a step of the loop by its margin above the others' median: more than any other step
+            # lies from that median, and more than steps of one loop differ between runs (STEP_SPREAD) -- a first
+            # step inside the others' spread is one of them, whichever side of the median noise puts it
             said.append(f"step {int(st['step'].iloc[0])} left out as the profiler's warm-up ({dur[0] / 1e3:.1f} ms "
                         f"against a median of {rest / 1e3:.1f} ms for the others: traced without a schedule, the "
                         f"first step carries the profiler's own start-up)")
