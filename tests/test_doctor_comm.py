@@ -525,3 +525,23 @@ def test_who_arrived_last_and_in_step_are_derived_once():
     stepped = {int(s.rank) for s in summaries if s.comm is not None and s.comm.steps}
     mine = df[df["rank"].isin(stepped)]
     assert (mine["in_step"] == mine["step"].notna()).all()
+
+
+def test_low_busbw_counts_held_time_shared_by_concurrent_slow_collectives_once():
+    """Two slow all-reduces of two process groups run at once on both ranks (10 MB each, 1000 us where the links'
+    100 GB/s would take 100 us: a 900 us tail each), over the same 900 us of held GPU work: the step would save
+    those 900 us once, not once per collective."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from kit.doctor.rules.low_busbw import _cost
+
+    rows = [{"collective": "all_reduce", "bytes": 10_000_000, "step": 1, "rank": r, "device": 0, "match_key": k,
+             "instance": 0, "start_us": 1000.0, "end_us": 2000.0, "instance_min_us": 1000.0}
+            for r in (0, 1) for k in ("pg0", "pg1")]
+    held = pd.DataFrame({"a": [1100.0], "b": [2000.0], "device": [0]})
+    tl = SimpleNamespace(held=held, compute=held.iloc[:0], steps=1)
+    low = [{"collective": "all_reduce", "bytes": 10_000_000, "group_size": 2, "reference_busbw_gbps": 100.0}]
+    longer, saved, basis = _cost(pd.DataFrame(rows), low, {0: tl, 1: tl})
+    assert basis == "held" and longer == pytest.approx(1800) and saved == pytest.approx(900)

@@ -98,10 +98,13 @@ def _cost(df: "pd.DataFrame", low: list[dict], tl_of: dict[int, Timeline]) -> tu
     from ..collectives import kernel_parts
     from ...traces.intervals import covered
 
+    from ...traces.intervals import union_np
+
     n = max(per_step_divisor(tl) for tl in tl_of.values())
     held = all(tl.held is not None for tl in tl_of.values())
     stepped = any(tl.steps for tl in tl_of.values())
     longer = saved = 0.0
+    tails: dict = {}  # (rank, device) -> the tails' [b - cut, b] of every slow instance on it
     for r in low:
         g = df[(df["collective"] == r["collective"]) & (df["bytes"] == r["bytes"])]
         g = g[g["step"].notna()] if stepped else g
@@ -114,16 +117,29 @@ def _cost(df: "pd.DataFrame", low: list[dict], tl_of: dict[int, Timeline]) -> tu
         cut = np.clip((b - a) - t_ref, 0.0, None)  # the transfer's tail that would vanish
         gain = np.zeros(len(g))
         for (rank, dev), i in g.groupby([g["rank"], g["device"].astype(str)]).indices.items():
-            tl = tl_of[int(rank)]
-            iv = tl.held if held else tl.compute
-            iv = iv[iv["device"].astype(str) == dev]
+            iv = _basis_iv(tl_of[int(rank)], held, dev)
             got = covered(iv["a"].to_numpy(dtype=float), iv["b"].to_numpy(dtype=float), b[i] - cut[i], b[i])
             gain[i] = got if held else cut[i] - got
+            tails.setdefault((int(rank), dev), []).append((b[i] - cut[i], b[i]))
         key = [g["match_key"], g["instance"]] if "instance" in g else [g.index]
         per = g.assign(cut=cut, gain=gain).groupby(key)
         longer += float(per["cut"].max().sum())
         saved += float(per["gain"].min().sum())
+    # instances running at once (two process groups or streams) share their held time: per rank, what the union of
+    # the tails gains, counted once, bounds the sum over instances
+    for (rank, dev), t in tails.items():
+        ta, tb = union_np(np.concatenate([x[0] for x in t]), np.concatenate([x[1] for x in t]))
+        iv = _basis_iv(tl_of[rank], held, dev)
+        got = float(covered(iv["a"].to_numpy(dtype=float), iv["b"].to_numpy(dtype=float), ta, tb).sum())
+        saved = min(saved, got if held else float((tb - ta).sum()) - got)
     return longer / n, saved / n, "held" if held else "exposed"
+
+
+def _basis_iv(tl: Timeline, held: bool, dev: str) -> "pd.DataFrame":
+    """The intervals a slow collective's tail is measured against on one device of a rank: GPU work held behind it
+    (:attr:`Timeline.held`), else compute (what hid it)."""
+    iv = tl.held if held else tl.compute
+    return iv[iv["device"].astype(str) == dev]
 
 
 def judge_low_busbw(summaries: list[tuple[int, Timeline]], ctx) -> list[Finding] | Skip:
@@ -208,7 +224,9 @@ rule(Rule(id="low_busbw", title="collectives slower than this machine's links de
           caveats=("Traced durations are the per-instance minimum over ranks (the transfer, not the waiting) when 2+ "
                    "ranks are given; with one rank they include waiting and understate busbw. The cost is the part of "
                    "the longer time during which launched GPU work waited behind the collectives on every rank, "
-                   "summed per instance (an upper bound where one collective's delay is absorbed before the next). A sweep must come from "
+                   "summed per instance and at most what the union of their tails holds on each rank (instances running "
+                   "at once count their shared held time once; still an upper bound where one collective's delay is "
+                   "absorbed before the next). A sweep must come from "
                    "the same machine; sizes outside its range are not judged. Without a sweep, the reference table "
                    "(kit/doctor/busbw_reference.csv) is another machine of the same GPU and link type: only its "
                    "bandwidth-bound sizes (from half its peak busbw up) are judged, at the job's GPU count; the "
