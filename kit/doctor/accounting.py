@@ -298,10 +298,11 @@ def account(view: "RankView", host: "HostModel | None" = None) -> "Account | Non
     per = pd.DataFrame({"w": w, "cls": cls, "dur": dur}).pivot_table(index="w", columns="cls", values="dur",
                                                                          aggfunc="sum", fill_value=0.0)
     per = per.reindex(index=range(len(win)), columns=list(SLICES), fill_value=0.0)
-    grp = np.where(idle, w * (len(starts) + 1) + nxt, -1)
+    stride = len(starts) + 1
+    grp = np.where(idle, w * stride + nxt, -1)
     waits = {t: waiting_calls(model, t) for t in threads}
     caught_up: dict[str, float] = {}
-    for (wi, cause, k), amount in owed_idle(grp, w, cls, dur, s, t_next, host, waits).items():
+    for (wi, cause, k), amount in owed_idle(grp, w, cls, dur, s, t_next, host, waits, stride).items():
         per.loc[wi, k] -= amount
         per.loc[wi, cause] += amount
         if k in ISSUING:
@@ -336,10 +337,11 @@ def pageable_spans(host: HostModel, tid: Any) -> "tuple[np.ndarray, np.ndarray]"
     return union_np(c["ts"], c["end"])
 
 
-def owed_idle(grp, w, cls, dur, s, t_next, host, waits) -> dict[tuple[int, str, str], float]:
+def owed_idle(grp, w, cls, dur, s, t_next, host, waits, stride) -> dict[tuple[int, str, str], float]:
     """The queue-drain attribution (module docstring, *Catch-up*): ``{(window, cause, slice): us}`` to move from
     a host-caused slice to the block whose drained queue left the GPU idle. ``waits``: per thread, per blocking
-    slice, the spans of its waits that end when something else is done (:func:`waiting_calls`).
+    slice, the spans of its waits that end when something else is done (:func:`waiting_calls`). ``grp``: per idle
+    segment, its window times ``stride`` plus the index of the GPU activity that ends it (-1 on busy segments).
 
     A block that drained the GPU (an idle stretch begins inside it) left its thread ``D`` us (its duration) behind
     where it would have been without it. Had the host not blocked, its work after the block would have been issued
@@ -358,8 +360,12 @@ def owed_idle(grp, w, cls, dur, s, t_next, host, waits) -> dict[tuple[int, str, 
     m = np.flatnonzero(grp >= 0)
     if not len(m):
         return {}
-    # an idle stretch that a window's start cuts in two: its second part did not drain the GPU (it was dry already)
-    cont = np.r_[False, (grp[:-1] >= 0) & (grp[1:] != grp[:-1]) & np.isclose(s[:-1] + dur[:-1], s[1:])]
+    # an idle stretch that a window's start cuts in two: its second part did not drain the GPU (it was dry already).
+    # Two idle pieces of consecutive windows are one stretch when the same GPU activity ends them (``grp`` is
+    # window * stride + the index of that activity): the GPU ran nothing between them, whatever time lies between
+    # the windows -- not a tolerance on timestamps (~1e12 us: np.isclose's relative one spans ~49 s)
+    cont = np.r_[False, (grp[:-1] >= 0) & (grp[1:] >= 0) & (grp[1:] != grp[:-1])
+                 & (grp[:-1] % stride == grp[1:] % stride)]
     m = m[np.lexsort((s[m], grp[m]))]
     g_, w_, c_, d_, s_, t_, k_ = grp[m], w[m], cls[m], dur[m], s[m], t_next[m], cont[m]
     own = np.zeros(len(m), dtype=bool)  # idle inside a wait that ends when something else is done: its own
