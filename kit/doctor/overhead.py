@@ -258,18 +258,29 @@ def host_cost_us(view: "RankView", capture: dict | None = None, root: str | Path
     from ..capture import capture_info
 
     ps = _per_step(view)
-    if ps is None:
-        return None
+    p = None if ps is None else _priced(view, ps, capture_info(view.trace) if capture is None else capture, root)
+    return None if p is None else p["host_us"]
+
+
+def _priced(view: "RankView", ps: "pd.DataFrame", capture: dict | None, root: str | Path) -> dict | None:
+    """The recorded ops' price per step on this rank, derived once for :func:`overhead` and :func:`host_cost_us`:
+    the table :func:`pick` takes for the trace's device and profiler settings, the ops and runtime calls per step
+    (:func:`_counts`) at its costs (a least-squares split of a noisy measurement can come out below zero: no event
+    makes the host faster, so they are floored at 0), plus the profiler's own events shown (:func:`_shown_us`).
+    None without a table."""
     gpu = not view.trace.gpu.empty
     props = view.trace.header.get("deviceProperties") if isinstance(view.trace.header, dict) else None
     device = props[0].get("name") if isinstance(props, list) and props and isinstance(props[0], dict) else None
-    shapes, stack, _ = _settings(view, capture_info(view.trace) if capture is None else capture)
+    shapes, stack, where = _settings(view, capture)
     table, row = pick(device, gpu, shapes, stack, (view.trace.info.world_size or 1) > 1, str(root))
-    if row is None:
+    if table is None or row is None:
         return None
-    ops, runtime, _ = _counts(view, ps)
-    return (ops * max(0.0, float(row["us_per_op"])) + runtime * max(0.0, float(row["us_per_runtime"]))
-            + _shown_us(ps))
+    ops, runtime, basis_ops = _counts(view, ps)
+    c_op, c_rt = max(0.0, float(row["us_per_op"])), max(0.0, float(row["us_per_runtime"]))
+    shown = _shown_us(ps)
+    return {"gpu": gpu, "device": device, "where": where, "table": table, "row": row, "ops": ops,
+            "runtime": runtime, "basis_ops": basis_ops, "c_op": c_op, "c_rt": c_rt, "shown": shown,
+            "host_us": ops * c_op + runtime * c_rt + shown}
 
 
 def _shown_us(per_step: "pd.DataFrame") -> float:
@@ -338,21 +349,14 @@ def _overhead(view: "RankView", capture: dict | None, cpu_all, root) -> Profiler
                                 f"median of {len(samples)} steps kit.capture timed without the profiler just before "
                                 f"the window ({capture.get('unprofiled_clock', 'clock not stated')}; p10-p90 "
                                 f"{q[0]:.0f}-{q[-1]:.0f} us) against the median traced step ({len(ps)} steps)")
+    p = _priced(view, ps, capture, root)
     gpu = not view.trace.gpu.empty
-    device = None
-    props = view.trace.header.get("deviceProperties") if isinstance(view.trace.header, dict) else None
-    if isinstance(props, list) and props and isinstance(props[0], dict):
-        device = props[0].get("name")
-    shapes, stack, where = _settings(view, capture)
-    table, row = pick(device, gpu, shapes, stack, (view.trace.info.world_size or 1) > 1, str(root))
-    if table is None:
+    if p is None:
         return ProfilerOverhead(traced, None, 0.0, "none", f"no per-event cost table for a {'GPU' if gpu else 'CPU'}"
                                 f" trace under {Path(root).name}/: run benchmarks/bench_profiler_overhead.py")
-    ops, runtime, basis_ops = _counts(view, ps)
-    # a least-squares split of a noisy measurement can come out below zero: no event makes the host faster
-    c_op, c_rt = max(0.0, float(row["us_per_op"])), max(0.0, float(row["us_per_runtime"]))
-    shown = _shown_us(ps)
-    host_us = ops * c_op + runtime * c_rt + shown
+    device, where, table, row = p["device"], p["where"], p["table"], p["row"]
+    ops, runtime, basis_ops, c_op, c_rt, shown, host_us = (p[k] for k in ("ops", "runtime", "basis_ops", "c_op",
+                                                                          "c_rt", "shown", "host_us"))
     exposed, segments = _exposed(view, ps, c_op, c_rt) if gpu else (host_us, 0)
     exposed = min(exposed, host_us)
     # the GPU's own work bounds the step from below; not its collectives' kernels, which spin while they wait

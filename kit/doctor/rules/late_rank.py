@@ -65,13 +65,12 @@ class Before:
 
 
 def extract_late(view: RankView) -> Before:
-    from ...capture import capture_info
     from ..overhead import host_cost_us
 
     tl = timeline(view)
-    # an estimated overhead prices the host already (ProfilerOverhead.host_us); a measured one is the job's
-    measured = bool((capture_info(view.trace) or {}).get("unprofiled_step_us"))
-    return Before(tl, host_time_until(view, tl), kernel_speeds(view), host_cost_us(view) if measured else None)
+    # priced whatever the overhead's basis (:func:`host_room` takes the larger): an estimated overhead's host_us is
+    # this same price (overhead._priced); a measured one is the job's
+    return Before(tl, host_time_until(view, tl), kernel_speeds(view), host_cost_us(view))
 
 
 FIX_BY_REASON = {

@@ -69,12 +69,21 @@ def _dump_dirs(runs) -> list[Path]:
     return [d for d in with_dumps(runs).dirs if ncd.find_dumps(d)]
 
 
-def _stamp(d: Path) -> float:
-    return max((f.stat().st_mtime for f in d.glob("*.json.gz")), default=0.0)
+def _stamp(files) -> tuple:
+    """What changes when any of ``files`` is rewritten (its size and mtime, per file): a cached answer of older
+    files is not reused. A run directory's stamp is that of its traces (``d.glob("*.json.gz")``)."""
+    out = []
+    for f in sorted(Path(x) for x in files):
+        try:
+            st = f.stat()
+            out.append((st.st_size, st.st_mtime_ns))
+        except OSError:
+            out.append((None, None))
+    return tuple(out)
 
 
 @lru_cache(maxsize=16)
-def _aligned(run_dir: str, stamp: float):
+def _aligned(run_dir: str, stamp: tuple):
     """``(collectives, alignment)`` of one run: every matched collective of every part and rank, and one
     alignment record per (part, rank)."""
     import pandas as pd
@@ -105,7 +114,7 @@ def _aligned(run_dir: str, stamp: float):
 def _all(runs):
     import pandas as pd
 
-    got = [_aligned(str(d), _stamp(d)) for d in _dump_dirs(runs)]
+    got = [_aligned(str(d), _stamp(d.glob("*.json.gz"))) for d in _dump_dirs(runs)]
     cols = pd.concat([g[0] for g in got if len(g[0])], ignore_index=True) if any(len(g[0]) for g in got) else pd.DataFrame()
     recs = pd.concat([g[1] for g in got if len(g[1])], ignore_index=True) if any(len(g[1]) for g in got) else pd.DataFrame()
     return cols, recs
@@ -236,7 +245,7 @@ def proxy_runs(runs) -> "results.RunSet":
 
 
 def _has_steps(path) -> bool:
-    return _dump_has_steps(str(path), _stamp_of(Path(path)))
+    return _dump_has_steps(str(path), _stamp([path]))
 
 
 @lru_cache(maxsize=64)
@@ -245,15 +254,6 @@ def _dump_has_steps(path: str, stamp: tuple) -> bool:
         return bool((ncd.read_dump(path).events["cat"] == "NET").any())
     except ncd.DumpError:
         return False
-
-
-def _stamp_of(f: Path) -> tuple:
-    """What changes when a dump is rewritten (size, mtime): a cached answer of an older file is not reused."""
-    try:
-        st = f.stat()
-        return st.st_size, st.st_mtime_ns
-    except OSError:
-        return (None, None)
 
 
 def proxy_table(runs):
@@ -267,7 +267,7 @@ def proxy_table(runs):
     import pandas as pd
 
     rows = [r for d in proxy_runs(runs).dirs if ncd.find_dumps(d)
-            for r in _proxy_rows(str(d), _stamp(d), tuple(_stamp_of(f) for f in ncd.find_dumps(d)))]
+            for r in _proxy_rows(str(d), _stamp(d.glob("*.json.gz")), _stamp(ncd.find_dumps(d)))]
     t = pd.DataFrame([dict(r) for r in rows])
     if len(t) and t["label"].nunique() <= 1:
         t = t.drop(columns="label")
@@ -275,7 +275,7 @@ def proxy_table(runs):
 
 
 @lru_cache(maxsize=16)
-def _proxy_rows(run_dir: str, stamp: float, dump_stamps: tuple) -> tuple[dict, ...]:
+def _proxy_rows(run_dir: str, stamp: tuple, dump_stamps: tuple) -> tuple[dict, ...]:
     """:func:`proxy_table`'s rows of one run directory, read once per process (a notebook's tables, figure and
     findings of the network proxy all start from them; the dumps' size and mtime in the key: a rewritten dump
     is read again). The caller gets fresh rows: a table built from them cannot change the cached ones."""
