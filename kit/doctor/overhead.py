@@ -44,6 +44,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from .model import RankView
 
 TABLES = Path(__file__).resolve().parents[2] / "recorded" / "profiler_overhead"
+ESTIMATE_RANGE = 2.0
+"""an estimated overhead is within about this factor either way of the profiler's true cost (the per-op cost of
+one host and job against another's: the module's docstring, FINDINGS.md)"""
 """the per-event costs ``benchmarks/bench_profiler_overhead.py`` recorded, one JSON per machine"""
 
 

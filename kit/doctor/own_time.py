@@ -39,14 +39,17 @@ def steady(host_steps: dict) -> dict:
 
 
 def own_excess(host_steps: dict, late: int, step_us: float | None, gpu_us: dict | None = None,
-               overhead_us: float = 0.0, kinds: tuple[str, ...] = ("host", "gpu")) -> dict | None:
+               overhead_us: float = 0.0, kinds: tuple[str, ...] = ("host", "gpu"),
+               estimated: bool = False) -> dict | None:
     """Does rank ``late`` have time of its own -- :data:`OWN_HOST` on its host, or GPU compute (``gpu_us``:
     rank -> its compute kernels' summed time per step, where given: kernels that overlap a collective count too;
     else :data:`OWN_GPU`) -- beyond every other rank's, by more than their spread, :data:`MIN_OWN_EXCESS_SHARE` of
     the step and (host time) :data:`PROFILER_NOISE` of the profiler's overhead on its step (``overhead_us``)? ``confirmed``,
     ``excess_us`` (per step: what the job would gain were the rank as fast as the next slowest), ``kind`` ('host' or
-    'gpu'; ``kinds``: the ones asked), ``spread_us`` and per rank the medians. None when the ranks' host steps are
-    not all there."""
+    'gpu'; ``kinds``: the ones asked), ``spread_us``, per rank the medians, and ``in_doubt``: confirmed by a host
+    excess on one step per rank (no step-to-step spread) that an estimated overhead (``estimated``) could still be,
+    within its :data:`kit.doctor.overhead.ESTIMATE_RANGE` -- the profiler's uneven slowing of equal hosts, not ruled
+    out (its caller decides with the other evidence it has). None when the ranks' host steps are not all there."""
     import numpy as np
 
     have = steady(host_steps)
@@ -72,7 +75,11 @@ def own_excess(host_steps: dict, late: int, step_us: float | None, gpu_us: dict 
               for k in out}
     kind = max(out, key=lambda k: out[k][0] - floors[k])
     (excess, spread), floor = out[kind], floors[kind]
-    return {"confirmed": bool(excess > floor), "excess_us": round(excess, 1), "kind": kind,
+    from .overhead import ESTIMATE_RANGE
+
+    doubt = (excess > floor and kind == "host" and estimated and max(len(ps) for ps in have.values()) < 2
+             and excess <= ESTIMATE_RANGE * PROFILER_NOISE * overhead_us)
+    return {"confirmed": bool(excess > floor), "in_doubt": bool(doubt), "excess_us": round(excess, 1), "kind": kind,
             "spread_us": round(spread, 1), "floor_us": round(floor, 1),
             "per_rank": {str(r): {k: round(v, 1) for k, v in p.items()} for r, p in sorted(per.items())}}
 

@@ -284,7 +284,8 @@ def fold_into_late_rank(findings: list[Finding], accounts: list[tuple[int, Accou
 def job_level_launch(findings: list[Finding], ctx: JobContext) -> list[Finding]:
     """Every rank host-bound, said once for the job: ``launch_bound`` fires only on the ranks the others wait for
     (a waiting rank's launch time is hidden in its wait), yet when no rank is late -- no late_rank finding, and the
-    slowest rank's own time does not exceed the others' (:func:`kit.doctor.own_time.own_excess`) -- the ranks run
+    slowest rank's own time does not exceed the others' (:func:`kit.doctor.own_time.own_excess`; or only
+    ``in_doubt``, within an estimated overhead on one step) -- the ranks run
     the same work and the slowest of equal hosts sets the pace: the finding names every rank, ``job_level``, with
     the slowest as context. Fixing "that rank" would only move the waiting to the next one."""
     from .own_time import own_excess
@@ -296,14 +297,18 @@ def job_level_launch(findings: list[Finding], ctx: JobContext) -> list[Finding]:
     slowest = max(ctx.host_steps, key=lambda r: float(ctx.host_steps[r]["issue_us"].median()))
     ovh = (ctx.overhead or {}).get(slowest)
     own = own_excess(ctx.host_steps, slowest, ctx.step_us, None, ovh.overhead_us if ovh is not None else 0.0,
-                     kinds=("host",))
-    if own is None or own["confirmed"]:
+                     kinds=("host",), estimated=ovh is not None and ovh.basis == "estimated")
+    # an excess still within an estimated overhead on one step is not a rank of its own when late_rank, which
+    # weighed it against the step's collectives, named none
+    if own is None or (own["confirmed"] and not own["in_doubt"]):
         return findings
+    by = ("the profiler's estimated overhead could on one step, and no rank arrived last more often than chance"
+          if own["in_doubt"] else "ranks running the same code differ")
     merged = dataclasses.replace(f, ranks=tuple(sorted(ctx.ranks)), summary=(
         f"every rank's host issues its work more slowly than its GPU runs it; the others wait for the slowest "
-        f"host (rank {slowest}), whose own time exceeds theirs by no more than ranks running the same code "
-        f"differ: {f.summary}"), evidence={**f.evidence, "job_level": True, "slowest_rank": slowest,
-                                           "ranks_seen_launch_bound": list(f.ranks), "own_excess": own})
+        f"host (rank {slowest}), whose own time exceeds theirs by no more than {by}: {f.summary}"),
+        evidence={**f.evidence, "job_level": True, "slowest_rank": slowest, "ranks_seen_launch_bound": list(f.ranks),
+                  "own_excess": own})
     return [merged if x is f else x for x in findings]
 
 

@@ -42,6 +42,15 @@ SLOWED_SHARE = 0.5
 slowdown accounts for at least this share of its GPU time's excess over the slowest other rank; below it, most of
 the excess is work the other ranks do not have (``gpu_busy``). The basis is the majority, not a calibration: the
 reason named is the one behind the larger part of the excess, as with :data:`LATE_EXPLAINED`"""
+LATE_CHANCE = 0.05
+"""with one traced step per rank there is no step-to-step spread, so the own-time check
+(:func:`kit.doctor.own_time.own_excess`) of a host excess has only the profiler's overhead on the step for a floor;
+an estimated overhead is uncertain by :data:`kit.doctor.overhead.ESTIMATE_RANGE` either way, so an excess within its
+upper end may be the profiler's uneven slowing of equal hosts (``in_doubt``). The spread the trace does have then
+decides: across the step's collectives, among equal ranks each is last at any one with chance 1 / (number of
+ranks); the rank is named only when it is materially last at more of them than that chance makes likely, at this
+one-sided binomial significance (the conventional 5% level, not a calibration). One delay that the next collectives
+inherit is one event, not a consistent late rank"""
 LATE_DOMINANCE = 2 / 3
 """late_rank names a rank only when the waiting it caused is at least this share of all waiting for late ranks"""
 
@@ -166,6 +175,16 @@ def host_room(host_steps: dict, late: int, overhead: dict | None, priced: dict |
     return min(rooms) if rooms else None
 
 
+def by_chance(late_at: int, instances: int, ranks: int) -> float:
+    """The chance that one of ``ranks`` equal ranks is last at ``late_at`` or more of ``instances`` collectives
+    (one-sided binomial tail, each collective's last rank equally likely; the standard library's ``math.comb``
+    suffices, no statistics package is needed for it)."""
+    from math import comb
+
+    p = 1.0 / ranks
+    return sum(comb(instances, k) * p ** k * (1 - p) ** (instances - k) for k in range(late_at, instances + 1))
+
+
 def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip:
     import numpy as np
     import pandas as pd
@@ -226,11 +245,15 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     cpu_only = tl_of[late].gpu_kernels == 0
     hs = steady(ctx.host_steps) if ctx.host_steps else None  # the steps both own-time checks read, derived once
     own = (own_excess(hs, late, ctx.step_us, None if cpu_only else gpu_us,
-                      ovh.overhead_us if ovh is not None else 0.0, kinds=("host",) if cpu_only else ("host", "gpu"))
+                      ovh.overhead_us if ovh is not None else 0.0, kinds=("host",) if cpu_only else ("host", "gpu"),
+                      estimated=ovh is not None and ovh.basis == "estimated")
            if hs else None)
-    if own is not None and not own["confirmed"] and reason in (CPU_SAME_WORK_REASONS if cpu_only else
-                                                               SAME_WORK_REASONS):
+    same_work = reason in (CPU_SAME_WORK_REASONS if cpu_only else SAME_WORK_REASONS)
+    if own is not None and not own["confirmed"] and same_work:
         return []  # late for issuing its work more slowly, no more of it: the slowest of equal hosts (job-level)
+    chance = by_chance(int(mine["material"].sum()), len(inst), len(tl_of))
+    if same_work and own is not None and own["in_doubt"] and chance >= LATE_CHANCE:
+        return []  # one step, an excess within the estimate's range: one event unless its lateness recurs
     n = per_step_divisor(tl_of[late])
     by_own = own is not None and own["confirmed"] and own["kind"] == "gpu" and reason in SAME_WORK_REASONS
     if by_own:
@@ -268,6 +291,7 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
           "explained_instances": explained, "reason_us_per_step": {c: num(v / n) for c, v in excess.items()},
           "excerpt": excerpt(late, float(worst["start_us"]) - 2 * float(worst["late_by_us"]), float(worst["end_us"]),
                               ranks=sorted(tl_of))}
+    ev["last_by_chance"] = num(chance, 4)
     if own is not None:  # its own time beyond the next slowest rank's: what made the others wait
         ev["own_excess"] = own
     slower = gpu_speed(late, {r: b.kernels for r, b in summaries})
