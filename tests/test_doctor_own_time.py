@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from kit.doctor.overhead import ProfilerOverhead
 from kit.doctor.own_time import own_excess
 
 
@@ -20,8 +21,9 @@ def test_a_rank_is_late_only_beyond_the_others_spread_the_step_share_and_the_pro
     late = own_excess({0: _steps(even), 1: _steps([x + 3000.0 for x in even])}, 1, 10_000.0)
     assert late["confirmed"] and late["kind"] == "host" and late["excess_us"] == 3000.0
     assert late["floor_us"] == 500.0  # 5% of the step: more than rank 0's spread
+    profiled = ProfilerOverhead(None, None, 8000.0, "measured", "")
     assert not own_excess({0: _steps(even), 1: _steps([x + 3000.0 for x in even])}, 1, 10_000.0,
-                          overhead_us=8000.0)["confirmed"]
+                          overhead=profiled)["confirmed"]
     assert not own_excess({0: _steps(even), 1: _steps([x + 200.0 for x in even])}, 1, 10_000.0)["confirmed"]
     gpu = own_excess({0: _steps(even), 1: _steps(even)}, 1, 10_000.0, gpu_us={0: 1000.0, 1: 4000.0})
     assert gpu["confirmed"] and gpu["kind"] == "gpu" and gpu["excess_us"] == 3000.0

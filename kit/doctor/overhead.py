@@ -44,10 +44,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from .model import RankView
 
 TABLES = Path(__file__).resolve().parents[2] / "recorded" / "profiler_overhead"
+"""the per-event costs ``benchmarks/bench_profiler_overhead.py`` recorded, one JSON per machine"""
 ESTIMATE_RANGE = 2.0
 """an estimated overhead is within about this factor either way of the profiler's true cost (the per-op cost of
 one host and job against another's: the module's docstring, FINDINGS.md)"""
-"""the per-event costs ``benchmarks/bench_profiler_overhead.py`` recorded, one JSON per machine"""
 
 
 @dataclass(frozen=True)
@@ -378,7 +378,7 @@ def _overhead(view: "RankView", capture: dict | None, cpu_all, root) -> Profiler
            + (f", {exposed:.0f} us of it where the GPU waited for the host (the rest ran while the GPU worked: "
               f"{segments} stretches between the host's waits for the GPU)" if gpu and exposed < host_us - 0.5 else "")
            + (f" (another host's table: this trace's GPU is {device or 'not named'}; the per-op cost differs between "
-              f"hosts and jobs, about 2x either way)" if gpu and table["machine"].get("device") != device else "")
+              f"hosts and jobs, about {ESTIMATE_RANGE:g}x either way)" if gpu and table["machine"].get("device") != device else "")
            + (f"; the step cannot be shorter than the GPU's own work (outside collectives), {busy:.0f} us" if unprof == busy and gpu else ""))
     return ProfilerOverhead(traced, unprof, traced - unprof, "estimated", how, host_us=host_us, exposed_us=exposed,
                             gpu_busy_us=float(ps["gpu_busy_us"].median()) if gpu and "gpu_busy_us" in ps else None,

@@ -39,19 +39,21 @@ def steady(host_steps: dict) -> dict:
 
 
 def own_excess(host_steps: dict, late: int, step_us: float | None, gpu_us: dict | None = None,
-               overhead_us: float = 0.0, kinds: tuple[str, ...] = ("host", "gpu"),
-               estimated: bool = False) -> dict | None:
+               overhead=None, kinds: tuple[str, ...] = ("host", "gpu")) -> dict | None:
     """Does rank ``late`` have time of its own -- :data:`OWN_HOST` on its host, or GPU compute (``gpu_us``:
     rank -> its compute kernels' summed time per step, where given: kernels that overlap a collective count too;
     else :data:`OWN_GPU`) -- beyond every other rank's, by more than their spread, :data:`MIN_OWN_EXCESS_SHARE` of
-    the step and (host time) :data:`PROFILER_NOISE` of the profiler's overhead on its step (``overhead_us``)? ``confirmed``,
+    the step and (host time) :data:`PROFILER_NOISE` of the profiler's overhead on its step (``overhead``: the rank's
+:class:`kit.doctor.overhead.ProfilerOverhead`, or None: none taken)? ``confirmed``,
     ``excess_us`` (per step: what the job would gain were the rank as fast as the next slowest), ``kind`` ('host' or
     'gpu'; ``kinds``: the ones asked), ``spread_us``, per rank the medians, and ``in_doubt``: confirmed by a host
-    excess on one step per rank (no step-to-step spread) that an estimated overhead (``estimated``) could still be,
+    excess on one step per rank (no step-to-step spread) that an estimated overhead could still be,
     within its :data:`kit.doctor.overhead.ESTIMATE_RANGE` -- the profiler's uneven slowing of equal hosts, not ruled
     out (its caller decides with the other evidence it has). None when the ranks' host steps are not all there."""
     import numpy as np
 
+    overhead_us = overhead.overhead_us if overhead is not None else 0.0
+    estimated = overhead is not None and overhead.basis == "estimated"
     have = steady(host_steps)
     if late not in have or len(have) < 2:
         return None

@@ -296,8 +296,7 @@ def job_level_launch(findings: list[Finding], ctx: JobContext) -> list[Finding]:
         return findings
     slowest = max(ctx.host_steps, key=lambda r: float(ctx.host_steps[r]["issue_us"].median()))
     ovh = (ctx.overhead or {}).get(slowest)
-    own = own_excess(ctx.host_steps, slowest, ctx.step_us, None, ovh.overhead_us if ovh is not None else 0.0,
-                     kinds=("host",), estimated=ovh is not None and ovh.basis == "estimated")
+    own = own_excess(ctx.host_steps, slowest, ctx.step_us, None, ovh, kinds=("host",))
     # an excess still within an estimated overhead on one step is not a rank of its own when late_rank, which
     # weighed it against the step's collectives, named none
     if own is None or (own["confirmed"] and not own["in_doubt"]):

@@ -244,9 +244,8 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     ovh = (ctx.overhead or {}).get(late)
     cpu_only = tl_of[late].gpu_kernels == 0
     hs = steady(ctx.host_steps) if ctx.host_steps else None  # the steps both own-time checks read, derived once
-    own = (own_excess(hs, late, ctx.step_us, None if cpu_only else gpu_us,
-                      ovh.overhead_us if ovh is not None else 0.0, kinds=("host",) if cpu_only else ("host", "gpu"),
-                      estimated=ovh is not None and ovh.basis == "estimated")
+    own = (own_excess(hs, late, ctx.step_us, None if cpu_only else gpu_us, ovh,
+                      kinds=("host",) if cpu_only else ("host", "gpu"))
            if hs else None)
     same_work = reason in (CPU_SAME_WORK_REASONS if cpu_only else SAME_WORK_REASONS)
     if own is not None and not own["confirmed"] and same_work:

@@ -96,9 +96,7 @@ def _cost(df: "pd.DataFrame", low: list[dict], tl_of: dict[int, Timeline]) -> tu
 
     from ...collective_ops import bus_factor
     from ..collectives import kernel_parts
-    from ...traces.intervals import covered
-
-    from ...traces.intervals import union_np
+    from ...traces.intervals import covered, union_np
 
     n = max(per_step_divisor(tl) for tl in tl_of.values())
     held = all(tl.held is not None for tl in tl_of.values())

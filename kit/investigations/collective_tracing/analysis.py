@@ -14,6 +14,7 @@ from pathlib import Path
 from ... import plot, results, stats, traces
 from ...collective_ops import bus_factor
 from ...contract import Observation
+from .nccl_events import files_stamp
 
 PARTS = ("ddp", "tp")
 
@@ -26,13 +27,11 @@ def _rows(runs, kind: str):
 
 
 @lru_cache(maxsize=32)
-def _traced(run_dir: str, part: str, stamp: float):
+def _traced(run_dir: str, part: str, stamp: tuple):
     """The collectives of one part of one run, matched across ranks (cached: several analyses ask)."""
     return traces.collectives([f.path for f in traces.find_traces(run_dir, part=part)])
 
 
-def _stamp(d: Path) -> float:
-    return max((f.stat().st_mtime for f in d.glob("*.json.gz")), default=0.0)
 
 
 _FIRST = ["label", "part", "rank", "collective", "bytes", "dtype", "group_size", "process_group", "dur_us",
@@ -56,7 +55,7 @@ def collectives_table(runs):
     for d in runs.dirs:
         label = results.run_label(results.read_meta(d)) or d.name
         for part in PARTS:
-            df = _traced(str(d), part, _stamp(d))
+            df = _traced(str(d), part, files_stamp(d.glob("*.json.gz")))
             seen += df.attrs.get("traces", [])
             if len(df):
                 frames.append(df.assign(part=part, label=label, run_id=d.name))

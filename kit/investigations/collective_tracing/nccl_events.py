@@ -69,7 +69,7 @@ def _dump_dirs(runs) -> list[Path]:
     return [d for d in with_dumps(runs).dirs if ncd.find_dumps(d)]
 
 
-def _stamp(files) -> tuple:
+def files_stamp(files) -> tuple:
     """What changes when any of ``files`` is rewritten (its size and mtime, per file): a cached answer of older
     files is not reused. A run directory's stamp is that of its traces (``d.glob("*.json.gz")``)."""
     out = []
@@ -114,7 +114,7 @@ def _aligned(run_dir: str, stamp: tuple):
 def _all(runs):
     import pandas as pd
 
-    got = [_aligned(str(d), _stamp(d.glob("*.json.gz"))) for d in _dump_dirs(runs)]
+    got = [_aligned(str(d), files_stamp(d.glob("*.json.gz"))) for d in _dump_dirs(runs)]
     cols = pd.concat([g[0] for g in got if len(g[0])], ignore_index=True) if any(len(g[0]) for g in got) else pd.DataFrame()
     recs = pd.concat([g[1] for g in got if len(g[1])], ignore_index=True) if any(len(g[1]) for g in got) else pd.DataFrame()
     return cols, recs
@@ -245,7 +245,7 @@ def proxy_runs(runs) -> "results.RunSet":
 
 
 def _has_steps(path) -> bool:
-    return _dump_has_steps(str(path), _stamp([path]))
+    return _dump_has_steps(str(path), files_stamp([path]))
 
 
 @lru_cache(maxsize=64)
@@ -267,7 +267,7 @@ def proxy_table(runs):
     import pandas as pd
 
     rows = [r for d in proxy_runs(runs).dirs if ncd.find_dumps(d)
-            for r in _proxy_rows(str(d), _stamp(d.glob("*.json.gz")), _stamp(ncd.find_dumps(d)))]
+            for r in _proxy_rows(str(d), files_stamp(d.glob("*.json.gz")), files_stamp(ncd.find_dumps(d)))]
     t = pd.DataFrame([dict(r) for r in rows])
     if len(t) and t["label"].nunique() <= 1:
         t = t.drop(columns="label")
