@@ -36,6 +36,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .calls import FREE_CALLS
 from .model import SEVERITY_SHARE
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -386,9 +387,6 @@ def _overhead(view: "RankView", capture: dict | None, cpu_all, root) -> Profiler
                             else None)
 
 
-FREE_SYNCS = frozenset({"cudaFree", "cuMemFree", "cudaFreeHost", "cuMemFreeHost"})
-"""allocator calls that wait for the device to finish its work (CUDA synchronises the device before freeing): the
-host's waits for the GPU besides the host model's ``sync`` spans (an ``empty_cache()`` every step)"""
 QUEUED_US = 5.0
 """a GPU activity that starts within this long after its stream's previous work ended was queued behind it (under
 the profiler back-to-back kernels of one stream start 1-4 us apart: the multi-GPU corpus's CNN and GPT steps)"""
@@ -404,7 +402,7 @@ def _exposed(view: "RankView", per_step: "pd.DataFrame", c_op: float, c_rt: floa
     each at its cost) shortens the step only where the GPU waited for the host. The host's waits for the GPU (the
     host model's ``sync`` spans: ``.item()``, synchronize, a blocking copy) cut the steps into stretches:
 
-    * a stretch that ends in such a wait (or a free: :data:`FREE_SYNCS`) is replayed: its GPU work (kernels, copies,
+    * a stretch that ends in such a wait (or a device free: :data:`kit.doctor.calls.FREE_CALLS`) is replayed: its GPU work (kernels, copies,
       memsets, collectives) in order, per stream, with the profiler's time taken out of the host -- an activity that
       waited for its launch
       (:data:`LAUNCH_GATED_US`) starts earlier by the profiler's time before that launch, one queued behind its
@@ -458,7 +456,7 @@ def _exposed(view: "RankView", per_step: "pd.DataFrame", c_op: float, c_rt: floa
     sa, sb = view.host.spans("sync", ALL) if view.host is not None else (np.empty(0), np.empty(0))
     calls = getattr(view.host, "calls", None)
     if calls is not None and len(calls):  # a free waits for the whole device too
-        fr = calls[calls["base"].isin(FREE_SYNCS)] if "base" in calls else calls.iloc[:0]
+        fr = calls[calls["base"].isin(FREE_CALLS)] if "base" in calls else calls.iloc[:0]
         sa, sb = union_np(np.r_[sa, fr["ts"].to_numpy(float)], np.r_[sb, fr["end"].to_numpy(float)])
     keep = (sb > lo) & (sb < hi)
     sa, sb = sa[keep], sb[keep]
