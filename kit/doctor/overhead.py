@@ -71,6 +71,10 @@ class ProfilerOverhead:
     gpu_kernels_us: float | None = None
     """estimated: the rank's non-NCCL kernels' own time per step (beside NCCL kernels too): GPU work its step cannot
     do without, with or without the profiler"""
+    priced_host_us: float | None = None
+    """the profiler's own host time per step as this rank's recorded ops price it (:func:`_priced`), whatever the
+    basis (on the estimated one it is :attr:`host_us`): a measured overhead is the job's (traced less unprofiled
+    step), which a host whose GPU or peers set the pace hides; this is that host's own"""
     gain_cap_us: float | None = None
     """measured, in a job of several ranks: the most GPU idle the job's issuing can cost, net of the profiler -- the
     unprofiled step less the busiest GPU's own work per step (:func:`job_floor`): were every host instant, the job would
@@ -254,20 +258,8 @@ def overhead(view_or_trace: Any, capture: dict | None = None, *, cpu_all: "pd.Da
     return replace(o, data_wait_us=share * (o.host_us if o.host_us is not None else o.overhead_us))
 
 
-def host_cost_us(view: "RankView", capture: dict | None = None, root: str | Path = TABLES) -> float | None:
-    """The profiler's own host time per step on this rank as its recorded ops price it (ops and runtime calls per
-    step x the picked table's costs, :func:`pick`) -- what the estimated basis calls ``host_us`` -- whatever the
-    basis: on a measured trace the overhead measured is the job's (traced less unprofiled step), which a host whose
-    GPU or peers set the pace hides; this is that host's own. None without steps or a table."""
-    from ..capture import capture_info
-
-    ps = _per_step(view)
-    p = None if ps is None else _priced(view, ps, capture_info(view.trace) if capture is None else capture, root)
-    return None if p is None else p["host_us"]
-
-
 def _priced(view: "RankView", ps: "pd.DataFrame", capture: dict | None, root: str | Path) -> dict | None:
-    """The recorded ops' price per step on this rank, derived once for :func:`overhead` and :func:`host_cost_us`:
+    """The recorded ops' price per step on this rank, derived once for :func:`overhead` (its ``host_us`` and ``priced_host_us``):
     the table :func:`pick` takes for the trace's device and profiler settings, the ops and runtime calls per step
     (:func:`_counts`) at its costs (a least-squares split of a noisy measurement can come out below zero: no event
     makes the host faster, so they are floored at 0), plus the profiler's own events shown (:func:`_shown_us`).
@@ -349,10 +341,12 @@ def _overhead(view: "RankView", capture: dict | None, cpu_all, root) -> Profiler
     if samples:
         unprof = statistics.median(samples)
         q = statistics.quantiles(samples, n=10, method="inclusive") if len(samples) > 1 else [unprof, unprof]
+        p = _priced(view, ps, capture, root)
         return ProfilerOverhead(traced, unprof, max(0.0, traced - unprof), "measured",
                                 f"median of {len(samples)} steps kit.capture timed without the profiler just before "
                                 f"the window ({capture.get('unprofiled_clock', 'clock not stated')}; p10-p90 "
-                                f"{q[0]:.0f}-{q[-1]:.0f} us) against the median traced step ({len(ps)} steps)")
+                                f"{q[0]:.0f}-{q[-1]:.0f} us) against the median traced step ({len(ps)} steps)",
+                                priced_host_us=None if p is None else p["host_us"])
     p = _priced(view, ps, capture, root)
     gpu = not view.trace.gpu.empty
     if p is None:
@@ -382,6 +376,7 @@ def _overhead(view: "RankView", capture: dict | None, cpu_all, root) -> Profiler
               f"hosts and jobs, about {ESTIMATE_RANGE:g}x either way)" if gpu and table["machine"].get("device") != device else "")
            + (f"; the step cannot be shorter than the GPU's own work (outside collectives), {busy:.0f} us" if unprof == busy and gpu else ""))
     return ProfilerOverhead(traced, unprof, traced - unprof, "estimated", how, host_us=host_us, exposed_us=exposed,
+                            priced_host_us=host_us,
                             gpu_busy_us=float(ps["gpu_busy_us"].median()) if gpu and "gpu_busy_us" in ps else None,
                             gpu_kernels_us=float(ps["gpu_kernels_us"].median()) if gpu and "gpu_kernels_us" in ps
                             else None)

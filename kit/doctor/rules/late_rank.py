@@ -68,18 +68,11 @@ class Before:
     """the rank's heaviest compute kernels (:data:`~kit.doctor.rules.same_kernels.KERNEL_TOP` by total time): per
     name ``median_us`` and ``total_us`` (:func:`~kit.doctor.rules.same_kernels.kernel_speeds`) -- to tell a slower
     GPU from more work"""
-    profiler_host_us: float | None = None
-    """the profiler's own host time per step on this rank, as its recorded ops price it
-    (:func:`kit.doctor.overhead.host_cost_us`): what :func:`host_room` nets its host time by, at least"""
 
 
 def extract_late(view: RankView) -> Before:
-    from ..overhead import host_cost_us
-
     tl = timeline(view)
-    # priced whatever the overhead's basis (:func:`host_room` takes the larger): an estimated overhead's host_us is
-    # this same price (overhead._priced); a measured one is the job's
-    return Before(tl, host_time_until(view, tl), kernel_speeds(view), host_cost_us(view))
+    return Before(tl, host_time_until(view, tl), kernel_speeds(view))
 
 
 FIX_BY_REASON = {
@@ -146,12 +139,12 @@ def own_gain(own: dict | None, reason: str | None, excess: dict, n: int) -> tupl
     return None, "others_wait"
 
 
-def host_room(host_steps: dict, late: int, overhead: dict | None, priced: dict | None = None) -> float | None:
+def host_room(host_steps: dict, late: int, overhead: dict | None) -> float | None:
     """What the job could gain at most were the GPU-late rank ``late`` as fast as the others, as their hosts allow:
     each other rank's step cannot be shorter than its own host time (:data:`kit.doctor.own_time.OWN_HOST`), so
     the least over the others of their step less their own host time -- both net of the profiler: the step by the
     overhead on it, the host by the profiler's own time on it, at least the larger of that overhead and what its
-    recorded ops price (``priced``: rank -> :func:`kit.doctor.overhead.host_cost_us`; a measured overhead is the
+    recorded ops price (:attr:`kit.doctor.overhead.ProfilerOverhead.priced_host_us`; a measured overhead is the
     job's, and a host whose peers set the pace hides its own). Comparing GPU time with GPU time alone overstates the
     gain where the others' steps are their hosts' (a host-bound job whose late rank's extra kernels first fill its
     GPU's idle time). None where an other rank's own host time, so netted, still exceeds its step (its issuing
@@ -167,8 +160,8 @@ def host_room(host_steps: dict, late: int, overhead: dict | None, priced: dict |
         step, host = float(np.median(ps["dur"])), float(np.median(ps[OWN_HOST]))
         o = (overhead or {}).get(r)
         on_step = o.overhead_us if o is not None else 0.0
-        on_host = max(on_step, o.host_us if o is not None and o.host_us is not None else 0.0,
-                      (priced or {}).get(r) or 0.0)
+        on_host = max(on_step, (o.host_us or 0.0) if o is not None else 0.0,
+                      (o.priced_host_us or 0.0) if o is not None else 0.0)
         if not host or host - on_host > step - on_step:
             return None
         rooms.append(max(0.0, (step - on_step) - (host - on_host)))
@@ -274,7 +267,7 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     bound = min(float(waits[fl["rank"] == r].sum()) / per_step_divisor(tl_of[r]) for r in tl_of if r != late)
     if gain is not None:
         cost = min(max(waited, bound) if basis == "own_excess" else waited, gain)
-    room = (host_room(hs, late, ctx.overhead, {r: b.profiler_host_us for r, b in summaries})
+    room = (host_room(hs, late, ctx.overhead)
             if basis == "own_excess" and own["kind"] == "gpu" else None)
     if room is not None and room < cost:  # its GPU's excess fills time the others' hosts would take anyway
         cost, basis = room, "others_host"
