@@ -631,11 +631,15 @@ def test_one_core_pins_every_thread_and_gives_each_its_cpus_back():
     finally:
         go.set()
         t0.join()
-    # the default core: the one idle the longest between two reads of /proc/stat, core 0 only when alone
+    # the default core: the one idle the longest between two reads of /proc/stat, core 0 only when alone; of those
+    # within a tick of the idlest, the one interrupted the least meanwhile, then the highest-numbered
     reads = iter([{0: (0, 10), 1: (5, 10), 2: (5, 10), 3: (9, 10)}, {0: (90, 100), 1: (50, 100), 2: (80, 100), 3: (20, 100)}])
-    assert P.one_core.idlest({0, 1, 2, 3}, wait_s=0, times=lambda: next(reads)) == 2
+    assert P.one_core.idlest({0, 1, 2, 3}, wait_s=0, times=lambda: next(reads), interrupts=dict) == 2
+    idle = iter([{c: (0, 0) for c in range(5)}, {0: (20, 20), 1: (19, 20), 2: (20, 20), 3: (20, 20), 4: (17, 20)}])
+    irqs = iter([{c: 100 for c in range(5)}, {0: 100, 1: 101, 2: 140, 3: 160, 4: 100}])
+    assert P.one_core.idlest(range(5), wait_s=0, times=lambda: next(idle), interrupts=lambda: next(irqs)) == 1
     assert P.one_core.idlest({0}, wait_s=0, times=dict) == 0 and P.one_core.idlest({4, 7}, wait_s=0, times=dict) == 7
-    assert set(P.one_core.cpu_times()) >= before
+    assert set(P.one_core.cpu_times()) >= before and set(P.one_core.cpu_interrupts()) >= before
     with pytest.raises(ValueError, match="not one this process may use"):
         with P.one_core(max(before) + 1):
             pass

@@ -119,8 +119,8 @@ class Config(LaunchConfig):
     the driving thread and the autograd engine's thread per GPU stay on that core; rows get ``core``); False:
     wherever the OS puts them"""
     pipeline_core: int = -1
-    """the core of ``pipeline_one_core`` (-1: the one this process may use that was idle the longest just before,
-    not core 0: ``pipeline.one_core.idlest``)"""
+    """the core of ``pipeline_one_core`` (-1: the one this process may use that was idle the longest and
+    interrupted the least just before, not core 0: ``pipeline.one_core.idlest``)"""
 
     def check(self) -> list[str]:
         errs = []

@@ -287,8 +287,9 @@ def drive(programs: list[Iterator[None]], T=None, host: list | None = None) -> N
 
 class one_core:
     """Keep every thread of this process -- and any it starts meanwhile -- on one CPU core for a block (``with
-    one_core() as core``: the core the process may use that is idle the longest over 0.1 s on entry, :meth:`idlest`;
-    or ``core``), then give each thread back the CPUs it had (a thread started in the block: the process's). For one
+    one_core() as core``: the core the process may use that is idle the longest and interrupted the least over
+    0.2 s on entry, :meth:`idlest`; or ``core``), then give each thread back the CPUs it had (a thread started in the
+    block: the process's). For one
     thread that drives every stage (:func:`drive`): each forward and backward call hands work to other threads of
     the process and waits for them -- the autograd engine runs a backward on a worker thread per GPU -- and on a VM
     a wake-up across cores costs that thread far more than a switch on its own core; on a core another process
@@ -313,21 +314,45 @@ class one_core:
             return {}
         return out
 
+    @staticmethod
+    def cpu_interrupts() -> dict[int, int]:
+        """{cpu: interrupts served so far, every source summed} from ``/proc/interrupts`` (empty where there is
+        none)."""
+        out: dict[int, int] = {}
+        try:
+            with open("/proc/interrupts") as f:
+                cpus = [int(c[3:]) for c in f.readline().split() if c.startswith("CPU") and c[3:].isdigit()]
+                for line in f:
+                    counts = line.split(":", 1)[-1].split()[:len(cpus)]
+                    if len(counts) == len(cpus) and all(c.isdigit() for c in counts):
+                        for cpu, c in zip(cpus, counts):
+                            out[cpu] = out.get(cpu, 0) + int(c)
+        except (OSError, ValueError):
+            return {}
+        return out
+
     @classmethod
-    def idlest(cls, cores, wait_s: float = 0.1, times=None) -> int:
+    def idlest(cls, cores, wait_s: float = 0.2, times=None, interrupts=None) -> int:
         """The core of ``cores`` idle the longest over ``wait_s`` (``times``: a function returning
-        :meth:`cpu_times`, called twice), core 0 only when it is the only one; the highest-numbered one where
-        ``/proc/stat`` says nothing. A core another process keeps busy would take the driving thread's turns."""
+        :meth:`cpu_times`, called twice) and, of those within a tick of it, the one interrupted the least meanwhile
+        (``interrupts``: :meth:`cpu_interrupts`; on an idle host most cores are idle every tick of the window, and
+        a core that serves a device's or the timer's interrupts takes the driving thread's turns: FINDINGS.md, P2P
+        transports), then the highest-numbered; core 0 only when it is the only one; the highest-numbered one
+        where ``/proc/stat`` says nothing."""
         import time
 
-        times = times or cls.cpu_times
+        times, interrupts = times or cls.cpu_times, interrupts or cls.cpu_interrupts
         cores = sorted(cores)
         pool = [c for c in cores if c != 0] or cores
-        a = times()
+        a, ia = times(), interrupts()
         time.sleep(wait_s)
-        b = times()
+        b, ib = times(), interrupts()
         idle = {c: b[c][0] - a[c][0] for c in pool if c in a and c in b}
-        return max(idle, key=lambda c: (idle[c], c)) if idle else pool[-1]
+        if not idle:
+            return pool[-1]
+        most = max(idle.values())
+        near = [c for c in idle if idle[c] >= most - 1]
+        return min(near, key=lambda c: (ib.get(c, 0) - ia.get(c, 0), -c))
 
     @staticmethod
     def _threads() -> list[int]:
