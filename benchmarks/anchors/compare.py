@@ -14,7 +14,7 @@ that overlaps computation, per rank) and torch-tb-profiler's distributed view (p
 computation, overlapping, communication and other time; communication split into data transfer and
 synchronizing, i.e. waiting for peers). ``--kit-python PY`` fills the last column with ``kit doctor --json
 --workers 1`` run by that interpreter (the kit's own venv) on the same files: its first findings with their cost
-per step and the ranks they name.
+per step (net of the profiler's overhead where it states so, and as traced) and the ranks they name.
 
 A job is a directory whose ``*.json``/``*.json.gz`` files holding ``traceEvents`` are its ranks, a single
 trace file, or a quoted glob of its rank files (for a folder that holds several jobs). Usage::
@@ -367,7 +367,8 @@ def _tracelens_cell(tl: dict) -> str:
 
 
 def _doctor_cell(doc: dict | None) -> str:
-    """The doctor's first three findings at or above 'low': rule, cost per step (ms), ranks."""
+    """The doctor's first three findings at or above 'low': rule, cost per step (ms; net of the profiler's overhead
+    where the doctor states it so, with the cost as traced beside it where they differ), ranks."""
     if not doc:
         return ""
     if "error" in doc:
@@ -379,8 +380,11 @@ def _doctor_cell(doc: dict | None) -> str:
 
     def who(f):
         return "all" if len(given) > 1 and set(f["ranks"]) == given else ",".join(map(str, f["ranks"]))
-    return "; ".join(f"{'**' if i == 0 else ''}{f['rule']}{'**' if i == 0 else ''} "
-                     f"{f['cost_us_per_step'] / 1e3:.1f} ms [{who(f)}]" for i, f in enumerate(shown))
+    def cost(f):  # net of the profiler's overhead where the doctor states it so, then as traced where that differs
+        net, traced = f"{f['cost_us_per_step'] / 1e3:.1f}", f.get("cost_traced_us_per_step")
+        return f"{net} ms" if traced is None or f"{traced / 1e3:.1f}" == net else f"{net} ms ({traced / 1e3:.1f} traced)"
+    return "; ".join(f"{'**' if i == 0 else ''}{f['rule']}{'**' if i == 0 else ''} {cost(f)} [{who(f)}]"
+                     for i, f in enumerate(shown))
 
 
 def run_doctor(job: Path, python: str, sweep: Path | None = None) -> dict:
@@ -396,7 +400,9 @@ def run_doctor(job: Path, python: str, sweep: Path | None = None) -> dict:
     keep = ("rule", "cost_us_per_step", "ranks", "severity")
     return {"commit": subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                                      text=True).stdout.strip(),
-            "findings": [{k: f[k] for k in keep} for f in d["findings"]], "ranks": d.get("ranks"),
+            "findings": [{**{k: f[k] for k in keep},
+                          "cost_traced_us_per_step": (f.get("evidence") or {}).get("cost_traced_us_per_step")}
+                         for f in d["findings"]], "ranks": d.get("ranks"),
             "step_us": d.get("step_us"), "notes": d.get("notes", []), "sweep": str(sweep) if sweep else None}
 
 
