@@ -184,7 +184,7 @@ def test_an_input_wait_without_the_profilers_ops_is_not_netted():
 
     f = Finding(rule="input_bound", cost_us_per_step=1000.0, ranks=(0,), evidence={"rank": 0}, summary="s",
                 cause="c", fix="f")
-    acct = type("A", (), {"cost": lambda self, s: 200.0})()
+    acct = type("A", (), {"cost": lambda self, s: 200.0, "caught_up_cost": lambda self, s: 0.0})()
     for part in (None, 0.0):
         o = ov.ProfilerOverhead(5000.0, 4000.0, 1000.0, "estimated", "a test", data_wait_us=part)
         assert net_of_profiler(f, {0: o}, {0: acct}) is f

@@ -240,9 +240,8 @@ def _gpu_model(view: "RankView") -> HostModel | None:
         # (and outside the dispatch of PyTorch's own regions of issuing code, :func:`_dispatch`); what is left must
         # itself be a stretch of STALL_US: a shorter rest between them is the host's per-op cost, not a stall
         da, db = _dispatch(ann[_starts(ann["name"], FRAMEWORK_REGIONS)], mine[mine["issues"]])
-        sa, sb = subtract(gaps_between(ca, cb, STALL_US), union_np(np.r_[ops["ts"].to_numpy(dtype=float), da],
-                                                                   np.r_[ops["end"].to_numpy(dtype=float), db]))
-        stall = (sa[sb - sa >= STALL_US], sb[sb - sa >= STALL_US])
+        stall = subtract(gaps_between(ca, cb, STALL_US), union_np(np.r_[ops["ts"].to_numpy(dtype=float), da],
+                                                                    np.r_[ops["end"].to_numpy(dtype=float), db]))
         rec = pd.concat([mine[["ts", "end"]], ops[["ts", "end"]],
                          ann.loc[~_starts(ann["name"], STEP_PREFIX), ["ts", "end"]]])
         ra, rb = union_np(np.r_[lo - 1e-3, rec["ts"].to_numpy(dtype=float), hi],

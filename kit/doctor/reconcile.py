@@ -185,7 +185,7 @@ def _cap(o, s: str, a: "Account | None" = None) -> float:
     first, then the catch-up's, the order they came in; never more than the whole."""
     if s != "input":
         return o.overhead_us
-    caught = a.caught_up_cost(s) if hasattr(a, "caught_up_cost") else 0.0
+    caught = a.caught_up_cost(s) if a is not None else 0.0
     return min(o.overhead_us, float(o.data_wait_us or 0.0) + caught)
 
 
