@@ -28,7 +28,7 @@ import dataclasses
 from .accounting import HOST, IDLE, Account
 from .context import JobContext
 from .findings import LOW, restated, slice_cost, slice_finding, slice_sentence, who
-from .model import REPORTED, RULES, SEVERITY_SHARE, Finding, severity, slice_rules
+from .model import RULES, SEVERITY_SHARE, Finding, severity, slice_rules
 
 MUST_SPEAK = SEVERITY_SHARE["high"]
 """GPU idle at or above this share of a step is never left without a finding at or above 'low'"""
@@ -61,7 +61,7 @@ def reconcile(findings: list[Finding], accounts: list[tuple[int, Account]], ctx:
     findings = [net_of_profiler(f, ctx.overhead, by_rank) for f in findings]  # every cost judged from here on is net
     if only is None:
         findings = findings + must_speak(accounts, findings, ctx)
-    return host_work_first(fold_into_low_busbw(fold_into_late_rank(findings, accounts, ctx.overhead), ctx.step_us))
+    return host_work_first(fold_into_low_busbw(fold_into_late_rank(findings, accounts, ctx.overhead)))
 
 
 def explain_rest(accounts: list[tuple[int, Account]], findings: list[Finding],
@@ -311,16 +311,15 @@ def job_level_launch(findings: list[Finding], ctx: JobContext) -> list[Finding]:
     return [merged if x is f else x for x in findings]
 
 
-def fold_into_low_busbw(findings: list[Finding], step_us: float | None = None) -> list[Finding]:
+def fold_into_low_busbw(findings: list[Finding]) -> list[Finding]:
     """One cause, one finding: communication left exposed (``exposed_comm``) by collectives that run far below what
     the machine's links deliver (``low_busbw``, against its sweep) is exposed in part *because* it is slow -- the
     part the slow collectives' extra time covers (low_busbw's ``longer_us_per_step``); the rest would stay exposed at
     the links' busbw. When both fire and low_busbw names every rank exposed_comm names, that part is said inside
     low_busbw (evidence ``exposed``: exposed_comm's numbers and ``explained_us_per_step``), at low_busbw's own cost --
     what the step would save at the links' busbw (the exposed time of a slow collective is not all saved: the GPU may
-    have waited for its host then). The rest stays exposed_comm's, at that cost, when it is itself a problem (at
-    least 'low' of ``step_us``: :func:`kit.doctor.model.severity`); below that it is within a step's run-to-run spread
-    and only low_busbw's evidence keeps it."""
+    have waited for its host then). The rest, where any is left, stays exposed_comm's at that cost; below 'low' of the
+    step it is information, as every finding is (:func:`kit.doctor.finalize.finalize` grades it)."""
     low = next((f for f in findings if f.rule == "low_busbw"), None)
     exp = next((f for f in findings if f.rule == "exposed_comm"), None)
     if low is None or exp is None or not set(exp.ranks) <= set(low.ranks):
@@ -328,7 +327,7 @@ def fold_into_low_busbw(findings: list[Finding], step_us: float | None = None) -
     longer = float(low.evidence.get("longer_us_per_step") or 0.0)
     explained = min(longer, exp.cost_us_per_step)
     rest = exp.cost_us_per_step - explained
-    keep = severity(rest, step_us) in REPORTED
+    keep = round(rest, 1) > 0
     merged = dataclasses.replace(
         low, summary=f"{low.summary}; of the {exp.cost_us_per_step:.0f} us per step of communication left exposed "
                      f"(no compute beside it), their extra time covers {explained:.0f} us"
