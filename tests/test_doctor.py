@@ -255,10 +255,14 @@ def test_example_item_is_a_host_sync(clean):
                    "host; the same job with the same settings (record_shapes, no stacks) and ops (9474 ops, 7007 "
                    "runtime calls per step) paid 4.5-4.8 us per op on the 4x H100 host (kit.capture, "
                    "recorded/h100x2/profiler_overhead), and both hosts report the same CPU string: nothing in the trace "
-                   "tells the hosts apart, so another host's per-op cost prices it within ~2.5x, not better. The job "
-                   "never waits for its GPU, so all of the profiler's time lengthens its step (nothing hides): the miss "
-                   "is the per-op cost alone. (The H100 jobs' 1.2-1.6 vs 4.1-4.7 us per op between rounds is the traced "
-                   "step's measure on 2-step traces, not the host: FINDINGS)")
+                   "tells the hosts apart (the cheapest ops' traced length, 1.8-2.4 us here against 2.9-4.2 there, does "
+                   "not carry over: 1.4-1.6 us on the tb_handler CNN control's H200 session, which paid 1.5x more per "
+                   "op than the H100 one, 1.2-2.1 us), so "
+                   "another host's per-op cost prices it within ~2.5x, not better. The job never waits for its GPU, so "
+                   "all of the profiler's time lengthens its step (nothing hides): the miss is the per-op cost alone -- "
+                   "with its run's unprofiled step in the header it is high, 23.1 ms measured "
+                   "(test_the_estimate_misses_are_the_per_op_price_alone). (The H100 jobs' 1.2-1.6 vs 4.1-4.7 us per "
+                   "op between rounds is the traced step's measure on 2-step traces, not the host: FINDINGS)")
 def test_example_tiny_kernels_is_launch_bound(clean):
     d = job("tiny-kernels")
     f = finding(d, "launch_bound")
@@ -272,6 +276,52 @@ def test_example_tiny_kernels_is_launch_bound(clean):
     assert f.cost_us_per_step <= 44682.1 * 1.02  # net of the profiler's (estimated) overhead
     assert [x.rule for x in d.findings] == ["launch_bound"]
     assert finding(clean, "launch_bound") is None
+
+
+def _timed(out: Path, files: list[str], unprofiled_us) -> list[str]:
+    """Copies of a job's traces under ``out`` whose ``kitCapture`` header carries the run's own unprofiled step
+    (``unprofiled_us(rank) -> samples``, microseconds), as kit.capture writes it: the overhead is then measured."""
+    out.mkdir()
+    paths = []
+    for f in files:
+        j = json.loads(gzip.open(f, "rt").read())
+        cap = j.get("kitCapture") or {"format": 1, "distributed": True, "record_shapes": True, "with_stack": False}
+        j["kitCapture"] = {**cap, "unprofiled_step_us": unprofiled_us(j["distributedInfo"]["rank"])}
+        paths.append(out / Path(f).name)
+        with gzip.open(paths[-1], "wt") as fh:
+            json.dump(j, fh)
+    return [str(x) for x in paths]
+
+
+def test_the_estimate_misses_are_the_per_op_price_alone(tmp_path):
+    """The two 2x H200 jobs the doctor misses on an estimated overhead -- tiny-kernels (launch_bound medium, not
+    high) and the tb_handler CNN control (input_bound 10% of its step; a job-level launch_bound ~3.9x its GPU's
+    unprofiled idle) -- are judged right once their traces carry their own unprofiled step (the example run's
+    summary_rank*.json; the corpus truth's samples): the netting is sound, the estimate's per-op price is what is off
+    (there 2x high, here 2.8x low: FINDINGS.md)."""
+    import statistics
+
+    from kit.doctor.overhead import overhead
+
+    summary = DATA.parent.parent / "recorded" / "h200x2" / "doctor" / "tiny-kernels"
+    if not (summary / "summary_rank1.json").is_file():
+        pytest.skip("recorded/h200x2/doctor/tiny-kernels not here")
+    step = {r: [1e3 * json.loads((summary / f"summary_rank{r}.json").read_text())["step_ms"]] for r in (0, 1)}
+    d = diagnose(_timed(tmp_path / "tiny", traces("tiny-kernels", "trace_rank*.json.gz"), step.__getitem__),
+                 workers=1, only=HOST_RULES)
+    f = finding(d, "launch_bound")
+    assert f.severity == "high" and f.evidence["basis"] == "measured" and f.ranks == (0, 1)
+
+    tb = traces("corpus-h200x2/cnn-ddp-fp32-control-tb")
+    samples = json.loads((DOC / "corpus-h200x2/cnn-ddp-fp32-control-tb/truth.json").read_text())["step_us_unprofiled"]
+    d = diagnose(_timed(tmp_path / "tb", tb, lambda r: samples["samples"]), workers=1)
+    assert {x.rule for x in d.problems} <= {"launch_bound", "h2d_on_compute_stream"}, [x.rule for x in d.problems]
+    launch = finding(d, "launch_bound")
+    assert launch.evidence["job_level"] is True and launch.evidence["basis"] == "measured"
+    # 0.5-2x the GPU idle of the unprofiled step: less the busiest GPU's own kernels and the least communication
+    busiest = max(overhead(p).gpu_kernels_us for p in tb)
+    idle = statistics.median(samples["samples"]) - busiest - min(a["us_per_step"]["comm"] for a in d.accounting.values())
+    assert 0.5 * idle <= launch.cost_us_per_step <= 2.0 * idle
 
 
 def test_example_cuda_graph_mixing_gap_is_small_here():
