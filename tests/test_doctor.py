@@ -288,7 +288,7 @@ def _timed(out: Path, files: list[str], unprofiled_us) -> list[str]:
         cap = j.get("kitCapture") or {"format": 1, "distributed": True, "record_shapes": True, "with_stack": False}
         j["kitCapture"] = {**cap, "unprofiled_step_us": unprofiled_us(j["distributedInfo"]["rank"])}
         paths.append(out / Path(f).name)
-        with gzip.open(paths[-1], "wt") as fh:
+        with gzip.open(paths[-1], "wt", compresslevel=1) as fh:
             json.dump(j, fh)
     return [str(x) for x in paths]
 
