@@ -42,8 +42,9 @@ CONTROL_MISSES: dict[str, str] = {
     # multi-rank control: what the doctor says that it should not, today
     "corpus-h200x2/cnn-ddp-fp32-control-tb": "input_bound [0, 1] 1.84 ms (10% of the step, over the 5% a host "
     "rule may reach on a control) beside a job-level launch_bound of 6.54 ms, 3.9x the GPU's unprofiled idle (10.94 ms "
-    "less the busiest GPU's 9.18 ms of kernels and 0.07 of comm: 1.69 ms; the idle this file's check reads from rank "
-    "0's one-step window, which ends before 2.4 ms of its kernels, is 4.0): without kitCapture the profiler's overhead "
+    "less the busiest GPU's 9.18 ms of kernels and 0.07 of comm: 1.69 ms; this file's check reads 4.0 from rank 0's "
+    "compute slice, 6.76 ms per step: its share of a 22.2 ms window, the GPU's work running past the host's last "
+    "step, times the 16.35 ms step): without kitCapture the profiler's overhead "
     "is estimated at 3.68 ms per step (the H100 loop table: 1.55 us per op, 2.87 per runtime call) where the traced "
     "step exceeds the unprofiled one by 10.3-10.8 ms on its ranks (2.8-2.9x); the DataLoader's 3.39 ms next() is netted by the estimate's "
     "share recorded inside it (1.55 ms), and without the profiler this job's next() leaves the GPU idle 3 us in a "
