@@ -229,17 +229,22 @@ def test_the_job_floor_counts_a_gpus_own_kernels_not_its_transfer():
     """No rank steps faster than the GPU with the most work of its own: its busy time less its collectives' waiting,
     at most its non-NCCL kernels' own time (a transfer that overlaps the backward without the profiler is no floor);
     measured overheads are left as they are."""
-    def est(busy, kernels, host=8000.0, traced=16000.0):
-        return ov.ProfilerOverhead(traced, traced - host, host, "estimated", "a test", host_us=host, gpu_busy_us=busy,
-                                   gpu_kernels_us=kernels)
+    import pandas as pd
 
-    got = ov.job_floor({0: est(15800.0, 9900.0), 1: est(15100.0, 10300.0), 2: est(10000.0, 9800.0)},
-                       {0: 5400.0, 1: 3900.0, 2: 0.0})
+    def est(host=8000.0, traced=16000.0):
+        return ov.ProfilerOverhead(traced, traced - host, host, "estimated", "a test", host_us=host)
+
+    def ps(busy, kernels):
+        return pd.DataFrame({"step": [1, 2, 3], "gpu_busy_us": [busy] * 3, "gpu_kernels_us": [kernels] * 3})
+
+    steps = {0: ps(15800.0, 9900.0), 1: ps(15100.0, 10300.0), 2: ps(10000.0, 9800.0)}
+    got = ov.job_floor({0: est(), 1: est(), 2: est()}, {0: 5400.0, 1: 3900.0, 2: 0.0}, steps)
     # rank 1: busy less waiting 11200 us, its kernels 10300: the floor is 10300 (rank 0: min(10400, 9900))
     assert {r: o.unprofiled_step_us for r, o in got.items()} == {0: 10300.0, 1: 10300.0, 2: 10300.0}
     assert all(o.overhead_us == 5700.0 and "rank 1: 10300 us" in o.how for o in got.values())
     m = ov.ProfilerOverhead(16000.0, 9000.0, 7000.0, "measured", "a test")
-    assert ov.job_floor({0: m, 1: est(15100.0, 10300.0)}, {})[0] is m
+    got = ov.job_floor({0: m, 1: est()}, {}, steps)
+    assert got[0].overhead_us == 7000.0 and got[0].unprofiled_step_us == 9000.0 and got[0].own_work_us == 10300.0
 
 
 def test_a_measured_jobs_launch_gain_is_at_most_its_unprofiled_step_less_the_busiest_gpus_work():
@@ -249,7 +254,7 @@ def test_a_measured_jobs_launch_gain_is_at_most_its_unprofiled_step_less_the_bus
     import pandas as pd
 
     from kit.doctor.model import Finding
-    from kit.doctor.reconcile import net_of_profiler
+    from kit.doctor.reconcile import net_costs, net_of_profiler
     import kit.doctor.rules  # noqa: F401 -- registers the rules whose slices net_of_profiler looks up
 
     def ps(busy, kernels):
@@ -262,6 +267,9 @@ def test_a_measured_jobs_launch_gain_is_at_most_its_unprofiled_step_less_the_bus
     g = net_of_profiler(f, got)
     assert g.cost_us_per_step == pytest.approx(1800.0) and g.evidence["profiler_gain_cap_us"] == pytest.approx(1800.0)
     assert net_of_profiler(dataclasses.replace(f, cost_us_per_step=8000.0), got).cost_us_per_step == 600.0
+    acct = type("A", (), {"cost": lambda self, s: 14740.0 if s == "launch" else 0.0,
+                          "caught_up_cost": lambda self, s: 0.0})()
+    assert net_costs(acct, got[0])["launch"] == pytest.approx(1800.0)  # must_speak's net idle: the same cap
 
 
 def test_the_job_steps_at_the_pace_of_the_rank_that_loses_most():
@@ -270,7 +278,7 @@ def test_the_job_steps_at_the_pace_of_the_rank_that_loses_most():
     of the job, as far as the job's busiest GPU allows."""
     def est(exposed, traced=16000.0):
         return ov.ProfilerOverhead(traced, traced - exposed, exposed, "estimated", "a test", host_us=7000.0,
-                                   exposed_us=exposed, gpu_busy_us=3000.0, gpu_kernels_us=2000.0)
+                                   exposed_us=exposed)
 
     got = ov.job_floor({0: est(100.0), 1: est(6500.0), 2: est(300.0, traced=15800.0)}, {})
     assert {r: o.overhead_us for r, o in got.items()} == {0: 6500.0, 1: 6500.0, 2: 6500.0}
@@ -328,7 +336,9 @@ def test_the_estimate_against_the_measured_overhead(truth):
         pytest.skip("not among the cases the jobs table was fitted on (tests/corpus/overhead_fit.py)")
     if point["left_out"]:
         pytest.skip(f"not in the fit: {point['left_out']}")
-    est = ov.job_floor({i: ov.overhead(f, capture={}) for i, f in enumerate(files)}, {})
+    views = [ov._view(f) for f in files]
+    est = ov.job_floor({i: ov.overhead(v, capture={}) for i, v in enumerate(views)}, {},
+                       {i: v.host.per_step for i, v in enumerate(views)})
     assert all(o.basis == "estimated" and "h100-jobs.json" in o.how for o in est.values())
     got = statistics.median(o.overhead_us for o in est.values())
     assert 0.5 <= got / statistics.median(o.overhead_us for o in measured) <= 2.0

@@ -66,19 +66,14 @@ class ProfilerOverhead:
     exposed_us: float | None = None
     """estimated: the part of :attr:`host_us` that lengthened the rank's step -- where its GPU waited for the host
     (:func:`_exposed`); the rest ran while the GPU worked"""
-    gpu_busy_us: float | None = None
-    """estimated: the rank's GPU busy time per step (all activity, its collectives' kernels included)"""
-    gpu_kernels_us: float | None = None
-    """estimated: the rank's non-NCCL kernels' own time per step (beside NCCL kernels too): GPU work its step cannot
-    do without, with or without the profiler"""
     priced_host_us: float | None = None
     """the profiler's own host time per step as this rank's recorded ops price it (:func:`_priced`), whatever the
     basis (on the estimated one it is :attr:`host_us`): a measured overhead is the job's (traced less unprofiled
     step), which a host whose GPU or peers set the pace hides; this is that host's own"""
-    gain_cap_us: float | None = None
-    """measured, in a job of several ranks: the most GPU idle the job's issuing can cost, net of the profiler -- the
-    unprofiled step less the busiest GPU's own work per step (:func:`job_floor`): were every host instant, the job would
-    still take that work"""
+    own_work_us: float | None = None
+    """measured, in a job of several ranks: the most GPU work of its own any rank of the job does per step
+    (:func:`own_work`, set by :func:`job_floor`): were every host instant, the job would still take that long (an
+    estimate has it in its unprofiled step instead)"""
     data_wait_us: float | None = None
     """the part of the overhead recorded inside the DataLoader's waits (where they leave the GPU idle): the overhead
     spread evenly over the recorded ops of the steps, the share of the ops recorded inside the waits
@@ -89,9 +84,20 @@ class ProfilerOverhead:
         """The profiler's share of the traced step."""
         return self.overhead_us / self.traced_step_us if self.traced_step_us else None
 
-    def net(self, cost_us: float) -> float:
-        """A host-side cost net of the profiler's own host time (never below zero)."""
-        return max(0.0, float(cost_us) - self.overhead_us)
+    @property
+    def gain_cap_us(self) -> float | None:
+        """The most GPU idle the job's issuing can cost net of the profiler: the unprofiled step less
+        :attr:`own_work_us`; None where either is not known."""
+        if self.own_work_us is None or self.unprofiled_step_us is None:
+            return None
+        return max(0.0, self.unprofiled_step_us - self.own_work_us)
+
+    def net(self, cost_us: float, s: str | None = None) -> float:
+        """A host-side cost net of the profiler's own host time (never below zero); one of the accounting's
+        ``launch`` slice (``s``: the host's issuing) at most :attr:`gain_cap_us`."""
+        net = max(0.0, float(cost_us) - self.overhead_us)
+        cap = self.gain_cap_us if s == "launch" else None
+        return net if cap is None else min(net, cap)
 
     def as_dict(self) -> dict[str, Any]:
         return {"traced_step_us": _r(self.traced_step_us), "unprofiled_step_us": _r(self.unprofiled_step_us),
@@ -376,10 +382,7 @@ def _overhead(view: "RankView", capture: dict | None, cpu_all, root) -> Profiler
               f"hosts and jobs, about {ESTIMATE_RANGE:g}x either way)" if gpu and table["machine"].get("device") != device else "")
            + (f"; the step cannot be shorter than the GPU's own work (outside collectives), {busy:.0f} us" if unprof == busy and gpu else ""))
     return ProfilerOverhead(traced, unprof, traced - unprof, "estimated", how, host_us=host_us, exposed_us=exposed,
-                            priced_host_us=host_us,
-                            gpu_busy_us=float(ps["gpu_busy_us"].median()) if gpu and "gpu_busy_us" in ps else None,
-                            gpu_kernels_us=float(ps["gpu_kernels_us"].median()) if gpu and "gpu_kernels_us" in ps
-                            else None)
+                            priced_host_us=host_us)
 
 
 QUEUED_US = 5.0
@@ -505,32 +508,48 @@ def _exposed(view: "RankView", per_step: "pd.DataFrame", c_op: float, c_rt: floa
     return float(saving) / n, len(cuts) - 1
 
 
+def own_work(host_steps: dict, waits: dict) -> dict:
+    """Per rank whose GPU worked (``host_steps``: rank -> the host model's per-step frame), the GPU work of its own per
+    step, which no host makes shorter: its busy time less what its collectives' kernels spent waiting for peers
+    (``waits``: rank -> us per step, :meth:`kit.doctor.context.JobContext.comm_waits`), at most its kernels other
+    than NCCL's -- the transfer a collective adds to the traced busy time may overlap the backward without the
+    profiler (FINDINGS.md); medians over the rank's step windows (all of its span without any)."""
+    out = {}
+    for r, ps in host_steps.items():
+        if ps is None or ps.empty or not {"gpu_busy_us", "gpu_kernels_us"} <= set(ps.columns):
+            continue
+        ps = ps[ps["step"] >= 0] if (ps["step"] >= 0).any() else ps
+        busy = float(ps["gpu_busy_us"].median())
+        if busy > 0:
+            out[r] = min(busy - float(waits.get(r, 0.0)), float(ps["gpu_kernels_us"].median()))
+    return out
+
+
 def job_floor(overhead: dict, waits: dict, host_steps: dict | None = None) -> dict:
-    """The estimated overheads of one job's ranks, as the job pays them: its ranks step together, at the pace of
-    the host that loses most to the profiler -- a rank that waits for a peer does not see its own profiler time
-    (:attr:`ProfilerOverhead.exposed_us` near zero: its GPU waited for the peer, not for its host) but waits for
-    the peer's, so every rank's step is shortened by the largest exposed overhead of the job -- and the job is not
-    faster than the GPU with the most work of its own: each rank's busy time less what its collectives' kernels
-    spent waiting for peers (``waits``: rank -> us per step, :meth:`kit.doctor.context.JobContext.comm_waits`), at
-    most its kernels other than NCCL's (:attr:`ProfilerOverhead.gpu_kernels_us`): the transfer a collective adds to
-    the traced busy time may overlap the backward without the profiler (FINDINGS.md). A measured overhead stays as
-    measured, and gets the same floor as a cap (:attr:`ProfilerOverhead.gain_cap_us`: its unprofiled step less that
-    GPU work, read off ``host_steps``, rank -> the host model's per-step frame); ranks without the numbers are
-    returned as they are."""
+    """The overheads of one job's ranks, as the job pays them. The job is not faster than the GPU with the most work
+    of its own (:func:`own_work`: ``waits`` and ``host_steps``, rank -> the host model's per-step frame). A measured
+    overhead stays as measured and, in a job of several ranks, keeps that work (:attr:`ProfilerOverhead.own_work_us`),
+    which bounds what the job's issuing can cost net of the profiler (:meth:`ProfilerOverhead.net`). An estimated
+    overhead is paid as the job paces it: its ranks step together, at the pace of the host that loses most to the
+    profiler -- a rank that waits for a peer does not see its own profiler time (:attr:`ProfilerOverhead.exposed_us`
+    near zero: its GPU waited for the peer, not for its host) but waits for the peer's, so every rank's step is
+    shortened by the largest exposed overhead of the job -- to no less than that work (the bound is in the estimate's
+    unprofiled step, not a cap on its launch cost: FINDINGS.md, "The job floor caps a measured launch gain only").
+    Ranks without the numbers are returned as they are."""
     from dataclasses import replace
 
-    overhead = _gain_caps(overhead, waits, host_steps or {})
-    est = {r: o for r, o in overhead.items() if o.basis == "estimated" and o.traced_step_us is not None
-           and o.host_us is not None}
+    own = own_work(host_steps or {}, waits)
+    top = max(own, key=own.get) if own else None
+    floor = own[top] if own else 0.0
+    if own and len(overhead) > 1:
+        overhead = {r: replace(o, own_work_us=floor) if o is not None and o.basis == "measured" else o
+                    for r, o in overhead.items()}
+    est = {r: o for r, o in overhead.items() if o is not None and o.basis == "estimated"
+           and o.traced_step_us is not None and o.host_us is not None}
     if not est:
         return overhead
     lost = {r: o.exposed_us if o.exposed_us is not None else o.host_us for r, o in est.items()}
     pace = max(lost, key=lost.get)
-    own = {r: min(o.gpu_busy_us - float(waits.get(r, 0.0)),
-                  o.gpu_kernels_us if o.gpu_kernels_us is not None else float("inf"))
-           for r, o in est.items() if o.gpu_busy_us is not None}
-    top = max(own, key=own.get) if own else None
-    floor = own[top] if own else 0.0
     out = dict(overhead)
     for r, o in est.items():
         unprof = min(o.traced_step_us, max(o.traced_step_us - lost[pace], floor))
@@ -545,24 +564,3 @@ def job_floor(overhead: dict, waits: dict, host_steps: dict | None = None) -> di
             out[r] = replace(o, unprofiled_step_us=unprof, overhead_us=o.traced_step_us - unprof,
                              how=o.how + "".join(f"; {w}" for w in why))
     return out
-
-
-def _gain_caps(overhead: dict, waits: dict, host_steps: dict) -> dict:
-    """The measured overheads of a job with :attr:`ProfilerOverhead.gain_cap_us` set: the unprofiled step less the
-    GPU with the most work of its own (as :func:`job_floor`: busy time less its collectives' waiting for peers, at
-    most its kernels other than NCCL's; medians over each rank's steps)."""
-    from dataclasses import replace
-
-    own = {}
-    for r, ps in host_steps.items():
-        if ps is None or ps.empty or not {"gpu_busy_us", "gpu_kernels_us"} <= set(ps.columns):
-            continue
-        ps = ps[ps["step"] >= 0] if (ps["step"] >= 0).any() else ps
-        own[r] = min(float(ps["gpu_busy_us"].median()) - float(waits.get(r, 0.0)),
-                     float(ps["gpu_kernels_us"].median()))
-    if len(overhead) < 2 or not own:
-        return overhead
-    floor = max(own.values())
-    return {r: replace(o, gain_cap_us=max(0.0, o.unprofiled_step_us - floor))
-            if o is not None and o.basis == "measured" and o.unprofiled_step_us is not None else o
-            for r, o in overhead.items()}

@@ -156,10 +156,9 @@ def net_of_profiler(f: Finding, overhead: dict | None, accounts: "dict[int, Acco
                          f"pace ({caught / 1e3:.2f} ms)" if caught >= 0.5 else "") + ")")
     ev = {**f.evidence, "cost_traced_us_per_step": f.cost_us_per_step, **whole.as_dict(), **extra}
     if isinstance(ev.get("per_rank"), dict):  # each rank's cost net of its own overhead
-        ev["per_rank"] = {rk: _net_rank(n, overhead.get(int(rk))) for rk, n in ev["per_rank"].items()}
-    net = round(o.net(f.cost_us_per_step), 1)
-    if s0 == "launch" and o.gain_cap_us is not None and net > o.gain_cap_us:  # the job's busiest GPU bounds the gain
-        net = round(o.gain_cap_us, 1)
+        ev["per_rank"] = {rk: _net_rank(n, overhead.get(int(rk)), s0) for rk, n in ev["per_rank"].items()}
+    net = round(o.net(f.cost_us_per_step, s0), 1)
+    if net < round(o.net(f.cost_us_per_step), 1):  # the job's busiest GPU bounds the gain (ProfilerOverhead.net)
         ev["profiler_gain_cap_us"] = net
         after += (f"; at most {net / 1e3:.2f} ms, the unprofiled step less the busiest GPU's own work per step: "
                   f"were every host instant the job would still take that")
@@ -193,23 +192,25 @@ def _r(x):
     return None if x is None else round(float(x), 1)
 
 
-def _net_rank(n, o):
+def _net_rank(n, o, s: str):
     if not isinstance(n, dict) or n.get("cost_us_per_step") is None or o is None or o.basis == "none":
         return n
-    return {**n, "cost_us_per_step": round(o.net(n["cost_us_per_step"]), 1),
+    return {**n, "cost_us_per_step": round(o.net(n["cost_us_per_step"], s), 1),
             "cost_traced_us_per_step": n["cost_us_per_step"]}
 
 
 def net_costs(a: Account, ovh) -> dict[str, float]:
     """A rank's idle slices' costs per step net of the profiler's overhead on it (``ovh``: a
     :class:`kit.doctor.overhead.ProfilerOverhead` or None): taken off :data:`NET_OF_PROFILER_SLICES`, in order,
-    never below zero."""
+    never below zero (:meth:`~kit.doctor.overhead.ProfilerOverhead.net`, as :func:`net_of_profiler` states them)."""
     out = {s: a.cost(s) for s in IDLE}
-    left = ovh.overhead_us if ovh is not None and ovh.basis != "none" else 0.0
+    if ovh is None or ovh.basis == "none":
+        return out
+    left = ovh.overhead_us
     for s in NET_OF_PROFILER_SLICES:
-        take = min(out[s], max(0.0, left), _cap(ovh, s, a) if ovh is not None and ovh.basis != "none" else 0.0)
-        out[s] -= take
-        left -= take
+        part = dataclasses.replace(ovh, overhead_us=max(0.0, min(left, _cap(ovh, s, a))))
+        left -= min(out[s], part.overhead_us)
+        out[s] = part.net(out[s], s)
     return out
 
 
