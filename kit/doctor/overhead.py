@@ -198,12 +198,13 @@ def _per_step(view: "RankView") -> "pd.DataFrame | None":
     return ps[ps["step"] >= 0] if (ps["step"] >= 0).any() else ps
 
 
-def _counts(view: "RankView", per_step: "pd.DataFrame") -> tuple[float, float, str]:
-    """Recorded ops and runtime/driver calls per step, inside the steps' annotations (the host's side of each
-    step; the windows where there are none), and how the ops were counted: every op where the frame holds every
-    op; else the ops it kept plus the short ops the trace layer counted and left out
-    (:attr:`kit.traces.TraceInfo.short_ops`), of which the steps hold the share of the trace's runtime calls that
-    fall inside them (ops and the calls they make go together)."""
+def _events(view: "RankView", per_step: "pd.DataFrame") -> dict:
+    """The host's recorded events placed in the steps, once for :func:`_counts`, :func:`_exposed` and
+    :func:`data_wait_share`: per CPU event of the frame (every one where the view holds every CPU event,
+    ``memo["cpu_all"]``; else the ones it kept), its start ``ts``, ``rt`` (a CUDA runtime or driver call), ``op``
+    (an ``aten::`` op) and ``inside`` (in a step's host side: the steps' annotations, else the windows,
+    :func:`_windows`); ``n``: the steps; ``full``: every op is in the frame, else ``short``: the short ops the trace
+    layer counted and left out (:attr:`kit.traces.TraceInfo.short_ops`)."""
     import numpy as np
 
     from .host_model import names_str
@@ -214,15 +215,34 @@ def _counts(view: "RankView", per_step: "pd.DataFrame") -> tuple[float, float, s
     a, b = _windows(view, per_step)
     ts = cpu["ts"].to_numpy(float)
     i = np.searchsorted(a, ts, side="right") - 1
-    inside = (i >= 0) & (ts < b[np.clip(i, 0, len(b) - 1)])
     cats = names_str(cpu["cat"]).to_numpy()
-    n = max(1, len(a))
-    is_rt = np.isin(cats, ["cuda_runtime", "cuda_driver"])
+    return {"ts": ts, "inside": (i >= 0) & (ts < b[np.clip(i, 0, len(b) - 1)]),
+            "rt": np.isin(cats, ["cuda_runtime", "cuda_driver"]), "op": cats == "cpu_op", "n": max(1, len(a)),
+            "full": full, "short": 0 if full else int(getattr(view.trace.info, "short_ops", 0) or 0)}
+
+
+def _price(ev: dict, c_op: float, c_rt: float) -> "np.ndarray":
+    """Each of :func:`_events`' events at its cost to the host under the profiler (0 outside the steps): ``c_op`` an
+    op, ``c_rt`` a runtime call; the short ops the frame left out go with the runtime calls (ops and the calls they
+    make go together)."""
+    import numpy as np
+
+    rt, short = ev["rt"], ev["short"]
+    per_rt = c_rt + (c_op * short / float(rt.sum()) if short and rt.any() else 0.0)
+    return np.where(rt, per_rt, np.where(ev["op"], c_op, 0.0)) * ev["inside"]
+
+
+def _counts(ev: dict) -> tuple[float, float, str]:
+    """Recorded ops and runtime/driver calls per step, inside the steps' annotations (the host's side of each
+    step; the windows where there are none: :func:`_events`), and how the ops were counted: every op where the frame
+    holds every op; else the ops it kept plus the short ops the trace layer counted and left out, of which the steps
+    hold the share of the trace's runtime calls that fall inside them (ops and the calls they make go together)."""
+    inside, is_rt, n = ev["inside"], ev["rt"], ev["n"]
     runtime = float(is_rt[inside].sum()) / n
-    ops = float((cats[inside] == "cpu_op").sum()) / n
-    if full:
+    ops = float(ev["op"][inside].sum()) / n
+    if ev["full"]:
         return ops, runtime, "every recorded op counted"
-    short = int(getattr(view.trace.info, "short_ops", 0) or 0)
+    short = ev["short"]
     share = float(is_rt[inside].sum()) / float(is_rt.sum()) if is_rt.any() else 1.0
     return (ops + short * share / n, runtime,
             f"the ops the frame kept plus the {short} short ops the trace layer counted, {100 * share:.0f}% of them "
@@ -277,12 +297,13 @@ def _priced(view: "RankView", ps: "pd.DataFrame", capture: dict | None, root: st
     table, row = pick(device, gpu, shapes, stack, (view.trace.info.world_size or 1) > 1, str(root))
     if table is None or row is None:
         return None
-    ops, runtime, basis_ops = _counts(view, ps)
+    ev = _events(view, ps)
+    ops, runtime, basis_ops = _counts(ev)
     c_op, c_rt = max(0.0, float(row["us_per_op"])), max(0.0, float(row["us_per_runtime"]))
     shown = _shown_us(ps)
     return {"gpu": gpu, "device": device, "where": where, "table": table, "row": row, "ops": ops,
             "runtime": runtime, "basis_ops": basis_ops, "c_op": c_op, "c_rt": c_rt, "shown": shown,
-            "host_us": ops * c_op + runtime * c_rt + shown}
+            "host_us": ops * c_op + runtime * c_rt + shown, "events": ev}
 
 
 def _shown_us(per_step: "pd.DataFrame") -> float:
@@ -293,13 +314,13 @@ def _shown_us(per_step: "pd.DataFrame") -> float:
 
 
 def data_wait_share(view: "RankView", per_step: "pd.DataFrame") -> float:
-    """The share of the recorded ``aten::`` ops of the steps (as :func:`_counts` places them) that lie inside the
+    """The share of the recorded ``aten::`` ops of the steps (as :func:`_events` places them) that lie inside the
     host model's DataLoader waits: a loader running in the main process records every sample's indexing, the collate
     and the pinning there (hundreds of ops per batch). Reads every CPU event (the trace again with ``cpu="all"``
     where the caller did not)."""
     import numpy as np
 
-    from .host_model import ALL, names_str
+    from .host_model import ALL
 
     if view.memo.get("cpu_all") is None:
         if view.trace.path is None:
@@ -310,11 +331,8 @@ def data_wait_share(view: "RankView", per_step: "pd.DataFrame") -> float:
     cpu = view.memo["cpu_all"]
     if cpu is None or cpu.empty:
         return 0.0
-    ops = cpu[(names_str(cpu["cat"]) == "cpu_op").to_numpy()]
-    a, b = _windows(view, per_step)
-    ts = ops["ts"].to_numpy(float)
-    i = np.searchsorted(a, ts, side="right") - 1
-    inside = (i >= 0) & (ts < b[np.clip(i, 0, len(b) - 1)])
+    ev = _events(view, per_step)
+    ts, inside = ev["ts"], ev["op"] & ev["inside"]
     da, db = view.host.spans("data_wait", ALL)
     if not inside.any() or not len(da):
         return 0.0
@@ -361,7 +379,7 @@ def _overhead(view: "RankView", capture: dict | None, cpu_all, root) -> Profiler
     device, where, table, row = p["device"], p["where"], p["table"], p["row"]
     ops, runtime, basis_ops, c_op, c_rt, shown, host_us = (p[k] for k in ("ops", "runtime", "basis_ops", "c_op",
                                                                           "c_rt", "shown", "host_us"))
-    exposed, segments = _exposed(view, ps, c_op, c_rt) if gpu else (host_us, 0)
+    exposed, segments = _exposed(view, ps, p["events"], c_op, c_rt) if gpu else (host_us, 0)
     exposed = min(exposed, host_us)
     # the GPU's own work bounds the step from below; not its collectives' kernels, which spin while they wait
     # for a peer (a waiting rank's GPU is "busy" for most of the step)
@@ -394,10 +412,10 @@ waiting for the host to launch it (under the profiler a launch reaches an idle G
 later than that after an idle queue waited for something else (another stream's work, a collective, an event)"""
 
 
-def _exposed(view: "RankView", per_step: "pd.DataFrame", c_op: float, c_rt: float) -> tuple[float, int]:
+def _exposed(view: "RankView", per_step: "pd.DataFrame", ev: dict, c_op: float, c_rt: float) -> tuple[float, int]:
     """The profiler's host time per step that lengthened the step, and the number of stretches it was judged in.
-    The profiler slows the host, not the GPU: its time (the host's recorded events as :func:`_counts` places them,
-    each at its cost) shortens the step only where the GPU waited for the host. The host's waits for the GPU (the
+    The profiler slows the host, not the GPU: its time (the host's recorded events as :func:`_events` places them,
+    each at its cost, :func:`_price`) shortens the step only where the GPU waited for the host. The host's waits for the GPU (the
     host model's ``sync`` spans: ``.item()``, synchronize, a blocking copy) cut the steps into stretches:
 
     * a stretch that ends in such a wait (or a device free: :data:`kit.doctor.calls.FREE_CALLS`) is replayed: its GPU work (kernels, copies,
@@ -420,22 +438,11 @@ def _exposed(view: "RankView", per_step: "pd.DataFrame", c_op: float, c_rt: floa
     import numpy as np
 
     from ..traces.intervals import covered, union_np
-    from .host_model import ALL, names_str
+    from .host_model import ALL
 
-    cpu_all = view.memo.get("cpu_all")
-    full = cpu_all is not None and not cpu_all.empty
-    cpu = cpu_all if full else view.trace.cpu
     a, b = _windows(view, per_step)
-    n = max(1, len(a))
-    ts = cpu["ts"].to_numpy(float)
-    i = np.searchsorted(a, ts, side="right") - 1
-    inside = (i >= 0) & (ts < b[np.clip(i, 0, len(b) - 1)])
-    cats = names_str(cpu["cat"]).to_numpy()
-    is_rt = np.isin(cats, ["cuda_runtime", "cuda_driver"])
-    short = 0 if full else int(getattr(view.trace.info, "short_ops", 0) or 0)
-    # the short ops the frame left out go with the runtime calls (as in _counts)
-    per_rt = c_rt + (c_op * short / float(is_rt.sum()) if short and is_rt.any() else 0.0)
-    cost = np.where(is_rt, per_rt, np.where(cats == "cpu_op", c_op, 0.0)) * inside
+    n = ev["n"]
+    ts, cost = ev["ts"], _price(ev, c_op, c_rt)
     # the profiler's own time the trace shows (the host model's ``profiler`` kind), at its start
     pa, pb = view.host.spans("profiler", ALL) if view.host is not None else (np.empty(0), np.empty(0))
     k = np.searchsorted(a, pa, side="right") - 1

@@ -54,7 +54,7 @@ def point(name: str, files: list[Path], overhead_us: float, unprof: float, meta:
     """A job's measured overhead, ops and runtime calls per step, and its exposure curve: for each per-op cost of
     :data:`GRID`, the profiler time that lengthened the job's step (the largest over its ranks of
     :func:`kit.doctor.overhead._exposed`: the job steps at its slowest host's pace)."""
-    from kit.doctor.overhead import _counts, _exposed, _per_step, _view
+    from kit.doctor.overhead import _counts, _events, _exposed, _per_step, _view
 
     per, curves = [], []
     for f in files:
@@ -62,10 +62,11 @@ def point(name: str, files: list[Path], overhead_us: float, unprof: float, meta:
         ps = _per_step(v)
         if ps is None:
             continue
-        ops, rt, _ = _counts(v, ps)
+        ev = _events(v, ps)
+        ops, rt, _ = _counts(ev)
         per.append({"ops": ops, "runtime": rt, "traced_us": float(ps["dur"].median()),
                     "gpu_compute_us": float(ps["gpu_compute_us"].median())})
-        curves.append([_exposed(v, ps, c, 0.0)[0] for c in GRID])
+        curves.append([_exposed(v, ps, ev, c, 0.0)[0] for c in GRID])
     ovh = overhead_us
     ops = max(p["ops"] for p in per)
     gpu = max(p["gpu_compute_us"] for p in per)
