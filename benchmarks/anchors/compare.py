@@ -492,8 +492,9 @@ def _print_row(res: dict, s: dict) -> None:
     n = len(res["ranks"])
     truth = Path(res["job"]) / "truth.json"  # a planted-fault corpus case says what was planted
     committed = REPO / "tests" / "data" / "doctor" / Path(res["job"]).parent.name / Path(res["job"]).name / "truth.json"
-    if committed.is_file():  # the committed copy of a recorded case's truth (with the time its fault added)
-        truth = committed
+    if committed.is_file() and (not truth.is_file() or json.loads(committed.read_text()).get("recorded")
+                                == json.loads(truth.read_text()).get("recorded")):
+        truth = committed  # the committed copy of this recording's truth (with the time its fault added)
     planted = ""
     if truth.is_file():
         t = json.loads(truth.read_text())
