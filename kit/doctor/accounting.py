@@ -75,7 +75,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..traces.intervals import cover, partition, union_np
-from .calls import FREE_CALLS, STEP_PREFIX, WORKER_LOADER
+from .calls import STEP_PREFIX, WORKER_LOADER
 from .host_model import HostModel, host_model, name_mask, names_str
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -420,16 +420,14 @@ def owed_idle(grp, w, cls, dur, s, t_next, host, waits, stride) -> dict[tuple[in
 
 def waiting_calls(host: HostModel, tid: Any) -> "dict[str, tuple[np.ndarray, np.ndarray]]":
     """Thread ``tid``'s waits that end when something else is done, whenever they begin, by the slice they block
-    in, as sorted disjoint spans: its synchronising calls (``sync``) and device frees (``allocator``,
-    :data:`FREE_CALLS`) end when the GPU is done, its requests to a DataLoader's worker processes (``input``,
-    :data:`WORKER_LOADER`) when the workers have the batch -- a host that came earlier would have waited longer.
+    in, as sorted disjoint spans: its synchronising calls (``sync``) and device frees (``allocator``) end when the
+    GPU is done (:meth:`kit.doctor.host_model.HostModel.gpu_waits`), its requests to a DataLoader's worker processes
+    (``input``, :data:`WORKER_LOADER`) when the workers have the batch -- a host that came earlier would have waited longer.
     (An in-process DataLoader loads the batch when asked: that wait is the host's own work, and moves with it.)"""
-    c, act = host.calls, host.activity
-    free = c[(c["tid"] == tid) & c["base"].astype(str).isin(FREE_CALLS)]
+    act = host.activity
     data = act[(act["tid"] == tid) & (act["kind"] == "data_wait")]
     data = data[data["name"].astype(str).str.contains(WORKER_LOADER, regex=False)]
-    return {"sync": host.spans("sync", tid), "allocator": union_np(free["ts"], free["end"]),
-            "input": union_np(data["ts"], data["end"])}
+    return {**host.gpu_waits(tid), "input": union_np(data["ts"], data["end"])}
 
 
 def _stalls(view, calls, host, s, e, cls) -> tuple[dict, ...]:

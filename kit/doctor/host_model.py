@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING, Any
 from ..traces.frames import COMM_OPS
 from ..traces.gaps import DEFAULT_STALL_US
 from ..traces.intervals import cover, gaps_between, partition, subtract, union_np
-from .calls import (ALLOC_CALLS, BLOCKING_COPY_CALLS, DATALOADER, FRAMEWORK_REGIONS, STEP_PREFIX, SYNC_CALLS,
-                    base_name)
+from .calls import (ALLOC_CALLS, BLOCKING_COPY_CALLS, DATALOADER, FRAMEWORK_REGIONS, FREE_CALLS, STEP_PREFIX,
+                    SYNC_CALLS, base_name)
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -120,6 +120,18 @@ class HostModel:
         import numpy as np
 
         return self.sets.get(tid, {}).get(kind, (np.empty(0), np.empty(0)))
+
+    def gpu_waits(self, tid: Any = ALL) -> "dict[str, tuple[np.ndarray, np.ndarray]]":
+        """Thread ``tid``'s (or every thread's, :data:`ALL`) waits for the GPU, by the accounting slice they block
+        in, as sorted disjoint spans: its synchronising calls (``sync``) and device frees (``allocator``,
+        :data:`kit.doctor.calls.FREE_CALLS`: a free synchronises the device) -- the queue is drained when they return.
+        The one view of them for the accounting (:func:`kit.doctor.accounting.waiting_calls`) and the profiler
+        overhead's replay (:func:`kit.doctor.overhead._exposed`)."""
+        c = self.calls
+        free = c[c["base"].isin(FREE_CALLS)]
+        if tid != ALL:
+            free = free[free["tid"] == tid]
+        return {"sync": self.spans("sync", tid), "allocator": union_np(free["ts"], free["end"])}
 
 
 def host_model(view: "RankView", cpu_all: "pd.DataFrame | None" = None) -> HostModel | None:

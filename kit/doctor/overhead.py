@@ -36,7 +36,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .calls import FREE_CALLS
 from .model import SEVERITY_SHARE
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -415,12 +414,12 @@ later than that after an idle queue waited for something else (another stream's 
 def _exposed(view: "RankView", per_step: "pd.DataFrame", ev: dict, c_op: float, c_rt: float) -> tuple[float, int]:
     """The profiler's host time per step that lengthened the step, and the number of stretches it was judged in.
     The profiler slows the host, not the GPU: its time (the host's recorded events as :func:`_events` places them,
-    each at its cost, :func:`_price`) shortens the step only where the GPU waited for the host. The host's waits for the GPU (the
-    host model's ``sync`` spans: ``.item()``, synchronize, a blocking copy) cut the steps into stretches:
+    each at its cost, :func:`_price`) shortens the step only where the GPU waited for the host. The host's waits for
+    the GPU (:meth:`kit.doctor.host_model.HostModel.gpu_waits`: ``.item()``, synchronize, a blocking copy, a device
+    free) cut the steps into stretches:
 
-    * a stretch that ends in such a wait (or a device free: :data:`kit.doctor.calls.FREE_CALLS`) is replayed: its GPU work (kernels, copies,
-      memsets, collectives) in order, per stream, with the profiler's time taken out of the host -- an activity that
-      waited for its launch
+    * a stretch that ends in such a wait is replayed: its GPU work (kernels, copies, memsets, collectives) in
+      order, per stream, with the profiler's time taken out of the host -- an activity that waited for its launch
       (:data:`LAUNCH_GATED_US`) starts earlier by the profiler's time before that launch, one queued behind its
       stream's work (:data:`QUEUED_US`) when that now ends, one that waited for another stream (an event, a
       collective) as much earlier as the work that ended just before it; the stretch ends when both the host
@@ -458,11 +457,8 @@ def _exposed(view: "RankView", per_step: "pd.DataFrame", ev: dict, c_op: float, 
     lo = float(per_step["ts"].min())
     hi = max(float(per_step["end"].max()), float(b.max()))
     g = g[(g["end"] > g["ts"]) & (g["end"] > lo)].sort_values("ts", kind="stable")
-    sa, sb = view.host.spans("sync", ALL) if view.host is not None else (np.empty(0), np.empty(0))
-    calls = getattr(view.host, "calls", None)
-    if calls is not None and len(calls):  # a free waits for the whole device too
-        fr = calls[calls["base"].isin(FREE_CALLS)] if "base" in calls else calls.iloc[:0]
-        sa, sb = union_np(np.r_[sa, fr["ts"].to_numpy(float)], np.r_[sb, fr["end"].to_numpy(float)])
+    w = view.host.gpu_waits(ALL)  # synchronising calls and device frees (a free waits for the whole device too)
+    sa, sb = union_np(np.r_[w["sync"][0], w["allocator"][0]], np.r_[w["sync"][1], w["allocator"][1]])
     keep = (sb > lo) & (sb < hi)
     sa, sb = sa[keep], sb[keep]
     cuts = np.unique(np.r_[lo, sb, hi])
