@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def main(argv=None) -> int:
-    from kit.doctor.overhead import _counts, _exposed, _per_step, _view
+    from kit.doctor.overhead import _counts, _events, _exposed, _per_step, _view
 
     spec = importlib.util.spec_from_file_location("overhead_fit", ROOT / "tests" / "corpus" / "overhead_fit.py")
     fit = importlib.util.module_from_spec(spec)
@@ -42,8 +42,9 @@ def main(argv=None) -> int:
         for f in files:
             v = _view(f)
             ps = _per_step(v)
-            ops.append(_counts(v, ps)[0])
-            curves.append([_exposed(v, ps, c, 0.0)[0] for c in fit.GRID])
+            ev = _events(v, ps)
+            ops.append(_counts(ev)[0])
+            curves.append([_exposed(v, ps, ev, c, 0.0)[0] for c in fit.GRID])
         curve = [max(c[i] for c in curves) for i in range(len(fit.GRID))]
         d = r["job"]["cpu_cuda_shapes"]
         rounds = d["overhead_per_round_us"]
