@@ -1063,43 +1063,38 @@ def test_floors_matrix_and_model_of_the_4xh100_probe_run():
 
 
 def test_the_recorded_h100_runs():
-    """The 4x and 2x H100 runs the notebook shows (FINDINGS.md, 'P2P transports on 2 and 4 H100s'): the pipeline per
-    transport and driver against the device model and against the model of how it is driven (the model with the host:
-    one thread for every stage, a thread per stage issuing at once under the GIL, a process per stage), both ways
-    against copy, 1 KiB against the bare loop, every pair of the 4 GPUs."""
-    approx = lambda v: pytest.approx(v, rel=0.01)  # noqa: E731
+    """The 4x and 2x H100 runs the notebook shows (FINDINGS.md, 'P2P transports on 2 and 4 H100s, session 6'), in one
+    set as the notebook shows them: the pipeline on 4 and on 2 stages side by side, each step against the parts timed
+    beside it (within 10% of the model of how it is driven but copy driven by one thread, 1.110x / 1.128x; none below
+    its p10), the graph replay against the device model; both ways against copy (ipc 0.887x), 1 KiB against the bare
+    loop, every pair of the 4 GPUs."""
+    approx = lambda v: pytest.approx(v, abs=0.002)  # noqa: E731
     four = results.choose("p2p_transports", [], "recorded", set_name="p2p_transports@h100x4")
     two = results.choose("p2p_transports", [], "recorded", set_name="p2p_transports@h100x2")
-    mo = PA.model(four).set_index(["transport", "driver"])
-    assert (mo.stages == 4).all()
-    for k, ms, ratio, hosted in ((("copy", "host"), 50.34, 2.948, 1.133), (("copy", "device"), 32.84, 1.924, 1.110),
-                                 (("ipc", "host"), 25.87, 1.480, 1.208), (("ipc-direct", "host"), 23.20, 1.279, 0.973),
-                                 (("nccl", "host"), 19.32, 1.126, 1.017), (("nccl", "device"), 17.28, 1.007, 1.007)):
-        assert mo.loc[k, "measured_ms"] == approx(ms) and mo.loc[k, "measured_vs_model"] == pytest.approx(ratio, abs=0.002)
-        assert mo.loc[k, "measured_vs_host_model"] == pytest.approx(hosted, abs=0.002)
+    if not four.dirs or not two.dirs:
+        pytest.skip("the recorded H100 runs are not here")
+    # the model of both runs at once: each step is taken against the parts of its own run (stages), not the other's
+    mo = PA.model(results.RunSet(four.dirs + two.dirs, "recorded")).set_index(["transport", "driver", "stages"])
+    for (t, d), (ms4, paired4), (ms2, paired2) in (
+            (("copy", "host"), (50.76, 1.110), (18.53, 1.128)), (("copy", "device"), (35.01, 1.056), (19.67, 1.004)),
+            (("ipc", "host"), (20.91, 0.996), (15.76, 1.048)), (("ipc-direct", "host"), (18.81, 1.027), (17.37, 0.937)),
+            (("nccl", "host"), (18.39, 1.002), (16.44, 0.952))):
+        for stages, ms, paired in ((4, ms4, paired4), (2, ms2, paired2)):
+            assert mo.loc[(t, d, stages), "measured_ms"] == pytest.approx(ms, abs=0.01)
+            assert mo.loc[(t, d, stages), "measured_vs_host_model_paired"] == approx(paired)
+    assert mo.loc[("nccl", "device", 4), "measured_vs_model"] == approx(1.015)
+    assert mo.loc[("nccl", "device", 2), "measured_vs_model"] == approx(0.993)
     assert (mo.measured_ms > mo.predicted_p10_ms).all() and (mo.measured_ms > mo.host_model_p10_ms).all()
     # one thread driving 4 GPUs: the iteration is the host's time in it
     pp = PA.pipeline(four).set_index(["transport", "driver"])
-    assert pp.loc[("copy", "host"), "host_share"] == pytest.approx(0.994, abs=0.002)
-    m2 = PA.model(two).set_index(["transport", "driver"])
-    for k, ratio, hosted in ((("copy", "host"), 2.153, 1.162), (("copy", "device"), 1.717, 1.024),
-                             (("ipc", "host"), 1.342, 0.987), (("ipc-direct", "host"), 1.399, 1.026),
-                             (("nccl", "host"), 1.135, 0.911), (("nccl", "device"), 1.027, 1.027)):
-        assert m2.loc[k, "measured_vs_model"] == pytest.approx(ratio, abs=0.002)
-        assert m2.loc[k, "measured_vs_host_model"] == pytest.approx(hosted, abs=0.002)
-    # a thread per stage: the model with each step's host time as issued with every stage's thread at once (the GIL);
-    # the device-bound graph replay has no host: its model is the device model -- within 1% / 3% of it once the parts'
-    # backwards add into accumulated gradients as the pipeline's do
-    assert (mo.loc[("copy", "device"), "host_model_ms"] > 1.5 * mo.loc[("copy", "device"), "predicted_ms"])
-    assert mo.loc[("nccl", "device"), "host_model_ms"] == mo.loc[("nccl", "device"), "predicted_ms"]
+    assert pp.loc[("copy", "host"), "host_share"] == approx(0.992)
     both = INV.table("at_256mib_both", four)
-    assert both.loc["ipc", "vs copy"] == pytest.approx(0.876, abs=0.002)
-    assert both.loc["ipc-direct", "vs copy"] == pytest.approx(0.976, abs=0.002)
-    assert both.loc["local copy_", "time_us_median"] == approx(185.5) and pd.isna(both.loc["local copy_", "vs copy"])
+    assert both.loc["ipc", "vs copy"] == approx(0.887) and INV.table("at_256mib_both", two).loc["ipc", "vs copy"] == approx(0.894)
+    assert both.loc["ipc-direct", "vs copy"] == approx(0.976)
+    assert both.loc["local copy_", "time_us_median"] == pytest.approx(185.0, abs=0.1) and pd.isna(both.loc["local copy_", "vs copy"])
     lat, lat2 = A.latency(four), A.latency(two)
-    assert lat.loc["copy", "vs_copy_loop"] == pytest.approx(1.548, abs=0.002)
-    assert lat2.loc["copy", "vs_copy_loop"] == pytest.approx(1.411, abs=0.002)
-    assert lat.loc[X.BARE, "vs_floor"] == pytest.approx(2.15, abs=0.01)
+    assert lat.loc["copy", "vs_copy_loop"] == approx(1.320) and lat2.loc["copy", "vs_copy_loop"] == approx(1.291)
+    assert lat.loc[X.BARE, "vs_floor"] == pytest.approx(1.97, abs=0.01)
     m = A.matrices(four)
     assert m.notna().sum().sum() == 4 * (12 + 12)  # 4 transports: 12 ordered pairs one way, 6 pairs both ways x 2 cells
 

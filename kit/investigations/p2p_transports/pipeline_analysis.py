@@ -186,6 +186,7 @@ def model(data) -> pd.DataFrame:
             continue
         g = rows_of(frame(data), "pipeline")
         g = g[(g["transport"] == r.transport)]
+        g = g[g["world_size"] == r.stages] if "world_size" in g.columns else g  # runs of 2 and 4 stages side by side
         p, m = r.stages, int(g["micro_batches"].max())
         hops = same[(same["transport"] == r.transport) & (same["part"] == "transfer")]
         pred = {}
