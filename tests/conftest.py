@@ -147,6 +147,19 @@ def diagnosed(files, sweep=None):
     return got[0]
 
 
+def unprofiled_idle_us(d, step_us: float) -> float:
+    """The GPU idle of a job's step without the profiler (``step_us``: its unprofiled step, microseconds), for a
+    Diagnosis ``d``: that step less the busiest GPU's own kernels per step (the largest over its traces of the median,
+    over the steps, of the kernels other than NCCL's: the host model's ``gpu_kernels_us``) and the least
+    communication of any rank (the accounting's ``comm`` slice). Not the accounting's compute slice: a rank's slice
+    is its share of the rank's window times its step, which shrinks the work of a GPU that runs past the host's last
+    step."""
+    from kit.doctor.overhead import _per_step, _view
+
+    busiest = max(float(_per_step(_view(p))["gpu_kernels_us"].median()) for p in d.traces)
+    return step_us - busiest - min(a["us_per_step"]["comm"] for a in d.accounting.values())
+
+
 def figure_says(fig) -> str:
     """What a figure of an analysis shows: ``"data"`` when a panel has data, else the text of the message figure
     (:func:`kit.plot.message`) that says why there is nothing to draw. Fails on a figure with neither."""
