@@ -2,8 +2,9 @@
 :mod:`kit.transports.mailbox` (slots in the receiver's memory, interprocess events, shared-memory counters).
 
 The sender copies its tensor straight into a slot of the receiver's mailbox (``cuMemcpyDtoDAsync`` on its own
-stream: a copy engine); the receiver copies the slot into the caller's tensor, a local device copy about 5x
-faster than the link. That second copy is the price of a buffered transport. One way it hides behind the next
+stream: a copy engine); the receiver copies the slot into the caller's tensor, a local device copy several times
+faster than the link. That second copy is the price of a buffered transport (its pass over the GPU's memory can
+also slow the link beside it: FINDINGS.md). One way it hides behind the next
 message's transfer (it runs on the other GPU); both ways at once it did not: each rank's copy-out queued on the
 stream that carries its own outgoing copy, so every round was the transfer *then* the copy-out. So a message of at least :data:`PIECE_MIN_BYTES` moves in pieces
 (:func:`pieces`), each signalled by its own ready event, on a send stream of its own (one per caller stream, so

@@ -289,12 +289,11 @@ class one_core:
     """Keep every thread of this process -- and any it starts meanwhile -- on one CPU core for a block (``with
     one_core() as core``: the core the process may use that is idle the longest and interrupted the least over
     0.2 s on entry, :meth:`idlest`; or ``core``), then give each thread back the CPUs it had (a thread started in the
-    block: the process's). For one
-    thread that drives every stage (:func:`drive`): each forward and backward call hands work to other threads of
-    the process and waits for them -- the autograd engine runs a backward on a worker thread per GPU -- and on a VM
-    a wake-up across cores costs that thread far more than a switch on its own core; on a core another process
-    keeps busy it gains nothing (measured: FINDINGS.md, P2P transports). A no-op (``core`` None) where the OS has no
-    thread affinity."""
+    block: the process's). For one thread that drives every stage (:func:`drive`): each forward and backward call
+    hands work to other threads of the process and waits for them -- the autograd engine runs a backward on a worker
+    thread per GPU -- and on some VMs a wake-up across cores costs that thread far more than a switch on its own
+    core; on others it changes nothing, and on a core another process keeps busy it gains nothing (measured, host by
+    host: FINDINGS.md, P2P transports). A no-op (``core`` None) where the OS has no thread affinity."""
 
     def __init__(self, core: int | None = None):
         self.want, self.core, self.saved = core, None, {}

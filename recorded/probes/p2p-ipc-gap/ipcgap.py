@@ -11,7 +11,8 @@ slower rank's (both ranks' kept). Every variant moves 256 MiB each way per round
 * raw-pieces / raw-pieces+ev: raw in the pieces of kit's ipc, without / with an interprocess event record after each;
 * ipc-nocopy: kit's ipc protocol (pieces, ready/consumed events, counters) with the copy-out left out;
 * ipc: kit's ipc as it is (the code this runs from); ipc-tail*/-shrink*: its pieces with another TAIL_BYTES /
-  SHRINK; ipc-halving: the pieces before 2026-11-27 15:00 (halving down to 4 MiB, 7 pieces at 256 MiB); ipc-whole:
+  SHRINK (ipc-shrink3-tail8M: both); ipc-halving:
+  the pieces before 2026-11-27 15:00 (halving down to 4 MiB, 7 pieces at 256 MiB); ipc-whole:
   one piece; ipc-eq8: 8 equal pieces (which exist depends on the code: VARIANTS selects);
 * ipc-R40, ipc-halving-R40: 40 rounds per sample instead of 10 (the per-sample fixed cost);
 * local-sm / local-ce: a local 256 MiB copy alone, as copy_ (the copy-out as kit issues it) / as a
@@ -197,6 +198,10 @@ def configure(v):
         IPC.TAIL_BYTES = 32 << 20
     elif v == "ipc-shrink3":
         IPC.SHRINK = 3
+    elif v == "ipc-shrink3-tail8M":
+        IPC.SHRINK, IPC.TAIL_BYTES = 3, 8 << 20
+    elif v == "ipc-shrink2":
+        IPC.SHRINK = 2
     elif v == "ipc-shrink6":
         IPC.SHRINK = 6
     elif v.startswith("ipc-halving"):
@@ -214,7 +219,8 @@ def configure(v):
 ALL = {"raw": (raw, 10), "raw+local": (raw_local, 10), "raw-pieces": (lambda: raw_pieces(False), 10),
        "raw-pieces+ev": (lambda: raw_pieces(True), 10), "ipc-nocopy": (ipc_round, 10), "ipc": (ipc_round, 10),
        "ipc-tail1M": (ipc_round, 10), "ipc-tail8M": (ipc_round, 10), "ipc-tail16M": (ipc_round, 10),
-       "ipc-tail32M": (ipc_round, 10), "ipc-shrink3": (ipc_round, 10), "ipc-shrink6": (ipc_round, 10),
+       "ipc-tail32M": (ipc_round, 10), "ipc-shrink3": (ipc_round, 10), "ipc-shrink3-tail8M": (ipc_round, 10),
+       "ipc-shrink2": (ipc_round, 10), "ipc-shrink6": (ipc_round, 10),
        "ipc-halving": (ipc_round, 10), "ipc-whole": (ipc_round, 10),
        "ipc-eq8": (ipc_round, 10), "ipc-R40": (ipc_round, 40), "ipc-halving-R40": (ipc_round, 40),
        "local-sm": (local_sm, 10), "local-ce": (local_ce, 10), "raw+local-ce": (raw_local_ce, 10),
