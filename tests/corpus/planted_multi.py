@@ -48,6 +48,7 @@ Usage (from the repository root)::
     python tests/corpus/planted_multi.py --world 2 --out tests/data/doctor/corpus-h100x2 --budget-s 120
     python tests/corpus/planted_multi.py --world 2 --device cpu --out /tmp/mc --cases gpt-ddp-bf16-control  # gloo
     python tests/corpus/planted_multi.py --world 2 --out /tmp/pairs --pair accum --steps 40 --alternations 8
+    TEARDOWN_CUPTI=1 python tests/corpus/planted_multi.py --world 2 --out /tmp/pairs --pair accum --after-rounds 4
     python tests/corpus/planted_multi.py --world 2 --out /tmp/pairs --pair p2p_off --steps 80 --alternations 3  # by sessions
     python tests/corpus/planted_multi.py --readme tests/data/doctor/corpus-h100x2
 
@@ -378,7 +379,7 @@ def _rank_main(rank: int, world: int, names: list[str], root: str, warm: int, n:
     est = 15.0  # seconds a case takes, until one has been timed
     status = {}
     if pair is not None:  # (name, alternations): one interleaved pair, then done
-        _run_pair(pair[0], rank, world, Path(root), warm, n, pair[1], device, dev, env)
+        _run_pair(pair[0], rank, world, Path(root), warm, n, pair[1], device, dev, env, *pair[2:])
         status = {name: "ok" for name in names}
         names = []
     if block is not None:  # one block of a pair interleaved by sessions (run_session_pair), then done
@@ -519,6 +520,7 @@ def _pair_truths(arms: list[dict], world: int, device: str, timings: list[dict],
                                 "block_steps": n, "settle_steps_per_block": 1,
                                 "block_median_us": [round(x, 1) for x in job_blocks[c["name"]]],
                                 "same_process_as_trace": not sessions,
+                                "profiler_env": {k: os.environ[k] for k in PROFILER_ENV if k in os.environ},
                                 **({"by": "sessions: each block a fresh spawn in its arm's NCCL environment, each "
                                           "arm traced after its timed steps in the last round"} if sessions else {})}
         out[c["name"]] = truth
@@ -531,9 +533,11 @@ def _pair_truths(arms: list[dict], world: int, device: str, timings: list[dict],
 
 
 def _run_pair(pair: str, rank: int, world: int, root: Path, warm: int, n: int, alternations: int, device: str,
-              dev: str, env: dict) -> None:
+              dev: str, env: dict, after_rounds: int = 0) -> None:
     """One pair (:data:`PAIRS`) on this rank: built once for its fault, timed by turns (:func:`time_interleaved`),
-    then each arm profiled its case's way in this same process; rank 0 writes both truth.json files."""
+    then each arm profiled its case's way in this same process; rank 0 writes both truth.json files. With
+    ``after_rounds``, that many more rounds are timed after both arms were traced (:func:`after_tracing`: what the
+    profiler left behind in the process, e.g. CUPTI still attached, does to the unprofiled step)."""
     import torch.distributed as dist
 
     t0 = time.time()
@@ -552,8 +556,13 @@ def _run_pair(pair: str, rank: int, world: int, root: Path, warm: int, n: int, a
         dist.barrier()
     timings = [None] * world
     dist.all_gather_object(timings, timing)
+    afters = [None] * world
+    if after_rounds:
+        dist.all_gather_object(afters, time_interleaved(job, arms, 1, n, after_rounds))
     if rank == 0:
         truths = _pair_truths(arms, world, device, timings, job.params_used, root, env, alternations, n)
+        if after_rounds:
+            after_tracing(truths, arms, afters)
         for name, truth in truths.items():
             truth["wall_s"] = round(time.time() - t0, 1)
             _added(truth, root)
@@ -566,6 +575,31 @@ def _run_pair(pair: str, rank: int, world: int, root: Path, warm: int, n: int, a
             print(f"{name:32s} {s['median'] / 1e3:8.2f} ms (p10 {s['p10'] / 1e3:.2f} p90 {s['p90'] / 1e3:.2f})"
                   f"{added}  [{truth['wall_s']} s]", flush=True)
     job.close()
+
+
+PROFILER_ENV = ("TEARDOWN_CUPTI", "DISABLE_CUPTI_LAZY_REINIT")
+"""the environment variables by which Kineto decides whether CUPTI is detached (``cuptiFinalize``) when a trace
+ends: left attached, CUPTI's callbacks keep costing the host on every CUDA call after the profiler stopped"""
+
+
+def after_tracing(truths: dict, arms: list[dict], afters: list[dict]) -> None:
+    """Into each arm's ``truth["interleaved"]["after_tracing"]``: its job block medians (per step the slowest rank)
+    in the rounds timed after both arms were traced, the same arm's block medians before (the timed rounds) for
+    comparison, and :data:`PROFILER_ENV` as set; the fault's gains ``added_us_by_alternation`` of those rounds."""
+    med = {}
+    for c in arms:
+        per = [a[c["name"]] for a in afters]
+        job = [max(p["samples"][i] for p in per) for i in range(len(per[0]["samples"]))]
+        med[c["name"]] = [round(statistics.median(job[a:b]), 1) for a, b in per[0]["blocks"]]
+        inter = truths[c["name"]]["interleaved"]
+        inter["after_tracing"] = {
+            "block_median_us": med[c["name"]], "position": per[0]["position"],
+            "median_of_blocks_before_us": round(statistics.median(inter["block_median_us"]), 1),
+            "median_of_blocks_after_us": round(statistics.median(med[c["name"]]), 1),
+            "profiler_env": {k: os.environ[k] for k in PROFILER_ENV if k in os.environ}}
+    ctl, fault = (c["name"] for c in arms)
+    truths[fault]["interleaved"]["after_tracing"]["added_us_by_alternation"] = [
+        round(f - c, 1) for f, c in zip(med[fault], med[ctl])]
 
 
 def _run_block(block: dict, rank: int, world: int, root: Path, warm: int, n: int, dev: str) -> None:
@@ -783,6 +817,8 @@ def main(argv=None) -> int:
     ap.add_argument("--pair", choices=sorted(PAIRS), help="record one fault and its control interleaved in one "
                     "process instead of --cases (PAIRS): --steps per block, --alternations rounds of each")
     ap.add_argument("--alternations", type=int, default=6, help="--pair: rounds, ABBA (default 6)")
+    ap.add_argument("--after-rounds", type=int, default=0, help="--pair in one process: rounds timed again "
+                    "after both arms were traced (truth.json's interleaved.after_tracing; default 0)")
     ap.add_argument("--list", action="store_true", help="list the cases")
     ap.add_argument("--readme", type=Path, help="write README.md for the corpus in this directory and stop")
     a = ap.parse_args(argv)
@@ -840,7 +876,7 @@ def main(argv=None) -> int:
             status.update({n: "skipped: the deadline" for n in group})
             continue
         status.update(run_session(group, a.world, out, a.warm, a.steps, a.threads, deadline, a.device, dict(env),
-                                  a.max_mib, (a.pair, a.alternations) if a.pair else None))
+                                  a.max_mib, (a.pair, a.alternations, a.after_rounds) if a.pair else None))
     for p in sorted(out.glob("*/truth.json")):  # a control recorded after its case
         t = json.loads(p.read_text())
         _added(t, out)

@@ -137,6 +137,30 @@ def test_a_pair_recorded_interleaved_states_its_added_time_against_its_own_contr
     _check_pair(fault)
 
 
+def test_rounds_timed_after_tracing_are_kept_beside_the_rounds_before(tmp_path, monkeypatch):
+    """--after-rounds: each arm's job block medians after both arms were traced, its medians before and after, and
+    the profiler's teardown setting as set; the fault's per-round added time of those rounds."""
+    m = _module()
+    arms = [m.CASES[x] for x in m.PAIRS["accum"]]
+    for c in arms:
+        (tmp_path / c["name"]).mkdir()
+
+    def rank(base, slow):  # 2 rounds of 2 steps per arm, ABBA; `slow` added to the fault's steps
+        return {c["name"]: m.P.summarize([base + add * slow + i for i in range(4)]) | {
+            "blocks": [[0, 2], [2, 4]], "position": [m.round_order(arms, r).index(c) for r in range(2)]}
+            for c, add in zip(arms, (0.0, 1.0))}
+
+    monkeypatch.setenv("TEARDOWN_CUPTI", "1")
+    truths = m._pair_truths(arms, 2, "cpu", [rank(100.0, 10.0), rank(90.0, 10.0)], {}, tmp_path, {}, 2, 2)
+    m.after_tracing(truths, arms, [rank(150.0, 30.0), rank(140.0, 30.0)])
+    ctl, fault = (truths[c["name"]]["interleaved"] for c in arms)
+    assert fault["profiler_env"] == {"TEARDOWN_CUPTI": "1"} == fault["after_tracing"]["profiler_env"]
+    assert ctl["after_tracing"]["block_median_us"] == [150.5, 152.5]
+    assert ctl["after_tracing"]["median_of_blocks_before_us"] == 101.5
+    assert fault["after_tracing"]["added_us_by_alternation"] == [30.0, 30.0]
+    assert "added_us_by_alternation" not in ctl["after_tracing"]
+
+
 def test_pairs_are_timed_in_abba_order():
     """time_interleaved runs the rounds ABBA (the control first in even rounds, the fault first in odd ones), a
     settling step after each switch, and says each arm's place in its round."""
