@@ -27,7 +27,8 @@ file): a GPT-like transformer and a ResNet-like CNN. What is multi-rank here:
 Profilers: ``kit.capture`` (the kit's defaults: it also times 5 unprofiled steps and writes them into the trace
 header) and ``tb_handler`` (``torch.profiler`` with ``schedule(wait=1, warmup=1, active=3)`` and
 ``tensorboard_trace_handler(dir, use_gzip=True)``: files ``<host>_<pid>.<ts>.pt.trace.json.gz``, the rank only
-inside the trace). ``record_shapes`` on, no stacks: traces stay small.
+inside the trace). ``record_shapes`` on, no stacks: traces stay small. CUPTI is detached when each trace ends
+(``TEARDOWN_CUPTI=1`` unless set: :data:`PROFILER_ENV`), so a step timed after a trace is timed as before any.
 
 ``--pair`` (:data:`PAIRS`) records a fault and its control interleaved in one process instead: one job built
 for the fault, blocks of unprofiled steps in ABBA order (:func:`time_interleaved`: a drift within a round biases
@@ -48,7 +49,7 @@ Usage (from the repository root)::
     python tests/corpus/planted_multi.py --world 2 --out tests/data/doctor/corpus-h100x2 --budget-s 120
     python tests/corpus/planted_multi.py --world 2 --device cpu --out /tmp/mc --cases gpt-ddp-bf16-control  # gloo
     python tests/corpus/planted_multi.py --world 2 --out /tmp/pairs --pair accum --steps 40 --alternations 8
-    TEARDOWN_CUPTI=1 python tests/corpus/planted_multi.py --world 2 --out /tmp/pairs --pair accum --after-rounds 4
+    TEARDOWN_CUPTI=0 python tests/corpus/planted_multi.py --world 2 --out /tmp/pairs --pair accum --after-rounds 4
     python tests/corpus/planted_multi.py --world 2 --out /tmp/pairs --pair p2p_off --steps 80 --alternations 3  # by sessions
     python tests/corpus/planted_multi.py --readme tests/data/doctor/corpus-h100x2
 
@@ -129,6 +130,15 @@ FAULT_PARAMS = {
     "p2p_off": {"env": {"NCCL_P2P_DISABLE": "1"}},
     "proto_ll": {"env": {"NCCL_PROTO": "LL"}},
 }
+PROFILER_ENV = ("TEARDOWN_CUPTI", "DISABLE_CUPTI_LAZY_REINIT")
+"""the environment variables by which Kineto decides whether CUPTI is detached (``cuptiFinalize``) when a trace
+ends: left attached, CUPTI's callbacks keep costing the host on every CUDA call after the profiler stopped (the
+accumulation job ran 30-37% slower after its pair's traces: ``recorded/h100x2/doctor_pairs/s6``), so every step
+timed after a first trace in a process -- the next case's, kit.capture's own unprofiled steps of the arm traced
+second -- would be timed with it. :func:`main` sets ``TEARDOWN_CUPTI=1`` unless the environment sets it (no case
+here uses CUDA graphs, with which teardown crashed on CUDA before 12.6); each truth records the values in force"""
+
+
 EXPECTED = {
     # fault: (rule the doctor should put first, ranks it should name (None: the job), the reason on that rank)
     "none": (None, None, None),
@@ -577,11 +587,6 @@ def _run_pair(pair: str, rank: int, world: int, root: Path, warm: int, n: int, a
     job.close()
 
 
-PROFILER_ENV = ("TEARDOWN_CUPTI", "DISABLE_CUPTI_LAZY_REINIT")
-"""the environment variables by which Kineto decides whether CUPTI is detached (``cuptiFinalize``) when a trace
-ends: left attached, CUPTI's callbacks keep costing the host on every CUDA call after the profiler stopped"""
-
-
 def after_tracing(truths: dict, arms: list[dict], afters: list[dict]) -> None:
     """Into each arm's ``truth["interleaved"]["after_tracing"]``: its job block medians (per step the slowest rank)
     in the rounds timed after both arms were traced, the same arm's block medians before (the timed rounds) for
@@ -701,7 +706,8 @@ def _truth(case: dict, world: int, device: str, timings: list[dict], params: dic
             "sizes": {**SIZES["cuda" if device == "cuda" else "cpu"][case["model"]],
                       **(VARIANT_SIZES["cuda" if device == "cuda" else "cpu"].get(case["sizes_variant"]) or {})},
             **_versions(device), "host_cpu": P._host_cpu(), "hostname_at_recording": socket.gethostname(),
-            "files": files, "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            "files": files, "recorded": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "profiler_env": {k: os.environ[k] for k in PROFILER_ENV if k in os.environ}}
 
 
 def _added(truth: dict, root: Path) -> None:
@@ -859,6 +865,7 @@ def main(argv=None) -> int:
     out = a.out or Path(f"tests/data/doctor/corpus-gloo{a.world}")
     sys.path.insert(0, str(HERE.parents[1]))  # kit, for kit.capture, without installing it
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parents[1]), os.environ.get("PYTHONPATH")]))
+    os.environ.setdefault("TEARDOWN_CUPTI", "1")  # PROFILER_ENV: each case timed as before any trace
     deadline = time.time() + a.budget_s
     if a.pair and len({tuple(sorted(CASES[x]["nccl_env"].items())) for x in names}) > 1:
         out.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,7 @@ them is tested in tests/test_doctor_corpus.py."""
 
 import gzip
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -98,6 +99,7 @@ def test_dry_run_on_gloo_ranks(tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     ctl = json.loads((tmp_path / "cnn-ddp-fp32-control" / "truth.json").read_text())
     t = json.loads((tmp_path / "cnn-ddp-fp32-stall_rank" / "truth.json").read_text())
+    assert t["profiler_env"]["TEARDOWN_CUPTI"] == os.environ.get("TEARDOWN_CUPTI", "1")  # CUPTI detached after a trace
     assert ctl["added_us"] is None and len(ctl["step_us_unprofiled"]["per_rank"]) == 2
     assert t["expected_rule"] == "late_rank" and t["expected_ranks"] == [1] and t["backend"] == "gloo"
     assert t["added_us"] == pytest.approx(t["step_us_unprofiled"]["median"] - ctl["step_us_unprofiled"]["median"],
