@@ -280,7 +280,7 @@ def test_the_job_steps_at_the_pace_of_the_rank_that_loses_most():
         return ov.ProfilerOverhead(traced, traced - exposed, exposed, "estimated", "a test", host_us=7000.0,
                                    exposed_us=exposed)
 
-    got = ov.job_floor({0: est(100.0), 1: est(6500.0), 2: est(300.0, traced=15800.0)}, {})
+    got = ov.job_floor({0: est(100.0), 1: est(6500.0), 2: est(300.0, traced=15800.0)}, {}, {})
     assert {r: o.overhead_us for r, o in got.items()} == {0: 6500.0, 1: 6500.0, 2: 6500.0}
     assert "rank 1: 6500 us per step" in got[0].how and "pace" not in got[1].how
 

@@ -91,10 +91,11 @@ class ProfilerOverhead:
             return None
         return max(0.0, self.unprofiled_step_us - self.own_work_us)
 
-    def net(self, cost_us: float, s: str | None = None) -> float:
-        """A host-side cost net of the profiler's own host time (never below zero); one of the accounting's
-        ``launch`` slice (``s``: the host's issuing) at most :attr:`gain_cap_us`."""
-        net = max(0.0, float(cost_us) - self.overhead_us)
+    def net(self, cost_us: float, s: str | None = None, overhead_us: float | None = None) -> float:
+        """A host-side cost net of the profiler's own host time (never below zero; ``overhead_us``: the part of
+        :attr:`overhead_us` to take off, default all of it); one of the accounting's ``launch`` slice (``s``: the
+        host's issuing) at most :attr:`gain_cap_us`."""
+        net = max(0.0, float(cost_us) - (self.overhead_us if overhead_us is None else overhead_us))
         cap = self.gain_cap_us if s == "launch" else None
         return net if cap is None else min(net, cap)
 
@@ -361,16 +362,15 @@ def _overhead(view: "RankView", capture: dict | None, cpu_all, root) -> Profiler
         return ProfilerOverhead(None, None, 0.0, "none", "no step windows with GPU or host work: nothing to compare")
     traced = float(ps["dur"].median())
     samples = [float(s) for s in (capture or {}).get("unprofiled_step_us") or [] if s is not None]
+    p = _priced(view, ps, capture, root)
     if samples:
         unprof = statistics.median(samples)
         q = statistics.quantiles(samples, n=10, method="inclusive") if len(samples) > 1 else [unprof, unprof]
-        p = _priced(view, ps, capture, root)
         return ProfilerOverhead(traced, unprof, max(0.0, traced - unprof), "measured",
                                 f"median of {len(samples)} steps kit.capture timed without the profiler just before "
                                 f"the window ({capture.get('unprofiled_clock', 'clock not stated')}; p10-p90 "
                                 f"{q[0]:.0f}-{q[-1]:.0f} us) against the median traced step ({len(ps)} steps)",
                                 priced_host_us=None if p is None else p["host_us"])
-    p = _priced(view, ps, capture, root)
     gpu = not view.trace.gpu.empty
     if p is None:
         return ProfilerOverhead(traced, None, 0.0, "none", f"no per-event cost table for a {'GPU' if gpu else 'CPU'}"
@@ -443,7 +443,7 @@ def _exposed(view: "RankView", per_step: "pd.DataFrame", ev: dict, c_op: float, 
     n = ev["n"]
     ts, cost = ev["ts"], _price(ev, c_op, c_rt)
     # the profiler's own time the trace shows (the host model's ``profiler`` kind), at its start
-    pa, pb = view.host.spans("profiler", ALL) if view.host is not None else (np.empty(0), np.empty(0))
+    pa, pb = view.host.spans("profiler", ALL)
     k = np.searchsorted(a, pa, side="right") - 1
     ts, cost = np.r_[ts, pa], np.r_[cost, (pb - pa) * ((k >= 0) & (pa < b[np.clip(k, 0, len(b) - 1)]))]
     o = np.argsort(ts, kind="stable")
@@ -528,7 +528,7 @@ def own_work(host_steps: dict, waits: dict) -> dict:
     return out
 
 
-def job_floor(overhead: dict, waits: dict, host_steps: dict | None = None) -> dict:
+def job_floor(overhead: dict, waits: dict, host_steps: dict) -> dict:
     """The overheads of one job's ranks, as the job pays them. The job is not faster than the GPU with the most work
     of its own (:func:`own_work`: ``waits`` and ``host_steps``, rank -> the host model's per-step frame). A measured
     overhead stays as measured and, in a job of several ranks, keeps that work (:attr:`ProfilerOverhead.own_work_us`),
@@ -541,7 +541,7 @@ def job_floor(overhead: dict, waits: dict, host_steps: dict | None = None) -> di
     Ranks without the numbers are returned as they are."""
     from dataclasses import replace
 
-    own = own_work(host_steps or {}, waits)
+    own = own_work(host_steps, waits)
     top = max(own, key=own.get) if own else None
     floor = own[top] if own else 0.0
     if own and len(overhead) > 1:

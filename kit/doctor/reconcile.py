@@ -28,7 +28,7 @@ import dataclasses
 from .accounting import HOST, IDLE, Account
 from .context import JobContext
 from .findings import LOW, restated, slice_cost, slice_finding, slice_sentence, who
-from .model import RULES, SEVERITY_SHARE, Finding, severity, slice_rules
+from .model import REPORTED, RULES, SEVERITY_SHARE, Finding, severity, slice_rules
 
 MUST_SPEAK = SEVERITY_SHARE["high"]
 """GPU idle at or above this share of a step is never left without a finding at or above 'low'"""
@@ -61,7 +61,7 @@ def reconcile(findings: list[Finding], accounts: list[tuple[int, Account]], ctx:
     findings = [net_of_profiler(f, ctx.overhead, by_rank) for f in findings]  # every cost judged from here on is net
     if only is None:
         findings = findings + must_speak(accounts, findings, ctx)
-    return host_work_first(fold_into_low_busbw(fold_into_late_rank(findings, accounts, ctx.overhead)))
+    return host_work_first(fold_into_low_busbw(fold_into_late_rank(findings, accounts, ctx.overhead), ctx.step_us))
 
 
 def explain_rest(accounts: list[tuple[int, Account]], findings: list[Finding],
@@ -158,7 +158,9 @@ def net_of_profiler(f: Finding, overhead: dict | None, accounts: "dict[int, Acco
     if isinstance(ev.get("per_rank"), dict):  # each rank's cost net of its own overhead
         ev["per_rank"] = {rk: _net_rank(n, overhead.get(int(rk)), s0) for rk, n in ev["per_rank"].items()}
     net = round(o.net(f.cost_us_per_step, s0), 1)
-    if net < round(o.net(f.cost_us_per_step), 1):  # the job's busiest GPU bounds the gain (ProfilerOverhead.net)
+    cap = o.gain_cap_us if s0 == "launch" else None
+    if cap is not None and round(cap, 1) < round(f.cost_us_per_step - o.overhead_us, 1):  # the job's busiest GPU
+        # bounds the gain (ProfilerOverhead.net)
         ev["profiler_gain_cap_us"] = net
         after += (f"; at most {net / 1e3:.2f} ms, the unprofiled step less the busiest GPU's own work per step: "
                   f"were every host instant the job would still take that")
@@ -206,11 +208,8 @@ def net_costs(a: Account, ovh) -> dict[str, float]:
     out = {s: a.cost(s) for s in IDLE}
     if ovh is None or ovh.basis == "none":
         return out
-    left = ovh.overhead_us
-    for s in NET_OF_PROFILER_SLICES:
-        part = dataclasses.replace(ovh, overhead_us=max(0.0, min(left, _cap(ovh, s, a))))
-        left -= min(out[s], part.overhead_us)
-        out[s] = part.net(out[s], s)
+    for i, s in enumerate(NET_OF_PROFILER_SLICES):
+        out[s] = ovh.net(out[s], s, _left(ovh, a, NET_OF_PROFILER_SLICES[:i], s))
     return out
 
 
@@ -312,7 +311,7 @@ def job_level_launch(findings: list[Finding], ctx: JobContext) -> list[Finding]:
     return [merged if x is f else x for x in findings]
 
 
-def fold_into_low_busbw(findings: list[Finding]) -> list[Finding]:
+def fold_into_low_busbw(findings: list[Finding], step_us: float | None) -> list[Finding]:
     """One cause, one finding: communication left exposed (``exposed_comm``) by collectives that run far below what
     the machine's links deliver (``low_busbw``, against its sweep) is exposed in part *because* it is slow -- the
     part the slow collectives' extra time covers (low_busbw's ``longer_us_per_step``); the rest would stay exposed at
@@ -320,7 +319,8 @@ def fold_into_low_busbw(findings: list[Finding]) -> list[Finding]:
     low_busbw (evidence ``exposed``: exposed_comm's numbers and ``explained_us_per_step``), at low_busbw's own cost --
     what the step would save at the links' busbw (the exposed time of a slow collective is not all saved: the GPU may
     have waited for its host then). The rest, where any is left, stays exposed_comm's at that cost; below 'low' of the
-    step it is information, as every finding is (:func:`kit.doctor.finalize.finalize` grades it)."""
+    step (``step_us``) it is information, as every finding is (:func:`kit.doctor.finalize.finalize` grades it), and
+    low_busbw's sentence does not quote it."""
     low = next((f for f in findings if f.rule == "low_busbw"), None)
     exp = next((f for f in findings if f.rule == "exposed_comm"), None)
     if low is None or exp is None or not set(exp.ranks) <= set(low.ranks):
@@ -332,8 +332,8 @@ def fold_into_low_busbw(findings: list[Finding]) -> list[Finding]:
     merged = dataclasses.replace(
         low, summary=f"{low.summary}; of the {exp.cost_us_per_step:.0f} us per step of communication left exposed "
                      f"(no compute beside it), their extra time covers {explained:.0f} us"
-                     + (f" (the other {rest:.0f} us would stay exposed at the links' busbw: exposed_comm)" if keep
-                        else ""),
+                     + (f" (the other {rest:.0f} us would stay exposed at the links' busbw: exposed_comm)"
+                        if severity(rest, step_us) in REPORTED else ""),
         evidence={**low.evidence, "exposed": {"cost_us_per_step": exp.cost_us_per_step,
                                               "explained_us_per_step": round(explained, 1), **exp.evidence}})
     if not keep:

@@ -50,13 +50,14 @@ def case_point(case: Path) -> dict | None:
                  float(t["step_us_unprofiled"]["median"]), t)
 
 
-def point(name: str, files: list[Path], overhead_us: float, unprof: float, meta: dict) -> dict:
-    """A job's measured overhead, ops and runtime calls per step, and its exposure curve: for each per-op cost of
-    :data:`GRID`, the profiler time that lengthened the job's step (the largest over its ranks of
+def curves(files: list[Path]) -> tuple[list[dict], list[float]]:
+    """A job's ranks (their traces ``files``; a rank without steps left out): per rank its ops and runtime calls per
+    step, median traced step and GPU compute; and the job's exposure curve: for each per-op cost of :data:`GRID`, the
+    profiler time that lengthened the job's step (the largest over its ranks of
     :func:`kit.doctor.overhead._exposed`: the job steps at its slowest host's pace)."""
     from kit.doctor.overhead import _counts, _events, _exposed, _per_step, _view
 
-    per, curves = [], []
+    per, each = [], []
     for f in files:
         v = _view(f)
         ps = _per_step(v)
@@ -66,11 +67,17 @@ def point(name: str, files: list[Path], overhead_us: float, unprof: float, meta:
         ops, rt, _ = _counts(ev)
         per.append({"ops": ops, "runtime": rt, "traced_us": float(ps["dur"].median()),
                     "gpu_compute_us": float(ps["gpu_compute_us"].median())})
-        curves.append([_exposed(v, ps, ev, c, 0.0)[0] for c in GRID])
+        each.append([_exposed(v, ps, ev, c, 0.0)[0] for c in GRID])
+    return per, [max(c[i] for c in each) for i in range(len(GRID))]
+
+
+def point(name: str, files: list[Path], overhead_us: float, unprof: float, meta: dict) -> dict:
+    """A job's measured overhead, ops and runtime calls per step, and its exposure curve (:func:`curves`)."""
+    per, curve = curves(files)
     ovh = overhead_us
     ops = max(p["ops"] for p in per)
     gpu = max(p["gpu_compute_us"] for p in per)
-    curve = [round(max(c[i] for c in curves), 1) for i in range(len(GRID))]
+    curve = [round(x, 1) for x in curve]
     c = solve(curve, ovh)
     left_out = (f"GPU-bound without the profiler (unprofiled step {unprof / 1e3:.2f} ms against {gpu / 1e3:.2f} ms of "
                 f"GPU compute): its host's profiler time hides behind the GPU" if unprof < GPU_BOUND * gpu else

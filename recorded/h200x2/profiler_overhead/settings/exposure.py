@@ -1,8 +1,9 @@
 """The per-op cost each job of this folder paid, with and without the doctor's exposure model: the measured overhead
 (median over its paired rounds of profiled minus unprofiled step, the corpus's setting: CPU and CUDA activities,
 record_shapes) divided by its recorded ops per step ("naive"), and the cost at which the profiler time that
-lengthens its step (its kept trace replayed by ``kit.doctor.overhead._exposed``, the largest over its ranks) meets
-the measured overhead (``tests/corpus/overhead_fit.py``'s ``solve``), with the range over the rounds.
+lengthens its step (its kept trace replayed by ``kit.doctor.overhead._exposed``, the largest over its ranks:
+``tests/corpus/overhead_fit.py``'s ``curves``) meets the measured overhead (its ``solve``), with the range over the
+rounds.
 
     python recorded/h200x2/profiler_overhead/settings/exposure.py TRACES_DIR > exposure.json
 
@@ -24,8 +25,6 @@ sys.path.insert(0, str(ROOT))
 
 
 def main(argv=None) -> int:
-    from kit.doctor.overhead import _counts, _events, _exposed, _per_step, _view
-
     spec = importlib.util.spec_from_file_location("overhead_fit", ROOT / "tests" / "corpus" / "overhead_fit.py")
     fit = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fit)
@@ -38,18 +37,11 @@ def main(argv=None) -> int:
         files = sorted(traces.glob(f"{r['case']}-*cpu_cuda_shapes.json.gz"))
         if not files:
             continue
-        curves, ops = [], []
-        for f in files:
-            v = _view(f)
-            ps = _per_step(v)
-            ev = _events(v, ps)
-            ops.append(_counts(ev)[0])
-            curves.append([_exposed(v, ps, ev, c, 0.0)[0] for c in fit.GRID])
-        curve = [max(c[i] for c in curves) for i in range(len(fit.GRID))]
+        per, curve = fit.curves(files)
         d = r["job"]["cpu_cuda_shapes"]
         rounds = d["overhead_per_round_us"]
         ovh = statistics.median(rounds)
-        n = max(ops)
+        n = max(p["ops"] for p in per)
         out.append({"case": r["case"], "world_size": r["world_size"], "overhead_us": round(ovh, 1),
                     "overhead_rounds_us": rounds, "ops_per_step": round(n, 1),
                     "us_per_op_naive": round(ovh / n, 2),
