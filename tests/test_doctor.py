@@ -320,6 +320,25 @@ def test_the_estimate_misses_are_the_per_op_price_alone(tmp_path):
     assert 0.5 * idle <= launch.cost_us_per_step <= 2.0 * idle
 
 
+def test_a_measured_launch_gain_is_at_most_the_unprofiled_step_less_the_busiest_gpus_work():
+    """2x H200, DDP GPT with extra GPU work on rank 1, one step with the job's unprofiled steps in its header (the
+    overhead measured, 6.6 ms): rank 0's GPU idles 13.7 ms per step waiting for its host, 7.5 ms of it net of the
+    profiler -- but the job cannot step faster than rank 1's GPU works, so its launch gain is at most the unprofiled
+    step less that work (:attr:`kit.doctor.overhead.ProfilerOverhead.gain_cap_us`), 1.8 ms, and the sentence says so."""
+    from kit.doctor.overhead import _per_step, _view
+
+    files = traces("recorded-h200x2-gpu_rank", "trace_rank*.json.gz")
+    d = diagnose(files, workers=1)
+    f = finding(d, "launch_bound")
+    ev = f.evidence
+    assert f.ranks == (0, 1) and ev["job_level"] and ev["basis"] == "measured"
+    busiest = max(float(_per_step(_view(p))["gpu_kernels_us"].median()) for p in files)  # rank 1's own kernels
+    assert f.cost_us_per_step == ev["profiler_gain_cap_us"] == ev["per_rank"]["0"]["cost_us_per_step"] \
+        == pytest.approx(ev["unprofiled_step_us"] - busiest, abs=0.2) == pytest.approx(1799.6, abs=1.0)
+    assert f.cost_us_per_step < ev["cost_traced_us_per_step"] - ev["profiler_overhead_us"]  # the cap bound it
+    assert "at most 1.80 ms, the unprofiled step less the busiest GPU's own work" in f.summary
+
+
 def test_example_cuda_graph_mixing_gap_is_small_here():
     """The whole step in one CUDA graph, per-parameter all-reduces (77 NCCL kernels per replay): with mixing on
     the gap before them is 1.6 us against 0.4 us before the graph's other kernels, ~100 us per 60 ms step (the
