@@ -67,4 +67,4 @@ def diagnose(traces: Iterable[str | Path], *, sweep=None, flight_recorder=None, 
                      failed=failed, notes=job_notes(job, summaries) + group_notes(summaries) + partial
                      + profiler_notes(ctx.overhead),
                      flight_recorder=flight_recorder_lines(flight_recorder), missing=list(job.missing),
-                     world_size=job.world_size, **captured_on(summaries))
+                     world_size=job.world_size, overhead=dict(ctx.overhead or {}), **captured_on(summaries))

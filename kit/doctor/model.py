@@ -252,6 +252,9 @@ class Diagnosis:
     flight_recorder: list[str] = field(default_factory=list)
     """what the Flight Recorder dumps (``--fr``) show across ranks: a collective some rank never issued (what a
     hang waits for), ranks issuing different collectives at one sequence number; one sentence each"""
+    overhead: dict[int, Any] = field(default_factory=dict)
+    """per rank, the profiler's own overhead the costs are stated net of (:class:`kit.doctor.overhead.
+    ProfilerOverhead`, as the job pays it: :func:`kit.doctor.overhead.job_floor`); {} where none was derived"""
 
     @property
     def problems(self) -> list[Finding]:
@@ -263,5 +266,6 @@ class Diagnosis:
                 "ranks": list(self.ranks), "step_us": self.step_us, "steps": self.steps,
                 "failed": list(self.failed), "notes": list(self.notes), "accounting": dict(self.accounting),
                 "world_size": self.world_size, "missing": list(self.missing), "devices": list(self.devices),
-                "dates": list(self.dates), "flight_recorder": list(self.flight_recorder)}
+                "dates": list(self.dates), "flight_recorder": list(self.flight_recorder),
+                "profiler_overhead": {str(r): o.as_dict() for r, o in self.overhead.items()}}
 

@@ -1,8 +1,8 @@
 """What ``kit doctor`` says on each case of a planted-fault corpus, beside the truth: the planted fault and its
 added time (unprofiled; for a pair recorded interleaved, with its interval over the rounds), the top finding, its
 cost as traced and net of the profiler's own overhead as the doctor states it (net of the profiler's overhead for launch-bound costs: :mod:`kit.doctor.overhead`, measured
-where kit.capture timed unprofiled steps, else estimated), and the profiler's overhead per rank (traced vs
-unprofiled step).
+where kit.capture timed unprofiled steps, else estimated), and the profiler's overhead the doctor took off (traced vs
+unprofiled step, median over ranks, each as the job pays it: :func:`kit.doctor.overhead.job_floor`).
 
     python tests/corpus/verdicts.py tests/data/doctor/corpus-h100x2 [--sweep RUN_DIR] [--markdown]
 
@@ -27,12 +27,11 @@ def _files(case: Path) -> list[Path]:
 
 def verdict(case: Path, sweep=None) -> dict:
     from kit.doctor import diagnose
-    from kit.doctor.overhead import overhead
 
     t = json.loads((case / "truth.json").read_text())
     files = _files(case)
     d = diagnose(files, workers=1, sweep=sweep)
-    ovs = [overhead(f) for f in files if f.name.endswith(".json.gz")]
+    ovs = list(d.overhead.values())  # as the doctor took it off: a job steps at the pace of the rank losing most
     ov_us = statistics.median([o.overhead_us for o in ovs]) if ovs else 0.0
     traced = statistics.median([o.traced_step_us for o in ovs if o.traced_step_us]) if ovs else None
     top = d.problems[0] if d.problems else None
