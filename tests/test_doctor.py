@@ -251,7 +251,7 @@ def test_example_item_is_a_host_sync(clean):
 
 @pytest.mark.xfail(strict=True, reason="medium, not high: launch_bound's 44.7 ms traced, net of an estimated 34.8 ms of "
                    "profiler overhead, is 9.9 ms, where the run's own timing (summary_rank*.json: 94.1 ms unprofiled "
-                   "against 111.6 ms traced) says 17.6 ms, 1.86 us per recorded op. No table was measured on this H200 "
+                   "against 111.6 ms traced, the run's mean steps) says 17.6 ms, 1.86 us per recorded op. No table was measured on this H200 "
                    "host; the same job with the same settings (record_shapes, no stacks) and ops (9474 ops, 7007 "
                    "runtime calls per step) paid 4.5-4.8 us per op on the 4x H100 host (kit.capture, "
                    "recorded/h100x2/profiler_overhead), and both hosts report the same CPU string: nothing in the trace "
@@ -260,7 +260,8 @@ def test_example_item_is_a_host_sync(clean):
                    "op than the H100 one, 1.2-2.1 us), so "
                    "another host's per-op cost prices it within ~2.5x, not better. The job never waits for its GPU, so "
                    "all of the profiler's time lengthens its step (nothing hides): the miss is the per-op cost alone -- "
-                   "with its run's unprofiled step in the header it is high, 23.1 ms measured "
+                   "with its run's unprofiled step in the header it is high, 23.1 ms net of a measured 21.6 ms (the trace's "
+                   "median traced step, 114.85 ms, less 93.27 ms unprofiled) "
                    "(test_the_estimate_misses_are_the_per_op_price_alone). (The H100 jobs' 1.2-1.6 vs 4.1-4.7 us per "
                    "op between rounds is the traced step's measure on 2-step traces, not the host: FINDINGS)")
 def test_example_tiny_kernels_is_launch_bound(clean):
