@@ -167,6 +167,15 @@ def choose(inv: contract.Investigation, made, analyse: Any = "auto") -> results.
     return runs
 
 
+def recorded(inv: contract.Investigation, *machines: str) -> results.RunSet:
+    """The recorded sets ``<investigation>@<machine>`` of ``recorded/sets.json`` as one RunSet (several machines:
+    their runs side by side), for a notebook's section on other hardware."""
+    sets = [results.choose(inv.name, [], "recorded", set_name=f"{inv.name}@{m}") for m in machines]
+    if len(sets) == 1:
+        return sets[0]
+    return results.RunSet([d for s in sets for d in s.dirs], "recorded: " + ", ".join(machines))
+
+
 def analysing(runs: results.RunSet) -> str:
     """The line a page prints for the runs it shows: where they come from, how many, their status, and their
     directories relative to the repository (not the recorded machine's or this one's absolute paths)."""
