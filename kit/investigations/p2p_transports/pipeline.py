@@ -300,7 +300,8 @@ class one_core:
 
     @staticmethod
     def cpu_times() -> dict[int, tuple[int, int]]:
-        """{cpu: (idle ticks, all ticks)} from ``/proc/stat`` (empty where there is none)."""
+        """{cpu: (idle ticks, all ticks)} from ``/proc/stat`` (empty where there is none). Read here, not through
+        psutil: psutil is not a runtime dependency of the kit, and it has no per-CPU interrupt counts (below)."""
         out = {}
         try:
             with open("/proc/stat") as f:
