@@ -16,11 +16,9 @@ import pandas as pd
 
 from ... import stats, traces, transports
 from ...contract import Observation
-from .bandwidth import BARE, FLOOR_COPY, FLOOR_EVENTS, LOCAL, REFERENCES
+from .bandwidth import AT, BARE, BESIDE, FLOOR_COPY, FLOOR_EVENTS, LOCAL, REFERENCES
 
 _human = stats.human_bytes
-
-AT = 256 << 20  # the size the headline bandwidth is stated at
 
 
 def frame(data) -> pd.DataFrame:
@@ -103,6 +101,28 @@ def at_256mib(direction: str):
 
     table.__name__ = f"at_256mib_{direction}"
     return table
+
+
+def copy_out_limit(both: pd.DataFrame) -> dict | None:
+    """What a buffered receive's copy-out leaves a transport both ways at most, from one run's :func:`at_size`
+    table both ways (indexed by transport): ``limit`` = copy's round / the round of :data:`.bandwidth.BESIDE`
+    (copy both ways with a local ``copy_`` of the message beside it on each receiving GPU, timed in turn with copy's
+    own rounds); ``copy_us``, ``beside_us`` the two medians; ``slowdown`` = beside / copy - 1. None without both rows.
+
+    Why it is a limit: a transport that receives into a mailbox and copies each message out on the receiving GPU
+    moves the same bytes over the same link as ``copy`` and, in the same round, reads and writes them once more in
+    that GPU's memory. At best the copy-out hides entirely under the link, and then its round is the link's round
+    with that traffic beside it: ``beside_us``. It assumes (1) the copy-out's traffic is the local ``copy_``'s (the
+    message read and written once; it is, with ``copy_`` doing both); (2) the link loses the same time whether those
+    bytes pass in one local copy during the round or in pieces spread over it (the same bytes in the same round);
+    (3) the cross-process transport's copies use the link as ``copy``'s do (copy engines, peer writes). What it
+    leaves out makes the true limit lower, never higher: the part of the copy-out that cannot overlap (the last
+    piece's, copied after it arrives) and the transport's own protocol."""
+    ref = copy_engine_reference([t for t in both.index if t not in REFERENCES]) if len(both) else None
+    if ref is None or BESIDE not in both.index:
+        return None
+    c, b = float(both.loc[ref, "time_us_median"]), float(both.loc[BESIDE, "time_us_median"])
+    return dict(reference=ref, copy_us=c, beside_us=b, slowdown=b / c - 1, limit=c / b, bytes=int(both.loc[BESIDE, "bytes"]))
 
 
 def latency(data) -> pd.DataFrame:
@@ -274,6 +294,14 @@ def findings(data) -> list[Observation]:
             out.append(Observation(f"bandwidth.both.{t}", f"a copy of {_human(int(r.bytes))} inside one GPU (a buffered "
                                    f"receive's copy-out, alone): {r.time_us_median:.1f} us, {2 * r.gbps / 1e3:.2f} TB/s "
                                    "of memory reads + writes", float(r.time_us_median), "us"))
+            continue
+        if t == BESIDE and (lim := copy_out_limit(both)) is not None:
+            out.append(Observation(f"bandwidth.both.{t}", f"{lim['reference']} both ways with a local copy_ of the "
+                                   f"message beside it on each receiving GPU (a buffered receive's copy-out traffic): "
+                                   f"{lim['beside_us']:.1f} us per round against {lim['copy_us']:.1f} alone "
+                                   f"({100 * lim['slowdown']:+.1f}%): a transport that copies out what it receives "
+                                   f"reaches at most {lim['limit']:.3f}x {lim['reference']} both ways here",
+                                   lim["limit"], "x"))
             continue
         out.append(Observation(f"bandwidth.both.{t}", f"{t}: {_human(int(r.bytes))} each way at once: "
                                                   f"{r.total_gbps:.1f} GB/s total ({r.time_us_median:.1f} us per round)",

@@ -16,7 +16,12 @@ References, timed in turn with the transport's own samples (:func:`references`),
   the copies (:data:`FLOOR_COPY`) and an event round trip GPU 0 -> GPU 1 -> GPU 0 (:data:`FLOOR_EVENTS`: a
   copy that must wait for the destination's stream and order it after the copy pays two such hops);
 * a cross-process copy-engine transport's both-ways points: a copy of the message inside each GPU
-  (:data:`LOCAL`), what a buffered receive's copy-out costs on its own.
+  (:data:`LOCAL`), what a buffered receive's copy-out costs on its own;
+* an in-process copy-engine transport's both-ways point at :data:`AT` (or the largest size below it), and only
+  there: the same rounds with a local ``copy_`` of the message beside them on each receiving GPU
+  (:data:`BESIDE`, :func:`_beside_reference`) -- the link both ways with a buffered receive's copy-out traffic
+  (a second pass over the receiving GPU's memory) running at the same time, timed in turn with the transport's
+  own rounds, so that a run carries the interference its own GPUs show (the analysis' ``copy_out_limit``).
 
 With ``profile`` the both-ways point at the largest size of every CUDA transport is profiled (``trace`` rows,
 ``experiment=bandwidth``): where the time of a round goes (pieces on the link, copy-outs).
@@ -31,7 +36,9 @@ BARE = "copy_ loop"  # the reference transport name in rows
 FLOOR_COPY = "cuMemcpy loop"
 FLOOR_EVENTS = "event round trip"
 LOCAL = "local copy_"
-REFERENCES = (BARE, FLOOR_COPY, FLOOR_EVENTS, LOCAL)
+BESIDE = "copy + local copy_"  # the in-process transport both ways, a local copy_ of the message beside it
+REFERENCES = (BARE, FLOOR_COPY, FLOOR_EVENTS, LOCAL, BESIDE)
+AT = 256 << 20  # the size the headline bandwidth is stated at (and BESIDE is timed at)
 LATENCY_MAX_BYTES = 64 << 10  # messages up to this size are timed ``cfg.latency_iters`` to a sample (their cost is the host's)
 
 
@@ -41,6 +48,7 @@ def experiment(cfg, ctx, T, S):
     pairs = [(0, 1), (1, 0)] + ([(a, b) for a in range(n_end) for b in range(n_end) if a != b] if matrix else [])
     T.setup(pairs, max(cfg.max_bytes, cfg.matrix_bytes if matrix else 0))
     sizes = stats.pow2_sizes(cfg.min_bytes, cfg.max_bytes)
+    at = beside_size(sizes)
     for direction in cfg.directions:
         for n in sizes:
             ctx.step(f"{T.name} {direction} {stats.human_bytes(n)}", point=False)
@@ -48,8 +56,8 @@ def experiment(cfg, ctx, T, S):
             iters = cfg.latency_iters if cfg.latency_iters and n <= LATENCY_MAX_BYTES else cfg.iters
             keys = dict(transport=T.name, direction=direction, src=0, dst=1, bytes=n, iters=iters,
                         world_size=ctx.world_size, backend=ctx.backend)
-            yield from H.timed_rows(cfg, ctx, T, S, flows, keys, kind="bandwidth", reference=references(T, S, direction),
-                                    iters=iters)
+            ref = references(T, S, direction, flows if n == at else None)
+            yield from H.timed_rows(cfg, ctx, T, S, flows, keys, kind="bandwidth", reference=ref, iters=iters)
             if direction == "both" and n == sizes[-1] and cfg.profile and S.is_cuda:
                 yield from profiled(ctx, T, S, flows)
             H.free(ctx)
@@ -85,8 +93,15 @@ def profiled(ctx, T, S, flows, rounds: int = 3):
         path.unlink(missing_ok=True)
 
 
-def references(T, S, direction: str = "one"):
-    """The loops ``T``'s point is compared with (see the module docstring), or None.
+def beside_size(sizes) -> int | None:
+    """The swept size :data:`BESIDE` is timed at: :data:`AT`, or the largest size below it (None if none is)."""
+    below = [n for n in sizes if n <= AT]
+    return max(below) if below else None
+
+
+def references(T, S, direction: str = "one", flows=None):
+    """The loops ``T``'s point is compared with (see the module docstring), or None. ``flows``: the point's flows
+    where :data:`BESIDE` is timed (an in-process transport both ways at :func:`beside_size`), else None.
 
     The floor loops issue the raw calls with objects made once (a stream handle, two reused events): what is
     left is what CUDA itself costs per message, on the host and on the GPU."""
@@ -94,6 +109,8 @@ def references(T, S, direction: str = "one"):
         return None
     if T.caps.in_process and direction == "one":
         return _copy_references
+    if T.caps.in_process and direction == "both" and flows:
+        return lambda bufs: _beside_reference(T, S, flows, bufs)
     if not T.caps.in_process and direction == "both":
         return _local_reference
     return None
@@ -134,3 +151,37 @@ def _local_reference(bufs):
         return {LOCAL: lambda: None}
     into = torch.empty_like(mine[0])
     return {LOCAL: lambda: into.copy_(mine[0])}
+
+
+def _beside_reference(T, S, flows, bufs):
+    """:data:`BESIDE`: one round of ``flows`` posted as the transport's own timed rounds post them, with a local
+    ``copy_`` of the message (its bytes read and written once more inside the GPU, as a buffered receive's copy-out
+    does) on its own stream on each receiving GPU, started with the round and joined at its end. Each round ends
+    with :func:`.harness.join` (the transport's own samples join once per sample: a reference gets no ``finish``,
+    and its last round must be inside the sample; at the message sizes this is timed at a round is ~1 ms of GPU
+    time and a join a few microseconds of host time issued while the GPUs are busy)."""
+    import torch
+
+    mine = [b["recv"] for b in bufs if "recv" in b]
+    if not mine:  # the ranks that drive no GPU join the barriers only
+        return {BESIDE: lambda: None}
+    side = []  # per receiving GPU: its current stream, a side stream, two events, the copy's source and destination
+    for r in mine:
+        d = r.device
+        side.append((torch.cuda.current_stream(d), torch.cuda.Stream(d), torch.cuda.Event(), torch.cuda.Event(),
+                     torch.empty_like(r), torch.empty_like(r)))
+    op_list = H.ops(T, flows, bufs)
+
+    def beside():
+        for cur, s, start, end, a, b in side:
+            start.record(cur)
+            s.wait_event(start)
+            with torch.cuda.stream(s):
+                b.copy_(a)
+            end.record(s)
+        H.transfer(T, S, flows, bufs, joined=False, op_list=op_list)
+        for cur, s, start, end, a, b in side:
+            cur.wait_event(end)
+        H.join(T, S, flows)
+
+    return {BESIDE: beside}
