@@ -415,7 +415,7 @@ def main(argv=None) -> int:
     sched = dict(wait=args.wait, warmup=args.warmup, active=args.active)
     recorded = args.wait + args.warmup + args.active
     with capture.profile(args.out, unprofiled=args.timed_steps, flight_recorder=args.flight_recorder, **sched) as prof:
-        for i in range(args.timed_steps + recorded):
+        for i in range(args.timed_steps + prof.unprofiled_host + recorded):  # + the host-timed steps
             if i == 0:
                 sync()
                 warm_loss = float(loss_sum) / args.warmup_steps if graph is None and args.warmup_steps else None
@@ -427,7 +427,7 @@ def main(argv=None) -> int:
                 step_ms = (time.perf_counter() - t0) * 1e3 / args.timed_steps
             prof.step()
     sync()
-    last = float(loss_sum) / (args.timed_steps + recorded)
+    last = float(loss_sum) / (args.timed_steps + prof.unprofiled_host + recorded)
     summary = {"rank": rank, "world_size": world, "backend": dist.get_backend(), "planted": planted,
                "params": n_params, "step_ms": round(step_ms, 3), "timed_steps": args.timed_steps,
                "loss_warmup_steps": warm_loss, "loss_later_steps": last, "traces": [p.name for p in prof.paths],

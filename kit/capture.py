@@ -49,6 +49,20 @@ then ``kit doctor traces/run1/trace_rank*.json.gz``. An existing loop can also b
   step begins; ``time.perf_counter`` without a GPU) and written into the trace header as
   ``kitCapture.unprofiled_step_us`` (every sample, microseconds): the doctor compares the traced steps with them
   and states costs net of the profiler's own overhead. ``unprofiled=0`` times nothing.
+* ``unprofiled_host`` (default: as many as ``unprofiled``): that many more steps, right after those, time each rank's *host* without the profiler:
+  ``kitCapture.unprofiled_host_us``, per step the host clock (``time.perf_counter``) from the return of the
+  :meth:`Capture.step` call that began the step to the :meth:`Capture.step` call that ends it, the GPU drained by
+  kit.capture's ``torch.cuda.synchronize()`` inside the call that began it (outside the clock), so no launch waits
+  for a full queue. It holds what the host does to issue one step: Python, the framework's dispatch, the launch
+  calls, the DataLoader's ``next()`` where the loop calls it between two :meth:`Capture.step` calls, and any wait
+  the step itself makes for the GPU or a peer (``.item()``, ``.cpu()``, a synchronize, a blocking copy, a
+  collective's ``wait()`` under ``TORCH_NCCL_BLOCKING_WAIT``); not the GPU's work after the step's last launch, nor
+  the collectives' transfers (NCCL runs them asynchronously to the host). The doctor's host model counts a traced
+  step's own host time the same way less the waits for the GPU and peers (``own_host_us``: issuing, DataLoader
+  waits, stalls, the allocator): for a step that makes no such wait the two measure the same thing, else this one
+  is the larger. ``late_rank`` reads it for what the other ranks' hosts leave of their step, per rank (a measured
+  step overhead is the job's; each host's own is not). The drain makes these steps no pipelined steady state:
+  they are not in ``unprofiled_step_us``. ``unprofiled_host=0`` (or ``unprofiled=0`` alone) times none.
 * ``record_shapes=True``: every op's input shapes -- the sizes of copies, of ``.item()`` reads, of the tensors
   a collective gets.
 * ``with_stack=False``, ``profile_memory=False``: Python stacks and allocator events multiply the trace's size
@@ -73,6 +87,21 @@ environment **before** the process group is created: process groups read it once
 per step without the profiler (GPU-bound) and 28-37 ms per recorded step, host-bound -- a job near the balance of
 host and GPU time becomes launch-bound under the profiler, and the doctor would say so. The ``unprofiled`` steps
 timed just before the window (above) are what the doctor compares the recorded steps with.
+
+**CUPTI after the trace** (``teardown_cupti=True``). Kineto leaves CUPTI attached to the process when a trace ends
+unless the environment variable ``TEARDOWN_CUPTI`` is ``1`` (pytorch/pytorch#144455), and CUPTI's callbacks then
+cost the host on every CUDA call: a 2-GPU DDP job ran 30-37% slower for the rest of its process after one trace
+(``recorded/h100x2/doctor_pairs/s6``). So every step after a first trace -- a second capture's unprofiled steps, the
+rest of the training run -- would be slowed. Kineto reads the variable with ``getenv`` when a trace is reset, at its
+end (libkineto ``CuptiActivityApi::teardownContext``), so setting it in the process before that takes effect:
+:meth:`Capture.start` sets ``TEARDOWN_CUPTI=1`` when a GPU is profiled and the variable is unset (a value the user
+exported is kept; ``teardown_cupti=False`` sets nothing). PyTorch's profiler itself sets ``TEARDOWN_CUPTI=0`` for a
+process that used CUDA graphs where teardown crashed (CUDA before 12.6, or without lazy re-initialisation), and that
+wins. The header records what was in effect: ``teardown_cupti`` (the value when the recording began, what Kineto
+reads at this trace's end), ``teardown_cupti_set_by`` (``kit.capture``, ``environment`` or None) and
+``earlier_traces`` (each earlier kit.capture trace of this process with the value in effect at its end: the
+unprofiled steps of this capture ran with CUPTI attached if one of them had another value than ``1``; a trace
+taken by other code than kit.capture is not seen).
 
 Works the same with or without ``torch.distributed`` initialised (rank and world size then come from torchrun's
 ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK``, else 0 / 1 / 0), on CPU and on GPUs.
@@ -233,6 +262,24 @@ def enable_flight_recorder(entries: int = 2000) -> None:
         os.environ.setdefault(n, str(int(entries)))
 
 
+# ------------------------------------------------------------------------------------------------ CUPTI
+TEARDOWN_ENV = "TEARDOWN_CUPTI"
+"""Kineto detaches CUPTI (``cuptiFinalize``) when a trace ends only if this is ``1`` (the module docstring)"""
+_ENDED: list[str | None] = []
+"""per kit.capture trace this process ended, the :data:`TEARDOWN_ENV` value in effect at its end"""
+
+
+def _teardown_default(cuda: bool, wanted: bool) -> str | None:
+    """Set :data:`TEARDOWN_ENV` to ``1`` where a GPU is profiled, ``wanted`` and the variable is unset; who set the
+    value in effect: 'kit.capture', 'environment' or None (unset)."""
+    if TEARDOWN_ENV in os.environ:
+        return "environment"
+    if cuda and wanted:
+        os.environ[TEARDOWN_ENV] = "1"
+        return "kit.capture"
+    return None
+
+
 # ------------------------------------------------------------------------------------------------ the capture
 class Capture:
     """``torch.profiler.profile`` with the doctor's settings, writing per-rank files (see the module docstring).
@@ -243,18 +290,25 @@ class Capture:
     ``torch.profiler.profile``, e.g. for ``key_averages()``)."""
 
     def __init__(self, out_dir: str | Path, *, wait: int = 1, warmup: int = 2, active: int = 3, repeat: int = 1,
-                 skip_first: int = 0, unprofiled: int = 5, flight_recorder: bool = False,
+                 skip_first: int = 0, unprofiled: int = 5, unprofiled_host: int | None = None, flight_recorder: bool = False,
                  tags: dict[str, Any] | None = None, cuda: bool | None = None, record_shapes: bool = True,
-                 with_stack: bool = False, profile_memory: bool = False):
-        if min(wait, warmup, skip_first, repeat, unprofiled) < 0 or active < 1:
-            raise ValueError("capture: wait, warmup, skip_first, repeat, unprofiled must be >= 0 and active >= 1")
+                 with_stack: bool = False, profile_memory: bool = False, teardown_cupti: bool = True):
+        unprofiled_host = unprofiled if unprofiled_host is None else unprofiled_host
+        if min(wait, warmup, skip_first, repeat, unprofiled, unprofiled_host) < 0 or active < 1:
+            raise ValueError("capture: wait, warmup, skip_first, repeat, unprofiled, unprofiled_host must be >= 0 and "
+                             "active >= 1")
         if tags:
             trace_path(".", rank=0, **tags)  # a bad tag is an error now, not when the first trace is written
         self.out_dir = Path(out_dir)
         self.schedule = {"skip_first": skip_first, "wait": wait, "warmup": warmup, "active": active,
                          "repeat": repeat}
         self.unprofiled = int(unprofiled)
+        self.unprofiled_host = int(unprofiled_host)
         self._marks: list[Any] = []  # CUDA events or perf_counter values at the ends of the unprofiled steps
+        self._host_us: list[float] = []  # the host-timed steps' host times (unprofiled_host_us)
+        self._host_t0: float | None = None
+        self.teardown_cupti = teardown_cupti
+        self._teardown: dict[str, Any] = {}
         self.tags = dict(tags or {})
         self.flight_recorder = flight_recorder
         self.options = {"record_shapes": record_shapes, "with_stack": with_stack, "profile_memory": profile_memory}
@@ -276,20 +330,28 @@ class Capture:
         self.cuda = torch.cuda.is_available() if self.cuda is None else self.cuda
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        torch_schedule = {**self.schedule, "skip_first": self.schedule["skip_first"] + self.unprofiled}
+        torch_schedule = {**self.schedule, "skip_first": self.schedule["skip_first"] + self.unprofiled
+                          + self.unprofiled_host}
+        self._teardown = {"teardown_cupti_set_by": _teardown_default(self.cuda, self.teardown_cupti),
+                          "earlier_traces": [{"teardown_cupti": v} for v in _ENDED]}
         self.prof = profile(activities=acts, schedule=schedule(**torch_schedule), on_trace_ready=self._ready,
                             **self.options)
         describe(self.cuda)  # its first call imports what it reads (~1 s): before the first step, not inside one
         self._quiet(self.prof.start)
         self._mark()
+        self._host_mark(None)
         self._tag_if_recording()
         return self
 
     def step(self) -> None:
         """Mark the end of one training step (once per step)."""
+        import time
+
+        now = time.perf_counter()  # first: the host-timed step ends at this call
         self._steps += 1
         self._mark()
         self._quiet(self.prof.step)
+        self._host_mark(now)
         self._tag_if_recording()
 
     @property
@@ -310,10 +372,11 @@ class Capture:
             if self.flight_recorder:
                 self._dump_fr()
             if not self.paths:
-                need = (self.schedule["skip_first"] + self.unprofiled + self.schedule["wait"] + self.schedule["warmup"]
-                        + 1)
+                need = (self.schedule["skip_first"] + self.unprofiled + self.unprofiled_host + self.schedule["wait"]
+                        + self.schedule["warmup"] + 1)
                 warnings.warn(f"kit.capture: the loop ran {self._steps} step(s); the schedule records from step "
-                              f"{need} on (skip_first + unprofiled + wait + warmup + 1): no trace was written",
+                              f"{need} on (skip_first + unprofiled + unprofiled_host + wait + warmup + 1): no trace "
+                              f"was written",
                               stacklevel=3)
             self._write_sidecar(error=None if exc is None else f"{type(exc).__name__}: {exc}")
 
@@ -353,6 +416,23 @@ class Capture:
 
             self._marks.append(time.perf_counter())
 
+    def _host_mark(self, now: float | None) -> None:
+        """The host-timed steps (``unprofiled_host``, after the ``unprofiled`` ones): the one that ended at this call
+        (``now``: the call's first clock reading; None from :meth:`start`) is recorded; before the next one the GPU
+        is drained (``torch.cuda.synchronize()``) and the clock starts as the call returns."""
+        import time
+
+        first = self.schedule["skip_first"] + self.unprofiled
+        if now is not None and self._host_t0 is not None:
+            self._host_us.append(round((now - self._host_t0) * 1e6, 1))
+            self._host_t0 = None
+        if first <= self._steps < first + self.unprofiled_host:
+            if self.cuda:
+                import torch
+
+                torch.cuda.synchronize()
+            self._host_t0 = time.perf_counter()
+
     def _recording(self) -> bool:
         from torch.profiler import ProfilerAction
 
@@ -369,7 +449,12 @@ class Capture:
 
     def _timing(self) -> dict[str, Any]:
         return {"unprofiled": self.unprofiled, "unprofiled_step_us": self.unprofiled_step_us,
-                "unprofiled_clock": "cuda_event" if self.cuda else "perf_counter"}
+                "unprofiled_clock": "cuda_event" if self.cuda else "perf_counter",
+                "unprofiled_host": self.unprofiled_host, "unprofiled_host_us": list(self._host_us),
+                "unprofiled_host_clock": ("perf_counter from the step() that began the step, after a "
+                                          "torch.cuda.synchronize(), to the step() that ends it" if self.cuda else
+                                          "perf_counter from the step() that began the step to the one that ends it"),
+                "teardown_cupti": os.environ.get(TEARDOWN_ENV), **self._teardown}
 
     def _ready(self, prof) -> None:
         """on_trace_ready: export this cycle's trace under the rank's name."""
@@ -377,6 +462,7 @@ class Capture:
         cycle = len(self.paths) + 1 if self.schedule["repeat"] != 1 else None
         path = _names(self.out_dir, rank, self.tags, cycle)
         prof.export_chrome_trace(str(path))  # '.gz': torch writes it gzipped
+        _ENDED.append(os.environ.get(TEARDOWN_ENV))  # what Kineto reads as this trace is reset
         self.paths.append(path)
         self.cycles.append({"trace": path.name, "first_step": self._recording_from, "last_step": prof.step_num})
         self._recording_from = None
@@ -427,8 +513,8 @@ def profile(out_dir: str | Path, **settings: Any) -> Capture:
 
 def profile_steps(step_fn: Callable[[], Any], steps: int, out_dir: str | Path, **settings: Any) -> Capture:
     """Run ``step_fn()`` ``steps`` times under a :class:`Capture` (``prof.step()`` after each call) and return
-    it: for a loop that is already a function. ``steps`` should cover ``skip_first + (wait + warmup + active)
-    * repeat``; the loop stops early once every cycle is written."""
+    it: for a loop that is already a function. ``steps`` should cover ``skip_first + unprofiled + unprofiled_host
+    + (wait + warmup + active) * repeat``; the loop stops early once every cycle is written."""
     with Capture(out_dir, **settings) as cap:
         for _ in range(steps):
             step_fn()

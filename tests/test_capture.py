@@ -46,8 +46,9 @@ def test_one_process_loop(tmp_path):
 
 
 def test_unprofiled_steps_are_timed_before_the_window(tmp_path):
-    """The default schedule times 5 steps without the profiler just before the recorded window; every sample goes
-    into the trace header and the sidecar; the recorded steps come after them."""
+    """The default schedule times 5 steps without the profiler, then 5 more on the host's clock alone, just before
+    the recorded window; every sample goes into the trace header and the sidecar; the recorded steps come after
+    them. A host-timed step is the host's time between the step() calls around it: the step function's own time."""
     import time
 
     cap = capture.profile_steps(lambda: time.sleep(0.002), steps=20, out_dir=tmp_path, wait=1, warmup=1, active=2)
@@ -55,8 +56,53 @@ def test_unprofiled_steps_are_timed_before_the_window(tmp_path):
     head = t.header[capture.HEADER_KEY]
     assert head["unprofiled"] == 5 and head["unprofiled_clock"] == "perf_counter"
     assert len(head["unprofiled_step_us"]) == 5 and all(s >= 2000 for s in head["unprofiled_step_us"])
-    assert json.loads(cap.sidecar.read_text())["unprofiled_step_us"] == head["unprofiled_step_us"]
-    assert [s.name for s in _steps(t).itertuples()] == ["ProfilerStep#7", "ProfilerStep#8"]
+    assert head["unprofiled_host"] == 5 and len(head["unprofiled_host_us"]) == 5
+    assert all(2000 <= s < 2000 + 0.5 * 2000 * 10 for s in head["unprofiled_host_us"])  # the sleep, and little else
+    side = json.loads(cap.sidecar.read_text())
+    assert side["unprofiled_step_us"] == head["unprofiled_step_us"]
+    assert side["unprofiled_host_us"] == head["unprofiled_host_us"]
+    assert [s.name for s in _steps(t).itertuples()] == ["ProfilerStep#12", "ProfilerStep#13"]
+
+
+def test_host_timed_steps_follow_unprofiled_and_can_be_left_out(tmp_path):
+    """``unprofiled_host`` defaults to ``unprofiled``; 0 times none (the window starts that much earlier)."""
+    cap = capture.profile_steps(lambda: None, steps=12, out_dir=tmp_path / "a", wait=0, warmup=1, active=1,
+                                unprofiled=2, unprofiled_host=0)
+    head = traces.load_trace(cap.paths[0], cache=False).header[capture.HEADER_KEY]
+    assert head["unprofiled_host"] == 0 and head["unprofiled_host_us"] == [] and len(head["unprofiled_step_us"]) == 2
+    cap = capture.profile_steps(lambda: None, steps=12, out_dir=tmp_path / "b", wait=0, warmup=1, active=1,
+                                unprofiled=2)
+    assert len(capture.capture_info(cap.paths[0])["unprofiled_host_us"]) == 2
+    assert cap.cycles[0]["first_step"] == 5  # 2 + 2 host-timed + 1 warm-up
+    with pytest.raises(ValueError, match="unprofiled_host"):
+        capture.Capture(tmp_path, unprofiled_host=-1)
+
+
+def test_teardown_cupti_is_set_unless_the_user_set_it(monkeypatch):
+    """Kineto detaches CUPTI at a trace's end only with TEARDOWN_CUPTI=1, read then: kit.capture sets it where a GPU
+    is profiled and the variable is unset, keeps a value the user set, and sets nothing when asked not to."""
+    monkeypatch.delenv(capture.TEARDOWN_ENV, raising=False)
+    assert capture._teardown_default(cuda=False, wanted=True) is None and capture.TEARDOWN_ENV not in capture.os.environ
+    assert capture._teardown_default(cuda=True, wanted=False) is None and capture.TEARDOWN_ENV not in capture.os.environ
+    assert capture._teardown_default(cuda=True, wanted=True) == "kit.capture"
+    assert capture.os.environ[capture.TEARDOWN_ENV] == "1"
+    monkeypatch.setenv(capture.TEARDOWN_ENV, "0")
+    assert capture._teardown_default(cuda=True, wanted=True) == "environment"
+    assert capture.os.environ[capture.TEARDOWN_ENV] == "0"
+
+
+def test_the_header_says_which_traces_came_before_in_the_process(tmp_path, monkeypatch):
+    """A second capture in one process times its unprofiled steps after the first one's trace: its header lists
+    that trace with the TEARDOWN_CUPTI value in effect at its end (CUPTI stays attached unless it was 1)."""
+    monkeypatch.setattr(capture, "_ENDED", [])
+    monkeypatch.setenv(capture.TEARDOWN_ENV, "0")
+    kw = dict(wait=0, warmup=1, active=1, unprofiled=1)
+    first = capture.profile_steps(lambda: None, steps=6, out_dir=tmp_path / "1", **kw)
+    second = capture.profile_steps(lambda: None, steps=6, out_dir=tmp_path / "2", **kw)
+    h1 = traces.load_trace(first.paths[0], cache=False).header[capture.HEADER_KEY]
+    h2 = traces.load_trace(second.paths[0], cache=False).header[capture.HEADER_KEY]
+    assert h1["earlier_traces"] == [] and h1["teardown_cupti"] == "0" and h1["teardown_cupti_set_by"] == "environment"
+    assert h2["earlier_traces"] == [{"teardown_cupti": "0"}]
 
 
 def test_cycles_tags_and_a_loop_too_short(tmp_path, monkeypatch):

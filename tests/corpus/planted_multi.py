@@ -151,9 +151,15 @@ EXPECTED = {
 }
 
 
+PROFILER_OVERRIDE = "PLANTED_MULTI_PROFILER"
+"""an environment variable naming the profiler for every case (``--profiler``; the spawned ranks read it as they
+build :data:`CASES`)"""
+
+
 def _c(model, par, dtype, kind, profiler, control=None, variant=None, fault=None, sizes=None, extra_gpu_ms=None,
        suffix=""):
     name = f"{model}-{par}-{dtype}-{kind}{suffix}"
+    profiler = os.environ.get(PROFILER_OVERRIDE) or profiler
     fault = fault or ("none" if kind in ("control", "hostbound", "gpubound", "accum", "deep") else kind)
     env = dict(FAULT_PARAMS.get(variant, {}).get("env", {}))
     return {"name": name, "model": model, "parallel": par, "dtype": dtype, "kind": kind, "fault": fault,
@@ -825,9 +831,15 @@ def main(argv=None) -> int:
     ap.add_argument("--alternations", type=int, default=6, help="--pair: rounds, ABBA (default 6)")
     ap.add_argument("--after-rounds", type=int, default=0, help="--pair in one process: rounds timed again "
                     "after both arms were traced (truth.json's interleaved.after_tracing; default 0)")
+    ap.add_argument("--profiler", choices=("kit.capture", "tb_handler"), help="profile every case this way "
+                    "instead of its own (default: each case's)")
     ap.add_argument("--list", action="store_true", help="list the cases")
     ap.add_argument("--readme", type=Path, help="write README.md for the corpus in this directory and stop")
     a = ap.parse_args(argv)
+    if a.profiler:
+        os.environ[PROFILER_OVERRIDE] = a.profiler
+        for c in CASES.values():
+            c["profiler"] = a.profiler
     if a.list:
         for n, c in CASES.items():
             print(f"{n:30s} {c['fault']:14s} {c['variant']:14s} {c['profiler']:12s} control={c['control']}")
