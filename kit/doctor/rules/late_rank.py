@@ -21,7 +21,10 @@ if TYPE_CHECKING:  # pragma: no cover
 MIN_LATE, LATE_MIN_US, LATE_STEP_SHARE = 2, 20.0, 0.01
 """late_rank needs the rank to be last at 2+ collective instances by at least 20 us, 5% of the transfer and 1% of
 the step: two ranks running the same step drift apart by less than that (calibration: FINDINGS.md, "kit doctor's
-thresholds against the recorded runs")"""
+thresholds against the recorded runs"). A trace of one step shows a rank that is late once per step (FSDP: at the
+collective after its extra work) late once: there one instance is enough where the rank's own time per step
+exceeds every other rank's by more than their spread (:func:`kit.doctor.own_time.own_excess` confirmed, not in
+doubt) -- the step's own evidence of what a second step would repeat"""
 LATE_PATTERN = 0.10
 """... and materially late at this share of the matched instances or more: a rank late at the first collective
 of each step only is a once-per-step hiccup, not a late rank"""
@@ -112,6 +115,10 @@ BASIS_TEXT = {"own_excess": "its own time per step beyond the slowest other rank
               "reason_excess": "the lateness its reason added beyond the other ranks' same activity; the others' "
                                "waiting also holds the profiler's uneven slowing of the hosts"}
 """how late_rank's cost was read, when it is not the others' waiting"""
+OTHERS_HOST_TEXT = {"measured": "; their host time as kit.capture measured it without the profiler",
+                    "estimated": "; their host time estimated as the traced less the profiler's, a lower bound where "
+                                 "the host paid more per recorded op than the estimate's price"}
+"""which basis the others' host time had (:func:`host_room`)"""
 
 
 def _extra_text(late: int, summaries: list, ev: dict) -> str:
@@ -139,33 +146,58 @@ def own_gain(own: dict | None, reason: str | None, excess: dict, n: int) -> tupl
     return None, "others_wait"
 
 
-def host_room(host_steps: dict, late: int, overhead: dict | None) -> float | None:
+def unprofiled_host_us(capture: dict | None) -> float | None:
+    """The median of the host times :mod:`kit.capture` measured per step without the profiler on this rank
+    (``kitCapture.unprofiled_host_us``: the host's time from one ``step()`` call to the next, the GPU drained before
+    it -- issuing, the DataLoader, Python, and any wait the step itself makes for the GPU or a peer); None where the
+    trace has none."""
+    import statistics
+
+    xs = [float(x) for x in (capture or {}).get("unprofiled_host_us") or [] if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def host_room(host_steps: dict, late: int, overhead: dict | None,
+              capture: dict | None = None) -> tuple[float | None, str]:
     """What the job could gain at most were the GPU-late rank ``late`` as fast as the others, as their hosts allow:
     each other rank's step cannot be shorter than its own host time (:data:`kit.doctor.own_time.OWN_HOST`), so
-    the least over the others of their step less their own host time -- both net of the profiler: the step by the
-    overhead on it, the host by the profiler's own time on it, at least the larger of that overhead and what its
-    recorded ops price (:attr:`kit.doctor.overhead.ProfilerOverhead.priced_host_us`; a measured overhead is the
-    job's, and a host whose peers set the pace hides its own). Comparing GPU time with GPU time alone overstates the
-    gain where the others' steps are their hosts' (a host-bound job whose late rank's extra kernels first fill its
-    GPU's idle time). None where an other rank's own host time, so netted, still exceeds its step (its issuing
-    threads overlap, or its launches queue behind its waiting GPU: not a pace) or the steps are not there."""
+    the least over the others of their step less their own host time, both without the profiler: the step net of
+    the overhead on it; the host time as :mod:`kit.capture` measured it unprofiled on that rank
+    (:func:`unprofiled_host_us`, basis ``measured``) where the trace carries it, else the traced host time less the
+    profiler's own time on it, at least the larger of that overhead and what its recorded ops price
+    (:attr:`kit.doctor.overhead.ProfilerOverhead.priced_host_us`; a measured overhead is the job's, and a host whose
+    peers set the pace hides its own: basis ``estimated``, which undercounts where the per-op price is below what
+    the host paid). The measured host time also holds the step's own waits for the GPU (``.item()``, a
+    synchronize), which the traced own host time leaves out: an upper bound of the host's own time, so a room read
+    off it is a lower bound. Comparing GPU time with GPU time alone overstates the gain where the others' steps are
+    their hosts' (a host-bound job whose late rank's extra kernels first fill its GPU's idle time). Returns (room,
+    basis): room None where an other rank's own host time, so netted, still exceeds its step (its issuing threads
+    overlap, or its launches queue behind its waiting GPU: not a pace) or the steps are not there; basis
+    ``measured`` only where every other rank's host time was measured."""
     import numpy as np
 
     from ..own_time import OWN_HOST
 
-    rooms = []
+    rooms, bases = [], set()
     for r, ps in host_steps.items():
         if r == late:
             continue
         step, host = float(np.median(ps["dur"])), float(np.median(ps[OWN_HOST]))
         o = (overhead or {}).get(r)
         on_step = o.overhead_us if o is not None else 0.0
-        on_host = max(on_step, (o.host_us or 0.0) if o is not None else 0.0,
-                      (o.priced_host_us or 0.0) if o is not None else 0.0)
-        if not host or host - on_host > step - on_step:
-            return None
-        rooms.append(max(0.0, (step - on_step) - (host - on_host)))
-    return min(rooms) if rooms else None
+        measured = unprofiled_host_us((capture or {}).get(r))
+        if measured is not None:
+            host_net = measured
+            bases.add("measured")
+        else:
+            on_host = max(on_step, (o.host_us or 0.0) if o is not None else 0.0,
+                          (o.priced_host_us or 0.0) if o is not None else 0.0)
+            host_net = host - on_host
+            bases.add("estimated")
+        if not host or host_net > step - on_step:
+            return None, "measured" if bases == {"measured"} else "estimated"
+        rooms.append(max(0.0, (step - on_step) - host_net))
+    return (min(rooms) if rooms else None), "measured" if bases == {"measured"} else "estimated"
 
 
 def by_chance(late_at: int, instances: int, ranks: int) -> float:
@@ -225,7 +257,9 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     if cost < LATE_DOMINANCE * total:  # ranks take turns arriving last: jitter, not one late rank
         return []
     mine = inst[inst["rank"] == late]
-    if mine["material"].sum() < max(MIN_LATE, LATE_PATTERN * len(inst)):
+    late_n = int(mine["material"].sum())
+    one_step = tl_of[late].steps == 1  # one traced step: a rank late once per step is late once in the trace
+    if late_n < max(1 if one_step else MIN_LATE, LATE_PATTERN * len(inst)):
         return []  # late once or rarely (e.g. the first collective after start-up): no pattern
     gpu_us = {r: float(b.kernels["total_us"].sum()) for r, b in summaries  # per step (kernel_speeds)
               if b.kernels is not None and r in tl_of}
@@ -243,6 +277,8 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     same_work = reason in (CPU_SAME_WORK_REASONS if cpu_only else SAME_WORK_REASONS)
     if own is not None and not own["confirmed"] and same_work:
         return []  # late for issuing its work more slowly, no more of it: the slowest of equal hosts (job-level)
+    if late_n < MIN_LATE and (own is None or not own["confirmed"] or own["in_doubt"]):
+        return []  # late at one collective of its one step: named only where its own time per step says why
     chance = by_chance(int(mine["material"].sum()), len(inst), len(tl_of))
     if same_work and own is not None and own["in_doubt"] and chance >= LATE_CHANCE:
         return []  # one step, an excess within the estimate's range: one event unless its lateness recurs
@@ -267,8 +303,8 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     bound = min(float(waits[fl["rank"] == r].sum()) / per_step_divisor(tl_of[r]) for r in tl_of if r != late)
     if gain is not None:
         cost = min(max(waited, bound) if basis == "own_excess" else waited, gain)
-    room = (host_room(hs, late, ctx.overhead)
-            if basis == "own_excess" and own["kind"] == "gpu" else None)
+    room, room_basis = (host_room(hs, late, ctx.overhead, ctx.capture)
+                        if basis == "own_excess" and own["kind"] == "gpu" else (None, None))
     if room is not None and room < cost:  # its GPU's excess fills time the others' hosts would take anyway
         cost, basis = room, "others_host"
     late_at = mine[mine["material"]]
@@ -284,6 +320,8 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
           "excerpt": excerpt(late, float(worst["start_us"]) - 2 * float(worst["late_by_us"]), float(worst["end_us"]),
                               ranks=sorted(tl_of))}
     ev["last_by_chance"] = num(chance, 4)
+    if basis == "others_host":  # the others' host time: measured unprofiled (kit.capture) or estimated
+        ev["others_host_basis"] = room_basis
     if own is not None:  # its own time beyond the next slowest rank's: what made the others wait
         ev["own_excess"] = own
     slower = gpu_speed(late, {r: b.kernels for r, b in summaries})
@@ -310,7 +348,8 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
                      f"{'slower' if slower > 0 else 'faster'} than theirs, and more GPU work besides -- work the other "
                      f"ranks do not have" + _extra_text(late, summaries, ev))
     ev["reason"] = reason
-    basis_text = (f" ({BASIS_TEXT[basis]})" if cost < waited else
+    basis_text = (f" ({BASIS_TEXT[basis]}{OTHERS_HOST_TEXT[room_basis] if basis == 'others_host' else ''})"
+                  if cost < waited else
                   f" (its own time per step beyond the slowest other rank's: each other rank waits {dur_text(bound)} "
                   f"or more per step at the collectives, some of it where another rank's kernel ended last, as a "
                   f"broadcast's root does without waiting)" if cost > waited else ", what the others waited for it")
