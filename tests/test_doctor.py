@@ -249,22 +249,11 @@ def test_example_item_is_a_host_sync(clean):
     assert finding(clean, "host_sync") is None
 
 
-@pytest.mark.xfail(strict=True, reason="medium, not high: launch_bound's 44.7 ms traced, net of an estimated 34.8 ms of "
-                   "profiler overhead, is 9.9 ms, where the run's own timing (summary_rank*.json: 94.1 ms unprofiled "
-                   "against 111.6 ms traced, the run's mean steps) says 17.6 ms, 1.86 us per recorded op. No table was measured on this H200 "
-                   "host; the same job with the same settings (record_shapes, no stacks) and ops (9474 ops, 7007 "
-                   "runtime calls per step) paid 4.5-4.8 us per op on the 4x H100 host (kit.capture, "
-                   "recorded/h100x2/profiler_overhead), and both hosts report the same CPU string: nothing in the trace "
-                   "tells the hosts apart (the cheapest ops' traced length, 1.8-2.4 us here against 2.9-4.2 there, does "
-                   "not carry over: 1.4-1.6 us on the tb_handler CNN control's H200 session, which paid 1.5x more per "
-                   "op than the H100 one, 1.2-2.1 us), so "
-                   "another host's per-op cost prices it within ~2.5x, not better. The job never waits for its GPU, so "
-                   "all of the profiler's time lengthens its step (nothing hides): the miss is the per-op cost alone -- "
-                   "with its run's unprofiled step in the header it is high, 23.1 ms net of a measured 21.6 ms (the trace's "
-                   "median traced step, 114.85 ms, less 93.27 ms unprofiled) "
-                   "(test_the_estimate_misses_are_the_per_op_price_alone). (The H100 jobs' 1.2-1.6 vs 4.1-4.7 us per "
-                   "op between rounds is the traced step's measure on 2-step traces, not the host: FINDINGS)")
 def test_example_tiny_kernels_is_launch_bound(clean):
+    """High, net of an estimated overhead: its ops priced at the scaled price (recorded/profiler_overhead/
+    jobs-launch.json) x this H200 host's median kernel launch under the profiler, 4.3-4.5 us (the lowest of the
+    corpus's hosts), ~30 ms per step where the run's own timing says 17.6-21.6 (summary_rank*.json; the H100 loop
+    table priced it at 34.8 and left it medium)."""
     d = job("tiny-kernels")
     f = finding(d, "launch_bound")
     assert f.severity == "high" and f.ranks == (0, 1) and f.evidence["rank"] == 0
@@ -295,11 +284,11 @@ def _timed(out: Path, files: list[str], unprofiled_us) -> list[str]:
 
 
 def test_the_estimate_misses_are_the_per_op_price_alone(tmp_path):
-    """The two 2x H200 jobs the doctor misses on an estimated overhead -- tiny-kernels (launch_bound medium, not
+    """The two 2x H200 jobs the doctor missed on an estimated overhead -- tiny-kernels (launch_bound medium, not
     high) and the tb_handler CNN control (input_bound 10% of its step; a job-level launch_bound ~3.9x its GPU's
     unprofiled idle) -- are judged right once their traces carry their own unprofiled step (the example run's
-    summary_rank*.json; the corpus truth's samples): the netting is sound, the estimate's per-op price is what is off
-    (there 2x high, here 2.8x low: FINDINGS.md)."""
+    summary_rank*.json; the corpus truth's samples): the netting is sound, the estimate's per-op price was what was off
+    (the H100 loop table priced them 2x high and 2.8x low; the scaled price now gets both right: FINDINGS.md)."""
     import statistics
 
     summary = DATA.parent.parent / "recorded" / "h200x2" / "doctor" / "tiny-kernels"

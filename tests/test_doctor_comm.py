@@ -56,8 +56,8 @@ def ddp():
 
 @pytest.fixture(scope="module")
 def ddp_late():
-    """collective_tracing 2026-11-23, DDP: rank 0's host ~350 us behind at every bucket (named in the
-    collective_tracing notebook)."""
+    """collective_tracing 2026-11-23, DDP: rank 0's host ~350 us behind at every bucket under the profiler (named in
+    the collective_tracing notebook); unprofiled the ranks step alike."""
     return run(traces("recorded-collective_tracing-late"))
 
 
@@ -171,20 +171,17 @@ def test_exposed_comm_separates_waiting_and_stays_quiet_on_overlapped_ddp(ddp):
 
 
 # ------------------------------------------------------------------------------------------- late_rank
-def test_late_rank_names_the_rank_with_the_slower_host(ddp_late):
-    f = finding(ddp_late, "late_rank")
-    assert f is not None and f.severity == "high" and f.ranks == (0,)
-    ev = f.evidence
-    assert ev["late_rank"] == 0 and ev["late_at"] >= 20 and ev["instances"] == 25  # 8 buckets x 3 steps + 1
-    # one window, its own host excess within the estimated overhead's range: named because it is last at far more of
-    # the collectives than one of two equal ranks would be by chance
-    assert ev["own_excess"]["in_doubt"] and ev["last_by_chance"] < 0.05
-    assert ev["late_by_us_median"] == pytest.approx(369, rel=0.3)
-    assert ev["reason"] == "host_busy"  # issuing the buckets' work later, no data wait, no sync, no longer compute
-    # the cost: its own host time beyond rank 1's (what the job would gain), less than the others' waiting
-    assert ev["cost_basis"] == "own_excess" and ev["others_wait_us_per_step"] == pytest.approx(10097, rel=0.15)
-    assert f.cost_us_per_step == pytest.approx(4495, rel=0.15)
-    assert "rank 0" in f.summary and "CPU binding" in f.fix
+def test_late_rank_silent_where_the_profiler_slowed_one_host_more(ddp_late):
+    """Rank 0 arrives last at 22 of 25 collectives under the profiler, ~370 us behind -- but the run timed its steps
+    unprofiled just before (recorded/h200x2/collective_tracing/20261123-023252-vm-44640d/rows.csv.gz: 3.11 and 3.05 ms
+    medians, rank 0's host 2.69 ms against rank 1's 2.90): no straggler, and no 4 ms to gain in a 3.1 ms step. Its
+    hosts' median kernel launch under the profiler, 8.2 us on rank 0 against 5.7 on rank 1, prices rank 0's
+    profiler time higher (kit.doctor.overhead's scaled price), which covers its own excess: no rank is named; every
+    rank's host issues too slowly (launch_bound, the whole job, rank 0 the slowest)."""
+    assert finding(ddp_late, "late_rank") is None and "late_rank" in ddp_late.checked
+    f = finding(diagnose(traces("recorded-collective_tracing-late"), workers=1, only=("late_rank", "launch_bound")),
+                "launch_bound")
+    assert f.ranks == (0, 1) and f.evidence["job_level"] and f.evidence["slowest_rank"] == 0
 
 
 def test_late_rank_blames_the_dataloader(ddp):
@@ -429,8 +426,8 @@ def test_rules_cope_without_collective_metadata(tmp_path):
     d = run(paths, sweep=SWEEP_RUN)
     why = {s.rule: s.why for s in d.skipped}
     assert "no collective metadata" in why["per_param_allreduce"] and "no collective metadata" in why["low_busbw"]
-    # kernel names still give the collective; instances still match by order: the late rank is still rank 0
-    assert finding(d, "late_rank").ranks == (0,) and "exposed_comm" in d.checked
+    # kernel names still give the collective; instances still match by order: the last to arrive is still rank 0
+    assert finding(d, "exposed_comm").evidence["rank"] == 0 and "late_rank" in d.checked
 
 
 @pytest.mark.parametrize("paths", [

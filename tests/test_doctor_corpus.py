@@ -32,20 +32,8 @@ FIRST_MISSES: dict[str, str] = {
 NAMED_MISSES: dict[str, str] = {}
 CONTROL_MISSES: dict[str, str] = {
     # multi-rank control: what the doctor says that it should not, today
-    "corpus-h200x2/cnn-ddp-fp32-control-tb": "input_bound [0, 1] 1.84 ms (10% of the step, over the 5% a host "
-    "rule may reach on a control) beside a job-level launch_bound of 6.54 ms, 3.9x the GPU's unprofiled idle (10.94 ms "
-    "less the busiest GPU's 9.18 ms of kernels and 0.07 of comm: 1.69 ms): without kitCapture the profiler's overhead "
-    "is estimated at 3.68 ms per step (the H100 loop table: 1.55 us per op, 2.87 per runtime call) where the traced "
-    "step exceeds the unprofiled one by 10.3-10.8 ms on its ranks (2.8-2.9x); the DataLoader's 3.39 ms next() is netted by the estimate's "
-    "share recorded inside it (1.55 ms), and without the profiler this job's next() leaves the GPU idle 3 us in a "
-    "typical step (recorded/h100x2/profiler_overhead/loader_idle). With its measured unprofiled step in the header "
-    "the same traces give launch_bound 1.73 ms job-level (1.02x) and nothing else at or above low "
-    "(test_doctor.py::test_the_estimate_misses_are_the_per_op_price_alone): the miss is the per-op price of this "
-    "host session, which no trace field gives (FINDINGS)",
 }
-LARGE_MISSES: dict[str, str] = {
-    "corpus-h200x2/cnn-ddp-fp32-control-tb": CONTROL_MISSES["corpus-h200x2/cnn-ddp-fp32-control-tb"],
-}
+LARGE_MISSES: dict[str, str] = {}
 """controls whose largest finding is also larger than a planted fault of their family, or whose job-level
 launch_bound is not 0.5-2x the GPU's unprofiled idle: why, today"""
 

@@ -10,13 +10,13 @@ host's share of every traced step grows. :func:`overhead` gives one rank's :clas
   step is their median, the overhead is the traced step (median of the rank's step windows, the host model's
   ``dur``) minus it.
 * **estimated**: recorded host events per step (CUDA runtime/driver calls; ``aten::`` ops -- every op where the
-  frame holds every op, else the ops it kept plus the short ones the trace layer counted) x the per-event cost that
-  ``benchmarks/bench_profiler_overhead.py`` measured for the profiler settings the trace shows
-  (``recorded/profiler_overhead/*.json``: the table of the same GPU model where there is one, else any GPU's, else
-  the CPU table; which one is stated, and when it is another host's), plus the profiler's own time the trace shows
-  (the host model's ``profiler`` kind: CUPTI's buffer requests and flushes). The per-op cost is a property of the host and
-  of the job together (the same job paid per op 2-3x more on one of the kit's GPU hosts than on the other, and two
-  jobs of one host 3x apart: FINDINGS.md): an estimate is within about 2x either way. The profiler's time is host
+  frame holds every op, else the ops it kept plus the short ones the trace layer counted) x a per-event cost, plus
+  the profiler's own time the trace shows (the host model's ``profiler`` kind: CUPTI's buffer requests and
+  flushes). The per-op cost is the host session's (one job paid 2-3x more per op on one GPU host than on another:
+  FINDINGS.md), so a GPU trace's ops are priced by the host's speed as the trace shows it: a factor per profiler
+  setting x the rank's median kernel launch in its steps (:func:`pick_scaled`, ``jobs-launch.json``, fitted and
+  judged held out by ``tests/corpus/overhead_eval.py``); without launches or a row for its settings, by
+  :func:`pick`'s table (which one is stated). An estimate is within about 2x either way. The profiler's time is host
   time, and it lengthens the step only where the GPU waited for the host (:func:`_exposed`: between the host's waits
   for the GPU the step's GPU work is replayed without the profiler's time; a step with no such wait saves it up to
   its GPU's idle time, the host running ahead into the next step); the unprofiled estimate is
@@ -48,6 +48,9 @@ TABLES = Path(__file__).resolve().parents[2] / "recorded" / "profiler_overhead"
 ESTIMATE_RANGE = 2.0
 """an estimated overhead is within about this factor either way of the profiler's true cost (the per-op cost of
 one host and job against another's: the module's docstring, FINDINGS.md)"""
+LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
+"""the calls that launch one kernel: their median traced length in a rank's steps is the host's speed under the
+profiler as the trace shows it (:func:`pick_scaled`)"""
 
 
 @dataclass(frozen=True)
@@ -61,14 +64,12 @@ class ProfilerOverhead:
     """'measured', 'estimated' or 'none'"""
     how: str
     host_us: float | None = None
-    """estimated: the profiler's host time per step (recorded events x their cost)"""
+    """the profiler's own host time per step as this rank's recorded ops price it (recorded events x their cost,
+    :func:`_priced`), whatever the basis: a measured overhead is the job's (traced less unprofiled step), which a
+    host whose GPU or peers set the pace hides; this is that host's own. None without a price"""
     exposed_us: float | None = None
     """estimated: the part of :attr:`host_us` that lengthened the rank's step -- where its GPU waited for the host
     (:func:`_exposed`); the rest ran while the GPU worked"""
-    priced_host_us: float | None = None
-    """the profiler's own host time per step as this rank's recorded ops price it (:func:`_priced`), whatever the
-    basis (on the estimated one it is :attr:`host_us`): a measured overhead is the job's (traced less unprofiled
-    step), which a host whose GPU or peers set the pace hides; this is that host's own"""
     own_work_us: float | None = None
     """measured, in a job of several ranks: the most GPU work of its own any rank of the job does per step
     (:func:`own_work`, set by :func:`job_floor`): were every host instant, the job would still take that long (an
@@ -135,16 +136,30 @@ def pick_table(device_name: str | None, gpu: bool, root: str = str(TABLES)) -> d
     return None
 
 
+def pick_scaled(gpu: bool, record_shapes: bool, with_stack: bool, root: str = str(TABLES)) -> tuple[dict | None,
+                                                                                               dict | None]:
+    """The table and row (``"kind": "jobs-launch"``: ``us_per_op_per_launch_us`` x the rank's median kernel
+    launch, :data:`LAUNCH_CALLS`) of a GPU trace's exact settings; (None, None) without one (:func:`pick` then)."""
+    if not gpu:
+        return None, None
+    for t in reversed(tables(root)):
+        if t.get("kind") == "jobs-launch":
+            rows = [r for r in t["settings"] if r["record_shapes"] == record_shapes and r["with_stack"] == with_stack]
+            if rows:
+                return t, rows[0]
+    return None, None
+
+
 def pick(device_name: str | None, gpu: bool, record_shapes: bool, with_stack: bool, distributed: bool = False,
          root: str = str(TABLES)) -> tuple[dict | None, dict | None]:
-    """The table and row a trace is priced with: among the tables of the same GPU model (else any GPU's, else the
-    CPU's), one fitted on real jobs (``"kind": "jobs"``: ``tests/corpus/overhead_fit.py``) with a row of the
+    """The table and row a trace is priced with where :func:`pick_scaled` has none: among the tables of the same GPU
+    model (else any GPU's, else the CPU's), one fitted on real jobs (``"kind": "jobs"``: ``tests/corpus/overhead_fit.py``) with a row of the
     trace's exact settings and kind of job (``distributed``: a rank of a multi-process job) -- of the same GPU model
     only: real jobs' per-op cost differs between hosts -- else a loop table (``benchmarks/bench_profiler_overhead.py``)
     with its settings, else the group's last loop table's nearest row. A rank of a multi-process job pays more per
     recorded op than a one-GPU job of the same host (the measured costs: FINDINGS.md, "kit doctor's thresholds against
     the recorded runs")."""
-    ts = tables(root)
+    ts = [t for t in tables(root) if t.get("kind") != "jobs-launch"]  # that one is pick_scaled's
     same = [t for t in ts if gpu and device_name and t["machine"].get("device") == device_name]
     gpus = [t for t in ts if gpu and t["machine"].get("device") not in (None, "cpu")]
     cpus = [t for t in ts if not gpu and t["machine"].get("device") == "cpu"]
@@ -204,10 +219,12 @@ def _events(view: "RankView", per_step: "pd.DataFrame") -> dict:
     ``memo["cpu_all"]``; else the ones it kept), its start ``ts``, ``rt`` (a CUDA runtime or driver call), ``op``
     (an ``aten::`` op) and ``inside`` (in a step's host side: the steps' annotations, else the windows,
     :func:`_windows`); ``n``: the steps; ``full``: every op is in the frame, else ``short``: the short ops the trace
-    layer counted and left out (:attr:`kit.traces.TraceInfo.short_ops`)."""
+    layer counted and left out (:attr:`kit.traces.TraceInfo.short_ops`); ``launch_us``: the median length of the
+    steps' kernel launches (:data:`LAUNCH_CALLS`; None without one), the host's speed under the profiler as the
+    trace shows it."""
     import numpy as np
 
-    from .host_model import names_str
+    from .host_model import name_mask, names_str
 
     cpu_all = view.memo.get("cpu_all")
     full = cpu_all is not None and not cpu_all.empty
@@ -216,9 +233,12 @@ def _events(view: "RankView", per_step: "pd.DataFrame") -> dict:
     ts = cpu["ts"].to_numpy(float)
     i = np.searchsorted(a, ts, side="right") - 1
     cats = names_str(cpu["cat"]).to_numpy()
-    return {"ts": ts, "inside": (i >= 0) & (ts < b[np.clip(i, 0, len(b) - 1)]),
-            "rt": np.isin(cats, ["cuda_runtime", "cuda_driver"]), "op": cats == "cpu_op", "n": max(1, len(a)),
-            "full": full, "short": 0 if full else int(getattr(view.trace.info, "short_ops", 0) or 0)}
+    inside = (i >= 0) & (ts < b[np.clip(i, 0, len(b) - 1)])
+    rt = np.isin(cats, ["cuda_runtime", "cuda_driver"])
+    launch = rt & inside & name_mask(cpu["name"], lambda s: s.isin(LAUNCH_CALLS)).to_numpy()
+    return {"ts": ts, "inside": inside, "rt": rt, "op": cats == "cpu_op", "n": max(1, len(a)),
+            "full": full, "short": 0 if full else int(getattr(view.trace.info, "short_ops", 0) or 0),
+            "launch_us": float(np.median(cpu["dur"].to_numpy(float)[launch])) if launch.any() else None}
 
 
 def _price(ev: dict, c_op: float, c_rt: float) -> "np.ndarray":
@@ -281,11 +301,11 @@ def overhead(view_or_trace: Any, capture: dict | None = None, *, cpu_all: "pd.Da
             acct.cost("input") < SEVERITY_SHARE["low"] * step:
         return o
     share = data_wait_share(view, _per_step(view))
-    return replace(o, data_wait_us=share * (o.host_us if o.host_us is not None else o.overhead_us))
+    return replace(o, data_wait_us=share * (o.host_us if o.basis == "estimated" else o.overhead_us))
 
 
 def _priced(view: "RankView", ps: "pd.DataFrame", capture: dict | None, root: str | Path) -> dict | None:
-    """The recorded ops' price per step on this rank, derived once for :func:`overhead` (its ``host_us`` and ``priced_host_us``):
+    """The recorded ops' price per step on this rank, derived once for :func:`overhead` (its ``host_us``):
     the table :func:`pick` takes for the trace's device and profiler settings, the ops and runtime calls per step
     (:func:`_counts`) at its costs (a least-squares split of a noisy measurement can come out below zero: no event
     makes the host faster, so they are floored at 0), plus the profiler's own events shown (:func:`_shown_us`).
@@ -294,12 +314,16 @@ def _priced(view: "RankView", ps: "pd.DataFrame", capture: dict | None, root: st
     props = view.trace.header.get("deviceProperties") if isinstance(view.trace.header, dict) else None
     device = props[0].get("name") if isinstance(props, list) and props and isinstance(props[0], dict) else None
     shapes, stack, where = _settings(view, capture)
-    table, row = pick(device, gpu, shapes, stack, (view.trace.info.world_size or 1) > 1, str(root))
-    if table is None or row is None:
-        return None
     ev = _events(view, ps)
+    table, row = pick_scaled(gpu, shapes, stack, str(root)) if ev["launch_us"] else (None, None)
+    if row is not None:  # the host's own speed, read in the trace, x the price per unit of it
+        c_op, c_rt = max(0.0, float(row["us_per_op_per_launch_us"]) * ev["launch_us"]), 0.0
+    else:
+        table, row = pick(device, gpu, shapes, stack, (view.trace.info.world_size or 1) > 1, str(root))
+        if table is None or row is None:
+            return None
+        c_op, c_rt = max(0.0, float(row["us_per_op"])), max(0.0, float(row["us_per_runtime"]))
     ops, runtime, basis_ops = _counts(ev)
-    c_op, c_rt = max(0.0, float(row["us_per_op"])), max(0.0, float(row["us_per_runtime"]))
     shown = _shown_us(ps)
     return {"gpu": gpu, "device": device, "where": where, "table": table, "row": row, "ops": ops,
             "runtime": runtime, "basis_ops": basis_ops, "c_op": c_op, "c_rt": c_rt, "shown": shown,
@@ -370,7 +394,7 @@ def _overhead(view: "RankView", capture: dict | None, cpu_all, root) -> Profiler
                                 f"median of {len(samples)} steps kit.capture timed without the profiler just before "
                                 f"the window ({capture.get('unprofiled_clock', 'clock not stated')}; p10-p90 "
                                 f"{q[0]:.0f}-{q[-1]:.0f} us) against the median traced step ({len(ps)} steps)",
-                                priced_host_us=None if p is None else p["host_us"])
+                                host_us=None if p is None else p["host_us"])
     gpu = not view.trace.gpu.empty
     if p is None:
         return ProfilerOverhead(traced, None, 0.0, "none", f"no per-event cost table for a {'GPU' if gpu else 'CPU'}"
@@ -384,22 +408,29 @@ def _overhead(view: "RankView", capture: dict | None, cpu_all, root) -> Profiler
     # for a peer (a waiting rank's GPU is "busy" for most of the step)
     busy = float(ps["gpu_compute_us"].median()) if gpu and "gpu_compute_us" in ps else 0.0
     unprof = min(traced, max(traced - exposed, busy))
+    scaled = table.get("kind") == "jobs-launch"
     source = (f"fitted on {row.get('cases', '?')} multi-process jobs whose overhead was measured (traced minus "
               f"unprofiled step, against the time their recorded ops lengthen the step; runtime calls folded into the "
               f"per-op cost)" if table.get("kind") == "jobs"
               else "measured by benchmarks/bench_profiler_overhead.py's isolated-op loops")
     how = (f"estimated: {ops:.0f} ops and {runtime:.0f} runtime calls per step ({basis_ops}) x "
-           f"{c_op:.2f} / {c_rt:.2f} us each, {source} on {table['machine'].get('device')} ({table['file']}, "
-           f"record_shapes={row['record_shapes']}, with_stack={row['with_stack']}; settings read from {where})"
+           + (f"{c_op:.2f} us per op, runtime calls folded in: {float(row['us_per_op_per_launch_us']):.3f} x this "
+              f"rank's median kernel launch in its steps, {p['events']['launch_us']:.2f} us (the host's speed under "
+              f"the profiler, read in the trace; the factor fitted by tests/corpus/overhead_eval.py on "
+              f"{row.get('cases', '?')} jobs of H100 and H200 hosts whose overhead was measured: {table['file']}, "
+              f"record_shapes={row['record_shapes']}, with_stack={row['with_stack']}; settings read from {where}; "
+              f"within about {ESTIMATE_RANGE:g}x either way)" if scaled else
+              f"{c_op:.2f} / {c_rt:.2f} us each, {source} on {table['machine'].get('device')} ({table['file']}, "
+              f"record_shapes={row['record_shapes']}, with_stack={row['with_stack']}; settings read from {where})")
            + (f" + {shown:.0f} us of the profiler's own buffer requests and flushes shown in the trace" if shown >= 0.5
               else "") + f" = {host_us:.0f} us of host time per step"
            + (f", {exposed:.0f} us of it where the GPU waited for the host (the rest ran while the GPU worked: "
               f"{segments} stretches between the host's waits for the GPU)" if gpu and exposed < host_us - 0.5 else "")
            + (f" (another host's table: this trace's GPU is {device or 'not named'}; the per-op cost differs between "
-              f"hosts and jobs, about {ESTIMATE_RANGE:g}x either way)" if gpu and table["machine"].get("device") != device else "")
+              f"hosts and jobs, about {ESTIMATE_RANGE:g}x either way)" if gpu and not scaled
+              and table["machine"].get("device") != device else "")
            + (f"; the step cannot be shorter than the GPU's own work (outside collectives), {busy:.0f} us" if unprof == busy and gpu else ""))
-    return ProfilerOverhead(traced, unprof, traced - unprof, "estimated", how, host_us=host_us, exposed_us=exposed,
-                            priced_host_us=host_us)
+    return ProfilerOverhead(traced, unprof, traced - unprof, "estimated", how, host_us=host_us, exposed_us=exposed)
 
 
 QUEUED_US = 5.0

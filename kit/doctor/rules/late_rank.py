@@ -165,7 +165,7 @@ def host_room(host_steps: dict, late: int, overhead: dict | None,
     the overhead on it; the host time as :mod:`kit.capture` measured it unprofiled on that rank
     (:func:`unprofiled_host_us`, basis ``measured``) where the trace carries it, else the traced host time less the
     profiler's own time on it, at least the larger of that overhead and what its recorded ops price
-    (:attr:`kit.doctor.overhead.ProfilerOverhead.priced_host_us`; a measured overhead is the job's, and a host whose
+    (:attr:`kit.doctor.overhead.ProfilerOverhead.host_us`; a measured overhead is the job's, and a host whose
     peers set the pace hides its own: basis ``estimated``, which undercounts where the per-op price is below what
     the host paid). The measured host time also holds the step's own waits for the GPU (``.item()``, a
     synchronize), which the traced own host time leaves out: an upper bound of the host's own time, so a room read
@@ -190,8 +190,7 @@ def host_room(host_steps: dict, late: int, overhead: dict | None,
             host_net = measured
             bases.add("measured")
         else:
-            on_host = max(on_step, (o.host_us or 0.0) if o is not None else 0.0,
-                          (o.priced_host_us or 0.0) if o is not None else 0.0)
+            on_host = max(on_step, (o.host_us or 0.0) if o is not None else 0.0)
             host_net = host - on_host
             bases.add("estimated")
         if not host or host_net > step - on_step:

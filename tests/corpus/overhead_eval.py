@@ -1,0 +1,475 @@
+"""The profiler-overhead estimate's per-op price, judged on every committed job whose overhead was measured.
+
+Where a trace has no unprofiled step time, :mod:`kit.doctor.overhead` prices the profiler's host time (recorded
+events per step x a per-event cost) and takes off the part that lengthened the step (``overhead._exposed``). Here
+that price meets the committed GPU jobs whose unprofiled step *was* timed (:func:`cases`: ``truth.json``'s
+``step_us_unprofiled``, per rank where it has them; the 2x H200 example jobs' ``summary_rank*.json`` ``step_ms``):
+the true overhead per rank is its traced step (median of its step windows) less its unprofiled median, with the
+spread against the unprofiled p10-p90; the job's is the median over its ranks.
+
+Per rank (:func:`rank_features`): ops, runtime calls, kernels, short ops, ops that launched, settings, CUPTI's own
+events, two host readings (the median traced length of its kernel launches and of its cheap leaf ops) and its
+exposure curve (the overhead ``_exposed`` gives at each uniform per-op price of :data:`GRID`). A price model
+(:data:`MODELS`) gives each rank its recorded-event host time per step; through the rank's curve that is the
+overhead it estimates, the job's the largest over its ranks. Models are fitted (``scipy.optimize.nnls`` on the
+relative error, or medians) on the jobs whose price is determined (:func:`implied`) and judged on the scored jobs
+leave one job out, fitted on the other GPU model's jobs, and on the other model family's. Every fit's residuals
+are printed; ``--out`` writes :data:`CHOSEN` as the doctor's table.
+
+    python tests/corpus/overhead_eval.py [--cache /tmp/overhead_eval.json] [--out recorded/profiler_overhead/jobs-launch.json]
+
+Exit status 0; 2 when no job has a measured overhead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests" / "data" / "doctor"
+EXAMPLES = ROOT / "recorded" / "h200x2" / "doctor"
+GRID = [round(0.5 * i, 1) for i in range(21)] + [float(x) for x in range(11, 31)]
+"""the uniform per-op prices (us) each rank's exposure curve is computed at: 0-10 by 0.5, then to 30 by 1"""
+GPU_BOUND = 1.25
+"""as ``tests/corpus/overhead_fit.py``: a job whose unprofiled step is below this x its busiest GPU's compute hides
+its host's profiler time behind the GPU; its price is not determined (it is still judged, in ms)"""
+CHEAP_OPS = ("aten::view", "aten::as_strided", "aten::t", "aten::transpose", "aten::detach", "aten::empty",
+             "aten::expand", "aten::slice", "aten::select", "aten::reshape", "aten::unsqueeze", "aten::permute")
+"""ops that launch nothing and do little: their traced length is mostly the host's (and the profiler's) per-op time"""
+
+
+# ------------------------------------------------------------------------------------------------ the set
+def cases() -> list[dict]:
+    """Every committed GPU job whose unprofiled step was timed: name, trace files, per-rank unprofiled samples
+    (rank -> list of us), and the truth's facts (device, model family, settings, profiler, world size)."""
+    out = []
+    for truth in sorted(DATA.glob("*/*/truth.json")) + sorted(DATA.glob("*/truth.json")):
+        t = json.loads(truth.read_text())
+        dev = t.get("device") or ""
+        u = t.get("step_us_unprofiled")
+        if not isinstance(u, dict) or "NVIDIA" not in dev:
+            continue
+        files = sorted(str(p) for p in truth.parent.glob("*.json.gz"))
+        if not files:
+            continue
+        per = u.get("per_rank")
+        unprof = {r: p["samples"] for r, p in enumerate(per)} if per else {None: u.get("samples") or [u["median"]]}
+        if not isinstance(next(iter(unprof.values())), list):
+            unprof = {r: [u["median"]] for r in unprof}
+        out.append({"case": str(truth.parent.relative_to(DATA)), "files": files, "unprof": unprof,
+                    "device": dev, "family": t.get("model") or truth.parent.name.split("-")[0],
+                    "profiler": t.get("profiler"), "world_size": int(t.get("world_size") or 1),
+                    "record_shapes": t.get("record_shapes"), "with_stack": t.get("with_stack"),
+                    "host_cpu": t.get("host_cpu")})
+    for summ in sorted(EXAMPLES.glob("*/summary_rank0.json")):
+        d = DATA / summ.parent.name
+        files = sorted(str(p) for p in d.glob("trace_rank*.json.gz"))
+        if not files:
+            continue
+        unprof = {}
+        for r in range(8):
+            s = summ.parent / f"summary_rank{r}.json"
+            if s.is_file():
+                unprof[r] = [1e3 * float(json.loads(s.read_text())["step_ms"])]
+        cap = json.loads((summ.parent / "capture_rank0.json").read_text())
+        out.append({"case": f"examples-h200x2/{d.name}", "files": files, "unprof": unprof,
+                    "device": cap.get("device_name") or "", "family": "gpt", "profiler": "kit.capture (no timing)",
+                    "world_size": len(unprof), "record_shapes": cap.get("record_shapes"),
+                    "with_stack": cap.get("with_stack"), "host_cpu": None})
+    return out
+
+
+def _rank_of(path: str) -> int | None:
+    try:
+        j = json.loads(gzip.open(path, "rt").read())
+    except (OSError, ValueError):
+        return None
+    r = (j.get("distributedInfo") or {}).get("rank")
+    return None if r is None else int(r)
+
+
+def rank_features(path: str) -> dict | None:
+    """What one rank's trace shows per step (module docstring); None without step windows."""
+    import numpy as np
+
+    from kit import traces
+    from kit.doctor.host_model import PROFILER_EVENTS, names_str
+    from kit.doctor.overhead import LAUNCH_CALLS, _counts, _events, _exposed, _per_step, _settings, _shown_us, _view
+
+    v = _view(path)
+    ps = _per_step(v)
+    if ps is None or v.trace.gpu.empty:
+        return None
+    ev = _events(v, ps)
+    ops, rt, _ = _counts(ev)
+    a, b = float(ps["ts"].min()), float(ps["end"].max())
+    n = ev["n"]
+    cpu_all = traces.load_trace(path, cpu="all").cpu
+    names, cats = names_str(cpu_all["name"]).to_numpy(), names_str(cpu_all["cat"]).to_numpy()
+    ts, dur = cpu_all["ts"].to_numpy(float), cpu_all["dur"].to_numpy(float)
+    inside = (ts >= a) & (ts < b)
+    is_op, is_rt = cats == "cpu_op", np.isin(cats, ["cuda_runtime", "cuda_driver"])
+    launch = is_rt & np.isin(names, LAUNCH_CALLS)
+    # leaf ops: nothing recorded inside them on their thread
+    leaf = np.zeros(len(ts), bool)
+    tids = cpu_all["tid"].to_numpy()
+    for tid in np.unique(tids):
+        i = np.flatnonzero(tids == tid)
+        i = i[np.argsort(ts[i], kind="stable")]
+        nxt = np.r_[ts[i][1:], np.inf]
+        leaf[i] = nxt >= ts[i] + dur[i]
+    cheap = is_op & inside & np.isin(names, CHEAP_OPS) & leaf
+    ext = cpu_all["external_id"].to_numpy() if "external_id" in cpu_all else np.full(len(ts), np.nan)
+    with_kernel = len({x for x in ext[launch & inside] if x == x})
+    gpu = v.trace.gpu
+    gk = gpu[(gpu["ts"] >= a) & (gpu["ts"] < b)]
+    prof = np.isin(names, PROFILER_EVENTS) & inside
+    shapes, stack, _ = _settings(v, None)
+    rank = v.trace.info.rank
+    return {
+        "file": Path(path).name, "rank": rank, "steps": int(n),
+        "traced_us": float(ps["dur"].median()), "traced_min_us": float(ps["dur"].min()),
+        "traced_max_us": float(ps["dur"].max()), "gpu_compute_us": float(ps["gpu_compute_us"].median()),
+        "ops": ops, "runtime": rt, "ops_all": float((is_op & inside).sum()) / n,
+        "short_ops": ev["short"], "launches": float((launch & inside).sum()) / n, "kernels": len(gk) / n,
+        "ops_with_kernel": with_kernel / n, "shown_us": _shown_us(ps),
+        "cupti_events": float(prof.sum()) / n, "cupti_us": float(dur[prof].sum()) / n,
+        "launch_us": ev["launch_us"],
+        "cheap_us": float(np.median(dur[cheap])) if cheap.any() else None,
+        "trace_record_shapes": shapes, "trace_with_stack": stack,
+        "exposed": [round(_exposed(v, ps, ev, c, 0.0)[0], 1) for c in GRID],
+    }
+
+
+def collect(cache: Path | None) -> list[dict]:
+    """:func:`cases` with each rank's :func:`rank_features` (read from / written to ``cache``, keyed by file)."""
+    memo = json.loads(cache.read_text()) if cache and cache.is_file() else {}
+    out = []
+    for c in cases():
+        ranks = []
+        for f in c["files"]:
+            key = str(Path(f).relative_to(ROOT))
+            if key not in memo:
+                memo[key] = rank_features(f)
+                if cache:
+                    cache.write_text(json.dumps(memo))
+            if memo[key] is not None:
+                ranks.append(memo[key])
+        if ranks:
+            out.append({**c, "ranks": ranks})
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ the truth
+def at(curve: list[float], c: float) -> float:
+    """A rank's exposure curve at uniform per-op price ``c`` (linear between grid points, flat past the grid)."""
+    if c <= 0:
+        return curve[0]
+    if c >= GRID[-1]:
+        return curve[-1]
+    i = next(k for k, g in enumerate(GRID) if g >= c)
+    f = (c - GRID[i - 1]) / (GRID[i] - GRID[i - 1])
+    return curve[i - 1] + f * (curve[i] - curve[i - 1])
+
+
+def measured(job: dict) -> None:
+    """Per rank: traced step (median of its windows) less its unprofiled median, and the spread (against the
+    unprofiled p10-p90); the job's: the median over ranks. Written into ``job``."""
+    un = job["unprof"]
+    for r in job["ranks"]:
+        s = un.get(r["rank"]) or un.get(None) or [x for v in un.values() for x in v]
+        q = statistics.quantiles(s, n=10, method="inclusive") if len(s) > 1 else [s[0]] * 9
+        r["unprof_us"] = statistics.median(s)
+        r["overhead_us"] = r["traced_us"] - r["unprof_us"]
+        r["overhead_lo_us"], r["overhead_hi_us"] = r["traced_us"] - q[-1], r["traced_us"] - q[0]
+    job["overhead_us"] = statistics.median(r["overhead_us"] for r in job["ranks"])
+    job["overhead_lo_us"] = statistics.median(r["overhead_lo_us"] for r in job["ranks"])
+    job["overhead_hi_us"] = statistics.median(r["overhead_hi_us"] for r in job["ranks"])
+    job["unprof_us"] = statistics.median(r["unprof_us"] for r in job["ranks"])
+    job["traced_us"] = statistics.median(r["traced_us"] for r in job["ranks"])
+    gpu = max(r["gpu_compute_us"] for r in job["ranks"])
+    job["gpu_bound"] = job["unprof_us"] < GPU_BOUND * gpu
+    job["gpu"] = "H200" if "H200" in job["device"] else "H100" if "H100" in job["device"] else job["device"]
+    traced = [r["traced_us"] for r in job["ranks"]]
+    job["why_not"] = ("no step annotations: its windows are not steps" if job["profiler"] == "no_steps" else
+                      "GPU-bound without the profiler" if job["gpu_bound"] else
+                      "under 1 ms measured" if job["overhead_us"] < 1000.0 else
+                      "its ranks' traced windows disagree (> 1.5x): a window is not one step" if max(traced) > 1.5 *
+                      min(traced) else
+                      "its traced steps vary more than the overhead (p10-p90 spread above the measured overhead)"
+                      if job["overhead_hi_us"] - job["overhead_lo_us"] > job["overhead_us"] else None)
+    job["scored"] = job["why_not"] is None
+
+
+def estimate(job: dict, prices: list[float]) -> float:
+    """The job's estimated overhead for per-rank recorded-event prices (us per step): through each rank's exposure
+    curve at the equivalent uniform per-op price, the largest over its ranks."""
+    return max(at(r["exposed"], p / r["ops"] if r["ops"] else 0.0) for r, p in zip(job["ranks"], prices))
+
+
+def implied(job: dict) -> tuple[float | None, dict | None]:
+    """The uniform per-op price at which the job's estimate meets its measured overhead, and the rank that sets the
+    pace there; (None, None) where no price does (a GPU-bound job; a measured overhead above all the GPU idle the
+    replay can remove) or nothing was measured."""
+    ovh = job["overhead_us"]
+    if not job["scored"]:
+        return None, None
+    curve = [max(r["exposed"][i] for r in job["ranks"]) for i in range(len(GRID))]
+    if curve[-1] < ovh:
+        return None, None
+    if curve[0] >= ovh:
+        c = 0.0
+    else:
+        i = next(k for k in range(1, len(GRID)) if curve[k] >= ovh)
+        lo, hi = curve[i - 1], curve[i]
+        c = GRID[i - 1] + (ovh - lo) / (hi - lo) * (GRID[i] - GRID[i - 1]) if hi > lo else GRID[i]
+    pace = max(job["ranks"], key=lambda r: at(r["exposed"], c))
+    return c, pace
+
+
+# ------------------------------------------------------------------------------------------------ the models
+def today(job: dict, r: dict, loo: bool = False) -> float:
+    """Today's price (kit.doctor.overhead.pick): the table of the trace's GPU model and settings; ``loo``: a jobs
+    table's per-op price is the median of its other jobs' (the job left out of the table it is priced with)."""
+    from kit.doctor.overhead import pick
+
+    t, row = pick(job["device"], True, bool(r["trace_record_shapes"] if job["record_shapes"] is None
+                                            else job["record_shapes"]),
+                  bool(r["trace_with_stack"] if job["with_stack"] is None else job["with_stack"]), job["world_size"] > 1)
+    if row is None:
+        return 0.0
+    c_op = row["us_per_op"]
+    if loo and t.get("kind") == "jobs":
+        c_op = statistics.median(p["us_per_op"] for p in t["points"] if p.get("us_per_op") and p["case"] != job["case"])
+    return r["ops"] * max(0.0, c_op) + r["runtime"] * max(0.0, row["us_per_runtime"])
+
+
+def _nnls(rows: list[list[float]], y: list[float]) -> list[float]:
+    """Non-negative least squares on the relative error (each row divided by its target)."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    a = np.array(rows, float) / np.array(y, float)[:, None]
+    return list(nnls(a, np.ones(len(y)))[0])
+
+
+def _settings_key(job: dict, r: dict) -> tuple:
+    s = r["trace_record_shapes"] if job["record_shapes"] is None else job["record_shapes"]
+    k = r["trace_with_stack"] if job["with_stack"] is None else job["with_stack"]
+    return bool(s), bool(k)
+
+
+def linear(features):
+    """A model P = sum_k p_k x_k(rank), fitted by nnls on the pace ranks of the training jobs."""
+    def fit(train: list[dict]):
+        rows, y = [], []
+        for j in train:
+            rows.append(features(j, j["pace"]))
+            y.append(j["c_star"] * j["pace"]["ops"])
+        p = _nnls(rows, y)
+        return p, lambda job, r: float(sum(a * x for a, x in zip(p, features(job, r))))
+    return fit
+
+
+def per_op_median(key=None):
+    """One price per op (the median of the training jobs' implied prices), per group ``key(job, rank)`` where the
+    group has training jobs, else over all of them."""
+    def fit(train: list[dict]):
+        allc = statistics.median(j["c_star"] for j in train)
+        groups = {}
+        for j in train:
+            groups.setdefault(key(j, j["pace"]) if key else None, []).append(j["c_star"])
+        med = {g: statistics.median(v) for g, v in groups.items()}
+        params = med if key else [allc]
+        return params, lambda job, r: r["ops"] * med.get(key(job, r) if key else None, allc)
+    return fit
+
+
+def scaled(reading: str, key=None):
+    """One price per op proportional to a host reading the trace carries (``reading``: us), k = median of the
+    training jobs' implied price over their pace rank's reading (per group ``key(job, rank)`` where the group has
+    training jobs, else over all of them)."""
+    def fit(train: list[dict]):
+        ks = [j["c_star"] / j["pace"][reading] for j in train if j["pace"].get(reading)]
+        k_all = statistics.median(ks)
+        groups = {}
+        for j in train:
+            if j["pace"].get(reading):
+                groups.setdefault(key(j, j["pace"]) if key else None, []).append(j["c_star"] / j["pace"][reading])
+        ks = {g: statistics.median(v) for g, v in groups.items()}
+        typical = statistics.median(j["pace"][reading] for j in train if j["pace"].get(reading))
+
+        def price(job, r):  # a rank without the reading (no such call: a CUDA graph) at the job's, else the typical
+            mine = [x[reading] for x in job["ranks"] if x.get(reading)]
+            k = ks.get(key(job, r) if key else None, k_all)
+            return r["ops"] * k * (r.get(reading) or (statistics.median(mine) if mine else typical))
+        return ({str(g): round(v, 4) for g, v in ks.items()} if key else [k_all]), price
+    return fit
+
+
+MODELS = {
+    "today": None,
+    "per-op": per_op_median(),
+    "op+rt+kernel": linear(lambda j, r: [r["ops"], r["runtime"], r["kernels"]]),
+    "per-settings": per_op_median(_settings_key),
+    "x launch_us": scaled("launch_us"),
+    "x launch/settings": scaled("launch_us", _settings_key),
+    "x cheap_us": scaled("cheap_us"),
+    "cupti only": lambda train: ([], lambda job, r: 0.0),
+}
+"""name -> fit(training jobs) -> (parameters, price(job, rank) -> recorded-event host time per step, us)"""
+
+
+# ------------------------------------------------------------------------------------------------ the judging
+def _run(job: dict) -> float:
+    """One recording's key: copies of one run (a case with its steps removed) share their unprofiled timing."""
+    return round(job["unprof_us"], 1)
+
+
+def judge(jobs: list[dict]) -> dict:
+    """Every model's estimate of every scored job, leave one job out and across GPU models and families: name ->
+    {scheme -> {case -> estimate us}}; and the fit on every determined job with its residuals."""
+    fitted = [j for j in jobs if j.get("c_star") is not None]
+    out = {}
+    for name, fit in MODELS.items():
+        res = {"lojo": {}, "gpu": {}, "family": {}}
+        if fit is None:
+            for j in jobs:
+                est = estimate(j, [today(j, r) for r in j["ranks"]])
+                for k in res:
+                    res[k][j["case"]] = est
+                res["lojo"][j["case"]] = estimate(j, [today(j, r, loo=True) for r in j["ranks"]])
+            out[name] = {"schemes": res, "params": "recorded/profiler_overhead/*.json as kit.doctor.overhead.pick "
+                                                     "takes them", "residuals": {}}
+            continue
+        for j in jobs:
+            train = [x for x in fitted if _run(x) != _run(j)]
+            _, price = fit(train)
+            res["lojo"][j["case"]] = estimate(j, [price(j, r) for r in j["ranks"]])
+            for scheme, attr in (("gpu", "gpu"), ("family", "family")):
+                other = [x for x in train if x[attr] != j[attr]]
+                if other:
+                    _, price = fit(other)
+                    res[scheme][j["case"]] = estimate(j, [price(j, r) for r in j["ranks"]])
+        params, price = fit(fitted)
+        out[name] = {"schemes": res, "params": params,
+                     "residuals": {j["case"]: estimate(j, [price(j, r) for r in j["ranks"]]) / j["overhead_us"]
+                                   for j in fitted}}
+    return out
+
+
+def summary(jobs: list[dict], est: dict[str, float], keep=lambda j: True) -> str:
+    """n, median |log2 ratio|, within 0.5-2x, the worst ratios, over the scored jobs ``keep`` selects."""
+    rs = sorted(est[j["case"]] / j["overhead_us"] for j in jobs if j["scored"] and keep(j) and j["case"] in est)
+    if not rs:
+        return "-"
+    err = statistics.median(abs(math.log2(r)) if r > 0 else 10.0 for r in rs)
+    inside = sum(0.5 <= r <= 2.0 for r in rs)
+    return f"{inside}/{len(rs)} in 0.5-2x, median |log2| {err:.2f}, {rs[0]:.2f}-{rs[-1]:.2f}x"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cache", type=Path, help="keep each trace's features here (a JSON; recomputed when absent)")
+    ap.add_argument("--out", type=Path, help=f"write the {CHOSEN!r} model fitted on every determined job here "
+                                             "(recorded/profiler_overhead/jobs-launch.json)")
+    a = ap.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    jobs = collect(a.cache)
+    if not jobs:
+        print("overhead_eval: no job with a measured overhead", file=sys.stderr)
+        return 2
+    for j in jobs:
+        measured(j)
+        j["c_star"], j["pace"] = implied(j)
+    got = judge(jobs)
+    names = list(MODELS)
+    print("Per job (ms): measured overhead = median over ranks of traced step - unprofiled median [against the "
+          "unprofiled p90..p10]; c* = the uniform per-op price (us) at which the replayed estimate meets it; each "
+          "model's estimate leave-one-job-out (today's: the tables as they are)\n")
+    head = f"{'case':46s} {'gpu':4s} {'fam':3s} {'ops':>5s} {'rt':>4s} {'krn':>4s} {'lnch':>4s} {'chp':>4s} " \
+           f"{'measured':>18s} {'c*':>5s} " + " ".join(f"{n[:10]:>10s}" for n in names)
+    print(head)
+    for j in jobs:
+        p = j["pace"] or max(j["ranks"], key=lambda r: r["ops"])
+        cells = " ".join(f"{got[n]['schemes']['lojo'].get(j['case'], float('nan')) / 1e3:10.2f}" for n in names)
+        c = f"{j['c_star']:5.2f}" if j["c_star"] is not None else ("  gpu" if j["gpu_bound"] else "    -")
+        print(f"{j['case'][:46]:46s} {j['gpu']:4s} {j['family'][:3]:3s} {p['ops']:5.0f} {p['runtime']:4.0f} "
+              f"{p['kernels']:4.0f} {p['launch_us'] or 0:4.1f} {p['cheap_us'] or 0:4.2f} "
+              f"{j['overhead_us'] / 1e3:6.2f} [{j['overhead_lo_us'] / 1e3:5.2f}..{j['overhead_hi_us'] / 1e3:5.2f}] "
+              f"{c} {cells}{'' if j['scored'] else '   (not scored: ' + j['why_not'] + ')'}")
+    groups = {"all": lambda j: True, "H100": lambda j: j["gpu"] == "H100", "H200": lambda j: j["gpu"] == "H200",
+              "cnn": lambda j: j["family"] == "cnn", "gpt": lambda j: j["family"] == "gpt"}
+    n_scored = sum(j["scored"] for j in jobs)
+    print(f"\nScored jobs (measured overhead >= 1 ms, not GPU-bound): {n_scored}; estimate / measured:")
+    for scheme, what in (("lojo", "leave one job out"), ("gpu", "fitted on the other GPU model's jobs"),
+                         ("family", "fitted on the other model family's jobs")):
+        print(f"\n  {what}:")
+        for n in names:
+            est = got[n]["schemes"][scheme]
+            print(f"    {n:22s} " + " | ".join(f"{g} {summary(jobs, est, k)}" for g, k in groups.items()))
+    print("\nFits on every job whose price is determined (parameters; residual = estimate / measured):")
+    for n in names:
+        r = got[n]["residuals"]
+        params = got[n]["params"]
+        ptxt = params if isinstance(params, str) else json.dumps(params if isinstance(params, list) else
+                                                                 {str(k): v for k, v in params.items()})
+        print(f"  {n}: {ptxt}")
+        if r:
+            print("    " + ", ".join(f"{c.split('/')[-1]} {v:.2f}" for c, v in r.items()))
+    print(f"\nHeld out, today's tables against {CHOSEN!r} (ms; estimate / measured):")
+    print(f"  {'case':46s} {'measured':>8s} {'today':>13s} {'one job out':>13s} {'other GPU':>13s} {'other family':>13s}")
+    for j in jobs:
+        if not j["scored"] and "control-tb" not in j["case"]:
+            continue
+        m = j["overhead_us"]
+        cells = [got["today"]["schemes"]["lojo"].get(j["case"])] + [got[CHOSEN]["schemes"][k].get(j["case"])
+                                                                    for k in ("lojo", "gpu", "family")]
+        print(f"  {j['case'][:46]:46s} {m / 1e3:8.2f} " + " ".join(
+            f"{x / 1e3:6.2f} ({x / m:4.2f})" if x is not None else f"{'-':>13s}" for x in cells)
+            + ("" if j["scored"] else f"  (not scored: {j['why_not']})"))
+    if a.out:
+        a.out.write_text(table(jobs) + "\n")
+    return 0
+
+
+CHOSEN = "x launch/settings"
+"""the model kit.doctor.overhead prices with (``pick_scaled``): the best held out (FINDINGS.md)"""
+
+
+def table(jobs: list[dict]) -> str:
+    """:data:`CHOSEN` fitted on every job whose price is determined, as the table kit.doctor.overhead reads: per
+    profiler setting, the per-op price per microsecond of the trace's median kernel launch (runtime calls folded in),
+    with the jobs it was fitted on (each job's implied price, reading and residual)."""
+    fitted = [j for j in jobs if j.get("c_star") is not None and j["pace"].get("launch_us")]
+    rows = []
+    for key in sorted({_settings_key(j, j["pace"]) for j in fitted}):
+        mine = [j for j in fitted if _settings_key(j, j["pace"]) == key]
+        rows.append({"cuda": True, "record_shapes": key[0], "with_stack": key[1],
+                     "us_per_op_per_launch_us": round(statistics.median(j["c_star"] / j["pace"]["launch_us"]
+                                                                        for j in mine), 4),
+                     "us_per_runtime": 0.0, "cases": len(mine)})
+    _, price = MODELS[CHOSEN](fitted)
+    points = [{"case": j["case"], "gpu": j["gpu"], "family": j["family"], "world_size": j["world_size"],
+               "record_shapes": _settings_key(j, j["pace"])[0], "with_stack": _settings_key(j, j["pace"])[1],
+               "overhead_us": round(j["overhead_us"], 1), "us_per_op": round(j["c_star"], 3),
+               "launch_us": round(j["pace"]["launch_us"], 3),
+               "residual": round(estimate(j, [price(j, r) for r in j["ranks"]]) / j["overhead_us"], 2)}
+              for j in fitted]
+    t = {"kind": "jobs-launch", "machine": {"device": None, "gpus": sorted({j["device"] for j in fitted})},
+         "settings": rows, "points": points,
+         "how": "tests/corpus/overhead_eval.py --out: per setting, the median over the determined jobs of the implied "
+                "uniform per-op price over the pace rank's median kernel-launch length"}
+    lines = [f' "{k}": ' + (json.dumps(v) if not isinstance(v, list) else
+                            "[\n  " + ",\n  ".join(json.dumps(x) for x in v) + "\n ]") for k, v in t.items()]
+    return "{\n" + ",\n".join(lines) + "\n}"  # one row, one point per line
+
+
+if __name__ == "__main__":
+    sys.exit(main())
