@@ -24,11 +24,13 @@ Exit status 0; 2 when no job has a measured overhead.
 from __future__ import annotations
 
 import argparse
-import gzip
+import functools
 import json
 import math
 import statistics
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,11 +39,10 @@ EXAMPLES = ROOT / "recorded" / "h200x2" / "doctor"
 GRID = [round(0.5 * i, 1) for i in range(21)] + [float(x) for x in range(11, 31)]
 """the uniform per-op prices (us) each rank's exposure curve is computed at: 0-10 by 0.5, then to 30 by 1"""
 GPU_BOUND = 1.25
-"""as ``tests/corpus/overhead_fit.py``: a job whose unprofiled step is below this x its busiest GPU's compute hides
-its host's profiler time behind the GPU; its price is not determined (it is still judged, in ms)"""
+"""a job whose unprofiled step is below this x its busiest GPU's compute is GPU-bound: its price is not determined"""
 CHEAP_OPS = ("aten::view", "aten::as_strided", "aten::t", "aten::transpose", "aten::detach", "aten::empty",
              "aten::expand", "aten::slice", "aten::select", "aten::reshape", "aten::unsqueeze", "aten::permute")
-"""ops that launch nothing and do little: their traced length is mostly the host's (and the profiler's) per-op time"""
+"""ops that launch nothing and do little: their traced length is mostly the host's and the profiler's"""
 
 
 # ------------------------------------------------------------------------------------------------ the set
@@ -83,15 +84,6 @@ def cases() -> list[dict]:
                     "world_size": len(unprof), "record_shapes": cap.get("record_shapes"),
                     "with_stack": cap.get("with_stack"), "host_cpu": None})
     return out
-
-
-def _rank_of(path: str) -> int | None:
-    try:
-        j = json.loads(gzip.open(path, "rt").read())
-    except (OSError, ValueError):
-        return None
-    r = (j.get("distributedInfo") or {}).get("rank")
-    return None if r is None else int(r)
 
 
 def rank_features(path: str) -> dict | None:
@@ -234,14 +226,28 @@ def implied(job: dict) -> tuple[float | None, dict | None]:
 
 
 # ------------------------------------------------------------------------------------------------ the models
+BEFORE = "f4ca961"
+"""the commit whose tables (recorded/profiler_overhead/, the H100 jobs table among them) are "today" here"""
+
+
+@functools.lru_cache(maxsize=1)
+def _before() -> str:
+    d = tempfile.mkdtemp(prefix="overhead_eval_")
+    tar = subprocess.run(["git", "-C", str(ROOT), "archive", BEFORE, "recorded/profiler_overhead"], capture_output=True,
+                         check=True).stdout
+    subprocess.run(["tar", "-x", "-C", d], input=tar, check=True)
+    return str(Path(d) / "recorded" / "profiler_overhead")
+
+
 def today(job: dict, r: dict, loo: bool = False) -> float:
-    """Today's price (kit.doctor.overhead.pick): the table of the trace's GPU model and settings; ``loo``: a jobs
+    """The price before the scaled one (kit.doctor.overhead.pick on :data:`BEFORE`'s tables); ``loo``: a jobs
     table's per-op price is the median of its other jobs' (the job left out of the table it is priced with)."""
     from kit.doctor.overhead import pick
 
     t, row = pick(job["device"], True, bool(r["trace_record_shapes"] if job["record_shapes"] is None
                                             else job["record_shapes"]),
-                  bool(r["trace_with_stack"] if job["with_stack"] is None else job["with_stack"]), job["world_size"] > 1)
+                  bool(r["trace_with_stack"] if job["with_stack"] is None else job["with_stack"]), job["world_size"] > 1,
+                  _before())
     if row is None:
         return 0.0
     c_op = row["us_per_op"]
