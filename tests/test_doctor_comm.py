@@ -174,7 +174,7 @@ def test_exposed_comm_separates_waiting_and_stays_quiet_on_overlapped_ddp(ddp):
 def test_late_rank_silent_where_the_profiler_slowed_one_host_more(ddp_late):
     """Rank 0 arrives last at 22 of 25 collectives under the profiler, ~370 us behind -- but the run timed its steps
     unprofiled just before (recorded/h200x2/collective_tracing/20261123-023252-vm-44640d/rows.csv.gz: 3.11 and 3.05 ms
-    medians, rank 0's host 2.69 ms against rank 1's 2.90): no straggler, and no 4 ms to gain in a 3.1 ms step. Its
+    medians, rank 0's host 2.69 ms against rank 1's 2.90): no straggler, rank 0's host the faster one. Its
     hosts' median kernel launch under the profiler, 8.2 us on rank 0 against 5.7 on rank 1, prices rank 0's
     profiler time higher (kit.doctor.overhead's scaled price), which covers its own excess: no rank is named; every
     rank's host issues too slowly (launch_bound, the whole job, rank 0 the slowest)."""
