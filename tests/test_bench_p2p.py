@@ -89,7 +89,8 @@ def test_the_reference_is_timed_for_the_in_process_transport_both_ways_at_one_si
     assert BW.beside_size([1 << 10, 64 << 20]) == 64 << 20 and BW.beside_size([1 << 30]) is None
     flows = [(0, 1, N), (1, 0, N)]
     T, S = _fake(in_process=True)
-    assert callable(BW.references(T, S, "both", flows))  # the interference rows
+    ref = BW.references(T, S, "both", flows)  # the interference rows, joined once per sample as copy's own
+    assert callable(ref) and ref.joined == (BW.BESIDE,)
     assert BW.references(T, S, "both") is None  # the other both-ways sizes: none
     assert BW.references(T, S, "one", flows) is BW._copy_references
     T, S = _fake(in_process=False)

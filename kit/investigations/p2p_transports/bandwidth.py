@@ -110,7 +110,11 @@ def references(T, S, direction: str = "one", flows=None):
     if T.caps.in_process and direction == "one":
         return _copy_references
     if T.caps.in_process and direction == "both" and flows:
-        return lambda bufs: _beside_reference(T, S, flows, bufs)
+        def beside(bufs):
+            return _beside_reference(T, S, flows, bufs)
+
+        beside.joined = (BESIDE,)  # joined once per sample, as the transport's own rounds (harness.timed_rows)
+        return beside
     if not T.caps.in_process and direction == "both":
         return _local_reference
     return None
@@ -156,10 +160,9 @@ def _local_reference(bufs):
 def _beside_reference(T, S, flows, bufs):
     """:data:`BESIDE`: one round of ``flows`` posted as the transport's own timed rounds post them, with a local
     ``copy_`` of the message (its bytes read and written once more inside the GPU, as a buffered receive's copy-out
-    does) on its own stream on each receiving GPU, started with the round and joined at its end. Each round ends
-    with :func:`.harness.join` (the transport's own samples join once per sample: a reference gets no ``finish``,
-    and its last round must be inside the sample; at the message sizes this is timed at a round is ~1 ms of GPU
-    time and a join a few microseconds of host time issued while the GPUs are busy)."""
+    does) on its own stream on each receiving GPU, started with the round (an event on the GPU's current stream)
+    and waited for by that stream at the round's end; the sample is joined once, as the transport's
+    (:func:`references` marks it ``joined``): the two differ by the local copies and their events only."""
     import torch
 
     mine = [b["recv"] for b in bufs if "recv" in b]
@@ -182,6 +185,5 @@ def _beside_reference(T, S, flows, bufs):
         H.transfer(T, S, flows, bufs, joined=False, op_list=op_list)
         for cur, s, start, end, a, b in side:
             cur.wait_event(end)
-        H.join(T, S, flows)
 
     return {BESIDE: beside}

@@ -176,7 +176,8 @@ def timed_rows(cfg, ctx, T, S, flows, keys: dict, kind: str, reference=None, pos
     (:func:`join`: a bare ``copy_`` loop needs no join, so a join per round would be harness cost the transport
     is charged for). Rows for the processes that take part. ``reference(bufs)`` -> ``{transport name: fn}``:
     loops the transport is compared with, on the same buffers, their samples taken in turn with the
-    transport's; their rows carry that name as ``transport``. ``post``: how a round's ops are posted
+    transport's; their rows carry that name as ``transport``; the names in ``reference.joined`` (rounds of the
+    transport itself with something beside them) are joined once per sample as the transport's are. ``post``: how a round's ops are posted
     (:func:`transfer`'s ``post_fn``). ``iters``: rounds per sample (default ``cfg.iters``)."""
     bufs = buffers(T, flows)
     verified_transfer(T, ctx, flows, bufs, seq=0, post_fn=post)  # always: the first transfer of every point is checked
@@ -193,7 +194,8 @@ def timed_rows(cfg, ctx, T, S, flows, keys: dict, kind: str, reference=None, pos
         def fn():
             transfer(T, ctx, flows, bufs, joined=False, op_list=op_list, post_fn=post, order=order)
     refs = reference(bufs) if reference is not None else {}
-    joins = {T.name: lambda: join(T, ctx, flows)} if participates(T, flows) else {}  # the others stay off the GPUs
+    joined = (T.name, *getattr(reference, "joined", ()))  # references whose rounds are the transport's, joined alike
+    joins = {n: (lambda: join(T, ctx, flows)) for n in joined} if participates(T, flows) else {}  # the others stay off the GPUs
     s = timing.measure_interleaved({T.name: fn, **refs}, S, iters=iters or cfg.iters, repeats=cfg.repeats, warmup=cfg.warmup,
                                    finish=joins)
     if not participates(T, flows):
