@@ -8,6 +8,7 @@ notebook runs through `kit run`. GPU tests (marker `gpu`) repeat the integrity c
 import ast
 import json
 import subprocess
+import types
 import sys
 from pathlib import Path
 
@@ -557,6 +558,85 @@ def _private_torch_calls() -> set[str]:
     import re
 
     return {m for f in (ROOT / "kit" / "transports").glob("*.py") for m in re.findall(r"\b_cuda_\w+", f.read_text())}
+
+
+def test_copy_keeps_a_copys_buffers_until_its_event_is_done(monkeypatch):
+    """copy hands neither buffer of a peer copy back to the caching allocator before the copy is done: it calls no
+    ``record_stream`` and holds the sent tensor and the receive buffer until the host sees the copy's event complete
+    (on CPU, with stand-ins for the CUDA calls: the stream, the events and the memcpy)."""
+    import gc
+    import weakref
+
+    import torch
+
+    from kit.transports import copy as C
+
+    class Ev:
+        def __init__(self):
+            self.done = False
+
+        def query(self):
+            return self.done
+
+    class Stream:
+        def wait_event(self, ev):
+            pass
+
+    events = []
+
+    def record(stream):
+        events.append(Ev())
+        return events[-1]
+
+    def no_record_stream(self, stream):
+        raise AssertionError("copy called record_stream")
+
+    monkeypatch.setattr(C._Events, "record", staticmethod(record))
+    monkeypatch.setattr(C, "peer_memcpy", lambda dst, src, n, stream: dst.copy_(src))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
+    monkeypatch.setattr(torch.Tensor, "record_stream", no_record_stream)
+    T = C.CopyTransport(types.SimpleNamespace(rank=0, world_size=2))
+    monkeypatch.setattr(T, "_peer", lambda src, dst: None)
+    sent, out = torch.arange(8.0), torch.empty(8)
+    alive = [weakref.ref(sent), weakref.ref(out)]
+    sw = T.isend(sent, -1)  # a CPU tensor's device is -1: the box (-1, -1)
+    rw = T.irecv(out, -1, stream=Stream())
+    assert out.tolist() == list(range(8))
+    del sent, out, sw, rw
+    gc.collect()
+    assert all(r() is not None for r in alive) and len(T._inflight) == 1  # the copy is not done yet
+    T._inflight.sweep()
+    assert all(r() is not None for r in alive)
+    events[-1].done = True
+    T._inflight.sweep()
+    gc.collect()
+    assert all(r() is None for r in alive) and len(T._inflight) == 0
+
+
+def test_pipeline_frees_its_receive_buffers_after_the_receive_stream_waits_for_compute(monkeypatch):
+    """A stage keeps each receive buffer (allocated on its receive stream, read on its compute stream) instead of
+    recording it on the compute stream, and at the iteration's end makes the receive stream wait for the compute
+    stream *before* it lets the buffers go: whatever the receive stream's pool hands out next is written after every
+    read (on CPU, with stand-in streams)."""
+    import weakref
+
+    import torch
+
+    bufs = [torch.zeros(4), torch.zeros(4)]
+    alive = [weakref.ref(b) for b in bufs]
+    seen = []
+
+    class Recv:
+        def wait_stream(self, other):
+            seen.append((other, [r() is not None for r in alive]))
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "compute")
+    st = P.Stage(1, 2, 1, 4, 2, 2, torch.device("cpu"), torch.float32)
+    kept = list(bufs)
+    del bufs
+    st._release(kept, P.CommStreams({None: None}, {None: Recv()}))
+    assert seen == [("compute", [True, True])] and kept == []
+    assert all(r() is None for r in alive)
 
 
 def test_private_torch_calls_are_what_torch_cuda_is_built_on():

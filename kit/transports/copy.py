@@ -20,6 +20,12 @@ receive stream -- a stream the sender made wait for its *next* send would otherw
 allocates the buffer there, so neither side's later compute delays a copy. Peer access is enabled once per pair,
 both ways (a one-byte ``copy_``: PyTorch enables and caches it), so the copy goes over NVLink/PCIe peer-to-peer.
 
+The buffers a copy reads and writes are kept alive by the transport until the host sees the copy's event done
+(:class:`_InFlight`), not handed to the caching allocator with ``record_stream``: a block recorded on another
+stream (here another GPU's) is freed through events that every later allocation on its device queries until they
+complete, which makes the next forward and backward calls of a pipeline driven by one thread dearer on the host
+(measured: ``recorded/probes/p2p-one-thread-msgs/``).
+
 Thread-safe: one driver thread per GPU may send and receive at once (the pipeline's device-bound driver);
 :meth:`wait_posted` lets such a thread sleep until a message is posted.
 """
@@ -50,6 +56,38 @@ class _Events:
         return ev
 
 
+class _InFlight:
+    """The tensors of the copies issued and not yet seen done: ``add(done, *tensors)`` after a copy, ``sweep()``
+    drops, oldest first, every entry whose event has completed (``Event.query()``), up to the first that has not.
+    A tensor is freed only once no copy reads or writes it any more, whichever stream it was allocated on and
+    whichever streams the caller goes on to use, so the caching allocator may hand its memory out at once -- what
+    ``record_stream`` guarantees, without the allocator's deferred free (an event per stream the block was recorded
+    on, queried by every later allocation on its device until it completes). Safe from several threads: an entry
+    is dropped only after its own event said done, and one taken off that has not is put back in front."""
+
+    __slots__ = ("q",)
+
+    def __init__(self):
+        self.q = deque()
+
+    def add(self, done, *tensors) -> None:
+        self.q.append((done, tensors))
+
+    def sweep(self) -> None:
+        q = self.q
+        while q:
+            try:
+                e = q.popleft()
+            except IndexError:  # another thread took the last one
+                return
+            if not e[0].query():
+                q.appendleft(e)
+                return
+
+    def __len__(self) -> int:
+        return len(self.q)
+
+
 @dataclass
 class _Msg:
     t: object
@@ -72,6 +110,7 @@ class CopyTransport(Transport):
         self._events = _Events()
         self._peers: set[tuple[int, int]] = set()
         self._side = SideStreams()  # (source device, op) -> a stream for one of several copies in one call
+        self._inflight = _InFlight()  # the buffers of copies not yet seen done (instead of record_stream)
         self.posted = 0  # messages posted so far (lets a driver detect a deadlock or sleep until one arrives)
 
     def device(self, endpoint: int):
@@ -125,8 +164,8 @@ class CopyTransport(Transport):
         """``wait()`` orders the source's current stream after the copy -- once the receive has issued it. In one
         process a send whose receive is not posted yet has no copy to wait for, and waiting on the host would
         deadlock a driver that runs every stage from one thread: ``wait()`` then returns at once. The box keeps
-        the tensor alive and the copy records it on its stream, so its memory is not reused early; the caller
-        must not *write* to it until the receive is posted (the pipeline never does)."""
+        the tensor alive, then the copy's :class:`_InFlight` until the copy is done, so its memory is not reused
+        early; the caller must not *write* to it until the receive is posted (the pipeline never does)."""
         import torch
 
         def wait():
@@ -174,10 +213,11 @@ class CopyTransport(Transport):
             into = torch.empty(out.shape, dtype=out.dtype, device=out.device)
             if s != cur:
                 s.wait_stream(cur)
+        inflight = self._inflight
+        inflight.sweep()
         peer_memcpy(into, msg.data, nbytes(t), s)
-        msg.data.record_stream(s)  # the allocator must not hand either buffer out again before the copy is done
-        into.record_stream(s)
         msg.done = self._events.record(s)
+        inflight.add(msg.done, msg.data, into)  # neither buffer is freed before the copy is done (no record_stream)
         if into is out:
             return _recv_work(msg.done, dst)
         cur.wait_event(msg.done)  # a strided destination: written from the copy on its device

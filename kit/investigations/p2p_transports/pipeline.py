@@ -144,6 +144,7 @@ class Stage:
         self.loss = torch.zeros((), device=self.device, dtype=torch.float32)
         carry: list = []  # the send that ends the previous step, merged with the next receive if same peer
         sends = []
+        kept = []  # receive buffers allocated on a comm stream and used on the compute stream: _release
         for kind, i in schedule(self.stage, self.n, self.m):
             recv = None
             if kind == "F" and not first:
@@ -159,7 +160,7 @@ class Stage:
             if recv:
                 works[-1].wait()
                 if comm_streams and self.device.type == "cuda":  # allocated on the comm stream, used here
-                    recv[1].record_stream(torch.cuda.current_stream(self.device))
+                    kept.append(recv[1])
             h0 = time.perf_counter()
             with torch.cuda.device(self.device) if self.device.type == "cuda" else nullcontext():
                 if kind == "F":
@@ -187,6 +188,22 @@ class Stage:
             sends += yield from _issue(T, carry, comm_streams, self.stage)
         for w in sends:
             w.wait()
+        self._release(kept, comm_streams)
+
+    def _release(self, kept: list, comm: CommStreams | None) -> None:
+        """Free the iteration's receive buffers safely without ``record_stream``: each was allocated on this
+        device's receive stream (its memory goes back to that stream's pool) and read on the compute stream, all
+        within the iteration; the receive stream first waits for the compute stream, so whatever it is given next
+        -- the next iteration's buffers, written by their copies -- comes after every read. Kept to here instead of
+        recorded on the compute stream as each arrives: the caching allocator frees a recorded block through an
+        event that every later allocation on its device queries until it completes, and in the pipeline driven by
+        one thread that made its next forward and backward calls dearer (``recorded/probes/p2p-one-thread-msgs/``).
+        The cost: a stage holds its iteration's receive buffers (2m at most) to the iteration's end."""
+        if kept:
+            import torch
+
+            comm.recv[self.device.index].wait_stream(torch.cuda.current_stream(self.device))
+            kept.clear()
 
 
 def _issue(T, ops, comm: CommStreams | None = None, me: int | None = None) -> Iterator[None]:

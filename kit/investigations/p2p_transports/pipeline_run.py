@@ -449,7 +449,8 @@ def _concurrent_host_times(stages: list, warmup: int, repeats: int, cuda: bool) 
 def _message_host_times(T, P: Pipeline, warmup: int, repeats: int) -> dict[tuple[int, int], list[float]]:
     """{(src, dst): host us per sample}: an in-process transport's whole host path for one activation as the
     pipeline's thread posts it -- the receive buffer allocated on the receive stream, send and receive posted
-    (:func:`.pipeline.post_ops`), both waited for and the buffer recorded on the compute stream -- each
+    (:func:`.pipeline.post_ops`), both waited for, the buffer kept to the sample's end (as the pipeline keeps it to
+    its iteration's end: :meth:`.pipeline.Stage._release`) -- each
     right after the sending stage's forward was issued, over every hop in turn (as in the pipeline, where a message
     follows a compute step and the thread takes turns over the stages), synchronised once per sample. The
     transfer part's ``host_us`` times the same path back to back with nothing in between, which costs the host
@@ -462,6 +463,7 @@ def _message_host_times(T, P: Pipeline, warmup: int, repeats: int) -> dict[tuple
     out = {h: [] for h in hops}
     clock = time.perf_counter
     for i in range(-warmup, repeats):
+        kept = []
         for a, b in hops:
             with torch.cuda.device(st[a].device):
                 y = forward(st[a].weights, xs[a]).detach()
@@ -469,11 +471,12 @@ def _message_host_times(T, P: Pipeline, warmup: int, repeats: int) -> dict[tuple
             buf = st[b]._buffer(P.comm)
             ws = post_ops(T, [("send", y, b), ("recv", buf, a)], P.comm)
             ws[1].wait()
-            buf.record_stream(torch.cuda.current_stream(st[b].device))
+            kept.append(buf)
             ws[0].wait()
             if i >= 0:
                 out[(a, b)].append((clock() - h0) * 1e6)
         P.sync()
+        kept.clear()  # every use of the buffers is done
     for s in st.values():
         s.zero_grad()
     return out
@@ -485,7 +488,8 @@ def _message_sides_times(T, P: Pipeline, S, warmup: int, repeats: int) -> dict[t
     forward and posts the send (:func:`.pipeline.post_ops`: one ``exchange`` on the comm stream), the processes meet
     on the host (:meth:`.harness.Sync.host_barrier`: the receive's wait then holds no wait for the sender's post), the
     receiving rank issues a forward of its own (in the pipeline a receive follows a compute step) and then allocates
-    the buffer, posts the receive, waits for it and records the buffer on its compute stream; the sender then waits
+    the buffer, posts the receive and waits for it, keeping the buffer to the sample's end (as the pipeline keeps it
+    to its iteration's end: :meth:`.pipeline.Stage._release`); the sender then waits
     for its send (a rendezvous transport issues its copy there), synchronised once per sample. The transfer part's
     ``host_us`` times a message back to back with nothing in between, which costs the host less than in the
     pipeline's steps (FINDINGS.md, P2P on 2 H200s)."""
@@ -502,6 +506,7 @@ def _message_sides_times(T, P: Pipeline, S, warmup: int, repeats: int) -> dict[t
             return forward(me[s].weights, xs[s]).detach()
 
     for i in range(-warmup, repeats):
+        kept = []
         for a, b in hops:
             ws = []
             if a in me:
@@ -516,13 +521,13 @@ def _message_sides_times(T, P: Pipeline, S, warmup: int, repeats: int) -> dict[t
                 h0 = clock()
                 buf = me[b]._buffer(P.comm)
                 post_ops(T, [("recv", buf, a)], P.comm)[0].wait()
-                if buf.is_cuda:
-                    buf.record_stream(torch.cuda.current_stream(me[b].device))
+                kept.append(buf)
                 if i >= 0:
                     out[(a, b)].append(("recv", (clock() - h0) * 1e6))
             for w in ws:
                 w.wait()
         S.sync()
+        kept.clear()  # every use of the buffers is done
     for st in me.values():
         st.zero_grad()
     return out
