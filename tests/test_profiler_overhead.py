@@ -49,8 +49,7 @@ def test_estimated_from_the_cpu_table_on_a_trace_without_timing():
     trace = next((CORPUS / "cpu-cnn-control").glob("trace_rank*.json.gz"))
     o = ov.overhead(trace)
     assert o.basis == "estimated" and "every recorded op counted" in o.how and "record_shapes=True" in o.how
-    table = ov.pick_table(None, gpu=False)
-    row = ov._row(table, False, True, False)
+    _, row = ov.pick(None, False, True, False)
     ops = float(o.how.split(" ops")[0].split()[-1])
     assert ops > 500  # the CNN's forward, backward and optimizer: hundreds of aten ops per step
     assert o.overhead_us == pytest.approx(ops * row["us_per_op"], rel=0.01, abs=2.0)
@@ -76,9 +75,9 @@ def test_table_choice(tmp_path):
     table("c-h200.json", "NVIDIA H200")
     root = str(tmp_path)
     ov.tables.cache_clear()
-    assert ov.pick_table("NVIDIA H100 80GB HBM3", True, root)["file"] == "b-h100.json"
-    assert ov.pick_table("NVIDIA A100", True, root)["file"] in ("b-h100.json", "c-h200.json")
-    assert ov.pick_table(None, False, root)["file"] == "a-cpu.json"
+    assert ov.pick("NVIDIA H100 80GB HBM3", True, False, False, root=root)[0]["file"] == "b-h100.json"
+    assert ov.pick("NVIDIA A100", True, False, False, root=root)[0]["file"] in ("b-h100.json", "c-h200.json")
+    assert ov.pick(None, False, False, False, root=root)[0]["file"] == "a-cpu.json"
     ov.tables.cache_clear()
 
 

@@ -124,18 +124,6 @@ def tables(root: str = str(TABLES)) -> tuple[dict, ...]:
     return tuple(out)
 
 
-def pick_table(device_name: str | None, gpu: bool, root: str = str(TABLES)) -> dict | None:
-    """The table for a trace: the same GPU model, else any GPU's (a GPU trace), else the CPU table."""
-    ts = tables(root)
-    same = [t for t in ts if gpu and device_name and t["machine"].get("device") == device_name]
-    gpus = [t for t in ts if gpu and t["machine"].get("device") not in (None, "cpu")]
-    cpus = [t for t in ts if not gpu and t["machine"].get("device") == "cpu"]
-    for group in (same, gpus, cpus):
-        if group:
-            return group[-1]
-    return None
-
-
 def pick_scaled(gpu: bool, record_shapes: bool, with_stack: bool, root: str = str(TABLES)) -> tuple[dict | None,
                                                                                                dict | None]:
     """The table and row (``"kind": "jobs-launch"``: ``us_per_op_per_launch_us`` x the rank's median kernel
@@ -153,7 +141,7 @@ def pick_scaled(gpu: bool, record_shapes: bool, with_stack: bool, root: str = st
 def pick(device_name: str | None, gpu: bool, record_shapes: bool, with_stack: bool, distributed: bool = False,
          root: str = str(TABLES)) -> tuple[dict | None, dict | None]:
     """The table and row a trace is priced with where :func:`pick_scaled` has none: among the tables of the same GPU
-    model (else any GPU's, else the CPU's), one fitted on real jobs (``"kind": "jobs"``: ``tests/corpus/overhead_fit.py``) with a row of the
+    model (else any GPU's, else the CPU's), one fitted on real jobs (``"kind": "jobs"``, as f4ca961's ``h100-jobs.json``) with a row of the
     trace's exact settings and kind of job (``distributed``: a rank of a multi-process job) -- of the same GPU model
     only: real jobs' per-op cost differs between hosts -- else a loop table (``benchmarks/bench_profiler_overhead.py``)
     with its settings, else the group's last loop table's nearest row. A rank of a multi-process job pays more per

@@ -83,7 +83,28 @@ def cases() -> list[dict]:
                     "device": cap.get("device_name") or "", "family": "gpt", "profiler": "kit.capture (no timing)",
                     "world_size": len(unprof), "record_shapes": cap.get("record_shapes"),
                     "with_stack": cap.get("with_stack"), "host_cpu": None})
+    for meta in sorted(ROOT.glob("recorded/*/collective_tracing/*/meta.json")):
+        import pandas as pd  # the collective_tracing runs: steps timed unprofiled (rows.csv.gz), then profiled
+
+        cfg, rows = json.loads(meta.read_text())["config"], meta.parent / "rows.csv.gz"
+        st = pd.read_csv(rows, low_memory=False) if rows.is_file() else None
+        for part in ("ddp", "tp"):
+            files = sorted(str(p) for p in meta.parent.glob(f"trace_*{part}_rank*.json.gz"))
+            if not files or st is None:
+                continue
+            t = st[(st["kind"] == "step") & (st["part"] == part)]
+            out.append({"case": f"{meta.parent.parent.parent.name}/collective_tracing/{meta.parent.name[:15]}-{part}",
+                        "files": files, "unprof": {int(r): list(g["time_us"]) for r, g in t.groupby("rank")},
+                        "device": "NVIDIA H100 80GB HBM3" if "h100" in str(meta) else "NVIDIA H200",
+                        "family": "mlp" if part == "ddp" else "tp", "profiler": "collective_tracing",
+                        "world_size": len(files), "record_shapes": None, "with_stack": None, "host_cpu": None,
+                        "per_window": int(cfg.get("profile_steps") or 1), "validation": True})
     return out
+
+
+PER_STEP = ("traced_us", "traced_min_us", "traced_max_us", "gpu_compute_us", "ops", "runtime", "ops_all", "launches",
+            "kernels", "ops_with_kernel", "cupti_events", "cupti_us")
+"""a rank's features that a trace of several steps in one window (no step annotations) holds per window"""
 
 
 def rank_features(path: str) -> dict | None:
@@ -152,7 +173,9 @@ def collect(cache: Path | None) -> list[dict]:
                 if cache:
                     cache.write_text(json.dumps(memo))
             if memo[key] is not None:
-                ranks.append(memo[key])
+                k = c.get("per_window", 1)  # per step where one window holds k steps
+                ranks.append({**memo[key], **{f: memo[key][f] / k for f in PER_STEP},
+                              "exposed": [x / k for x in memo[key]["exposed"]]})
         if ranks:
             out.append({**c, "ranks": ranks})
     return out
@@ -341,7 +364,7 @@ def _run(job: dict) -> float:
 def judge(jobs: list[dict]) -> dict:
     """Every model's estimate of every scored job, leave one job out and across GPU models and families: name ->
     {scheme -> {case -> estimate us}}; and the fit on every determined job with its residuals."""
-    fitted = [j for j in jobs if j.get("c_star") is not None]
+    fitted = [j for j in jobs if j.get("c_star") is not None and not j.get("validation")]
     out = {}
     for name, fit in MODELS.items():
         res = {"lojo": {}, "gpu": {}, "family": {}}
@@ -410,10 +433,13 @@ def main(argv=None) -> int:
               f"{p['kernels']:4.0f} {p['launch_us'] or 0:4.1f} {p['cheap_us'] or 0:4.2f} "
               f"{j['overhead_us'] / 1e3:6.2f} [{j['overhead_lo_us'] / 1e3:5.2f}..{j['overhead_hi_us'] / 1e3:5.2f}] "
               f"{c} {cells}{'' if j['scored'] else '   (not scored: ' + j['why_not'] + ')'}")
-    groups = {"all": lambda j: True, "H100": lambda j: j["gpu"] == "H100", "H200": lambda j: j["gpu"] == "H200",
-              "cnn": lambda j: j["family"] == "cnn", "gpt": lambda j: j["family"] == "gpt"}
-    n_scored = sum(j["scored"] for j in jobs)
-    print(f"\nScored jobs (measured overhead >= 1 ms, not GPU-bound): {n_scored}; estimate / measured:")
+    fit = lambda j: not j.get("validation")  # noqa: E731
+    groups = {"all": fit, "H100": lambda j: fit(j) and j["gpu"] == "H100",
+              "H200": lambda j: fit(j) and j["gpu"] == "H200", "cnn": lambda j: fit(j) and j["family"] == "cnn",
+              "gpt": lambda j: fit(j) and j["family"] == "gpt", "validation": lambda j: not fit(j)}
+    n_scored = sum(j["scored"] for j in jobs if fit(j))
+    print(f"\nScored jobs (measured overhead >= 1 ms, not GPU-bound): {n_scored}, and the collective_tracing runs as "
+          f"validation (never fitted on: the models fitted on every other job); estimate / measured:")
     for scheme, what in (("lojo", "leave one job out"), ("gpu", "fitted on the other GPU model's jobs"),
                          ("family", "fitted on the other model family's jobs")):
         print(f"\n  {what}:")
@@ -453,7 +479,7 @@ def table(jobs: list[dict]) -> str:
     """:data:`CHOSEN` fitted on every job whose price is determined, as the table kit.doctor.overhead reads: per
     profiler setting, the per-op price per microsecond of the trace's median kernel launch (runtime calls folded in),
     with the jobs it was fitted on (each job's implied price, reading and residual)."""
-    fitted = [j for j in jobs if j.get("c_star") is not None and j["pace"].get("launch_us")]
+    fitted = [j for j in jobs if j.get("c_star") is not None and j["pace"].get("launch_us") and not j.get("validation")]
     rows = []
     for key in sorted({_settings_key(j, j["pace"]) for j in fitted}):
         mine = [j for j in fitted if _settings_key(j, j["pace"]) == key]

@@ -8,7 +8,8 @@ rounds.
     python recorded/h200x2/profiler_overhead/settings/exposure.py TRACES_DIR > exposure.json
 
 TRACES_DIR: the ``traces/`` folder probe.py wrote (round 0's traces of each job, 1.6-3.4 MB each job; not committed:
-``.device/results/s4r2/ovh2/traces`` on the machine that fetched the round).
+``.device/results/s4r2/ovh2/traces`` on the machine that fetched the round). ``tests/corpus/overhead_fit.py`` was
+removed in session 7 (``tests/corpus/overhead_eval.py`` replaced it): ``git show f4ca961:tests/corpus/overhead_fit.py``.
 """
 
 from __future__ import annotations
