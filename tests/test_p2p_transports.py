@@ -510,6 +510,46 @@ def test_message_sides_are_warmed_after_the_transfers_connect_the_pair(monkeypat
     assert order == ["transfer", "sides"]
 
 
+def test_message_host_part_times_the_forward_after_each_message(monkeypatch):
+    """The one thread's message part (CPU stages, an in-process stand-in transport, no device switch): one host time
+    per hop and sample for the message, and one per sample for each forward that comes right after the previous
+    hop's message (stages 1 and on: the ``F after message`` rows); the data arrives."""
+    import contextlib
+    from collections import deque
+
+    import torch
+
+    from kit.investigations.p2p_transports import pipeline_run as R
+
+    class Box:
+        caps = transports.Capabilities(in_process=True)
+
+        def __init__(self):
+            self.q, self.got = deque(), []
+
+        def isend(self, t, dst):
+            self.q.append(t)
+            return transports.Work()
+
+        def poll(self, src, dst):
+            return bool(self.q)
+
+        def irecv(self, out, src):
+            out.copy_(self.q.popleft())
+            self.got.append(out)
+            return transports.Work()
+
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    n, T = 3, Box()
+    stages = {s: P.Stage(s, n, 1, 8, 4, 2, torch.device("cpu"), torch.float32) for s in range(n)}
+    Pl = types.SimpleNamespace(stages=stages, n=n, comm=None, sync=lambda: None)
+    fwd = {}
+    got = R._message_host_times(T, Pl, 1, 3, fwd)
+    assert sorted(got) == [(0, 1), (1, 2)] and all(len(v) == 3 and min(v) > 0 for v in got.values())
+    assert sorted(fwd) == [1] and len(fwd[1]) == 3 and min(fwd[1]) > 0
+    assert len(T.got) == 2 * 4 and all(o.abs().sum() > 0 for o in T.got)
+
+
 def test_thread_per_stage_host_times_and_their_model(monkeypatch):
     """The thread-per-stage driver's host times: every stage's thread issues its forward at once, then its backward
     (CPU stages here: the same code path without CUDA), one sample per repeat. Its model takes those times (one

@@ -82,7 +82,7 @@ def parts(data) -> pd.DataFrame:
     """Per transport, part (F, B, transfer) and stage or hop: median and spread of the time alone (us)."""
     d = rows_of(frame(data), "pipeline_part")
     if "part" in d.columns:
-        d = d[d["part"] != "message host"]  # host time only: in the model with the host (_host_model)
+        d = d[~d["part"].isin(["message host", "F after message"])]  # host times only (message host: _host_model)
     if d.empty:
         return pd.DataFrame()
     d = d.assign(where=[f"{int(a)}->{int(b)}" if p == "transfer" else f"stage {int(s)}"

@@ -32,7 +32,9 @@ Rows:
   receive stream -- not ``exchange``'s fast path, which the pipeline never takes; ``repeats`` samples, before the
   pipeline); the model (:mod:`.pipeline_analysis`) predicts the iteration from them; ``message host`` (in-process
   transports, next to the host-driven steps): the host's time per activation as the pipeline's one thread posts it,
-  each after a forward was issued (:func:`_message_host_times`);
+  each after a forward was issued (:func:`_message_host_times`), and ``F after message``: the host's time in such a
+  forward call when it comes right after the previous hop's message (not in the model: beside the ``F`` part's
+  ``host_us``, what a message path costs the next compute call);
 * ``trace`` -- one profiled iteration per driver (``experiment=pipeline``), for the timeline and the
   host-caused idle time.
 
@@ -294,9 +296,13 @@ class Parts:
                                  hold_us=us.get(f"{part} hold", math.nan), hold_short=us.get(f"{part} hold short", math.nan),
                                  host_threads_us=us.get(f"{part} host threads", math.nan)) for part in ("F", "B"))
         if how == "host" and self.one:
-            for (a, b), samples in _message_host_times(self.T, self.P, 0, m).items():
+            fwd: dict = {}
+            for (a, b), samples in _message_host_times(self.T, self.P, 0, m, fwd).items():
                 yield from (dict(tag, part="message host", src=a, dst=b, bytes=self.act, sample=k0 + i,
                                  time_us=math.nan, host_us=us) for i, us in enumerate(samples))
+            for s, samples in fwd.items():
+                yield from (dict(tag, part="F after message", stage=s, sample=k0 + i, time_us=math.nan, host_us=us)
+                            for i, us in enumerate(samples))
         if how == "host" and self.cross:
             for (a, b), samples in _message_sides_times(self.T, self.P, self.S, 0, m).items():
                 yield from (dict(tag, part="message host", src=a, dst=b, bytes=self.act, sample=k0 + i, side=side,
@@ -446,7 +452,8 @@ def _concurrent_host_times(stages: list, warmup: int, repeats: int, cuda: bool) 
     return out
 
 
-def _message_host_times(T, P: Pipeline, warmup: int, repeats: int) -> dict[tuple[int, int], list[float]]:
+def _message_host_times(T, P: Pipeline, warmup: int, repeats: int,
+                        forwards: dict | None = None) -> dict[tuple[int, int], list[float]]:
     """{(src, dst): host us per sample}: an in-process transport's whole host path for one activation as the
     pipeline's thread posts it -- the receive buffer allocated on the receive stream, send and receive posted
     (:func:`.pipeline.post_ops`), both waited for, the buffer kept to the sample's end (as the pipeline keeps it to
@@ -454,7 +461,9 @@ def _message_host_times(T, P: Pipeline, warmup: int, repeats: int) -> dict[tuple
     right after the sending stage's forward was issued, over every hop in turn (as in the pipeline, where a message
     follows a compute step and the thread takes turns over the stages), synchronised once per sample. The
     transfer part's ``host_us`` times the same path back to back with nothing in between, which costs the host
-    less than in the pipeline (FINDINGS.md, P2P on 4 H100s)."""
+    less than in the pipeline (FINDINGS.md, P2P on 4 H100s). ``forwards``: filled with {stage: [host us per sample]}
+    of each stage's forward call that comes right after the previous hop's message (stages 1 and on: the host's
+    time to issue a compute call after a message path, beside the parts' own, alone)."""
     import torch
 
     st = P.stages
@@ -466,7 +475,12 @@ def _message_host_times(T, P: Pipeline, warmup: int, repeats: int) -> dict[tuple
         kept = []
         for a, b in hops:
             with torch.cuda.device(st[a].device):
-                y = forward(st[a].weights, xs[a]).detach()
+                x = xs[a].detach().requires_grad_(a > 0)  # as the pipeline's (and the F part's) input
+                h0 = clock()
+                y = forward(st[a].weights, x)
+                if forwards is not None and a > 0 and i >= 0:
+                    forwards.setdefault(a, []).append((clock() - h0) * 1e6)
+                y = y.detach()
             h0 = clock()
             buf = st[b]._buffer(P.comm)
             ws = post_ops(T, [("send", y, b), ("recv", buf, a)], P.comm)
