@@ -833,6 +833,9 @@ def main(argv=None) -> int:
                     "after both arms were traced (truth.json's interleaved.after_tracing; default 0)")
     ap.add_argument("--profiler", choices=("kit.capture", "tb_handler"), help="profile every case this way "
                     "instead of its own (default: each case's)")
+    ap.add_argument("--cupti-env-to-capture", action="store_true", help="leave TEARDOWN_CUPTI as the environment "
+                    "has it (default: 1 unless set), so that kit.capture's own default is what a kit.capture case "
+                    "runs with (with --after-rounds: whether it takes effect in the process)")
     ap.add_argument("--list", action="store_true", help="list the cases")
     ap.add_argument("--readme", type=Path, help="write README.md for the corpus in this directory and stop")
     a = ap.parse_args(argv)
@@ -877,7 +880,8 @@ def main(argv=None) -> int:
     out = a.out or Path(f"tests/data/doctor/corpus-gloo{a.world}")
     sys.path.insert(0, str(HERE.parents[1]))  # kit, for kit.capture, without installing it
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parents[1]), os.environ.get("PYTHONPATH")]))
-    os.environ.setdefault("TEARDOWN_CUPTI", "1")  # PROFILER_ENV: each case timed as before any trace
+    if not a.cupti_env_to_capture:
+        os.environ.setdefault("TEARDOWN_CUPTI", "1")  # PROFILER_ENV: each case timed as before any trace
     deadline = time.time() + a.budget_s
     if a.pair and len({tuple(sorted(CASES[x]["nccl_env"].items())) for x in names}) > 1:
         out.mkdir(parents=True, exist_ok=True)
