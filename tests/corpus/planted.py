@@ -372,27 +372,31 @@ def _sync(dev):
 
 def time_unprofiled(job: Job, warm: int, n: int) -> dict:
     """The step time without the profiler: ``warm`` steps, then ``n`` timed ones (CUDA events recorded at each
-    step's end on a GPU -- no synchronisation inside the window; ``perf_counter`` on CPU). Microseconds."""
+    step's end on a GPU -- no synchronisation inside the window; ``perf_counter`` on CPU). Microseconds. Also the
+    host's period per step (``host_period_us``: ``perf_counter`` between the steps' ends, no synchronisation): where
+    the host sets the pace it is the host's own time per step, else the step's (a host ahead of its GPU waits)."""
     for _ in range(warm):
         job.step()
     _sync(job.dev)
     t0 = time.perf_counter()
+    ts = [t0]
     if job.dev == "cuda":
         ev = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
         ev[0].record()
         for i in range(n):
             job.step()
             ev[i + 1].record()
+            ts.append(time.perf_counter())
         torch.cuda.synchronize()
         samples = [ev[i].elapsed_time(ev[i + 1]) * 1e3 for i in range(n)]
     else:
-        ts = [time.perf_counter()]
         for _ in range(n):
             job.step()
             ts.append(time.perf_counter())
         samples = [(b - a) * 1e6 for a, b in zip(ts, ts[1:])]
     wall = (time.perf_counter() - t0) * 1e6
-    return summarize(samples) | {"window_mean": round(wall / n, 1)}
+    return summarize(samples) | {"window_mean": round(wall / n, 1),
+                                 "host_period_us": [round((b - a) * 1e6, 1) for a, b in zip(ts, ts[1:])]}
 
 
 def summarize(samples: list[float]) -> dict:

@@ -468,7 +468,7 @@ def time_interleaved(job: MultiJob, arms: list[dict], warm: int, n: int, alterna
     for c in arms:
         job.arm(c)
         time_unprofiled(job, warm, 3)
-    out = {c["name"]: {"samples": [], "blocks": [], "position": []} for c in arms}
+    out = {c["name"]: {"samples": [], "blocks": [], "position": [], "host": []} for c in arms}
     for r in range(alternations):
         for i, c in enumerate(round_order(arms, r)):
             job.arm(c)
@@ -477,8 +477,9 @@ def time_interleaved(job: MultiJob, arms: list[dict], warm: int, n: int, alterna
             o["blocks"].append([len(o["samples"]), len(o["samples"]) + n])
             o["position"].append(i)
             o["samples"] += t["samples"]
-    return {k: P.summarize(v["samples"]) | {"blocks": v["blocks"], "position": v["position"]}
-            for k, v in out.items()}
+            o["host"] += t["host_period_us"]
+    return {k: P.summarize(v["samples"]) | {"blocks": v["blocks"], "position": v["position"],
+                                            "host_period_us": v["host"]} for k, v in out.items()}
 
 
 def paired_added(by_round: list[float], level: float = 0.9) -> dict:
