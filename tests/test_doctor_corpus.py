@@ -332,7 +332,8 @@ def test_a_host_bound_job_is_launch_bound_as_a_whole(case):
 
 
 @pytest.mark.parametrize("case", ["corpus-h100x2/gpt-ddp-bf16-gpu_rank", "corpus-h100x4/gpt-ddp-bf16-gpu_rank",
-                                  "corpus-h200x2/gpt-fsdp-bf16-gpu_rank", "corpus-h200x2/gpt-ddp-bf16-gpu_rank20"])
+                                  "corpus-h200x2/gpt-fsdp-bf16-gpu_rank", "corpus-h200x2/gpt-ddp-bf16-gpu_rank20",
+                                  "corpus-h100x2/gpt-ddp-bf16-gpu_rank-paired", "corpus-h100x4/gpt-fsdp-bf16-gpu_rank"])
 def test_a_rank_slower_for_its_own_gpu_work_is_named_with_that_work(case):
     """Rank 1 runs extra matmuls before its backward: late_rank names it for its GPU (more work, not a slower GPU:
     the kernels it shares with the others run at their speed), with the extra kernels -- as many more launches per
@@ -349,6 +350,41 @@ def test_a_rank_slower_for_its_own_gpu_work_is_named_with_that_work(case):
     assert f.cost_us_per_step <= f.evidence["others_wait_us_per_step"] and "more launches per step" in f.summary
     assert f.cost_us_per_step <= f.evidence["own_excess"]["excess_us"]
     assert f.evidence["cost_basis"] == "others_host"
+
+
+@pytest.mark.parametrize("case", ["corpus-h100x2/gpt-ddp-bf16-gpu_rank-paired", "corpus-h100x4/gpt-fsdp-bf16-gpu_rank"])
+def test_a_gpu_late_rank_costs_what_the_others_measured_hosts_leave(case):
+    """kit.capture timed each rank's host without the profiler (kitCapture.unprofiled_host_us): late_rank's bound
+    by what the other ranks' hosts leave of their step reads it -- each other rank's unprofiled step less its
+    unprofiled host time, the least of them -- instead of the traced host time less an estimate of the profiler's
+    (which the per-op price undercounts on these hosts), and says so."""
+    import gzip
+    import statistics
+
+    if case not in CASES:
+        pytest.skip("corpus not here")
+    f = _result(case).problems[0]
+    assert f.rule == "late_rank" and f.evidence["cost_basis"] == "others_host"
+    assert f.evidence["others_host_basis"] == "measured" and "kit.capture measured it" in f.summary
+    rooms = []
+    for p in sorted((DATA / case).glob("trace_rank*.json.gz")):
+        head = json.loads(gzip.open(p, "rt").read())["kitCapture"]
+        head = json.loads(head) if isinstance(head, str) else head
+        if head["rank"] != 1:
+            rooms.append(statistics.median(head["unprofiled_step_us"]) - statistics.median(head["unprofiled_host_us"]))
+    assert f.cost_us_per_step == pytest.approx(min(rooms), abs=1.0)
+
+
+def test_a_rank_late_once_in_a_one_step_trace_is_named():
+    """The 4-GPU FSDP job whose rank 1 runs 30 ms of extra matmuls, traced for one step: rank 1 is last at one of
+    the step's collectives (the reduce-scatter after its extra work), once per step -- named, because its own GPU time
+    exceeds every other rank's by more than their spread (late_rank.MIN_LATE: two instances on longer traces)."""
+    case = "corpus-h100x4/gpt-fsdp-bf16-gpu_rank"
+    if case not in CASES:
+        pytest.skip("corpus not here")
+    f = _result(case).problems[0]
+    assert f.rule == "late_rank" and f.ranks == (1,) and f.evidence["late_at"] == 1
+    assert f.evidence["own_excess"]["confirmed"] and not f.evidence["own_excess"]["in_doubt"]
 
 
 def test_a_late_rank_whose_wait_lands_in_a_broadcast_costs_its_own_excess():
