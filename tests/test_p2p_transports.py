@@ -357,6 +357,13 @@ def test_pipeline_host_model_one_thread_uses_the_message_host_part():
                   time_us=float("nan"), host_us=3.0, world_size=2) for k in range(3)]
     assert PA.model(pd.DataFrame(rows)).iloc[0].host_model_ms * 1e3 == pytest.approx(42.0)
     assert "message host" not in set(PA.parts(pd.DataFrame(rows))["part"])  # a host time: not a part of the device model
+    # the steps that receive (stage 1's forwards, stage 0's backwards) issued right after their message: where the run
+    # timed such calls (4 and 5 us against 2 alone) the one thread's model takes them: 42 + 3 * 2 + 3 * 3 = 57
+    rows += [dict(kind="pipeline_part", transport="copy", part=part, stage=s, sample=k, time_us=float("nan"),
+                  host_us=us, world_size=2) for k in range(3) for part, s, us in (("F after message", 1, 4.0),
+                                                                                  ("B after message", 0, 5.0))]
+    assert PA.model(pd.DataFrame(rows)).iloc[0].host_model_ms * 1e3 == pytest.approx(57.0)
+    assert not {"F after message", "B after message"} & set(PA.parts(pd.DataFrame(rows))["part"])
     pp = PA.pipeline(pd.DataFrame(rows)).iloc[0]
     assert pp.host_ms * 1e3 == pytest.approx(41.0) and pp.host_compute_ms * 1e3 == pytest.approx(20.0)
     assert pp.host_share == pytest.approx(41 / 50)
@@ -510,10 +517,12 @@ def test_message_sides_are_warmed_after_the_transfers_connect_the_pair(monkeypat
     assert order == ["transfer", "sides"]
 
 
-def test_message_host_part_times_the_forward_after_each_message(monkeypatch):
+def test_message_host_part_times_the_step_after_each_message(monkeypatch):
     """The one thread's message part (CPU stages, an in-process stand-in transport, no device switch): one host time
-    per hop and sample for the message, and one per sample for each forward that comes right after the previous
-    hop's message (stages 1 and on: the ``F after message`` rows); the data arrives."""
+    per hop and sample for the message, one per sample for each forward that comes right after the previous hop's
+    message (stages 1 and on: the ``F after message`` rows) and, the gradients sent back hop by hop, for each
+    backward right after its gradient's message (stages up to the last but one: ``B after message``); the data
+    arrives."""
     import contextlib
     from collections import deque
 
@@ -543,11 +552,13 @@ def test_message_host_part_times_the_forward_after_each_message(monkeypatch):
     n, T = 3, Box()
     stages = {s: P.Stage(s, n, 1, 8, 4, 2, torch.device("cpu"), torch.float32) for s in range(n)}
     Pl = types.SimpleNamespace(stages=stages, n=n, comm=None, sync=lambda: None)
-    fwd = {}
-    got = R._message_host_times(T, Pl, 1, 3, fwd)
+    fwd, bwd = {}, {}
+    got = R._message_host_times(T, Pl, 1, 3, fwd, bwd)
     assert sorted(got) == [(0, 1), (1, 2)] and all(len(v) == 3 and min(v) > 0 for v in got.values())
     assert sorted(fwd) == [1] and len(fwd[1]) == 3 and min(fwd[1]) > 0
-    assert len(T.got) == 2 * 4 and all(o.abs().sum() > 0 for o in T.got)
+    assert sorted(bwd) == [0, 1] and all(len(v) == 3 and min(v) > 0 for v in bwd.values())
+    assert len(T.got) == 4 * 4 and all(o.abs().sum() > 0 for o in T.got)  # 2 activations and 2 gradients a sample
+    assert all(w.grad is None for st in stages.values() for w in st.weights)  # the gradients dropped at the end
 
 
 def test_thread_per_stage_host_times_and_their_model(monkeypatch):
@@ -1134,6 +1145,12 @@ def test_gpu_pipeline_same_numbers_over_every_transport(tmp_path, world):
     assert set(msg.transport) == {"copy", "ipc", "nccl"} and set(msg.driver) == {"host"} and (msg.host_us > 0).all()
     # m per hop before each timed host-driven step: one thread's whole path (copy), each process its own side
     assert len(msg[msg.transport == "copy"]) == (world - 1) * steps * m and msg[msg.transport == "copy"].side.isna().all()
+    # and the one thread's steps right after a message: every stage's forward but the first's, backward but the last's
+    after = df[(df.kind == "pipeline_part") & df.part.isin(["F after message", "B after message"])]
+    assert set(after.transport) == {"copy"} and (after.host_us > 0).all()
+    assert sorted(after[after.part == "F after message"].stage.unique()) == list(range(1, world))
+    assert sorted(after[after.part == "B after message"].stage.unique()) == list(range(world - 1))
+    assert len(after) == 2 * (world - 1) * steps * m
     for t in ("ipc", "nccl"):
         sides = msg[msg.transport == t]
         assert len(sides) == 2 * (world - 1) * steps * m

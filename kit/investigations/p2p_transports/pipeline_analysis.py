@@ -78,11 +78,14 @@ def pipeline(data) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+AFTER = {"F": "F after message", "B": "B after message"}  # a step's host right after a message into its stage
+
+
 def parts(data) -> pd.DataFrame:
     """Per transport, part (F, B, transfer) and stage or hop: median and spread of the time alone (us)."""
     d = rows_of(frame(data), "pipeline_part")
     if "part" in d.columns:
-        d = d[~d["part"].isin(["message host", "F after message"])]  # host times only (message host: _host_model)
+        d = d[~d["part"].isin(["message host", *AFTER.values()])]  # host times only (in _host_model)
     if d.empty:
         return pd.DataFrame()
     d = d.assign(where=[f"{int(a)}->{int(b)}" if p == "transfer" else f"stage {int(s)}"
@@ -198,7 +201,7 @@ def model(data) -> pd.DataFrame:
             pred[name] = simulate(list(fb["F"]), list(fb["B"]), c, m)
         if "median" not in pred:
             continue
-        msg = same[(same["transport"] == r.transport) & (same["part"] == "message host")]
+        msg = same[(same["transport"] == r.transport) & (same["part"].isin(["message host", *AFTER.values()]))]
         hosted = _host_model(comp, hops, p, m, r, msg)
         hosted_p10 = _host_model(comp, hops, p, m, r, msg, qq=0.1)
         paired = _paired(comp, hops, p, m, r, msg, _with_driver(g).query("driver == @r.driver"))
@@ -246,10 +249,17 @@ def _host_model(comp: pd.DataFrame, hops: pd.DataFrame, p: int, m: int, r, msg: 
     hands nothing over on the host, so a receive's issue does not wait for its sender's (``simulate``'s ``host_handoff``);
     the IPC mailboxes and one thread that yields until a message is posted do wait. The host times are those timed
     next to this driver's steps (:func:`_next_to`; ``step``: next to that step only). NaN without host times (runs
-    from before they were measured)."""
+    from before they were measured). One thread for every stage: a step that receives (every forward of a stage
+    after the first, every backward of a stage before the last) is issued right after its message's host path, and
+    where the run timed such calls (``msg``'s ``F after message`` / ``B after message`` rows, :data:`AFTER`) those
+    host times are that stage's, in place of the part's alone: what a message path costs the next compute call on
+    that thread is the pipeline's, measured beside its steps (FINDINGS.md, P2P transports, session 7)."""
     if "host_us" not in comp.columns or comp["host_us"].isna().all():
         return float("nan")
     msg = _next_to(msg, r.driver, step) if msg is not None else comp.iloc[:0]
+    after = msg[msg["part"].isin(AFTER.values())] if len(msg) and "part" in msg.columns else msg.iloc[:0]
+    if len(msg) and "part" in msg.columns:
+        msg = msg[msg["part"] == "message host"]
     fb = comp.groupby(["stage", "part"])["time_us"].quantile(qq).unstack()
     how = getattr(r, "how", "host")
     col = "host_us"  # a thread per stage: each step's issue while every stage's thread issues its own (GIL shared)
@@ -262,6 +272,13 @@ def _host_model(comp: pd.DataFrame, hops: pd.DataFrame, p: int, m: int, r, msg: 
         return simulate(list(fb["F"]), list(fb["B"]), c, m)
     caps = transports.capabilities(r.transport)
     shared = how == "host" and caps is not None and caps.in_process
+    if shared and len(after):
+        h = h.copy()
+        for part, name in AFTER.items():
+            by = after[after["part"] == name].dropna(subset=["host_us"]).groupby("stage")["host_us"].quantile(qq)
+            for s, v in by.items():
+                if s in h.index:
+                    h.loc[s, part] = v
     hsend, hrecv = [], []
     for k in range(p - 1):  # the host's time per message alone, each side's own (one process: both in one)
         t = hops[(hops["src"] == k) & (hops["dst"] == k + 1)] if "src" in hops.columns else hops.iloc[:0]

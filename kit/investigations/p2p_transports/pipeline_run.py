@@ -32,9 +32,9 @@ Rows:
   receive stream -- not ``exchange``'s fast path, which the pipeline never takes; ``repeats`` samples, before the
   pipeline); the model (:mod:`.pipeline_analysis`) predicts the iteration from them; ``message host`` (in-process
   transports, next to the host-driven steps): the host's time per activation as the pipeline's one thread posts it,
-  each after a forward was issued (:func:`_message_host_times`), and ``F after message``: the host's time in such a
-  forward call when it comes right after the previous hop's message (not in the model: beside the ``F`` part's
-  ``host_us``, what a message path costs the next compute call);
+  each after a forward was issued (:func:`_message_host_times`), and ``F after message`` / ``B after message``: the
+  host's time in a forward / backward call that comes right after a message into its stage, as every step that
+  receives does in the pipeline (the model of the one thread takes them for those steps: :mod:`.pipeline_analysis`);
 * ``trace`` -- one profiled iteration per driver (``experiment=pipeline``), for the timeline and the
   host-caused idle time.
 
@@ -262,7 +262,7 @@ class Parts:
         if self._threads():
             _concurrent_host_times(self.stages, cfg.warmup, 0, S.is_cuda)
         if self.one:
-            _message_host_times(T, P, cfg.warmup, 0)
+            _message_host_times(T, P, cfg.warmup, 0, {}, {})
         post = lambda T_, op_list: post_ops(T_, op_list, P.comm)  # noqa: E731 -- as the pipeline posts them
         for s in range(P.n - 1):
             ctx.step(f"{T.name} pipeline parts transfer {s}->{s + 1}", point=False)
@@ -296,13 +296,14 @@ class Parts:
                                  hold_us=us.get(f"{part} hold", math.nan), hold_short=us.get(f"{part} hold short", math.nan),
                                  host_threads_us=us.get(f"{part} host threads", math.nan)) for part in ("F", "B"))
         if how == "host" and self.one:
-            fwd: dict = {}
-            for (a, b), samples in _message_host_times(self.T, self.P, 0, m, fwd).items():
+            after: dict = {"F": {}, "B": {}}
+            for (a, b), samples in _message_host_times(self.T, self.P, 0, m, after["F"], after["B"]).items():
                 yield from (dict(tag, part="message host", src=a, dst=b, bytes=self.act, sample=k0 + i,
                                  time_us=math.nan, host_us=us) for i, us in enumerate(samples))
-            for s, samples in fwd.items():
-                yield from (dict(tag, part="F after message", stage=s, sample=k0 + i, time_us=math.nan, host_us=us)
-                            for i, us in enumerate(samples))
+            for part, by_stage in after.items():
+                for s, samples in by_stage.items():
+                    yield from (dict(tag, part=f"{part} after message", stage=s, sample=k0 + i, time_us=math.nan,
+                                     host_us=us) for i, us in enumerate(samples))
         if how == "host" and self.cross:
             for (a, b), samples in _message_sides_times(self.T, self.P, self.S, 0, m).items():
                 yield from (dict(tag, part="message host", src=a, dst=b, bytes=self.act, sample=k0 + i, side=side,
@@ -452,8 +453,8 @@ def _concurrent_host_times(stages: list, warmup: int, repeats: int, cuda: bool) 
     return out
 
 
-def _message_host_times(T, P: Pipeline, warmup: int, repeats: int,
-                        forwards: dict | None = None) -> dict[tuple[int, int], list[float]]:
+def _message_host_times(T, P: Pipeline, warmup: int, repeats: int, forwards: dict | None = None,
+                        backwards: dict | None = None) -> dict[tuple[int, int], list[float]]:
     """{(src, dst): host us per sample}: an in-process transport's whole host path for one activation as the
     pipeline's thread posts it -- the receive buffer allocated on the receive stream, send and receive posted
     (:func:`.pipeline.post_ops`), both waited for, the buffer kept to the sample's end (as the pipeline keeps it to
@@ -463,16 +464,20 @@ def _message_host_times(T, P: Pipeline, warmup: int, repeats: int,
     transfer part's ``host_us`` times the same path back to back with nothing in between, which costs the host
     less than in the pipeline (FINDINGS.md, P2P on 4 H100s). ``forwards``: filled with {stage: [host us per sample]}
     of each stage's forward call that comes right after the previous hop's message (stages 1 and on: the host's
-    time to issue a compute call after a message path, beside the parts' own, alone)."""
+    time to issue a compute call after a message path, beside the parts' own, alone). ``backwards``: then, hop by
+    hop from the last, a gradient sent back as the pipeline sends it and the receiving stage's backward (of its
+    forward above) issued right after, its host time filled in as ``forwards`` (stages up to the last but one: in
+    the pipeline every forward of a later stage and every backward of an earlier one comes right after a receive)."""
     import torch
 
     st = P.stages
     hops = [(s, s + 1) for s in range(P.n - 1)]
     xs = {s: torch.randn(st[s].batch, st[s].hidden, device=st[s].device, dtype=st[s].dtype) for s, _ in hops}
+    gs = {b: torch.randn(st[b].batch, st[b].hidden, device=st[b].device, dtype=st[b].dtype) for _, b in hops}
     out = {h: [] for h in hops}
     clock = time.perf_counter
     for i in range(-warmup, repeats):
-        kept = []
+        kept, ys = [], {}
         for a, b in hops:
             with torch.cuda.device(st[a].device):
                 x = xs[a].detach().requires_grad_(a > 0)  # as the pipeline's (and the F part's) input
@@ -480,6 +485,8 @@ def _message_host_times(T, P: Pipeline, warmup: int, repeats: int,
                 y = forward(st[a].weights, x)
                 if forwards is not None and a > 0 and i >= 0:
                     forwards.setdefault(a, []).append((clock() - h0) * 1e6)
+                if backwards is not None:
+                    ys[a] = y
                 y = y.detach()
             h0 = clock()
             buf = st[b]._buffer(P.comm)
@@ -489,6 +496,17 @@ def _message_host_times(T, P: Pipeline, warmup: int, repeats: int,
             ws[0].wait()
             if i >= 0:
                 out[(a, b)].append((clock() - h0) * 1e6)
+        for a, b in reversed(hops) if backwards is not None else ():
+            buf = st[a]._buffer(P.comm)
+            ws = post_ops(T, [("send", gs[b], a), ("recv", buf, b)], P.comm)
+            ws[1].wait()
+            kept.append(buf)
+            ws[0].wait()
+            with torch.cuda.device(st[a].device):
+                h0 = clock()
+                ys.pop(a).backward(buf)
+                if i >= 0:
+                    backwards.setdefault(a, []).append((clock() - h0) * 1e6)
         P.sync()
         kept.clear()  # every use of the buffers is done
     for s in st.values():
