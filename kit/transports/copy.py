@@ -24,7 +24,7 @@ The buffers a copy reads and writes are kept alive by the transport until the ho
 (:class:`_InFlight`), not handed to the caching allocator with ``record_stream``: a block recorded on another
 stream (here another GPU's) is freed through events that every later allocation on its device queries until they
 complete, which makes the next forward and backward calls of a pipeline driven by one thread dearer on the host
-(measured: ``recorded/probes/p2p-one-thread-msgs/``).
+(FINDINGS.md, P2P transports, session 7).
 
 Thread-safe: one driver thread per GPU may send and receive at once (the pipeline's device-bound driver);
 :meth:`wait_posted` lets such a thread sleep until a message is posted.

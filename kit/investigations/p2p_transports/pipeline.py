@@ -197,7 +197,7 @@ class Stage:
         -- the next iteration's buffers, written by their copies -- comes after every read. Kept to here instead of
         recorded on the compute stream as each arrives: the caching allocator frees a recorded block through an
         event that every later allocation on its device queries until it completes, and in the pipeline driven by
-        one thread that made its next forward and backward calls dearer (``recorded/probes/p2p-one-thread-msgs/``).
+        one thread that made its next forward and backward calls dearer (FINDINGS.md, P2P transports, session 7).
         The cost: a stage holds its iteration's receive buffers (2m at most) to the iteration's end."""
         if kept:
             import torch
