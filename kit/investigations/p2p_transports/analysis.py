@@ -71,8 +71,9 @@ def bandwidth(data) -> pd.DataFrame:
     return s.sort_values(keys).reset_index(drop=True)
 
 
-def at_size(data, nbytes: int = AT, direction: str = "one") -> pd.DataFrame:
-    """GB/s per transport at ``nbytes`` (the largest measured size at or below it), indexed by transport."""
+def at_size(data, nbytes: int = AT, direction: str = "one", spread: bool = False) -> pd.DataFrame:
+    """GB/s per transport at ``nbytes`` (the largest measured size at or below it), indexed by transport;
+    ``spread``: also each time's p10 and p90 over the samples."""
     b = bandwidth(data)
     if b.empty:
         return b
@@ -80,7 +81,8 @@ def at_size(data, nbytes: int = AT, direction: str = "one") -> pd.DataFrame:
     size = b.loc[b["bytes"] <= nbytes, "bytes"].max()
     if b.empty or pd.isna(size):
         return pd.DataFrame()
-    t = b[b["bytes"] == size].set_index("transport")[["bytes", "time_us_median", "gbps", "total_gbps"]]
+    cols = ["bytes", "time_us_median", "gbps", "total_gbps"] + (["time_us_p10", "time_us_p90"] if spread else [])
+    t = b[b["bytes"] == size].set_index("transport")[cols]
     return t.loc[_ordered(t.index)]
 
 
@@ -107,7 +109,8 @@ def copy_out_limit(both: pd.DataFrame) -> dict | None:
     """What a buffered receive's copy-out leaves a transport both ways at most, from one run's :func:`at_size`
     table both ways (indexed by transport): ``limit`` = copy's round / the round of :data:`.bandwidth.BESIDE`
     (copy both ways with a local ``copy_`` of the message beside it on each receiving GPU, timed in turn with copy's
-    own rounds); ``copy_us``, ``beside_us`` the two medians; ``slowdown`` = beside / copy - 1. None without both rows.
+    own rounds); ``copy_us``, ``beside_us`` the two medians; ``slowdown`` = beside / copy - 1; ``copy_p90``,
+    ``beside_p10`` where the table has the spread (:func:`at_size` with ``spread``), else NaN. None without both rows.
 
     Why it is a limit: a transport that receives into a mailbox and copies each message out on the receiving GPU
     moves the same bytes over the same link as ``copy`` and, in the same round, reads and writes them once more in
@@ -122,7 +125,10 @@ def copy_out_limit(both: pd.DataFrame) -> dict | None:
     if ref is None or BESIDE not in both.index:
         return None
     c, b = float(both.loc[ref, "time_us_median"]), float(both.loc[BESIDE, "time_us_median"])
-    return dict(reference=ref, copy_us=c, beside_us=b, slowdown=b / c - 1, limit=c / b, bytes=int(both.loc[BESIDE, "bytes"]))
+    q = {k: float(both.loc[t, f"time_us_{p}"]) if f"time_us_{p}" in both.columns else float("nan")
+         for k, t, p in (("copy_p90", ref, "p90"), ("beside_p10", BESIDE, "p10"))}
+    return dict(reference=ref, copy_us=c, beside_us=b, slowdown=b / c - 1, limit=c / b, bytes=int(both.loc[BESIDE, "bytes"]),
+                **q)
 
 
 def latency(data) -> pd.DataFrame:
