@@ -157,7 +157,7 @@ build :data:`CASES`)"""
 
 
 def _c(model, par, dtype, kind, profiler, control=None, variant=None, fault=None, sizes=None, extra_gpu_ms=None,
-       suffix=""):
+       suffix="", item=False):
     name = f"{model}-{par}-{dtype}-{kind}{suffix}"
     profiler = os.environ.get(PROFILER_OVERRIDE) or profiler
     fault = fault or ("none" if kind in ("control", "hostbound", "gpubound", "accum", "deep") else kind)
@@ -165,7 +165,7 @@ def _c(model, par, dtype, kind, profiler, control=None, variant=None, fault=None
     return {"name": name, "model": model, "parallel": par, "dtype": dtype, "kind": kind, "fault": fault,
             "variant": variant or kind, "profiler": profiler, "control": control or name, "nccl_env": env,
             "record_shapes": True, "with_stack": False, "sizes_variant": sizes,
-            **({"extra_gpu_ms": extra_gpu_ms} if extra_gpu_ms else {})}
+            **({"extra_gpu_ms": extra_gpu_ms} if extra_gpu_ms else {}), **({"item": True} if item else {})}
 
 
 def _cases() -> dict[str, dict]:
@@ -202,6 +202,9 @@ def _cases() -> dict[str, dict]:
         # 20 ms outlast that idle, so the job pays clearly for rank 1's GPU
         _c("gpt", "ddp", "bf16", "gpu_rank", "kit.capture", gpt, extra_gpu_ms=DDP_HEAVY_EXTRA_GPU_MS,
            suffix=f"{DDP_HEAVY_EXTRA_GPU_MS:.0f}"),
+        # every step ends with loss.item() (a logging line): the host waits there for the step's GPU work, peers' too
+        _c("gpt", "ddp", "bf16", "control", "kit.capture", suffix="-item", item=True),
+        _c("gpt", "ddp", "bf16", "gpu_rank", "kit.capture", "gpt-ddp-bf16-control-item", suffix="-item", item=True),
     ]
     return {c["name"]: c for c in out}
 
@@ -212,6 +215,7 @@ PAIRS = {
     "fsdp_gpu": ("gpt-fsdp-bf16-control", "gpt-fsdp-bf16-gpu_rank"),
     "ddp_gpu": ("gpt-ddp-bf16-control", "gpt-ddp-bf16-gpu_rank"),
     "ddp_gpu20": ("gpt-ddp-bf16-control", "gpt-ddp-bf16-gpu_rank20"),
+    "ddp_gpu_item": ("gpt-ddp-bf16-control-item", "gpt-ddp-bf16-gpu_rank-item"),
     "cnn_stall": ("cnn-ddp-fp32-control", "cnn-ddp-fp32-stall_rank"),
     "p2p_off": ("gpt-ddp-bf16-control", "gpt-ddp-bf16-p2p_off"),
     "proto_ll": ("gpt-ddp-bf16-control", "gpt-ddp-bf16-proto_ll"),
@@ -337,6 +341,7 @@ class MultiJob:
             if self.extra:
                 self._extra_work(self.extra["matmuls"])()
             (loss / scale).backward()
+        self._loss = loss.detach()
 
     def step(self):
         if self.kind.startswith("accum"):
@@ -346,6 +351,8 @@ class MultiJob:
             self._micro(sync=True)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
+        if self.case.get("item"):  # a logging line: the host waits for the step's GPU work (and its peers')
+            self.record["loss"] = self._loss.item()
         if self.kind == "stall_rank" and self.rank == ONE_RANK:
             t, end = time.perf_counter(), FAULT_PARAMS["stall_rank"]["stall_ms"] / 1e3
             while time.perf_counter() - t < end:
