@@ -89,19 +89,23 @@ host and GPU time becomes launch-bound under the profiler, and the doctor would 
 timed just before the window (above) are what the doctor compares the recorded steps with.
 
 **CUPTI after the trace** (``teardown_cupti=True``). Kineto leaves CUPTI attached to the process when a trace ends
-unless the environment variable ``TEARDOWN_CUPTI`` is ``1`` (pytorch/pytorch#144455), and CUPTI's callbacks then
-cost the host on every CUDA call: a 2-GPU DDP job ran 30-37% slower for the rest of its process after one trace
-(``recorded/h100x2/doctor_pairs/s6``). So every step after a first trace -- a second capture's unprofiled steps, the
-rest of the training run -- would be slowed. Kineto reads the variable with ``getenv`` when a trace is reset, at its
-end (libkineto ``CuptiActivityApi::teardownContext``), so setting it in the process before that takes effect:
-:meth:`Capture.start` sets ``TEARDOWN_CUPTI=1`` when a GPU is profiled and the variable is unset (a value the user
-exported is kept; ``teardown_cupti=False`` sets nothing). PyTorch's profiler itself sets ``TEARDOWN_CUPTI=0`` for a
-process that used CUDA graphs where teardown crashed (CUDA before 12.6, or without lazy re-initialisation), and that
-wins. The header records what was in effect: ``teardown_cupti`` (the value when the recording began, what Kineto
-reads at this trace's end), ``teardown_cupti_set_by`` (``kit.capture``, ``environment`` or None) and
-``earlier_traces`` (each earlier kit.capture trace of this process with the value in effect at its end: the
-unprofiled steps of this capture ran with CUPTI attached if one of them had another value than ``1``; a trace
-taken by other code than kit.capture is not seen).
+unless the environment variable ``TEARDOWN_CUPTI`` is ``1``, and CUPTI's callbacks then cost the host on every CUDA
+call for the rest of the process (measured: FINDINGS.md, "The accumulation pair on 2 H100s re-recorded interleaved,
+and what a first trace leaves behind"). So every step after a first trace -- a second capture's unprofiled steps,
+the rest of the training run -- would be slowed. Kineto reads the variable with ``getenv`` when a trace is reset, at
+its end (libkineto ``CuptiActivityApi::teardownContext``), so setting it in the process before that is expected to
+take effect (the slowdown was measured with the variable exported before the processes started; ``planted_multi.py
+--cupti-env-to-capture --after-rounds N`` checks the in-process setting on GPUs): :meth:`Capture.start` sets
+``TEARDOWN_CUPTI=1`` when a GPU is profiled and the variable is unset, and removes it again once its last trace has
+ended (a value the user exported is kept; ``teardown_cupti=False`` sets nothing). It does not set it where PyTorch's
+profiler turns teardown off for CUDA graphs (``torch.version.cuda`` below 12.6, or a build without CUPTI's lazy
+re-initialisation: re-attaching CUPTI after a teardown crashes there with a graph), since kit.capture cannot see a
+graph captured by hand; PyTorch's own ``TEARDOWN_CUPTI=0`` for inductor's CUDA graphs wins too. The header records
+what was in effect: ``teardown_cupti`` (the value when the recording began, what Kineto reads at this trace's end),
+``teardown_cupti_set_by`` (``kit.capture``, ``environment`` or None), ``teardown_cupti_not_set`` (why kit.capture
+left it unset, else None) and ``earlier_traces`` (each earlier kit.capture trace of this process with the value in
+effect at its end: the unprofiled steps of this capture ran with CUPTI attached if one of them had another value
+than ``1``; a trace taken by other code than kit.capture is not seen).
 
 Works the same with or without ``torch.distributed`` initialised (rank and world size then come from torchrun's
 ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK``, else 0 / 1 / 0), on CPU and on GPUs.
@@ -267,17 +271,51 @@ TEARDOWN_ENV = "TEARDOWN_CUPTI"
 """Kineto detaches CUPTI (``cuptiFinalize``) when a trace ends only if this is ``1`` (the module docstring)"""
 _ENDED: list[str | None] = []
 """per kit.capture trace this process ended, the :data:`TEARDOWN_ENV` value in effect at its end"""
+_KIT_HOLDS = 0
+"""captures of this process relying on the :data:`TEARDOWN_ENV` that kit.capture set (removed when none is left)"""
 
 
-def _teardown_default(cuda: bool, wanted: bool) -> str | None:
-    """Set :data:`TEARDOWN_ENV` to ``1`` where a GPU is profiled, ``wanted`` and the variable is unset; who set the
-    value in effect: 'kit.capture', 'environment' or None (unset)."""
-    if TEARDOWN_ENV in os.environ:
-        return "environment"
-    if cuda and wanted:
+def _teardown_risk() -> str | None:
+    """Why kit.capture must not set :data:`TEARDOWN_ENV` here (None: no reason): PyTorch's profiler turns teardown
+    off for CUDA graphs on CUDA < 12.6 or without CUPTI's lazy re-initialisation (re-attaching after a teardown
+    crashes there); kit.capture cannot see a graph captured by hand, so it sets nothing under those conditions."""
+    import torch
+
+    cuda = getattr(torch.version, "cuda", None)
+    if cuda and torch.torch_version.TorchVersion(cuda) < "12.6":
+        return f"CUDA {cuda} < 12.6: re-attaching CUPTI after a teardown crashes with CUDA graphs"
+    try:
+        from torch._utils_internal import profiler_allow_cudagraph_cupti_lazy_reinit_cuda12 as lazy
+    except ImportError:
+        return None
+    return None if lazy() else "this PyTorch build allows no lazy CUPTI re-initialisation with CUDA graphs"
+
+
+def _teardown_default(cuda: bool, wanted: bool) -> dict[str, Any]:
+    """Set :data:`TEARDOWN_ENV` to ``1`` where a GPU is profiled, ``wanted``, the variable is unset and
+    :func:`_teardown_risk` has no reason against it: ``teardown_cupti_set_by`` ('kit.capture' -- also for the value
+    an earlier capture of the process set and has not removed yet --, 'environment' or None) and
+    ``teardown_cupti_not_set`` (the risk's reason, else None). Where it says 'kit.capture', :func:`_teardown_release`
+    once the capture's last trace has ended."""
+    global _KIT_HOLDS
+    if TEARDOWN_ENV in os.environ and not _KIT_HOLDS:
+        return {"teardown_cupti_set_by": "environment", "teardown_cupti_not_set": None}
+    if TEARDOWN_ENV not in os.environ:
+        why = _teardown_risk() if cuda and wanted else None
+        if why or not (cuda and wanted):
+            return {"teardown_cupti_set_by": None, "teardown_cupti_not_set": why}
         os.environ[TEARDOWN_ENV] = "1"
-        return "kit.capture"
-    return None
+    _KIT_HOLDS += 1
+    return {"teardown_cupti_set_by": "kit.capture", "teardown_cupti_not_set": None}
+
+
+def _teardown_release() -> None:
+    """One capture holding kit.capture's :data:`TEARDOWN_ENV` is done; the last one removes it (unless PyTorch has
+    put its own value there since): a later profiler of the process finds the environment as it was."""
+    global _KIT_HOLDS
+    _KIT_HOLDS = max(_KIT_HOLDS - 1, 0)
+    if not _KIT_HOLDS and os.environ.get(TEARDOWN_ENV) == "1":
+        del os.environ[TEARDOWN_ENV]
 
 
 # ------------------------------------------------------------------------------------------------ the capture
@@ -309,6 +347,7 @@ class Capture:
         self._host_t0: float | None = None
         self.teardown_cupti = teardown_cupti
         self._teardown: dict[str, Any] = {}
+        self._holds = False  # this capture holds kit.capture's TEARDOWN_CUPTI (_teardown_release)
         self.tags = dict(tags or {})
         self.flight_recorder = flight_recorder
         self.options = {"record_shapes": record_shapes, "with_stack": with_stack, "profile_memory": profile_memory}
@@ -332,8 +371,9 @@ class Capture:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         torch_schedule = {**self.schedule, "skip_first": self.schedule["skip_first"] + self.unprofiled
                           + self.unprofiled_host}
-        self._teardown = {"teardown_cupti_set_by": _teardown_default(self.cuda, self.teardown_cupti),
+        self._teardown = {**_teardown_default(self.cuda, self.teardown_cupti),
                           "earlier_traces": [{"teardown_cupti": v} for v in _ENDED]}
+        self._holds = self._teardown["teardown_cupti_set_by"] == "kit.capture"
         self.prof = profile(activities=acts, schedule=schedule(**torch_schedule), on_trace_ready=self._ready,
                             **self.options)
         describe(self.cuda)  # its first call imports what it reads (~1 s): before the first step, not inside one
@@ -369,6 +409,7 @@ class Capture:
             if self.prof is not None:
                 self.prof.stop()  # writes a cycle cut short by the end of the loop
         finally:
+            self._release()
             if self.flight_recorder:
                 self._dump_fr()
             if not self.paths:
@@ -466,7 +507,16 @@ class Capture:
         self.paths.append(path)
         self.cycles.append({"trace": path.name, "first_step": self._recording_from, "last_step": prof.step_num})
         self._recording_from = None
+        if self.done:
+            self._release()
         self._write_sidecar()
+
+    def _release(self) -> None:
+        """After this capture's last trace (Kineto read :data:`TEARDOWN_ENV` at its end): give back the value
+        kit.capture set, once."""
+        if self._holds:
+            self._holds = False
+            _teardown_release()
 
     def _dump_fr(self) -> None:
         import torch.distributed as dist

@@ -78,17 +78,65 @@ def test_host_timed_steps_follow_unprofiled_and_can_be_left_out(tmp_path):
         capture.Capture(tmp_path, unprofiled_host=-1)
 
 
-def test_teardown_cupti_is_set_unless_the_user_set_it(monkeypatch):
+@pytest.fixture
+def no_teardown_env(monkeypatch):
+    """TEARDOWN_CUPTI unset for the test and as it was afterwards (setenv first, so that the removal is undone)."""
+    monkeypatch.setenv(capture.TEARDOWN_ENV, "x")
+    monkeypatch.delenv(capture.TEARDOWN_ENV)
+    monkeypatch.setattr(capture, "_KIT_HOLDS", 0)
+    return monkeypatch
+
+
+def test_teardown_cupti_is_set_unless_the_user_set_it(no_teardown_env):
     """Kineto detaches CUPTI at a trace's end only with TEARDOWN_CUPTI=1, read then: kit.capture sets it where a GPU
-    is profiled and the variable is unset, keeps a value the user set, and sets nothing when asked not to."""
-    monkeypatch.delenv(capture.TEARDOWN_ENV, raising=False)
-    assert capture._teardown_default(cuda=False, wanted=True) is None and capture.TEARDOWN_ENV not in capture.os.environ
-    assert capture._teardown_default(cuda=True, wanted=False) is None and capture.TEARDOWN_ENV not in capture.os.environ
-    assert capture._teardown_default(cuda=True, wanted=True) == "kit.capture"
-    assert capture.os.environ[capture.TEARDOWN_ENV] == "1"
-    monkeypatch.setenv(capture.TEARDOWN_ENV, "0")
-    assert capture._teardown_default(cuda=True, wanted=True) == "environment"
-    assert capture.os.environ[capture.TEARDOWN_ENV] == "0"
+    is profiled and the variable is unset, calls its own value its own while a capture holds it, removes it when the
+    last one is done, keeps a value the user set, and sets nothing when asked not to."""
+    env = capture.os.environ
+    assert capture._teardown_default(cuda=False, wanted=True)["teardown_cupti_set_by"] is None
+    assert capture._teardown_default(cuda=True, wanted=False)["teardown_cupti_set_by"] is None
+    assert capture.TEARDOWN_ENV not in env
+    assert capture._teardown_default(cuda=True, wanted=True)["teardown_cupti_set_by"] == "kit.capture"
+    assert env[capture.TEARDOWN_ENV] == "1"
+    assert capture._teardown_default(cuda=True, wanted=True)["teardown_cupti_set_by"] == "kit.capture"  # not the user's
+    capture._teardown_release()
+    assert env[capture.TEARDOWN_ENV] == "1"  # the second capture still holds it
+    capture._teardown_release()
+    assert capture.TEARDOWN_ENV not in env
+    no_teardown_env.setenv(capture.TEARDOWN_ENV, "0")
+    assert capture._teardown_default(cuda=True, wanted=True) == {"teardown_cupti_set_by": "environment",
+                                                                  "teardown_cupti_not_set": None}
+    capture._teardown_release()  # nothing held: the user's value stays
+    assert env[capture.TEARDOWN_ENV] == "0"
+
+
+def test_teardown_cupti_is_not_set_where_torch_turns_teardown_off_for_cuda_graphs(no_teardown_env):
+    """PyTorch's profiler sets TEARDOWN_CUPTI=0 with CUDA graphs on CUDA < 12.6 (re-attaching CUPTI after a teardown
+    crashes there); kit.capture cannot see a graph captured by hand, so it sets nothing on such a build and says why."""
+    import torch
+
+    no_teardown_env.setattr(torch.version, "cuda", "12.4")
+    got = capture._teardown_default(cuda=True, wanted=True)
+    assert got["teardown_cupti_set_by"] is None and "CUDA 12.4 < 12.6" in got["teardown_cupti_not_set"]
+    assert capture.TEARDOWN_ENV not in capture.os.environ
+    no_teardown_env.setattr(torch.version, "cuda", "12.6")
+    assert capture._teardown_default(cuda=True, wanted=True)["teardown_cupti_not_set"] is None
+    capture._teardown_release()
+
+
+def test_two_captures_each_set_teardown_cupti_and_leave_the_environment_as_it_was(tmp_path, no_teardown_env):
+    """Each capture of a process (a GPU's, stood in for on the CPU) records kit.capture as the setter, has the value
+    in effect while it records and at its trace's end, and removes it after its last trace."""
+    real = capture._teardown_default
+    no_teardown_env.setattr(capture, "_teardown_default", lambda cuda, wanted: real(True, wanted))
+    no_teardown_env.setattr(capture, "_ENDED", [])
+    seen = []
+    kw = dict(wait=0, warmup=1, active=1, unprofiled=1)
+    caps = [capture.profile_steps(lambda: seen.append(capture.os.environ.get(capture.TEARDOWN_ENV)), steps=6,
+                                  out_dir=tmp_path / str(k), **kw) for k in (1, 2)]
+    heads = [traces.load_trace(c.paths[0], cache=False).header[capture.HEADER_KEY] for c in caps]
+    assert [h["teardown_cupti_set_by"] for h in heads] == ["kit.capture", "kit.capture"]
+    assert [h["teardown_cupti"] for h in heads] == ["1", "1"] and heads[1]["earlier_traces"] == [{"teardown_cupti": "1"}]
+    assert set(seen) == {"1"} and capture.TEARDOWN_ENV not in capture.os.environ and capture._KIT_HOLDS == 0
 
 
 def test_the_header_says_which_traces_came_before_in_the_process(tmp_path, monkeypatch):
