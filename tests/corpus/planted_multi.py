@@ -16,7 +16,9 @@ file): a GPT-like transformer and a ResNet-like CNN. What is multi-rank here:
   ``gpu_rank`` (~8 ms of extra matmuls on that rank's GPU before its backward; the bf16 FSDP control is host-bound,
   its GPU idle most of the step, so there they are 30 ms, :data:`FSDP_HOSTBOUND_EXTRA_GPU_MS`, and
   ``gpt-fsdp-fp32-gpu_rank`` plants 8 ms in the GPU-bound FSDP job; ``gpt-ddp-bf16-gpu_rank20`` plants
-  :data:`DDP_HEAVY_EXTRA_GPU_MS` in the host-bound bf16 DDP job, whose GPU also idles part of its step);
+  :data:`DDP_HEAVY_EXTRA_GPU_MS` in the host-bound bf16 DDP job, whose GPU also idles part of its step),
+  ``cpu_rank`` (that rank's host slowed by CPU contention, :class:`Contention`: every thread of its process pinned
+  to one core that busy-looping processes share; the same code, its host issuing it more slowly);
 * job-level faults: ``accum_no_sync`` (gradient accumulation over 4 micro-batches that all-reduces after every
   micro-batch; its control ``accum`` wraps the first 3 in ``no_sync()``), ``tiny_buckets`` (DDP
   ``bucket_cap_mb`` = 0.05: about one all-reduce per parameter), ``slow_comm`` (the control job with NCCL's
@@ -124,6 +126,8 @@ FAULT_PARAMS = {
                    "optimizer.step, on one rank"},
     "gpu_rank": {"rank": ONE_RANK, "extra_gpu_ms": 8.0, "what": "square matmuls on that rank's GPU before its "
                  "backward (count calibrated to extra_gpu_ms at start)"},
+    "cpu_rank": {"rank": ONE_RANK, "cores": 1, "spinners": 1, "what": "every thread of that rank's process pinned "
+                 "to one core (os.sched_setaffinity) shared with busy-looping processes pinned there"},
     "accum_no_sync": {"micro_batches": MICRO, "what": "loss.backward() per micro-batch, every one all-reduced"},
     "accum": {"micro_batches": MICRO, "what": "the first MICRO-1 backwards under DDP.no_sync()"},
     "tiny_buckets": {"bucket_cap_mb": 0.05},
@@ -145,6 +149,7 @@ EXPECTED = {
     "input_rank": ("late_rank", [ONE_RANK], "data_wait"),
     "stall_rank": ("late_rank", [ONE_RANK], "host_stall"),
     "gpu_rank": ("late_rank", [ONE_RANK], "gpu_busy"),
+    "cpu_rank": ("late_rank", [ONE_RANK], "host_busy"),
     "accum_no_sync": ("repeated_grad_sync", None, None),
     "tiny_buckets": ("per_param_allreduce", None, None),
     "slow_comm": ("low_busbw", None, None),
@@ -205,6 +210,8 @@ def _cases() -> dict[str, dict]:
         # every step ends with loss.item() (a logging line): the host waits there for the step's GPU work, peers' too
         _c("gpt", "ddp", "bf16", "control", "kit.capture", suffix="-item", item=True),
         _c("gpt", "ddp", "bf16", "gpu_rank", "kit.capture", "gpt-ddp-bf16-control-item", suffix="-item", item=True),
+        # one rank's CPU contended: its launches slow too, so the profiler's estimated price of its ops grows
+        _c("gpt", "ddp", "bf16", "cpu_rank", "kit.capture", gpt),
     ]
     return {c["name"]: c for c in out}
 
@@ -216,6 +223,7 @@ PAIRS = {
     "ddp_gpu": ("gpt-ddp-bf16-control", "gpt-ddp-bf16-gpu_rank"),
     "ddp_gpu20": ("gpt-ddp-bf16-control", "gpt-ddp-bf16-gpu_rank20"),
     "ddp_gpu_item": ("gpt-ddp-bf16-control-item", "gpt-ddp-bf16-gpu_rank-item"),
+    "ddp_cpu": ("gpt-ddp-bf16-control", "gpt-ddp-bf16-cpu_rank"),
     "cnn_stall": ("cnn-ddp-fp32-control", "cnn-ddp-fp32-stall_rank"),
     "p2p_off": ("gpt-ddp-bf16-control", "gpt-ddp-bf16-p2p_off"),
     "proto_ll": ("gpt-ddp-bf16-control", "gpt-ddp-bf16-proto_ll"),
@@ -226,13 +234,89 @@ PAIRS = {
 NCCL reads once per process, is interleaved by *sessions* instead (:func:`run_session_pair`): each block a fresh
 spawn of the arm's environment, the blocks in ABBA order"""
 GROUPS = {"controls": [n for n, c in CASES.items() if c["fault"] == "none"],
-          "one_rank": [n for n, c in CASES.items() if c["kind"] in ("input_rank", "stall_rank", "gpu_rank")],
+          "one_rank": [n for n, c in CASES.items() if c["kind"] in ("input_rank", "stall_rank", "gpu_rank",
+                                                                     "cpu_rank")],
           "job": [n for n, c in CASES.items() if c["kind"] in ("accum_no_sync", "tiny_buckets")],
           "env": [n for n, c in CASES.items() if c["nccl_env"]],
           "all": list(CASES)}
 
 
 # --------------------------------------------------------------------------------------------- the job
+SPIN = ("import ctypes, os, sys\n"
+        "try:\n    ctypes.CDLL(None).prctl(1, 9)\n"  # PR_SET_PDEATHSIG = SIGKILL: it ends with the rank
+        "except Exception:\n    pass\n"
+        "os.sched_setaffinity(0, {int(c) for c in sys.argv[1].split(',')})\n"
+        "ppid = os.getppid()\n"
+        "while os.getppid() == ppid:\n    for _ in range(100000):\n        pass\n")
+"""a busy loop on the given cores until its parent ends"""
+
+
+class Contention:
+    """``cpu_rank``'s fault on one rank: ``spinners`` busy-looping processes pinned to ``cores`` of the process's
+    allowed cores (its highest-numbered ones), stopped (SIGSTOP) until :meth:`on`; :meth:`on` pins every thread of
+    this process (``/proc/self/task``: ``sched_setaffinity`` of pid 0 pins the calling thread only; the autograd
+    engine's device threads, NCCL's and the driver's run beside it) to those cores and lets the spinners run;
+    :meth:`off` stops them and gives every thread back its allowed cores (the control arm of a pair).
+    :meth:`slowdown` times a pure-Python loop on the main thread off and on: what the contention does to this host."""
+
+    def __init__(self, cores: int, spinners: int):
+        import subprocess
+
+        self.allowed = sorted(os.sched_getaffinity(0))
+        self.cores = set(self.allowed[-cores:])
+        arg = ",".join(map(str, sorted(self.cores)))
+        self.procs = [subprocess.Popen([sys.executable, "-c", SPIN, arg]) for _ in range(spinners)]
+        self.active = True
+        self.off()
+
+    def _pin(self, cores) -> None:
+        for tid in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(int(tid), cores)
+
+    def on(self) -> None:
+        if not self.active:
+            self._pin(self.cores)
+            for p in self.procs:
+                with contextlib.suppress(OSError):
+                    os.kill(p.pid, signal.SIGCONT)
+            self.active = True
+
+    def off(self) -> None:
+        if self.active:
+            for p in self.procs:
+                with contextlib.suppress(OSError):
+                    os.kill(p.pid, signal.SIGSTOP)
+            self._pin(set(self.allowed))
+            self.active = False
+
+    def slowdown(self, loops: int = 300000) -> dict:
+        def loop() -> float:
+            t = time.perf_counter()
+            x = 0
+            for i in range(loops):
+                x += i
+            return (time.perf_counter() - t) * 1e6
+
+        was = self.active
+        self.off()
+        alone = statistics.median(loop() for _ in range(5))
+        self.on()
+        shared = statistics.median(loop() for _ in range(5))
+        self.on() if was else self.off()
+        return {"cores_used": sorted(self.cores), "python_loop_us_alone": round(alone, 1),
+                "python_loop_us_contended": round(shared, 1), "host_slowdown_measured": round(shared / alone, 2)}
+
+    def close(self) -> None:
+        for p in self.procs:
+            with contextlib.suppress(OSError):
+                p.kill()
+                os.kill(p.pid, signal.SIGCONT)
+            with contextlib.suppress(Exception):
+                p.wait(timeout=5)
+        self.procs = []
+
+
 class MultiJob:
     """One case's training loop on one rank: ``step()`` runs one optimizer step with the case's fault."""
 
@@ -276,7 +360,16 @@ class MultiJob:
                                                   num_workers=0, pin_memory=dev.startswith("cuda"))
         self.it = iter(self.loader)
         self.record = {"step": 0, "loss": 0.0, "lr": 1e-4, "tokens": list(range(64)), "rank": rank}
-        self.extra = None
+        self.extra = self.contention = None
+        if self.kind == "cpu_rank":
+            if mine:
+                prm = FAULT_PARAMS["cpu_rank"]
+                self.contention = Contention(prm["cores"], prm["spinners"])
+            got = [None] * world
+            dist.all_gather_object(got, self.contention.slowdown() if mine else None)
+            self.params_used.update(got[ONE_RANK])
+            if mine:
+                self.contention.on()
         if self.kind == "gpu_rank":
             n = self._calibrate_gpu() if mine else 0
             got = [None] * world
@@ -291,6 +384,8 @@ class MultiJob:
             self._fault_extra = self.extra
         self.case, self.kind = case, case["kind"]
         self.extra = self._fault_extra if self.kind == "gpu_rank" else None
+        if self.contention is not None:
+            self.contention.on() if self.kind == "cpu_rank" else self.contention.off()
 
     def _calibrate_gpu(self) -> dict:
         """How many square matmuls make ``extra_gpu_ms`` on this rank's device (timed with CUDA events)."""
@@ -323,6 +418,9 @@ class MultiJob:
         return (time.perf_counter() - t) * 1e6
 
     def close(self):
+        if self.contention is not None:
+            self.contention.close()
+            self.contention = None
         self.it = None
         self.model = self.opt = None
         self._a = None
