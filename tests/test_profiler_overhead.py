@@ -354,3 +354,18 @@ def test_the_scaled_price_is_the_median_of_its_jobs():
             statistics.median(p["us_per_op"] / p["launch_us"] for p in mine), rel=2e-3)
     assert ov.pick_scaled(True, True, True)[1] is None and ov.pick_scaled(False, True, False)[1] is None
     assert ov.pick_scaled(True, True, False)[1]["us_per_op_per_launch_us"] > 0
+
+
+def test_the_estimate_says_which_jobs_its_row_was_fitted_on():
+    """The sentence reads the row's provenance from its table's points: the record_shapes row names H100 and H200
+    multi-process jobs; the row without record_shapes was fitted on one-GPU H100 jobs only, which a multi-process
+    trace is told is likely low."""
+    rows = {r["record_shapes"]: r for r in SCALED["settings"]}
+    pts = {k: [p for p in SCALED["points"] if p["record_shapes"] == k and not p["with_stack"]] for k in rows}
+    with_shapes = ov._fitted_on(SCALED, rows[True], distributed=True)
+    assert with_shapes == (f"{len(pts[True])} jobs of H100 and H200 hosts "
+                           f"({sum(p['world_size'] > 1 for p in pts[True])} multi-process)")
+    assert all(p["world_size"] == 1 and p["gpu"] == "H100" for p in pts[False])
+    assert ov._fitted_on(SCALED, rows[False], distributed=False) == f"{len(pts[False])} jobs of H100 hosts (0 multi-process)"
+    assert ov._fitted_on(SCALED, rows[False], distributed=True).endswith("; one-GPU jobs only, so likely low for this "
+                                                                         "multi-process trace")

@@ -141,7 +141,8 @@ def pick_scaled(gpu: bool, record_shapes: bool, with_stack: bool, root: str = st
 def pick(device_name: str | None, gpu: bool, record_shapes: bool, with_stack: bool, distributed: bool = False,
          root: str = str(TABLES)) -> tuple[dict | None, dict | None]:
     """The table and row a trace is priced with where :func:`pick_scaled` has none: among the tables of the same GPU
-    model (else any GPU's, else the CPU's), one fitted on real jobs (``"kind": "jobs"``, as f4ca961's ``h100-jobs.json``) with a row of the
+    model (else any GPU's, else the CPU's), one fitted on real jobs (``"kind": "jobs"``: none is committed any more;
+    ``tests/corpus/overhead_eval.py`` replays a retired one through this for its "today") with a row of the
     trace's exact settings and kind of job (``distributed``: a rank of a multi-process job) -- of the same GPU model
     only: real jobs' per-op cost differs between hosts -- else a loop table (``benchmarks/bench_profiler_overhead.py``)
     with its settings, else the group's last loop table's nearest row. A rank of a multi-process job pays more per
@@ -318,6 +319,19 @@ def _priced(view: "RankView", ps: "pd.DataFrame", capture: dict | None, root: st
             "host_us": ops * c_op + runtime * c_rt + shown, "events": ev}
 
 
+def _fitted_on(table: dict, row: dict, distributed: bool) -> str:
+    """The jobs a scaled row was fitted on, read from its table's ``points`` of the row's settings: how many, on which
+    GPUs, how many multi-process; for a multi-process trace priced from one-GPU jobs alone, that it is likely low."""
+    pts = [q for q in table.get("points") or [] if q.get("record_shapes") == row["record_shapes"]
+           and q.get("with_stack") == row["with_stack"]
+           and ("distributed" not in row or (q.get("world_size", 1) > 1) == bool(row["distributed"]))]
+    multi = sum(q.get("world_size", 1) > 1 for q in pts)
+    gpus = " and ".join(sorted({str(q.get("gpu")) for q in pts})) or "unnamed"
+    return (f"{len(pts)} jobs of {gpus} hosts ({multi} multi-process)"
+            + ("; one-GPU jobs only, so likely low for this multi-process trace" if distributed and pts and not multi
+               else ""))
+
+
 def _shown_us(per_step: "pd.DataFrame") -> float:
     """The profiler's own host time per step that the trace shows (the host model's ``profiler`` kind on the main
     thread: CUPTI's buffer requests and flushes where the host would otherwise stall or idle), mean over the
@@ -405,7 +419,8 @@ def _overhead(view: "RankView", capture: dict | None, cpu_all, root) -> Profiler
            + (f"{c_op:.2f} us per op, runtime calls folded in: {float(row['us_per_op_per_launch_us']):.3f} x this "
               f"rank's median kernel launch in its steps, {p['events']['launch_us']:.2f} us (the host's speed under "
               f"the profiler, read in the trace; the factor fitted by tests/corpus/overhead_eval.py on "
-              f"{row.get('cases', '?')} jobs of H100 and H200 hosts whose overhead was measured: {table['file']}, "
+              f"{_fitted_on(table, row, (view.trace.info.world_size or 1) > 1)} whose overhead was measured: "
+              f"{table['file']}, "
               f"record_shapes={row['record_shapes']}, with_stack={row['with_stack']}; settings read from {where}; "
               f"within about {ESTIMATE_RANGE:g}x either way)" if scaled else
               f"{c_op:.2f} / {c_rt:.2f} us each, {source} on {table['machine'].get('device')} ({table['file']}, "

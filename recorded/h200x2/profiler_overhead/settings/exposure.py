@@ -5,11 +5,13 @@ lengthens its step (its kept trace replayed by ``kit.doctor.overhead._exposed``,
 ``tests/corpus/overhead_fit.py``'s ``curves``) meets the measured overhead (its ``solve``), with the range over the
 rounds.
 
+    git show f4ca961:tests/corpus/overhead_fit.py > tests/corpus/overhead_fit.py   # retired: back in place, untracked
     python recorded/h200x2/profiler_overhead/settings/exposure.py TRACES_DIR > exposure.json
 
 TRACES_DIR: the ``traces/`` folder probe.py wrote (round 0's traces of each job, 1.6-3.4 MB each job; not committed:
 ``.device/results/s4r2/ovh2/traces`` on the machine that fetched the round). ``tests/corpus/overhead_fit.py`` was
-removed in session 7 (``tests/corpus/overhead_eval.py`` replaced it): ``git show f4ca961:tests/corpus/overhead_fit.py``.
+removed in session 7 (``tests/corpus/overhead_eval.py`` replaced it): put it back first (above; it finds the
+repository from its own place); without it, exit status 2 with that recipe.
 """
 
 from __future__ import annotations
@@ -26,10 +28,16 @@ sys.path.insert(0, str(ROOT))
 
 
 def main(argv=None) -> int:
-    spec = importlib.util.spec_from_file_location("overhead_fit", ROOT / "tests" / "corpus" / "overhead_fit.py")
+    args = sys.argv[1:] if argv is None else list(argv)
+    fit_py = ROOT / "tests" / "corpus" / "overhead_fit.py"
+    if len(args) != 1 or not fit_py.is_file():
+        print("usage: exposure.py TRACES_DIR, with the retired tests/corpus/overhead_fit.py back in place: "
+              "git show f4ca961:tests/corpus/overhead_fit.py > tests/corpus/overhead_fit.py", file=sys.stderr)
+        return 2
+    spec = importlib.util.spec_from_file_location("overhead_fit", fit_py)
     fit = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fit)
-    traces = Path((argv or sys.argv[1:])[0])
+    traces = Path(args[0])
     out = []
     for j in sorted(HERE.glob("*-*.json")):
         r = json.loads(j.read_text())
