@@ -34,6 +34,8 @@ class JobContext:
     """rank -> its collectives timeline (:class:`kit.doctor.collectives.Timeline`)"""
     overhead: "dict[int, Any] | None" = None
     """rank -> the profiler's overhead on its step (``kit.doctor.overhead``), when measured or estimated"""
+    overhead_at_job: "dict[int, Any] | None" = None
+    """... priced at the job's host speed, for comparing ranks (:func:`kit.doctor.own_time.at_job_speed`)"""
     _memo: dict = field(default_factory=dict, compare=False, repr=False)
 
     def collectives(self, backend: str | None = None) -> "pd.DataFrame | None":

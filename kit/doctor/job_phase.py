@@ -42,7 +42,10 @@ def job_context(summaries: Sequence[RankSummary], *, sweep=None) -> JobContext:
     if ctx.overhead and len(ctx.ranks) > 1 and any(o.basis != "none" for o in ctx.overhead.values()):
         from .overhead import job_floor  # the job's busiest GPU (its own work): bounds an estimate, caps a measured gain
 
-        ctx = replace(ctx, overhead=job_floor(ctx.overhead, ctx.comm_waits(), ctx.host_steps))
+        from .own_time import at_job_speed  # ranks compared at the job's host speed, not each one's own
+
+        ctx = replace(ctx, overhead=job_floor(ctx.overhead, ctx.comm_waits(), ctx.host_steps),
+                      overhead_at_job=job_floor(at_job_speed(ctx.overhead), ctx.comm_waits(), ctx.host_steps))
     return ctx
 
 

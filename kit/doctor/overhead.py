@@ -74,6 +74,10 @@ class ProfilerOverhead:
     """measured, in a job of several ranks: the most GPU work of its own any rank of the job does per step
     (:func:`own_work`, set by :func:`job_floor`): were every host instant, the job would still take that long (an
     estimate has it in its unprofiled step instead)"""
+    launch_us: float | None = None
+    """the rank's median kernel launch in its steps that :attr:`host_us` was priced by (:func:`pick_scaled`); None
+    where the price is a table's. Read by :func:`kit.doctor.own_time.at_job_speed` to compare ranks at the job's
+    reading"""
     data_wait_us: float | None = None
     """the part of the overhead recorded inside the DataLoader's waits (where they leave the GPU idle): the overhead
     spread evenly over the recorded ops of the steps, the share of the ops recorded inside the waits
@@ -396,7 +400,7 @@ def _overhead(view: "RankView", capture: dict | None, cpu_all, root) -> Profiler
                                 f"median of {len(samples)} steps kit.capture timed without the profiler just before "
                                 f"the window ({capture.get('unprofiled_clock', 'clock not stated')}; p10-p90 "
                                 f"{q[0]:.0f}-{q[-1]:.0f} us) against the median traced step ({len(ps)} steps)",
-                                host_us=None if p is None else p["host_us"])
+                                host_us=None if p is None else p["host_us"], launch_us=_launch(p))
     gpu = not view.trace.gpu.empty
     if p is None:
         return ProfilerOverhead(traced, None, 0.0, "none", f"no per-event cost table for a {'GPU' if gpu else 'CPU'}"
@@ -433,7 +437,13 @@ def _overhead(view: "RankView", capture: dict | None, cpu_all, root) -> Profiler
               f"hosts and jobs, about {ESTIMATE_RANGE:g}x either way)" if gpu and not scaled
               and table["machine"].get("device") != device else "")
            + (f"; the step cannot be shorter than the GPU's own work (outside collectives), {busy:.0f} us" if unprof == busy and gpu else ""))
-    return ProfilerOverhead(traced, unprof, traced - unprof, "estimated", how, host_us=host_us, exposed_us=exposed)
+    return ProfilerOverhead(traced, unprof, traced - unprof, "estimated", how, host_us=host_us, exposed_us=exposed,
+                            launch_us=_launch(p))
+
+
+def _launch(p: dict | None) -> float | None:
+    """The launch reading a price of :func:`_priced` scaled with (:attr:`ProfilerOverhead.launch_us`)."""
+    return p["events"]["launch_us"] if p is not None and p["table"].get("kind") == "jobs-launch" else None
 
 
 QUEUED_US = 5.0

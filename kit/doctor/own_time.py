@@ -26,7 +26,49 @@ PROFILER_NOISE = 1.0
 """... and, for an excess of host time, this share of the profiler's own overhead on the late rank's step
 (:mod:`kit.doctor.overhead`): the profiler slows every rank's host, unevenly, by less than its overhead where the
 ranks run the same host code, a planted host stall by more (evidence: FINDINGS.md, "kit doctor's thresholds against
-the recorded runs"). GPU time is not the profiler's: no such floor"""
+the recorded runs"). GPU time is not the profiler's: no such floor. The callers pass the overhead priced at the
+job's host speed (:func:`at_job_speed`), so that a host slower for its own reasons does not raise its own floor"""
+
+
+def at_job_speed(overhead: dict | None) -> dict | None:
+    """Every rank's profiler overhead (rank -> :class:`kit.doctor.overhead.ProfilerOverhead`, as each rank's own
+    trace priced it) priced at the job's host speed instead, for comparing ranks: an estimate priced by the rank's
+    own kernel-launch length (:attr:`~kit.doctor.overhead.ProfilerOverhead.launch_us`) is scaled by the job's
+    reading over the rank's -- its host time, its exposed part and its overhead on the step (linear in the per-op
+    price; the profiler's own buffer events shown in the trace are scaled with them, a small part) -- and the caller
+    paces the job again (:func:`kit.doctor.overhead.job_floor`). A measured overhead is the job's (traced less
+    unprofiled step), and a table's price is not the rank's speed: both stay as they are.
+
+    Why two readings. A rank whose host is really slower -- CPU contention, the wrong NUMA node or core binding,
+    frequency throttling -- also launches its kernels more slowly, so its own reading prices its recorded ops
+    higher: right for netting that rank's own step (the profiler does cost a slow host more), wrong for comparing
+    it with the others, where the overhead is the allowance for the profiler slowing *equal* hosts unevenly
+    (:data:`PROFILER_NOISE`, ``in_doubt``): read at the slow host's speed it grows with the very slowness it should
+    expose, and the straggler excuses itself. The job's reading is the median over the ranks' launch lengths: the
+    typical host of the job -- not the fastest rank's, which would leave no allowance for the profiler's own uneven
+    slowing of the launches it times (the allowance the floor is for); with two ranks the median is their mean, so
+    a slowed rank still raises it by half its excess (a stated limit). None or a dict as given where no rank has a
+    launch reading."""
+    import statistics
+    from dataclasses import replace
+
+    if not overhead:
+        return overhead
+    reads = [o.launch_us for o in overhead.values() if o is not None and getattr(o, "launch_us", None)]
+    if not reads:
+        return overhead
+    job = statistics.median(reads)
+    out = {}
+    for r, o in overhead.items():
+        if o is None or o.basis != "estimated" or not getattr(o, "launch_us", None):
+            out[r] = o
+            continue
+        k = job / o.launch_us
+        over = o.overhead_us * k
+        out[r] = replace(o, host_us=None if o.host_us is None else o.host_us * k,
+                         exposed_us=None if o.exposed_us is None else o.exposed_us * k, overhead_us=over,
+                         unprofiled_step_us=None if o.traced_step_us is None else o.traced_step_us - over)
+    return out
 
 
 def steady(host_steps: dict) -> dict:

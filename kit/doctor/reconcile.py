@@ -295,7 +295,7 @@ def job_level_launch(findings: list[Finding], ctx: JobContext) -> list[Finding]:
             set(ctx.ranks) <= set(f.ranks) or not ctx.host_steps:
         return findings
     slowest = max(ctx.host_steps, key=lambda r: float(ctx.host_steps[r]["issue_us"].median()))
-    ovh = (ctx.overhead or {}).get(slowest)
+    ovh = (ctx.overhead_at_job or ctx.overhead or {}).get(slowest)  # ranks compared at the job's host speed
     own = own_excess(ctx.host_steps, slowest, ctx.step_us, None, ovh, kinds=("host",))
     # an excess still within an estimated overhead on one step is not a rank of its own when late_rank, which
     # weighed it against the step's collectives, named none

@@ -71,11 +71,33 @@ class Before:
     """the rank's heaviest compute kernels (:data:`~kit.doctor.rules.same_kernels.KERNEL_TOP` by total time): per
     name ``median_us`` and ``total_us`` (:func:`~kit.doctor.rules.same_kernels.kernel_speeds`) -- to tell a slower
     GPU from more work"""
+    waits_us: float | None = None
+    """per step (median over the step annotations) the time the rank's host waited for its GPU or a peer inside
+    the step's own annotation (:func:`step_waits`); None without annotations"""
+
+
+def step_waits(view: RankView) -> float | None:
+    """The median over the rank's step annotations of the time any of its threads waited for the GPU (the host
+    model's ``sync``: ``.item()``, a synchronize, a blocking copy) or for a peer (``comm_wait``) inside the
+    annotation -- the host's side of the step, the basis of :data:`kit.doctor.own_time.OWN_HOST`: a wait that
+    outlasts the step's annotation, as the synchronize that closes a trace does, counts only inside it. None
+    without step annotations or a host model."""
+    import numpy as np
+
+    from ...traces.intervals import covered, union_np
+    from ..host_model import ALL
+
+    st = view.steps
+    if view.host is None or st is None or st.empty:
+        return None
+    (sa, sb), (ca, cb) = view.host.spans("sync", ALL), view.host.spans("comm_wait", ALL)
+    ua, ub = union_np(np.r_[sa, ca], np.r_[sb, cb])
+    return float(np.median(covered(ua, ub, st["ts"].to_numpy(float), st["end"].to_numpy(float))))
 
 
 def extract_late(view: RankView) -> Before:
     tl = timeline(view)
-    return Before(tl, host_time_until(view, tl), kernel_speeds(view))
+    return Before(tl, host_time_until(view, tl), kernel_speeds(view), step_waits(view))
 
 
 FIX_BY_REASON = {
@@ -116,6 +138,8 @@ BASIS_TEXT = {"own_excess": "its own time per step beyond the slowest other rank
                                "waiting also holds the profiler's uneven slowing of the hosts"}
 """how late_rank's cost was read, when it is not the others' waiting"""
 OTHERS_HOST_TEXT = {"measured": "; their host time as kit.capture measured it without the profiler",
+                    "measured_less_waits": "; their host time as kit.capture measured it without the profiler, less "
+                                           "what their traced steps waited for the GPU or a peer",
                     "estimated": "; their host time estimated as the traced less the profiler's, a lower bound where "
                                  "the host paid more per recorded op than the estimate's price"}
 """which basis the others' host time had (:func:`host_room`)"""
@@ -157,46 +181,74 @@ def unprofiled_host_us(capture: dict | None) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def host_room(host_steps: dict, late: int, overhead: dict | None,
-              capture: dict | None = None) -> tuple[float | None, str]:
-    """What the job could gain at most were the GPU-late rank ``late`` as fast as the others, as their hosts allow:
-    each other rank's step cannot be shorter than its own host time (:data:`kit.doctor.own_time.OWN_HOST`), so
-    the least over the others of their step less their own host time, both without the profiler: the step net of
-    the overhead on it; the host time as :mod:`kit.capture` measured it unprofiled on that rank
-    (:func:`unprofiled_host_us`, basis ``measured``) where the trace carries it, else the traced host time less the
-    profiler's own time on it, at least the larger of that overhead and what its recorded ops price
-    (:attr:`kit.doctor.overhead.ProfilerOverhead.host_us`; a measured overhead is the job's, and a host whose
-    peers set the pace hides its own: basis ``estimated``, which undercounts where the per-op price is below what
-    the host paid). The measured host time also holds the step's own waits for the GPU (``.item()``, a
-    synchronize), which the traced own host time leaves out: an upper bound of the host's own time, so a room read
-    off it is a lower bound. Comparing GPU time with GPU time alone overstates the gain where the others' steps are
-    their hosts' (a host-bound job whose late rank's extra kernels first fill its GPU's idle time). Returns (room,
-    basis): room None where an other rank's own host time, so netted, still exceeds its step (its issuing threads
-    overlap, or its launches queue behind its waiting GPU: not a pace) or the steps are not there; basis
-    ``measured`` only where every other rank's host time was measured."""
+def others_host(ps, o, measured: float | None, waits: float | None) -> tuple[float, str, dict]:
+    """One other rank's own host time per step without the profiler, for :func:`host_room` (``ps``: its per-step
+    frame; ``o``: its :class:`~kit.doctor.overhead.ProfilerOverhead` or None; ``measured``:
+    :func:`unprofiled_host_us`; ``waits``: :func:`step_waits`). Two readings:
+
+    * the trace's own host time (:data:`kit.doctor.own_time.OWN_HOST`: issuing, the DataLoader, stalls -- not the
+      waits) less the profiler's own time on it, at least the larger of the overhead on the step and what its
+      recorded ops price (:attr:`kit.doctor.overhead.ProfilerOverhead.host_us`): an estimate, within the price's
+      range either way (basis ``estimated``);
+    * kit.capture's measured host time: the host's own time plus any wait the step itself makes (``.item()``, a
+      synchronize; under DDP such a wait also waits for the late rank's all-reduce), an upper bound of its own.
+
+    Where the trace shows no wait in the step (``waits``), the measured time has none either -- the same
+    code -- and is the host's own (``measured``). Where it does, the measured time less the traced steps' waits
+    (``measured_less_waits``), but never less than the smaller of the two readings: with the waits taken off the
+    measured time would collapse the room to nothing on a job whose steps end in ``loss.item()``, and the smaller of
+    two readings of the host's own time is the tighter one where the measured holds waits. The result lies between
+    that smaller reading and the measured time and is continuous in every input (no jump where the measured time
+    passes the step or the trace's reading). Returns (own host us, basis, the readings for the evidence)."""
     import numpy as np
 
     from ..own_time import OWN_HOST
 
-    rooms, bases = [], set()
+    on_step = o.overhead_us if o is not None else 0.0
+    on_host = max(on_step, (o.host_us or 0.0) if o is not None else 0.0)
+    traced = float(np.median(ps[OWN_HOST])) - on_host
+    if measured is None:
+        return traced, "estimated", {"traced_net_us": round(traced, 1)}
+    waits = waits or 0.0
+    low = min(measured, traced)
+    net = max(measured - waits, low)
+    basis = ("measured" if net >= measured else "measured_less_waits" if measured - waits > low
+             else "estimated")
+    return net, basis, {"measured_us": round(measured, 1), "traced_waits_us": round(waits, 1),
+                        "traced_net_us": round(traced, 1), "used": basis}
+
+
+def host_room(host_steps: dict, late: int, overhead: dict | None, capture: dict | None = None,
+              waits: dict | None = None) -> tuple[float | None, str, dict]:
+    """What the job could gain at most were the GPU-late rank ``late`` as fast as the others, as their hosts allow:
+    each other rank's step cannot be shorter than its own host time, so the least over the others of their step
+    less their own host time, both without the profiler: the step net of the overhead on it, the host time as
+    :func:`others_host` reads it (kit.capture's measured time where the trace carries it, net of the waits the step
+    makes -- ``waits``: rank -> :func:`step_waits` --, else the trace's own host time net of the profiler's).
+    Comparing GPU time with GPU time alone overstates the gain where the others' steps are their hosts' (a
+    host-bound job whose late rank's extra kernels first fill its GPU's idle time). Returns (room, basis of the rank that bounds it, per other rank the readings): room None
+    where an other rank's host time *estimated* from the trace still exceeds its netted step (its issuing threads
+    overlap, or its launches queue behind its waiting GPU: not a pace) or the steps are not there; a measured host
+    time at or above the step leaves no room (0: the host is the pace; the cap stays continuous in it)."""
+    import numpy as np
+
+    from ..own_time import OWN_HOST
+
+    rooms, seen = {}, {}
     for r, ps in host_steps.items():
         if r == late:
             continue
-        step, host = float(np.median(ps["dur"])), float(np.median(ps[OWN_HOST]))
         o = (overhead or {}).get(r)
-        on_step = o.overhead_us if o is not None else 0.0
-        measured = unprofiled_host_us((capture or {}).get(r))
-        if measured is not None:
-            host_net = measured
-            bases.add("measured")
-        else:
-            on_host = max(on_step, (o.host_us or 0.0) if o is not None else 0.0)
-            host_net = host - on_host
-            bases.add("estimated")
-        if not host or host_net > step - on_step:
-            return None, "measured" if bases == {"measured"} else "estimated"
-        rooms.append(max(0.0, (step - on_step) - host_net))
-    return (min(rooms) if rooms else None), "measured" if bases == {"measured"} else "estimated"
+        step = float(np.median(ps["dur"])) - (o.overhead_us if o is not None else 0.0)
+        net, basis, seen[str(r)] = others_host(ps, o, unprofiled_host_us((capture or {}).get(r)),
+                                               (waits or {}).get(r))
+        if not float(np.median(ps[OWN_HOST])) or (basis == "estimated" and net > step):
+            return None, basis, seen
+        rooms[r] = (max(0.0, step - net), basis)
+    if not rooms:
+        return None, "estimated", seen
+    room, basis = min(rooms.values())
+    return room, basis, seen
 
 
 def by_chance(late_at: int, instances: int, ranks: int) -> float:
@@ -267,7 +319,7 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     seen = sum(excess.values())
     visible = added > 0 and seen >= LATE_EXPLAINED * added
     reason = max(excess, key=excess.get) if explained and visible and max(excess.values()) > 0 else None
-    ovh = (ctx.overhead or {}).get(late)
+    ovh = (ctx.overhead_at_job or ctx.overhead or {}).get(late)  # ranks compared at the job's host speed
     cpu_only = tl_of[late].gpu_kernels == 0
     hs = steady(ctx.host_steps) if ctx.host_steps else None  # the steps both own-time checks read, derived once
     own = (own_excess(hs, late, ctx.step_us, None if cpu_only else gpu_us, ovh,
@@ -302,8 +354,9 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     bound = min(float(waits[fl["rank"] == r].sum()) / per_step_divisor(tl_of[r]) for r in tl_of if r != late)
     if gain is not None:
         cost = min(max(waited, bound) if basis == "own_excess" else waited, gain)
-    room, room_basis = (host_room(hs, late, ctx.overhead, ctx.capture)
-                        if basis == "own_excess" and own["kind"] == "gpu" else (None, None))
+    room, room_basis, room_of = (host_room(hs, late, ctx.overhead, ctx.capture,
+                                                {r: b.waits_us for r, b in summaries})
+                                 if basis == "own_excess" and own["kind"] == "gpu" else (None, None, None))
     if room is not None and room < cost:  # its GPU's excess fills time the others' hosts would take anyway
         cost, basis = room, "others_host"
     late_at = mine[mine["material"]]
@@ -321,6 +374,7 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     ev["last_by_chance"] = num(chance, 4)
     if basis == "others_host":  # the others' host time: measured unprofiled (kit.capture) or estimated
         ev["others_host_basis"] = room_basis
+        ev["others_host_us"] = room_of
     if own is not None:  # its own time beyond the next slowest rank's: what made the others wait
         ev["own_excess"] = own
     slower = gpu_speed(late, {r: b.kernels for r, b in summaries})

@@ -1,0 +1,107 @@
+"""late_rank's room: what the other ranks' own host time leaves of their step (``late_rank.host_room``), on
+synthetic per-step frames -- the basis the cost of a GPU-late rank is capped by, measured by kit.capture or
+estimated from the trace, and the waits a measured host time holds."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from kit.doctor.rules.late_rank import host_room
+
+STEP, OWN = 30_000.0, 9_000.0
+"""every rank's traced step and its own host time (us): a GPU-late rank 1, a rank 0 whose host issues its step in
+9 ms of its 30"""
+
+
+def _steps(own: float = OWN) -> dict:
+    ps = pd.DataFrame({"step": [0, 1, 2], "dur": [STEP] * 3, "own_host_us": [own] * 3})
+    return {0: ps, 1: ps.copy()}
+
+
+def _room(measured: float | None, waits: float | None = None):
+    capture = {0: {"unprofiled_host_us": [measured] * 5}} if measured is not None else None
+    return host_room(_steps(), 1, None, capture, {0: waits, 1: waits})
+
+
+def test_no_capture_reads_the_traced_host():
+    room, basis, seen = _room(None)
+    assert room == pytest.approx(STEP - OWN) and basis == "estimated" and seen["0"]["traced_net_us"] == OWN
+
+
+@pytest.mark.parametrize("measured", [28_500.0, 31_000.0])
+def test_a_measured_host_that_holds_the_steps_own_wait_does_not_collapse_the_room(measured):
+    """Rank 0's step ends with ``loss.item()``: kit.capture's drained host time (28.5 or 31 ms) holds the wait for
+    the step's GPU work and, under DDP, for the late rank's all-reduce. Its own host time is still 9 ms: the room
+    stays near the 21 ms the trace gives (it was 1.5 ms and None -- no cap -- reading the measured time as the
+    host's own)."""
+    room, basis, seen = _room(measured, waits=STEP - OWN)
+    assert room == pytest.approx(STEP - OWN, abs=1_000.0)
+    assert seen["0"]["measured_us"] == measured and seen["0"]["traced_waits_us"] == STEP - OWN
+
+
+def test_without_waits_the_measured_host_is_the_hosts_own():
+    """A step with no wait for the GPU or a peer in its trace: the measured host time has none either (the same
+    code), and it is read as is -- above the trace's reading (an estimate of the profiler's price that is too high
+    leaves too little), as below it."""
+    for measured in (6_000.0, 12_000.0):
+        room, basis, seen = _room(measured, waits=0.0)
+        assert room == pytest.approx(STEP - measured) and basis == "measured" and seen["0"]["used"] == "measured"
+
+
+def test_with_waits_the_room_lies_between_the_two_readings():
+    """Waits in the trace: the measured time less them, never below the smaller of the two readings."""
+    room, basis, _ = _room(20_000.0, waits=5_000.0)
+    assert room == pytest.approx(STEP - 15_000.0) and basis == "measured_less_waits"
+    room, basis, _ = _room(20_000.0, waits=15_000.0)
+    assert room == pytest.approx(STEP - OWN) and basis == "estimated"
+
+
+def test_the_room_is_continuous_in_the_measured_host_time():
+    """No jump where the measured host time passes the trace's reading or the step: the largest change between
+    measured times 100 us apart is at most 100 us (it was a fall to 0 and then no cap at all)."""
+    for waits in (0.0, STEP - OWN):
+        rooms = [_room(m, waits)[0] for m in range(5_000, 40_001, 100)]
+        assert all(r is not None for r in rooms)
+        assert max(abs(a - b) for a, b in zip(rooms, rooms[1:])) <= 100.0 + 1e-6
+
+
+# ------------------------------------------------------------------------------------------------ ranks compared
+def _ov(launch_us: float, overhead_us: float, basis: str = "estimated"):
+    from kit.doctor.overhead import ProfilerOverhead
+
+    return ProfilerOverhead(30_000.0, 30_000.0 - overhead_us, overhead_us, basis, "test", host_us=overhead_us,
+                            exposed_us=overhead_us, launch_us=launch_us)
+
+
+def _hosts(own: dict) -> dict:
+    return {r: pd.DataFrame({"step": [0, 1, 2], "dur": [30_000.0] * 3, "own_host_us": [v, v + 100.0, v - 100.0],
+                             "gpu_compute_us": [5_000.0] * 3}) for r, v in own.items()}
+
+
+def test_a_slow_host_is_compared_at_the_jobs_speed():
+    """4 ranks; rank 1's host is contended: it launches at 10 us where the others launch at 5, so its own reading
+    prices the profiler's overhead on it at 5 ms (the others 2.5 ms) and its 4 ms own-time excess hid under that
+    floor -- the slow host excused itself. At the job's reading (the median launch, 5 us) its overhead is 2.5 ms
+    and the excess is its own."""
+    from kit.doctor.own_time import at_job_speed, own_excess
+
+    hosts = _hosts({0: 10_000.0, 1: 14_000.0, 2: 10_000.0, 3: 10_000.0})
+    own = {0: _ov(5.0, 2_500.0), 1: _ov(10.0, 5_000.0), 2: _ov(5.0, 2_500.0), 3: _ov(5.0, 2_500.0)}
+    assert not own_excess(hosts, 1, 30_000.0, None, own[1], kinds=("host",))["confirmed"]
+    job = at_job_speed(own)
+    assert job[1].overhead_us == pytest.approx(2_500.0) and job[1].host_us == pytest.approx(2_500.0)
+    assert job[0] == own[0]  # a rank at the job's speed is priced as it was
+    got = own_excess(hosts, 1, 30_000.0, None, job[1], kinds=("host",))
+    assert got["confirmed"] and got["excess_us"] == pytest.approx(4_000.0) and got["floor_us"] == pytest.approx(2_500.0)
+
+
+def test_measured_overheads_and_table_prices_are_the_jobs_already():
+    """A measured overhead is the job's (traced less unprofiled step); a price without a launch reading is a table's:
+    at_job_speed leaves both as they are."""
+    from kit.doctor.own_time import at_job_speed
+
+    own = {0: _ov(5.0, 2_500.0, "measured"), 1: _ov(10.0, 5_000.0, "measured")}
+    assert at_job_speed(own) == own
+    table = {0: _ov(None, 2_500.0), 1: _ov(None, 5_000.0)}
+    assert at_job_speed(table) == table and at_job_speed(None) is None
