@@ -181,25 +181,28 @@ def unprofiled_host_us(capture: dict | None) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def others_host(ps, o, measured: float | None, waits: float | None) -> tuple[float, str, dict]:
+def others_host(ps, o, measured: float | None, waits: float | None, scale: float = 1.0) -> tuple[float, str, dict]:
     """One other rank's own host time per step without the profiler, for :func:`host_room` (``ps``: its per-step
     frame; ``o``: its :class:`~kit.doctor.overhead.ProfilerOverhead` or None; ``measured``:
-    :func:`unprofiled_host_us`; ``waits``: :func:`step_waits`). Two readings:
+    :func:`unprofiled_host_us`; ``waits``: :func:`step_waits`, as traced; ``scale``: the rank's step without the
+    profiler over its traced step). Two readings:
 
     * the trace's own host time (:data:`kit.doctor.own_time.OWN_HOST`: issuing, the DataLoader, stalls -- not the
       waits) less the profiler's own time on it, at least the larger of the overhead on the step and what its
       recorded ops price (:attr:`kit.doctor.overhead.ProfilerOverhead.host_us`): an estimate, within the price's
       range either way (basis ``estimated``);
     * kit.capture's measured host time: the host's own time plus any wait the step itself makes (``.item()``, a
-      synchronize; under DDP such a wait also waits for the late rank's all-reduce), an upper bound of its own.
+      synchronize; under DDP such a wait also waits for the late rank's all-reduce) -- read as the host's own, it
+      leaves no room on a job whose steps end in ``loss.item()``.
 
-    Where the trace shows no wait in the step (``waits``), the measured time has none either -- the same
-    code -- and is the host's own (``measured``). Where it does, the measured time less the traced steps' waits
-    (``measured_less_waits``), but never less than the smaller of the two readings: with the waits taken off the
-    measured time would collapse the room to nothing on a job whose steps end in ``loss.item()``, and the smaller of
-    two readings of the host's own time is the tighter one where the measured holds waits. The result lies between
-    that smaller reading and the measured time and is continuous in every input (no jump where the measured time
-    passes the step or the trace's reading). Returns (own host us, basis, the readings for the evidence)."""
+    Where the trace shows no wait inside the step (``waits`` 0), the measured time has none either -- the same
+    code -- and is the host's own (``measured``). Where it does, the measured time less those waits, netted of the
+    profiler as the step is (times ``scale``: the profiler stretches the traced step and the waits in it; a
+    first-order reading) (``measured_less_waits``) -- but never below the smaller of the two readings, each an
+    upper bound of the host's own time where the other errs (the estimate's price too low, the waits too short),
+    so no lower reading is believed (``estimated`` where that bound holds). The result lies between that smaller
+    reading and the measured time and is continuous in every input: no jump where the measured time passes the
+    step or the trace's reading. Returns (own host us, basis, the readings for the evidence)."""
     import numpy as np
 
     from ..own_time import OWN_HOST
@@ -209,13 +212,14 @@ def others_host(ps, o, measured: float | None, waits: float | None) -> tuple[flo
     traced = float(np.median(ps[OWN_HOST])) - on_host
     if measured is None:
         return traced, "estimated", {"traced_net_us": round(traced, 1)}
-    waits = waits or 0.0
+    raw = waits or 0.0
+    waits = raw * scale
     low = min(measured, traced)
     net = max(measured - waits, low)
     basis = ("measured" if net >= measured else "measured_less_waits" if measured - waits > low
              else "estimated")
-    return net, basis, {"measured_us": round(measured, 1), "traced_waits_us": round(waits, 1),
-                        "traced_net_us": round(traced, 1), "used": basis}
+    return net, basis, {"measured_us": round(measured, 1), "traced_waits_us": round(raw, 1),
+                        "waits_net_us": round(waits, 1), "traced_net_us": round(traced, 1), "used": basis}
 
 
 def host_room(host_steps: dict, late: int, overhead: dict | None, capture: dict | None = None,
@@ -223,13 +227,15 @@ def host_room(host_steps: dict, late: int, overhead: dict | None, capture: dict 
     """What the job could gain at most were the GPU-late rank ``late`` as fast as the others, as their hosts allow:
     each other rank's step cannot be shorter than its own host time, so the least over the others of their step
     less their own host time, both without the profiler: the step net of the overhead on it, the host time as
-    :func:`others_host` reads it (kit.capture's measured time where the trace carries it, net of the waits the step
+    :func:`others_host` reads it (kit.capture's measured time where the trace carries it, less the waits the step
     makes -- ``waits``: rank -> :func:`step_waits` --, else the trace's own host time net of the profiler's).
     Comparing GPU time with GPU time alone overstates the gain where the others' steps are their hosts' (a
-    host-bound job whose late rank's extra kernels first fill its GPU's idle time). Returns (room, basis of the rank that bounds it, per other rank the readings): room None
-    where an other rank's host time *estimated* from the trace still exceeds its netted step (its issuing threads
-    overlap, or its launches queue behind its waiting GPU: not a pace) or the steps are not there; a measured host
-    time at or above the step leaves no room (0: the host is the pace; the cap stays continuous in it)."""
+    host-bound job whose late rank's extra kernels first fill its GPU's idle time). Each rank is netted with its
+    own overhead (the profiler does cost a slower host more: :func:`kit.doctor.own_time.at_job_speed` is for
+    comparing ranks, not for this). Returns (room, basis of the rank that bounds it, per other rank the readings):
+    room None where an other rank's host time *estimated* from the trace still exceeds its netted step (its issuing
+    threads overlap, or its launches queue behind its waiting GPU: not a pace) or the steps are not there; a
+    measured host time at or above the step leaves no room (0: the host is the pace; the cap stays continuous)."""
     import numpy as np
 
     from ..own_time import OWN_HOST
@@ -239,9 +245,10 @@ def host_room(host_steps: dict, late: int, overhead: dict | None, capture: dict 
         if r == late:
             continue
         o = (overhead or {}).get(r)
-        step = float(np.median(ps["dur"])) - (o.overhead_us if o is not None else 0.0)
+        traced = float(np.median(ps["dur"]))
+        step = traced - (o.overhead_us if o is not None else 0.0)
         net, basis, seen[str(r)] = others_host(ps, o, unprofiled_host_us((capture or {}).get(r)),
-                                               (waits or {}).get(r))
+                                               (waits or {}).get(r), step / traced if traced > 0 else 1.0)
         if not float(np.median(ps[OWN_HOST])) or (basis == "estimated" and net > step):
             return None, basis, seen
         rooms[r] = (max(0.0, step - net), basis)
