@@ -134,3 +134,27 @@ def test_a_step_ending_in_item_keeps_the_room_its_host_leaves():
     assert f.evidence["others_host_basis"] == seen["used"] == "measured_less_waits"
     assert seen["waits_net_us"] > 0.2 * seen["measured_us"]  # the .item() wait is in the measured host time
     assert 0.5 <= f.cost_us_per_step / t["added_us"] <= 2.0
+
+
+CONTENDED = sorted((Path(__file__).resolve().parent / "data" / "doctor").glob("corpus-*/gpt-ddp-bf16-cpu_rank*"))
+
+
+@pytest.mark.parametrize("case", CONTENDED or [pytest.param(None, marks=pytest.mark.skip(reason="no case here"))],
+                         ids=lambda c: f"{c.parent.name}/{c.name}" if c else "none")
+def test_a_contended_rank_is_named_for_its_host(case):
+    """2 H100s, bf16 DDP GPT; every thread of rank 1's process pinned to one core shared with a busy-looping process
+    (planted_multi's cpu_rank, interleaved with its control; the last traced step committed): rank 1 issues the same
+    work more slowly, and its slower launches price the profiler's overhead on it higher. Compared at the job's host
+    speed (own_time.at_job_speed) its own-time excess clears the floor: late_rank names it, for its host, at 0.5-2x
+    the time the contention added."""
+    import json
+
+    from conftest import diagnosed
+
+    t = json.loads((case / "truth.json").read_text())
+    files = sorted(p for p in case.iterdir() if p.name.endswith(".json.gz"))
+    f = diagnosed(files).problems[0]
+    assert f.rule == "late_rank" and f.ranks == (1,) and f.evidence["reason"] == "host_busy"
+    own = f.evidence["own_excess"]
+    assert own["kind"] == "host" and own["confirmed"] and not own["in_doubt"]
+    assert 0.5 <= f.cost_us_per_step / t["added_us"] <= 2.0
