@@ -14,12 +14,13 @@ host's share of every traced step grows. :func:`overhead` gives one rank's :clas
   the profiler's own time the trace shows (the host model's ``profiler`` kind: CUPTI's buffer requests and
   flushes). The per-op cost is the host session's (one job paid 2-3x more per op on one GPU host than on another:
   FINDINGS.md), so a GPU trace's ops are priced by the host's speed as the trace shows it: a factor per profiler
-  setting x the rank's median kernel launch in its steps (:func:`pick_scaled`, ``jobs-launch.json``, fitted and
-  judged held out by ``tests/corpus/overhead_eval.py``); without launches or a row for its settings, by
-  :func:`pick`'s table (which one is stated). An estimate is within about 2x either way. The profiler's time is host
-  time, and it lengthens the step only where the GPU waited for the host (:func:`_exposed`: between the host's waits
-  for the GPU the step's GPU work is replayed without the profiler's time; a step with no such wait saves it up to
-  its GPU's idle time, the host running ahead into the next step); the unprofiled estimate is
+  setting (without ``record_shapes``, per kind of job too) x the rank's median kernel launch in its steps
+  (:func:`pick_scaled`, ``jobs-launch.json``, fitted and judged held out by ``tests/corpus/overhead_eval.py``);
+  without launches or a row for its settings, by :func:`pick`'s table (which one is stated). An estimate is within
+  about 2x either way. The profiler's time is host time, and it lengthens the step only where the GPU waited for
+  the host (:func:`_exposed`: between the host's waits for the GPU the step's GPU work is replayed without the
+  profiler's time; a step with no such wait saves it up to its GPU's idle time, the host running ahead into the next
+  step); the unprofiled estimate is
   ``max(traced - exposed host overhead, GPU busy outside collectives)``, and a job's ranks step at the pace of the
   rank that loses most (:func:`job_floor`).
 * **none**: no step windows, or no table for the trace's kind of device.
@@ -128,15 +129,17 @@ def tables(root: str = str(TABLES)) -> tuple[dict, ...]:
     return tuple(out)
 
 
-def pick_scaled(gpu: bool, record_shapes: bool, with_stack: bool, root: str = str(TABLES)) -> tuple[dict | None,
-                                                                                               dict | None]:
+def pick_scaled(gpu: bool, record_shapes: bool, with_stack: bool, root: str = str(TABLES),
+                distributed: bool = False) -> tuple[dict | None, dict | None]:
     """The table and row (``"kind": "jobs-launch"``: ``us_per_op_per_launch_us`` x the rank's median kernel
-    launch, :data:`LAUNCH_CALLS`) of a GPU trace's exact settings; (None, None) without one (:func:`pick` then)."""
+    launch, :data:`LAUNCH_CALLS`) of a GPU trace's exact settings and, where a row says (``distributed``, as in
+    :func:`pick`), its kind of job; (None, None) without one (:func:`pick` then)."""
     if not gpu:
         return None, None
     for t in reversed(tables(root)):
         if t.get("kind") == "jobs-launch":
-            rows = [r for r in t["settings"] if r["record_shapes"] == record_shapes and r["with_stack"] == with_stack]
+            rows = [r for r in t["settings"] if r["record_shapes"] == record_shapes and r["with_stack"] == with_stack
+                    and r.get("distributed", distributed) == distributed]
             if rows:
                 return t, rows[0]
     return None, None
@@ -308,7 +311,8 @@ def _priced(view: "RankView", ps: "pd.DataFrame", capture: dict | None, root: st
     device = props[0].get("name") if isinstance(props, list) and props and isinstance(props[0], dict) else None
     shapes, stack, where = _settings(view, capture)
     ev = _events(view, ps)
-    table, row = pick_scaled(gpu, shapes, stack, str(root)) if ev["launch_us"] else (None, None)
+    table, row = (pick_scaled(gpu, shapes, stack, str(root), (view.trace.info.world_size or 1) > 1)
+                  if ev["launch_us"] else (None, None))
     if row is not None:  # the host's own speed, read in the trace, x the price per unit of it
         c_op, c_rt = max(0.0, float(row["us_per_op_per_launch_us"]) * ev["launch_us"]), 0.0
     else:

@@ -5,7 +5,11 @@ events per step x a per-event cost) and takes off the part that lengthened the s
 that price meets the committed GPU jobs whose unprofiled step *was* timed (:func:`cases`: ``truth.json``'s
 ``step_us_unprofiled``, per rank where it has them; the 2x H200 example jobs' ``summary_rank*.json`` ``step_ms``):
 the true overhead per rank is its traced step (median of its step windows) less its unprofiled median, with the
-spread against the unprofiled p10-p90; the job's is the median over its ranks.
+spread against the unprofiled p10-p90; the job's is the median over its ranks. The multi-process jobs recorded
+with and without ``record_shapes`` (:data:`MULTI`: ``recorded/profiler_overhead/multi/probe.py``'s kit.capture
+windows, their traces not committed) come as each window's features, read once from the probe's output
+(``--multi-from DIR``, written to :data:`MULTI`); their with-shapes windows are a validation set never fitted on,
+their no-shapes windows are fitted only by the models whose settings split distributed jobs (:data:`MULTI_MODELS`).
 
 Per rank (:func:`rank_features`): ops, runtime calls, kernels, short ops, ops that launched, settings, CUPTI's own
 events, two host readings (the median traced length of its kernel launches and of its cheap leaf ops) and its
@@ -17,6 +21,7 @@ leave one job out, fitted on the other GPU model's jobs, and on the other model 
 are printed; ``--out`` writes :data:`CHOSEN` as the doctor's table.
 
     python tests/corpus/overhead_eval.py [--cache /tmp/overhead_eval.json] [--out recorded/profiler_overhead/jobs-launch.json]
+    python tests/corpus/overhead_eval.py --multi-from .device/results/s7r2/price10   # writes MULTI, then judges
 
 Exit status 0; 2 when no job has a measured overhead.
 """
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gzip
 import json
 import math
 import statistics
@@ -36,6 +42,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "tests" / "data" / "doctor"
 EXAMPLES = ROOT / "recorded" / "h200x2" / "doctor"
+MULTI = ROOT / "recorded" / "profiler_overhead" / "multi" / "jobs.json.gz"
+"""the multi-process kit.capture windows' features (:func:`multi_features`; gzipped JSON, one window a line): the
+traces are not committed (but one window's)"""
 GRID = [round(0.5 * i, 1) for i in range(21)] + [float(x) for x in range(11, 31)]
 """the uniform per-op prices (us) each rank's exposure curve is computed at: 0-10 by 0.5, then to 30 by 1"""
 GPU_BOUND = 1.25
@@ -99,7 +108,39 @@ def cases() -> list[dict]:
                         "family": "mlp" if part == "ddp" else "tp", "profiler": "collective_tracing",
                         "world_size": len(files), "record_shapes": None, "with_stack": None, "host_cpu": None,
                         "per_window": int(cfg.get("profile_steps") or 1), "validation": True})
+    if MULTI.is_file():
+        for j in json.loads(gzip.decompress(MULTI.read_bytes()))["jobs"]:
+            out.append({**j, "unprof": {int(r): v for r, v in j["unprof"].items()}, "files": [], "multi": True,
+                        "validation": bool(j["record_shapes"])})
     return out
+
+
+def multi_features(root: Path) -> dict:
+    """The probe's output (``<hw>x<world>/<job>/<k>-<arm>/``: each rank's trace and kit.capture sidecar, and the
+    job's ``meta.json``) as :data:`MULTI` holds it: per window the case as :func:`cases` gives one (the unprofiled
+    samples per rank from the sidecar) with each rank's :func:`rank_features` (``group``: the job on that machine,
+    left out whole when one of its windows is judged)."""
+    jobs = []
+    for meta_p in sorted(root.glob("*x*/*/meta.json")):
+        meta, hw = json.loads(meta_p.read_text()), meta_p.parent.parent.name
+        for w in sorted(p for p in meta_p.parent.iterdir() if p.is_dir()):
+            ranks, unprof, host, shapes = [], {}, {}, None
+            for f in sorted(w.glob("trace_rank*.json.gz")):
+                cap = json.loads((w / f.name.replace("trace_", "capture_").replace(".json.gz", ".json")).read_text())
+                unprof[cap["rank"]], host[cap["rank"]] = cap["unprofiled_step_us"], cap.get("unprofiled_host_us")
+                shapes = cap["record_shapes"]
+                feat = rank_features(str(f))
+                if feat is not None:
+                    ranks.append({k: round(v, 3) if isinstance(v, float) else v for k, v in feat.items()})
+            if ranks:
+                jobs.append({"case": f"{hw}/{meta['job']}/{w.name}", "group": f"{hw}/{meta['job']}",
+                             "device": meta["device"], "family": meta["case"]["model"],
+                             "parallel": meta["case"]["parallel"], "profiler": "kit.capture",
+                             "world_size": meta["world_size"], "record_shapes": shapes, "with_stack": False,
+                             "host_cpu": meta.get("host_cpu"), "unprof": unprof, "unprof_host": host, "ranks": ranks})
+    return {"how": "tests/corpus/overhead_eval.py --multi-from: recorded/profiler_overhead/multi/probe.py's windows, "
+                   "each rank's features (rank_features) and its kit.capture unprofiled samples (us)",
+            "jobs": jobs}
 
 
 PER_STEP = ("traced_us", "traced_min_us", "traced_max_us", "gpu_compute_us", "ops", "runtime", "ops_all", "launches",
@@ -165,6 +206,9 @@ def collect(cache: Path | None) -> list[dict]:
     memo = json.loads(cache.read_text()) if cache and cache.is_file() else {}
     out = []
     for c in cases():
+        if c.get("ranks"):  # the multi set: features kept, traces not committed
+            out.append(c)
+            continue
         ranks = []
         for f in c["files"]:
             key = str(Path(f).relative_to(ROOT))
@@ -304,6 +348,13 @@ def _settings_key(job: dict, r: dict) -> tuple:
     return bool(s), bool(k)
 
 
+def _settings_dist_key(job: dict, r: dict) -> tuple:
+    """:func:`_settings_key`, a trace without shapes split by the kind of job (a rank of a multi-process job or
+    not: ``kit.doctor.overhead.pick_scaled``'s ``distributed`` row)."""
+    s, k = _settings_key(job, r)
+    return (s, k) if s else (s, k, job["world_size"] > 1)
+
+
 def linear(features):
     """A model P = sum_k p_k x_k(rank), fitted by nnls on the pace ranks of the training jobs."""
     def fit(train: list[dict]):
@@ -359,16 +410,21 @@ MODELS = {
     "per-settings": per_op_median(_settings_key),
     "x launch_us": scaled("launch_us"),
     "x launch/settings": scaled("launch_us", _settings_key),
+    "x launch/settings+dist": scaled("launch_us", _settings_dist_key),
     "x cheap_us": scaled("cheap_us"),
     "cupti only": lambda train: ([], lambda job, r: 0.0),
 }
 """name -> fit(training jobs) -> (parameters, price(job, rank) -> recorded-event host time per step, us)"""
+MULTI_MODELS = ("x launch/settings+dist",)
+"""the models fitted on the multi set's no-shapes windows too (the others never see them: for them the multi set is
+validation)"""
 
 
 # ------------------------------------------------------------------------------------------------ the judging
-def _run(job: dict) -> float:
-    """One recording's key: copies of one run (a case with its steps removed) share their unprofiled timing."""
-    return round(job["unprof_us"], 1)
+def _run(job: dict):
+    """One recording's key: copies of one run (a case with its steps removed) share their unprofiled timing; the
+    windows of one multi-process job share its ``group``."""
+    return job.get("group") or round(job["unprof_us"], 1)
 
 
 def judge(jobs: list[dict]) -> dict:
@@ -378,6 +434,8 @@ def judge(jobs: list[dict]) -> dict:
     out = {}
     for name, fit in MODELS.items():
         res = {"lojo": {}, "gpu": {}, "family": {}}
+        if fit is not None and name not in MULTI_MODELS:
+            fit = (lambda f: lambda train: f([x for x in train if not x.get("multi")]))(fit)
         if fit is None:
             for j in jobs:
                 est = estimate(j, [today(j, r) for r in j["ranks"]])
@@ -399,7 +457,7 @@ def judge(jobs: list[dict]) -> dict:
         params, price = fit(fitted)
         out[name] = {"schemes": res, "params": params,
                      "residuals": {j["case"]: estimate(j, [price(j, r) for r in j["ranks"]]) / j["overhead_us"]
-                                   for j in fitted}}
+                                   for j in fitted if name in MULTI_MODELS or not j.get("multi")}}
     return out
 
 
@@ -418,8 +476,18 @@ def main(argv=None) -> int:
     ap.add_argument("--cache", type=Path, help="keep each trace's features here (a JSON; recomputed when absent)")
     ap.add_argument("--out", type=Path, help=f"write the {CHOSEN!r} model fitted on every determined job here "
                                              "(recorded/profiler_overhead/jobs-launch.json)")
+    ap.add_argument("--multi-from", type=Path, help=f"read the multi-process probe's output here first and write "
+                                                    f"its features to {MULTI.relative_to(ROOT)}")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
+    if a.multi_from:
+        got = multi_features(a.multi_from)
+        if not got["jobs"]:
+            print(f"overhead_eval: no probe window with a trace under {a.multi_from}", file=sys.stderr)
+            return 2
+        lines = [f' "{k}": ' + (json.dumps(v) if k != "jobs" else "[\n  " + ",\n  ".join(json.dumps(x) for x in v)
+                                + "\n ]") for k, v in got.items()]
+        MULTI.write_bytes(gzip.compress(("{\n" + ",\n".join(lines) + "\n}\n").encode(), mtime=0))
     jobs = collect(a.cache)
     if not jobs:
         print("overhead_eval: no job with a measured overhead", file=sys.stderr)
@@ -443,13 +511,18 @@ def main(argv=None) -> int:
               f"{p['kernels']:4.0f} {p['launch_us'] or 0:4.1f} {p['cheap_us'] or 0:4.2f} "
               f"{j['overhead_us'] / 1e3:6.2f} [{j['overhead_lo_us'] / 1e3:5.2f}..{j['overhead_hi_us'] / 1e3:5.2f}] "
               f"{c} {cells}{'' if j['scored'] else '   (not scored: ' + j['why_not'] + ')'}")
-    fit = lambda j: not j.get("validation")  # noqa: E731
+    fit = lambda j: not j.get("validation") and not j.get("multi")  # noqa: E731
     groups = {"all": fit, "H100": lambda j: fit(j) and j["gpu"] == "H100",
               "H200": lambda j: fit(j) and j["gpu"] == "H200", "cnn": lambda j: fit(j) and j["family"] == "cnn",
-              "gpt": lambda j: fit(j) and j["family"] == "gpt", "validation": lambda j: not fit(j)}
+              "gpt": lambda j: fit(j) and j["family"] == "gpt",
+              "validation": lambda j: j.get("validation") and not j.get("multi"),
+              "multi no-shapes": lambda j: j.get("multi") and not j["record_shapes"],
+              "multi shapes": lambda j: j.get("multi") and j["record_shapes"]}
     n_scored = sum(j["scored"] for j in jobs if fit(j))
     print(f"\nScored jobs (measured overhead >= 1 ms, not GPU-bound): {n_scored}, and the collective_tracing runs as "
-          f"validation (never fitted on: the models fitted on every other job); estimate / measured:")
+          f"validation (never fitted on: the models fitted on every other job); the multi-process windows "
+          f"(recorded/profiler_overhead/multi): their no-shapes ones fitted only by {', '.join(MULTI_MODELS)}, their "
+          f"shapes ones never; estimate / measured:")
     for scheme, what in (("lojo", "leave one job out"), ("gpu", "fitted on the other GPU model's jobs"),
                          ("family", "fitted on the other model family's jobs")):
         print(f"\n  {what}:")
@@ -465,14 +538,18 @@ def main(argv=None) -> int:
         print(f"  {n}: {ptxt}")
         if r:
             print("    " + ", ".join(f"{c.split('/')[-1]} {v:.2f}" for c, v in r.items()))
-    print(f"\nHeld out, today's tables against {CHOSEN!r} (ms; estimate / measured):")
-    print(f"  {'case':46s} {'measured':>8s} {'today':>13s} {'one job out':>13s} {'other GPU':>13s} {'other family':>13s}")
+    other = "x launch/settings+dist" if CHOSEN == "x launch/settings" else "x launch/settings"
+    print(f"\nHeld out, today's tables against {CHOSEN!r} (ms; estimate / measured; last column {other!r} one job "
+          f"out):")
+    print(f"  {'case':46s} {'measured':>8s} {'today':>13s} {'one job out':>13s} {'other GPU':>13s} {'other family':>13s}"
+          f" {other[9:22]:>13s}")
     for j in jobs:
         if not j["scored"] and "control-tb" not in j["case"]:
             continue
         m = j["overhead_us"]
         cells = [got["today"]["schemes"]["lojo"].get(j["case"])] + [got[CHOSEN]["schemes"][k].get(j["case"])
-                                                                    for k in ("lojo", "gpu", "family")]
+                                                                    for k in ("lojo", "gpu", "family")] \
+            + [got[other]["schemes"]["lojo"].get(j["case"])]
         print(f"  {j['case'][:46]:46s} {m / 1e3:8.2f} " + " ".join(
             f"{x / 1e3:6.2f} ({x / m:4.2f})" if x is not None else f"{'-':>13s}" for x in cells)
             + ("" if j["scored"] else f"  (not scored: {j['why_not']})"))
@@ -481,7 +558,7 @@ def main(argv=None) -> int:
     return 0
 
 
-CHOSEN = "x launch/settings"
+CHOSEN = "x launch/settings+dist"
 """the model kit.doctor.overhead prices with (``pick_scaled``): the best held out (FINDINGS.md)"""
 
 
@@ -489,11 +566,14 @@ def table(jobs: list[dict]) -> str:
     """:data:`CHOSEN` fitted on every job whose price is determined, as the table kit.doctor.overhead reads: per
     profiler setting, the per-op price per microsecond of the trace's median kernel launch (runtime calls folded in),
     with the jobs it was fitted on (each job's implied price, reading and residual)."""
-    fitted = [j for j in jobs if j.get("c_star") is not None and j["pace"].get("launch_us") and not j.get("validation")]
+    fitted = [j for j in jobs if j.get("c_star") is not None and j["pace"].get("launch_us") and not j.get("validation")
+              and (CHOSEN in MULTI_MODELS or not j.get("multi"))]
+    key_of = _settings_dist_key if CHOSEN in MULTI_MODELS else _settings_key
     rows = []
-    for key in sorted({_settings_key(j, j["pace"]) for j in fitted}):
-        mine = [j for j in fitted if _settings_key(j, j["pace"]) == key]
+    for key in sorted({key_of(j, j["pace"]) for j in fitted}, key=str):
+        mine = [j for j in fitted if key_of(j, j["pace"]) == key]
         rows.append({"cuda": True, "record_shapes": key[0], "with_stack": key[1],
+                     **({"distributed": key[2]} if len(key) > 2 else {}),
                      "us_per_op_per_launch_us": round(statistics.median(j["c_star"] / j["pace"]["launch_us"]
                                                                         for j in mine), 4),
                      "us_per_runtime": 0.0, "cases": len(mine)})
