@@ -382,8 +382,8 @@ MULTI_WINDOW = ov.TABLES / "multi" / "h200x2-gpt-ddp-bf16-control-0-noshapes"
 
 
 def test_a_multi_process_trace_without_shapes_is_priced_by_the_distributed_row():
-    """A 2-rank DDP trace recorded without record_shapes (torch.profiler's default; kit.capture's window on a 4x H200
-    host, recorded/profiler_overhead/multi) is priced, its unprofiled timing left aside, by the table's distributed
+    """A rank of a 2-rank DDP job recorded without record_shapes (torch.profiler's default; kit.capture's window on a
+    4x H200 host, recorded/profiler_overhead/multi: rank 0's trace kept) is priced, its unprofiled timing left aside, by the table's distributed
     row -- multi-process jobs paid about what they pay with shapes, not the one-GPU jobs' price without them -- and
     lands within 0.5-2x of its measured overhead (the trace's own unprofiled steps against its traced ones). In sample:
     the window is one of the row's 12; held out, the eval script's (FINDINGS.md)."""
