@@ -9,9 +9,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 MAX_FILE = 2_000_000
 """bytes: a file larger than this needs an entry in ALLOWED"""
-MAX_TREE = 40_000_000
+MAX_TREE = 41_000_000
 """bytes: the tracked tree (46.6 MB trimmed to under 40 on 2026-11-27: recorded/README.md and reports/README.md say
-what was dropped or recompressed; a GPU run carries at most 64 MiB)"""
+what was dropped or recompressed). A GPU run carries at most 64 MiB (67.1 MB): the tree, plus what a device batch
+carries beside it (the Jupyter wheels, 11 MB, and up to three run snapshots of about 2.5 MB each), so 41 MB leaves
+about 8 MB spare."""
 ALLOWED: dict[str, str] = {
     # "path/inside/the/repository": "why it must be this large and cannot be trimmed",
 }
