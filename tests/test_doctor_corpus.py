@@ -333,7 +333,8 @@ def test_a_host_bound_job_is_launch_bound_as_a_whole(case):
 
 @pytest.mark.parametrize("case", ["corpus-h100x2/gpt-ddp-bf16-gpu_rank", "corpus-h100x4/gpt-ddp-bf16-gpu_rank",
                                   "corpus-h200x2/gpt-fsdp-bf16-gpu_rank", "corpus-h200x2/gpt-ddp-bf16-gpu_rank20",
-                                  "corpus-h100x2/gpt-ddp-bf16-gpu_rank-paired", "corpus-h100x4/gpt-fsdp-bf16-gpu_rank"])
+                                  "corpus-h100x2/gpt-ddp-bf16-gpu_rank-paired", "corpus-h100x4/gpt-fsdp-bf16-gpu_rank",
+                                  "corpus-h200x2/gpt-ddp-bf16-gpu_rank-item"])
 def test_a_rank_slower_for_its_own_gpu_work_is_named_with_that_work(case):
     """Rank 1 runs extra matmuls before its backward: late_rank names it for its GPU (more work, not a slower GPU:
     the kernels it shares with the others run at their speed), with the extra kernels -- as many more launches per
@@ -373,6 +374,18 @@ def test_a_gpu_late_rank_costs_what_the_others_measured_hosts_leave(case):
         if head["rank"] != 1:
             rooms.append(statistics.median(head["unprofiled_step_us"]) - statistics.median(head["unprofiled_host_us"]))
     assert f.cost_us_per_step == pytest.approx(min(rooms), abs=1.0)
+
+
+def test_a_waiting_rank_whose_step_waits_for_its_gpu_leaves_room_net_of_those_waits():
+    """Every step ends with loss.item(): the waiting rank's host-timed step (kit.capture, the GPU drained before it)
+    holds its wait for the late rank's collective, so its measured host time is about its whole step. late_rank's
+    room takes off the waits the traced step shows inside its annotation (the .item() syncs), and the GPU-late rank
+    keeps its cost instead of losing it to host_sync."""
+    case = "corpus-h200x2/gpt-ddp-bf16-gpu_rank-item"
+    if case not in CASES:
+        pytest.skip("corpus not here")
+    f = _result(case).problems[0]
+    assert f.rule == "late_rank" and f.ranks == (1,) and f.evidence["others_host_basis"] == "measured_less_waits"
 
 
 def test_a_rank_late_once_in_a_one_step_trace_is_named(tmp_path):
