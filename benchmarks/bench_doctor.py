@@ -12,11 +12,12 @@ wall time and peak RSS from GNU time. Without traces it uses the 1-rank trace of
 
 With ``--ranks N`` the generated job has N rank traces of ``--mb`` MB each (``make_job``: rank 0's events, each
 rank skewed) and one run diagnoses them all (the multi-GPU target: 4 ranks x 40 MB in <= 5 s and <= 300 MB with 2
-workers on two cores; peak RSS is the largest process's, as GNU time reports it).
+workers on two cores; peak RSS is the largest process's, the workers included).
 
 Prints one markdown row per (tree, trace or job): median wall, min-max, peak RSS, the CPU time of every process of
 the run (median) and that over the cores the workers can use (``--workers``, at most the machine's), and the load
-average when the runs started: on a shared box say it with every number.
+average when the runs started: on a shared box say it with every number. Every sample is printed to stderr as it
+comes (keep them).
 """
 
 from __future__ import annotations
@@ -35,10 +36,12 @@ def once(tree: Path, trace: "Path | list[Path]", workers: int = 1) -> tuple[floa
     """One ``kit doctor`` run from ``tree``'s sources on one trace or a job's traces: (wall s, peak RSS MB of the
     largest process, CPU s summed over every process of the run, the 1-minute load average when it started).
 
-    Wall and peak RSS come from GNU time. The CPU time is sampled from the process tree every 20 ms with psutil
-    (workers are forked from a forkserver that GNU time does not wait for, so its own CPU figure leaves them out);
-    on a shared box the wall time grows with the load, the CPU time much less: ``CPU / cores`` is the wall time
-    the same work needs on idle cores when it is spread over them."""
+    Wall time comes from GNU time. The CPU time and each process's peak RSS are sampled from the process tree
+    every 20 ms (psutil; the peak is the kernel's high-water mark, ``VmHWM`` of ``/proc/PID/status``, so a sample
+    misses at most a peak reached in the last 20 ms of a process): the workers are forked from a forkserver that
+    GNU time does not wait for, so its own figures are the main process's alone (its peak RSS is taken too). On a
+    shared box the wall time grows with the load, the CPU time much less: ``CPU / cores`` is the wall time the
+    same work needs on idle cores when it is spread over them."""
     import time
 
     import psutil
@@ -50,6 +53,7 @@ def once(tree: Path, trace: "Path | list[Path]", workers: int = 1) -> tuple[floa
     load = os.getloadavg()[0]
     p = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     cpu: dict[int, float] = {}
+    hwm: dict[int, float] = {}
     root = psutil.Process(p.pid)
     while p.poll() is None:
         try:
@@ -60,14 +64,24 @@ def once(tree: Path, trace: "Path | list[Path]", workers: int = 1) -> tuple[floa
             try:
                 t = q.cpu_times()
                 cpu[q.pid] = max(cpu.get(q.pid, 0.0), t.user + t.system)
-            except psutil.Error:
+                hwm[q.pid] = max(hwm.get(q.pid, 0.0), _hwm_mb(q.pid))
+            except (psutil.Error, OSError):
                 pass
         time.sleep(0.02)
     err = p.stderr.read()
     if p.returncode not in (0, 3, 4):
         raise SystemExit(f"{tree}: kit doctor exited {p.returncode}: {err.strip().splitlines()[-1:]}")
     wall, kb = err.strip().splitlines()[-1].split()
-    return float(wall), float(kb) / 1024, sum(cpu.values()), load
+    return float(wall), max(float(kb) / 1024, *hwm.values()), sum(cpu.values()), load
+
+
+def _hwm_mb(pid: int) -> float:
+    """The peak resident set of a live process so far (``VmHWM``), MB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
 
 
 def main() -> int:
@@ -92,7 +106,7 @@ def main() -> int:
 
         traces = make_job(Path(a.workdir) / f"doctor_{a.mb:g}mb", 1, mb=a.mb)[:1]
     trees = [("this", ROOT)] + ([("baseline", a.baseline.resolve())] if a.baseline else [])
-    print("| tree | trace | MB | wall s (median, min-max) | peak RSS MB | CPU s (median) | CPU / cores s | "
+    print("| tree | trace | MB | wall s (median, min-max) | peak RSS MB, largest process | CPU s (median) | CPU / cores s | "
           "load average at start |\n|---|---|---|---|---|---|---|---|")
     cores = min(os.cpu_count() or 1, max(1, a.workers))
     for t in traces:
@@ -101,6 +115,9 @@ def main() -> int:
             for name, tree in trees:  # alternating: a noisy neighbour hits both
                 got[name].append(once(tree, [Path(x).resolve() for x in t] if isinstance(t, list)
                                       else Path(t).resolve(), a.workers))
+                w_, m_, c_, l_ = got[name][-1]
+                print(f"sample {name}: wall {w_:.2f} s, peak RSS {m_:.0f} MB, CPU {c_:.2f} s, load {l_:.2f}",
+                      file=sys.stderr, flush=True)
         for name, _ in trees:
             w = [x[0] for x in got[name]]
             m = max(x[1] for x in got[name])
