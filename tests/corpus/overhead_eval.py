@@ -33,6 +33,7 @@ import functools
 import gzip
 import json
 import math
+import random
 import statistics
 import subprocess
 import sys
@@ -553,30 +554,53 @@ def main(argv=None) -> int:
         print(f"  {j['case'][:46]:46s} {m / 1e3:8.2f} " + " ".join(
             f"{x / 1e3:6.2f} ({x / m:4.2f})" if x is not None else f"{'-':>13s}" for x in cells)
             + ("" if j["scored"] else f"  (not scored: {j['why_not']})"))
+    print(f"\nThe {CHOSEN!r} model's factor per row (us per op per us of launch), fitted on every determined job: the median of "
+          f"their implied factors; how far one job moves it (each left out in turn) and the median's bootstrap 5-95% "
+          f"({BOOT} resamples, seed 0):")
+    for key, ks in _row_factors(jobs).items():
+        loo = [statistics.median(ks[:i] + ks[i + 1:]) for i in range(len(ks))] if len(ks) > 1 else ks
+        rnd = random.Random(0)
+        boot = sorted(statistics.median(rnd.choices(ks, k=len(ks))) for _ in range(BOOT))
+        print(f"  record_shapes={key[0]} with_stack={key[1]}" + (f" distributed={key[2]}" if len(key) > 2 else "")
+              + f": {statistics.median(ks):.4f} over {len(ks)} jobs (their factors {min(ks):.2f}-{max(ks):.2f}); one "
+              f"job out {min(loo):.4f}-{max(loo):.4f}; bootstrap {boot[BOOT // 20]:.3f}-{boot[BOOT - BOOT // 20]:.3f}")
     if a.out:
         a.out.write_text(table(jobs) + "\n")
     return 0
+
+
+BOOT = 10000
+"""bootstrap resamples of a row's median factor (its spread, printed)"""
 
 
 CHOSEN = "x launch/settings+dist"
 """the model kit.doctor.overhead prices with (``pick_scaled``): the best held out (FINDINGS.md)"""
 
 
+def _fitted(jobs: list[dict]) -> list[dict]:
+    """The jobs :data:`CHOSEN`'s table is fitted on: every determined job with a launch reading, not validation."""
+    return [j for j in jobs if j.get("c_star") is not None and j["pace"].get("launch_us") and not j.get("validation")
+            and (CHOSEN in MULTI_MODELS or not j.get("multi"))]
+
+
+def _row_factors(jobs: list[dict]) -> dict[tuple, list[float]]:
+    """Per row of :data:`CHOSEN`'s table (its settings key), the fitted jobs' implied factors (per-op price over the
+    pace rank's median kernel launch): the row is their median."""
+    key_of = _settings_dist_key if CHOSEN in MULTI_MODELS else _settings_key
+    fitted = _fitted(jobs)
+    return {key: [j["c_star"] / j["pace"]["launch_us"] for j in fitted if key_of(j, j["pace"]) == key]
+            for key in sorted({key_of(j, j["pace"]) for j in fitted}, key=str)}
+
+
 def table(jobs: list[dict]) -> str:
     """:data:`CHOSEN` fitted on every job whose price is determined, as the table kit.doctor.overhead reads: per
     profiler setting, the per-op price per microsecond of the trace's median kernel launch (runtime calls folded in),
     with the jobs it was fitted on (each job's implied price, reading and residual)."""
-    fitted = [j for j in jobs if j.get("c_star") is not None and j["pace"].get("launch_us") and not j.get("validation")
-              and (CHOSEN in MULTI_MODELS or not j.get("multi"))]
-    key_of = _settings_dist_key if CHOSEN in MULTI_MODELS else _settings_key
-    rows = []
-    for key in sorted({key_of(j, j["pace"]) for j in fitted}, key=str):
-        mine = [j for j in fitted if key_of(j, j["pace"]) == key]
-        rows.append({"cuda": True, "record_shapes": key[0], "with_stack": key[1],
-                     **({"distributed": key[2]} if len(key) > 2 else {}),
-                     "us_per_op_per_launch_us": round(statistics.median(j["c_star"] / j["pace"]["launch_us"]
-                                                                        for j in mine), 4),
-                     "us_per_runtime": 0.0, "cases": len(mine)})
+    fitted = _fitted(jobs)
+    rows = [{"cuda": True, "record_shapes": key[0], "with_stack": key[1], **({"distributed": key[2]} if len(key) > 2
+                                                                            else {}),
+             "us_per_op_per_launch_us": round(statistics.median(ks), 4), "us_per_runtime": 0.0, "cases": len(ks)}
+            for key, ks in _row_factors(jobs).items()]
     _, price = MODELS[CHOSEN](fitted)
     points = [{"case": j["case"], "gpu": j["gpu"], "family": j["family"], "world_size": j["world_size"],
                "record_shapes": _settings_key(j, j["pace"])[0], "with_stack": _settings_key(j, j["pace"])[1],
