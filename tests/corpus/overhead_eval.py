@@ -404,8 +404,26 @@ def scaled(reading: str, key=None):
     return fit
 
 
+def committed(train: list[dict]):
+    """The doctor's table as committed (``recorded/profiler_overhead/jobs-launch.json``, as ``kit.doctor.overhead.
+    pick_scaled`` takes it), not refitted: what a job the table was never fitted on is priced at today; a rank without
+    a launch reading at its job's median one, a setting without a row by :func:`today`."""
+    from kit.doctor.overhead import pick_scaled
+
+    def price(job, r):
+        shapes, stack = _settings_key(job, r)
+        _, row = pick_scaled(True, shapes, stack, distributed=job["world_size"] > 1)
+        mine = [x["launch_us"] for x in job["ranks"] if x.get("launch_us")]
+        reading = r.get("launch_us") or (statistics.median(mine) if mine else None)
+        if row is None or not reading:
+            return today(job, r)
+        return r["ops"] * float(row["us_per_op_per_launch_us"]) * reading
+    return "recorded/profiler_overhead/jobs-launch.json as committed", price
+
+
 MODELS = {
     "today": None,
+    "committed": committed,
     "per-op": per_op_median(),
     "op+rt+kernel": linear(lambda j, r: [r["ops"], r["runtime"], r["kernels"]]),
     "per-settings": per_op_median(_settings_key),
@@ -519,6 +537,9 @@ def main(argv=None) -> int:
               "validation": lambda j: j.get("validation") and not j.get("multi"),
               "multi no-shapes": lambda j: j.get("multi") and not j["record_shapes"],
               "multi shapes": lambda j: j.get("multi") and j["record_shapes"]}
+    for g in sorted({j["gpu"] for j in jobs if j.get("multi")}):  # each host's windows apart
+        groups[f"multi no-shapes {g}"] = lambda j, g=g: j.get("multi") and not j["record_shapes"] and j["gpu"] == g
+        groups[f"multi shapes {g}"] = lambda j, g=g: j.get("multi") and j["record_shapes"] and j["gpu"] == g
     n_scored = sum(j["scored"] for j in jobs if fit(j))
     print(f"\nScored jobs (measured overhead >= 1 ms, not GPU-bound): {n_scored}, and the collective_tracing runs as "
           f"validation (never fitted on: the models fitted on every other job); the multi-process windows "
@@ -540,23 +561,23 @@ def main(argv=None) -> int:
         if r:
             print("    " + ", ".join(f"{c.split('/')[-1]} {v:.2f}" for c, v in r.items()))
     other = "x launch/settings+dist" if CHOSEN == "x launch/settings" else "x launch/settings"
-    print(f"\nHeld out, today's tables against {CHOSEN!r} (ms; estimate / measured; last column {other!r} one job "
-          f"out):")
-    print(f"  {'case':46s} {'measured':>8s} {'today':>13s} {'one job out':>13s} {'other GPU':>13s} {'other family':>13s}"
-          f" {other[9:22]:>13s}")
+    print(f"\nHeld out, today's tables and the committed table (not refitted) against {CHOSEN!r} (ms; estimate / "
+          f"measured; last column {other!r} one job out):")
+    print(f"  {'case':46s} {'measured':>8s} {'today':>13s} {'committed':>13s} {'one job out':>13s} {'other GPU':>13s} "
+          f"{'other family':>13s} {other[9:22]:>13s}")
     for j in jobs:
         if not j["scored"] and "control-tb" not in j["case"]:
             continue
         m = j["overhead_us"]
-        cells = [got["today"]["schemes"]["lojo"].get(j["case"])] + [got[CHOSEN]["schemes"][k].get(j["case"])
-                                                                    for k in ("lojo", "gpu", "family")] \
+        cells = [got[n]["schemes"]["lojo"].get(j["case"]) for n in ("today", "committed")] \
+            + [got[CHOSEN]["schemes"][k].get(j["case"]) for k in ("lojo", "gpu", "family")] \
             + [got[other]["schemes"]["lojo"].get(j["case"])]
         print(f"  {j['case'][:46]:46s} {m / 1e3:8.2f} " + " ".join(
             f"{x / 1e3:6.2f} ({x / m:4.2f})" if x is not None else f"{'-':>13s}" for x in cells)
             + ("" if j["scored"] else f"  (not scored: {j['why_not']})"))
-    print(f"\nThe {CHOSEN!r} model's factor per row (us per op per us of launch), fitted on every determined job: the median of "
-          f"their implied factors; how far one job moves it (each left out in turn) and the median's bootstrap 5-95% "
-          f"({BOOT} resamples, seed 0):")
+    print(f"\nThe {CHOSEN!r} model's factor per row (us per op per us of launch), fitted on every determined job: the "
+          f"median of their implied factors; how far one job moves it (each left out in turn) and the median's "
+          f"bootstrap 5-95% ({BOOT} resamples, seed 0):")
     for key, ks in _row_factors(jobs).items():
         loo = [statistics.median(ks[:i] + ks[i + 1:]) for i in range(len(ks))] if len(ks) > 1 else ks
         rnd = random.Random(0)
