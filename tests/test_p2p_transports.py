@@ -520,7 +520,8 @@ def test_message_sides_are_warmed_after_the_transfers_connect_the_pair(monkeypat
 def test_message_host_part_times_the_step_after_each_message(monkeypatch):
     """The one thread's message part (CPU stages, an in-process stand-in transport, no device switch): one host time
     per hop and sample for the message, one per sample for each forward that comes right after the previous hop's
-    message (stages 1 and on, the last one's on the activation it received: the ``F after message`` rows) and, the gradients sent back hop by hop, for each
+    message (stages 1 and on, the last one's on the activation it received, with its loss as its step issues it: the
+    ``F after message`` rows) and, the gradients sent back hop by hop, for each
     backward right after its gradient's message (stages up to the last but one: ``B after message``); the data
     arrives."""
     import contextlib
@@ -553,7 +554,10 @@ def test_message_host_part_times_the_step_after_each_message(monkeypatch):
     stages = {s: P.Stage(s, n, 1, 8, 4, 2, torch.device("cpu"), torch.float32) for s in range(n)}
     Pl = types.SimpleNamespace(stages=stages, n=n, comm=None, sync=lambda: None)
     fwd, bwd = {}, {}
+    losses = []  # the last stage's timed forward is its step's call: the forward and the loss (the F part's too)
+    monkeypatch.setattr(R, "loss_of", lambda y, m: losses.append(y.shape) or P.loss_of(y, m))
     got = R._message_host_times(T, Pl, 1, 3, fwd, bwd)
+    assert len(losses) == 1 + 3  # one per sample, warm-up included
     assert sorted(got) == [(0, 1), (1, 2)] and all(len(v) == 3 and min(v) > 0 for v in got.values())
     assert sorted(fwd) == [1, 2] and all(len(v) == 3 and min(v) > 0 for v in fwd.values())  # the last one's too
     assert sorted(bwd) == [0, 1] and all(len(v) == 3 and min(v) > 0 for v in bwd.values())

@@ -464,8 +464,8 @@ def _message_host_times(T, P: Pipeline, warmup: int, repeats: int, forwards: dic
     transfer part's ``host_us`` times the same path back to back with nothing in between, which costs the host
     less than in the pipeline (FINDINGS.md, P2P on 4 H100s). ``forwards``: filled with {stage: [host us per sample]}
     of each stage's forward call that comes right after the previous hop's message (stages 1 and on, the last one's
-    on the activation it received: the host's time to issue a compute call after a message path, beside the parts'
-    own, alone). ``backwards``: then, hop by
+    on the activation it received, with its loss as its step and its F part issue it: the host's time to issue a
+    compute call after a message path, beside the parts' own, alone). ``backwards``: then, hop by
     hop from the last, a gradient sent back as the pipeline sends it and the receiving stage's backward (of its
     forward above) issued right after, its host time filled in as ``forwards`` (stages up to the last but one: in
     the pipeline every forward of a later stage and every backward of an earlier one comes right after a receive)."""
@@ -497,12 +497,12 @@ def _message_host_times(T, P: Pipeline, warmup: int, repeats: int, forwards: dic
             ws[0].wait()
             if i >= 0:
                 out[(a, b)].append((clock() - h0) * 1e6)
-        if forwards is not None and hops:  # the last stage's forward, on the activation it just received
-            last = hops[-1][1]
+        if forwards is not None and hops:  # the last stage's forward and loss (as its step issues them: the
+            last = hops[-1][1]  # F part's call), on the activation it just received
             with torch.cuda.device(st[last].device):
                 x = kept[-1].detach().requires_grad_(True)
                 h0 = clock()
-                forward(st[last].weights, x)
+                _run_part("F", st[last], x, None)
                 if i >= 0:
                     forwards.setdefault(last, []).append((clock() - h0) * 1e6)
         for a, b in reversed(hops) if backwards is not None else ():
