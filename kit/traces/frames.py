@@ -31,7 +31,6 @@ Just over the kit's ~400-line guide: the adapters, the Trace type and the one-pa
 
 from __future__ import annotations
 
-import itertools
 import re
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -39,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Mapping
 
 
-from .columns import Columns, is_nccl_kernel, to_columns  # noqa: F401  (kit.traces.frames.is_nccl_kernel)
+from .columns import Columns, concat, is_nccl_kernel, to_columns  # noqa: F401  (kit.traces.frames.is_nccl_kernel)
 from .parse import arg_columns, names
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -378,11 +377,15 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
     """Frames from decoded events, chunk by chunk (:func:`kit.traces.parse.decode`): in each chunk two list
     comprehensions pick the GPU and the kept CPU events, their names and args are decoded in one call each
     (:func:`kit.traces.parse.names`/``arg_columns``), and every column grows by one comprehension -- no per-event
-    dict or row tuple, and a chunk's events are dropped before the next is decoded."""
-    chunks = iter(chunks)
-    first = next(chunks, [])
-    chunks = itertools.chain([first], chunks)
-    ad = adapter or adapter_for(header, {e.cat for e in first})
+    dict or row tuple, and a chunk's events are dropped before the next is decoded. Each chunk's columns are made
+    compact (:func:`to_columns`) before the next, and joined at the end (:func:`kit.traces.columns.concat`)."""
+    rest = iter(chunks)
+    head = [next(rest, [])]
+    ad = adapter or adapter_for(header, {e.cat for e in head[0]})
+
+    def every() -> Iterable[list]:
+        yield head.pop()  # no reference kept here (itertools.chain's would hold the first chunk to the end)
+        yield from rest
     keys = tuple(sorted({*raw_arg_keys(), *ad.args}))  # a forced adapter may declare keys ADAPTERS do not
     raw_of = lambda *cs: {r for r, c in ad.cats.items() if c in cs}  # noqa: E731
     gpu_raw = raw_of(*GPU_CATS)
@@ -394,8 +397,8 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
     by_col = ad._by_col  # type: ignore[attr-defined]
     g_cols = [c for c in GPU_COLUMNS if c in ARG_COLUMNS and c not in ("device", "stream")]
     c_cols = [c for c in CPU_COLUMNS if c in ARG_COLUMNS]
-    g: dict[str, list] = {c: [] for c in ("name", "cat", "ts", "dur", "device", "stream", *g_cols)}
-    cc: dict[str, list] = {c: [] for c in ("name", "cat", "ts", "dur", "pid", "tid", *c_cols)}
+    g_parts: list[Columns] = []
+    c_parts: list[Columns] = []
 
     def arg(a: dict[str, tuple], col: str, n: int) -> list:
         """A column from the args columns: its first raw key's values, where None the next key's, ..."""
@@ -423,12 +426,13 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
         into["dur"] += [e.dur for e in evs]
         return arg_columns(evs, g_keys if gpu else c_keys)
 
-    seen = short = 0
-    windows: list[tuple[float, float]] = []
-    for events in chunks:
-        seen += len(events)
+    def chunk(events: list) -> tuple[Columns, Columns, list[tuple[float, float]], int]:
+        """One chunk's GPU and CPU columns, its profiler windows and its short ops dropped: every list of its
+        events is local, so they all go when it returns."""
+        g: dict[str, list] = {c: [] for c in ("name", "cat", "ts", "dur", "device", "stream", *g_cols)}
+        cc: dict[str, list] = {c: [] for c in ("name", "cat", "ts", "dur", "pid", "tid", *c_cols)}
         w = [e for e in events if e.cat == WINDOW_CAT and e.ph == "X" and e.ts is not None and e.dur]
-        windows += [(e.ts, e.ts + e.dur) for e, n in zip(w, names(w)) if n.startswith(WINDOW_NAME)]
+        wins = [(e.ts, e.ts + e.dur) for e, n in zip(w, names(w)) if n.startswith(WINDOW_NAME)]
         g_ev = [e for e in events if e.cat in gpu_raw and e.ph == "X"]
         a = add(g, g_ev, names(g_ev), True)
         g["device"] += [e.pid if d is None else d for e, d in zip(g_ev, arg(a, "device", len(g_ev)))]
@@ -437,26 +441,38 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
             g[c] += arg(a, c, len(g_ev))
         c_ev = [e for e in events if e.cat in whole and e.ph == "X"]
         c_names = names(c_ev)
+        short = 0
         if by_name:
             cand = [e for e in events if e.cat in by_name and e.ph == "X"]
             sel = [(e, n) for e, n in zip(cand, names(cand))
                    if keep_cpu(ad.cats[e.cat], n) or (cpu == "default" and (e.dur or 0) >= LONG_CPU_OP_US)]
             c_ev += [e for e, _ in sel]
             c_names += [n for _, n in sel]
-            short += len(cand) - len(sel) if cpu == "default" else 0
+            short = len(cand) - len(sel) if cpu == "default" else 0
         a = add(cc, c_ev, c_names, False)
         cc["pid"] += [e.pid for e in c_ev]
         cc["tid"] += [e.tid for e in c_ev]
         for c in c_cols:
             cc[c] += arg(a, c, len(c_ev))
-        del events, g_ev, c_ev, a
-    cpu_cols = to_columns(cc, CPU_COLUMNS)
+        return to_columns(g, GPU_COLUMNS), to_columns(cc, CPU_COLUMNS), wins, short
+
+    seen = short = 0
+    windows: list[tuple[float, float]] = []
+    for events in every():
+        seen += len(events)
+        gp, cp, wins, n_short = chunk(events)
+        del events  # before the next chunk is decoded
+        g_parts.append(gp)
+        c_parts.append(cp)
+        windows += wins
+        short += n_short
+    cpu_cols = concat(c_parts)
     if by_name and cpu_cols.n:  # the name-selected events were appended: back to time order
         import numpy as np
 
         cpu_cols = cpu_cols.take(np.argsort(cpu_cols.values["ts"], kind="stable"))
     name = path.name if path else "(trace)"
-    (gpu_cols, cpu_cols), warnings = _valid(to_columns(g, GPU_COLUMNS), cpu_cols, name, windows)
+    (gpu_cols, cpu_cols), warnings = _valid(concat(g_parts), cpu_cols, name, windows)
     return Trace(path=path, gpu=gpu_cols, cpu=cpu_cols, info=trace_info(header, ad, seen if n_events is None else n_events, short),
                  adapter=ad.name, header=header, warnings=warnings)
 
