@@ -26,16 +26,10 @@ CORPORA = [p for p in sorted(DATA.glob("corpus*")) if p.is_dir()]
 CASES = [f"{c.name}/{p.parent.name}" for c in CORPORA for p in sorted(c.glob("*/truth.json"))]
 LOW_RATIO, HIGH_RATIO = 0.5, 2.0
 
-CONTENDED_MISS = ("rank 1's process shares its one core with a busy loop: the scheduler takes the core away in slices, "
-                  'so its launches are no slower (median 8.7 us, rank 0 10.8) and its lost time lies in host gaps; its '
-                  "own host excess on the committed step (3.9 ms) stays under the floor of the profiler's estimated "
-                  "overhead on the job (8.4 ms at the job's launch reading, 7.5 at its own): the job-level launch_bound"
-                  " (21.1 ms) is first and late_rank is not said (FINDINGS.md, late_rank's room ... a slow host)")
 FIRST_MISSES: dict[str, str] = {
     # case: why the top finding is not the planted fault, or its cost not 0.5-2x the added time, today
-    "corpus-h100x2/gpt-ddp-bf16-cpu_rank-tb": CONTENDED_MISS,
 }
-NAMED_MISSES: dict[str, str] = {"corpus-h100x2/gpt-ddp-bf16-cpu_rank-tb": CONTENDED_MISS}
+NAMED_MISSES: dict[str, str] = {}
 CONTROL_MISSES: dict[str, str] = {
     # multi-rank control: what the doctor says that it should not, today
 }

@@ -82,11 +82,15 @@ idle gaps (under the profiler mostly the profiler's own time between the events 
 PER_STEP = ("step", "ts", "end", "dur") + tuple(f"{k}_us" for k in KINDS) + ("gpu_busy_us", "gpu_comm_us",
                                                                             "gpu_compute_us", "gpu_kernels_us",
                                                                             "own_host_us", "own_stall_us",
-                                                                            "own_data_wait_us")
+                                                                            "own_data_wait_us", "own_quiet_us")
 """the columns of :attr:`HostModel.per_step`; ``own_host_us``: the time any issuing thread spent in :data:`OWN_KINDS`
 inside the step's own annotation (the host's side of the step, not the window extended to its GPU work: a host that runs
 ahead of its GPU did its step's work before the window's GPU part); ``own_stall_us``, ``own_data_wait_us``: the main
-thread's stall and data_wait inside it, on the same basis (the rest of ``own_host_us`` is issuing and the allocator)"""
+thread's stall and data_wait inside it, on the same basis (the rest of ``own_host_us`` is issuing and the allocator);
+``own_quiet_us``: the part of ``own_host_us`` in stretches of :data:`STALL_US` or longer in which no recorded CPU event
+(the trace's CPU frame: annotations, runtime calls, collectives, long ops) began or ended on any thread of the process
+-- the host idle or descheduled, inside an op or between ops; the profiler's own cost is paid at the events it records
+(GPU jobs; 0 on a CPU-only one, whose ops themselves run for milliseconds)"""
 
 
 @dataclass(frozen=True)
@@ -415,8 +419,10 @@ def _finish(view, mode, win, main, threads, calls, sets, default: str, gpu, cpu=
         per_step[c] = _per_window(gpu[key], wa, wb) if gpu else 0.0
     per_step["gpu_compute_us"] = per_step["gpu_busy_us"] - per_step["gpu_comm_us"]
     own = _own_host(view, sets, win, default, main, calls)
-    for k in ("host", "stall", "data_wait"):
+    for k in ("host", "stall", "data_wait", "quiet"):
         per_step[f"own_{k}_us"] = own[k]
+    if mode != "gpu":  # a CPU-only job's ops run long with no event inside: no quiet time to tell from them
+        per_step["own_quiet_us"] = 0.0
     return HostModel(mode=mode, activity=act[["tid", "ts", "end", "kind", "name"]], per_step=per_step[list(PER_STEP)],
                      windows=win.reset_index(drop=True), main_tid=main, threads=tuple(threads), calls=calls, sets=sets)
 
@@ -427,7 +433,8 @@ def _own_host(view, sets: dict, win: "pd.DataFrame", default: str, main, calls) 
     in the allocator (the autograd thread issuing the backward while the main thread waits in ``backward()``; a
     helper thread's long quiet stretches are its waiting for work, not the rank's time) -- less its calls that issue
     work and block :data:`STALL_US` or longer: the GPU's queue is full, the host waits for the GPU. Returns that time
-    (``host``) and the main thread's ``stall`` and ``data_wait`` in it, per window."""
+    (``host``), the main thread's ``stall`` and ``data_wait`` in it, and its ``quiet`` part (:data:`PER_STEP`), per
+    window."""
     import numpy as np
 
     from ..traces.intervals import covered
@@ -440,7 +447,7 @@ def _own_host(view, sets: dict, win: "pd.DataFrame", default: str, main, calls) 
         a = by["ts"].reindex(win["step"]).to_numpy(dtype=float)
         b = by["end"].reindex(win["step"]).to_numpy(dtype=float)
     ok = ~np.isnan(a) & ~np.isnan(b) & (b > a)
-    out = {k: np.zeros(len(win)) for k in ("host", "stall", "data_wait")}
+    out = {k: np.zeros(len(win)) for k in ("host", "stall", "data_wait", "quiet")}
     if not ok.any():
         return out
     lo, hi = float(a[ok].min()), float(b[ok].max())
@@ -463,9 +470,26 @@ def _own_host(view, sets: dict, win: "pd.DataFrame", default: str, main, calls) 
                 ua, ub = subtract((ua, ub), blocked)
                 mine = {k: subtract(v, blocked) for k, v in mine.items()}
         out["host"][ok] = covered(ua, ub, a[ok], b[ok])
+        out["quiet"][ok] = covered(*_quiet(view.trace.cpu, ua, ub), a[ok], b[ok])
         for k, v in mine.items():
             out[k][ok] = covered(*v, a[ok], b[ok])
     return out
+
+
+def _quiet(cpu, ua, ub) -> "tuple[np.ndarray, np.ndarray]":
+    """The stretches of :data:`STALL_US` or longer inside the spans ``ua``-``ub`` in which no event of ``cpu`` (every
+    thread) begins or ends."""
+    import numpy as np
+
+    from ..traces.intervals import cover
+
+    if not len(ua):
+        return ua, ub
+    pts = np.unique(np.r_[ua, ub, cpu["ts"].to_numpy(dtype=float), cpu["end"].to_numpy(dtype=float)]
+                    if cpu is not None and len(cpu) else np.r_[ua, ub])
+    s, e = pts[:-1], pts[1:]
+    m = ((e - s) >= STALL_US) & cover(ua, ub, s)
+    return s[m], e[m]
 
 
 def _classify(sets: dict, lo: float, hi: float, default: str, extra) -> "tuple[np.ndarray, np.ndarray, np.ndarray]":

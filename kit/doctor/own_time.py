@@ -18,6 +18,16 @@ OWN_HOST = "own_host_us"
 for its DataLoader, stalling, the allocator's device calls, issuing its work. Read on the host's side of the step,
 not its window extended to the GPU work: a rank that waits runs ahead of its GPU, its host done with the step
 before the window's GPU part"""
+QUIET = "own_quiet_us"
+"""the part of a rank's own host time in stretches of a millisecond or more in which no recorded event began or
+ended on any of its threads (:data:`kit.doctor.host_model.PER_STEP`): the host idle or descheduled -- Python work
+without ops, a sleep, or the process waiting for a core (CPU contention: its threads take the core back in slices
+of milliseconds, inside an op or between ops). Not the profiler's: its cost per op is paid at the events it records.
+A host excess under the profiler's floor (:data:`PROFILER_NOISE`) is still the rank's own where its quiet time
+exceeds every other rank's by more than their spread and :data:`MIN_OWN_EXCESS_SHARE` of the step -- on equal hosts
+under the profiler no rank has it more than another (FINDINGS.md, "A CPU-contended rank") -- and the excess is then
+the larger of the host's and the quiet time's (``by``: ``quiet``): the rest of the host's time, within the profiler's
+uneven slowing either way, says nothing against it"""
 OWN_GPU = "gpu_compute_us"
 """a rank's own GPU time: busy outside the collectives"""
 MIN_OWN_EXCESS_SHARE = 0.05
@@ -88,7 +98,8 @@ def own_excess(host_steps: dict, late: int, step_us: float | None, gpu_us: dict 
     the step and (host time) :data:`PROFILER_NOISE` of the profiler's overhead on its step (``overhead``: the rank's
 :class:`kit.doctor.overhead.ProfilerOverhead`, or None: none taken)? ``confirmed``,
     ``excess_us`` (per step: what the job would gain were the rank as fast as the next slowest), ``kind`` ('host' or
-    'gpu'; ``kinds``: the ones asked), ``spread_us``, per rank the medians, and ``in_doubt``: confirmed by a host
+    'gpu'; ``kinds``: the ones asked), ``by`` (what confirmed it: the kind, or ``quiet``: :data:`QUIET`),
+    ``spread_us``, per rank the medians, and ``in_doubt``: confirmed by a host
     excess on one step per rank (no step-to-step spread) that an estimated overhead could still be,
     within its :data:`kit.doctor.overhead.ESTIMATE_RANGE` -- the profiler's uneven slowing of equal hosts, not ruled
     out (its caller decides with the other evidence it has). None when the ranks' host steps are not all there."""
@@ -108,23 +119,33 @@ def own_excess(host_steps: dict, late: int, step_us: float | None, gpu_us: dict 
         per[r] = {"host_us": float(np.median(host)), "gpu_us": float(np.median(gpu)),
                   "host_spread_us": float(np.ptp(np.percentile(host, [10, 90]))),
                   "gpu_spread_us": float(np.ptp(np.percentile(gpu, [10, 90])))}
+        if QUIET in ps:
+            quiet = ps[QUIET].to_numpy(dtype=float)
+            per[r].update(quiet_us=float(np.median(quiet)), quiet_spread_us=float(np.ptp(np.percentile(quiet, [10, 90]))))
     others = [p for r, p in per.items() if r != late]
-    out = {}
-    for kind in kinds:
+
+    def beyond(kind: str) -> tuple[float, float]:  # (excess over the slowest other rank, the others' spread)
         vals = [p[f"{kind}_us"] for p in others]
-        spread = (max(vals) - min(vals)) + max(p[f"{kind}_spread_us"] for p in others)
-        out[kind] = (per[late][f"{kind}_us"] - max(vals), spread)
+        return per[late][f"{kind}_us"] - max(vals), (max(vals) - min(vals)) + max(p[f"{kind}_spread_us"] for p in others)
+
+    out = {kind: beyond(kind) for kind in kinds}
     step = step_us or float(np.median([ps["dur"].median() for ps in have.values()]))
     floors = {k: max(out[k][1], MIN_OWN_EXCESS_SHARE * step, PROFILER_NOISE * overhead_us if k == "host" else 0.0)
               for k in out}
+    by = "host"
+    if "host" in out and out["host"][0] <= floors["host"] and all("quiet_us" in p for p in per.values()):
+        quiet, spread_q = beyond("quiet")  # the host's quiet time: no profiler floor (QUIET)
+        floor_q = max(spread_q, MIN_OWN_EXCESS_SHARE * step)
+        if quiet > floor_q:
+            out["host"], floors["host"], by = (max(out["host"][0], quiet), spread_q), floor_q, "quiet"
     kind = max(out, key=lambda k: out[k][0] - floors[k])
     (excess, spread), floor = out[kind], floors[kind]
     from .overhead import ESTIMATE_RANGE
 
-    doubt = (excess > floor and kind == "host" and estimated and max(len(ps) for ps in have.values()) < 2
-             and excess <= ESTIMATE_RANGE * PROFILER_NOISE * overhead_us)
+    doubt = (excess > floor and kind == "host" and by == "host" and estimated
+             and max(len(ps) for ps in have.values()) < 2 and excess <= ESTIMATE_RANGE * PROFILER_NOISE * overhead_us)
     return {"confirmed": bool(excess > floor), "in_doubt": bool(doubt), "excess_us": round(excess, 1), "kind": kind,
-            "spread_us": round(spread, 1), "floor_us": round(floor, 1),
+            "by": by if kind == "host" else kind, "spread_us": round(spread, 1), "floor_us": round(floor, 1),
             "per_rank": {str(r): {k: round(v, 1) for k, v in p.items()} for r, p in sorted(per.items())}}
 
 

@@ -297,9 +297,9 @@ def job_level_launch(findings: list[Finding], ctx: JobContext) -> list[Finding]:
     slowest = max(ctx.host_steps, key=lambda r: float(ctx.host_steps[r]["issue_us"].median()))
     ovh = (ctx.overhead_at_job or ctx.overhead or {}).get(slowest)  # ranks compared at the job's host speed
     own = own_excess(ctx.host_steps, slowest, ctx.step_us, None, ovh, kinds=("host",))
-    # an excess still within an estimated overhead on one step is not a rank of its own when late_rank, which
-    # weighed it against the step's collectives, named none
-    if own is None or (own["confirmed"] and not own["in_doubt"]):
+    # an excess still within an estimated overhead on one step, or shown by its quiet time alone, is not a rank of
+    # its own when late_rank, which weighed it against the step's collectives, named none
+    if own is None or (own["confirmed"] and not own["in_doubt"] and own.get("by") != "quiet"):
         return findings
     by = ("the profiler's estimated overhead could on one step, and no rank arrived last more often than chance"
           if own["in_doubt"] else "ranks running the same code differ")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from ..collectives import Timeline, per_step_divisor, timeline
 from ..findings import make
 from ..model import RULES, Finding, RankView, Rule, Skip, rule
-from ..own_time import own_excess, own_reason, steady
+from ..own_time import MIN_OWN_EXCESS_SHARE, own_excess, own_reason, steady
 from .evidence import dur_text, excerpt, num
 from .late_arrival import attribute, host_time_until
 from .same_kernels import KERNEL_TOP, SLOW_GPU, extra_work, gpu_speed, kernel_speeds
@@ -135,7 +135,9 @@ BASIS_TEXT = {"own_excess": "its own time per step beyond the slowest other rank
               "others_host": "its GPU's excess over the others' is larger, but each other rank's step is at least its "
                              "own host time: their step less that, net of the profiler",
               "reason_excess": "the lateness its reason added beyond the other ranks' same activity; the others' "
-                               "waiting also holds the profiler's uneven slowing of the hosts"}
+                               "waiting also holds the profiler's uneven slowing of the hosts",
+              "measured_host": "its host time per step beyond the slowest other rank's, as kit.capture measured every "
+                               "rank's host without the profiler"}
 """how late_rank's cost was read, when it is not the others' waiting"""
 OTHERS_HOST_TEXT = {"measured": "; their host time as kit.capture measured it without the profiler",
                     "measured_less_waits": "; their host time as kit.capture measured it without the profiler, less "
@@ -179,6 +181,19 @@ def unprofiled_host_us(capture: dict | None) -> float | None:
 
     xs = [float(x) for x in (capture or {}).get("unprofiled_host_us") or [] if x is not None]
     return statistics.median(xs) if xs else None
+
+
+def measured_excess(capture: dict | None, late: int) -> float | None:
+    """Rank ``late``'s host time per step as :mod:`kit.capture` measured it without the profiler
+    (:func:`unprofiled_host_us`) beyond the slowest other rank's, at least 0; None unless every rank has it. Under the
+    profiler a host's own time holds the profiler's cost per recorded op, and a host slowed for its own reasons
+    (another process on its core) pays that cost slowed too: the traced excess of such a rank holds its share of
+    the profiler's time, which the measured excess does not. It bounds the gain of a rank late for its host (its
+    own time confirmed in excess in the trace: :func:`kit.doctor.own_time.own_excess`)."""
+    got = {r: unprofiled_host_us(c) for r, c in (capture or {}).items()}
+    if late not in got or len(got) < 2 or any(v is None for v in got.values()):
+        return None
+    return max(0.0, got[late] - max(v for r, v in got.items() if r != late))
 
 
 def others_host(ps, o, measured: float | None, waits: float | None, scale: float = 1.0) -> tuple[float, str, dict]:
@@ -352,6 +367,11 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
         reason = in_own[0]
     waited = cost
     gain, basis = own_gain(own, reason, excess, n)
+    measured = measured_excess(ctx.capture, late) if basis == "own_excess" and own["kind"] == "host" else None
+    if measured is not None:  # each rank's host timed without the profiler: what the job would gain, measured
+        if measured <= MIN_OWN_EXCESS_SHARE * (ctx.step_us or 0.0):
+            return []  # its host, timed without the profiler, is no slower than the others': not a late rank
+        gain, basis = min(gain, measured), "measured_host"
     # the most the job could gain: each other rank's step is its own time plus its waiting, so the least any other
     # rank waits per step at the collectives bounds it -- counted at every collective where that rank waited more
     # than jitter (the instance's lateness floor), not only where this rank's kernel ended last (a broadcast's root
@@ -360,7 +380,7 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     waits = fl["exposed_wait_us"].where(fl["wait_us"] >= fl["floor_us"], 0.0)
     bound = min(float(waits[fl["rank"] == r].sum()) / per_step_divisor(tl_of[r]) for r in tl_of if r != late)
     if gain is not None:
-        cost = min(max(waited, bound) if basis == "own_excess" else waited, gain)
+        cost = min(max(waited, bound) if basis in ("own_excess", "measured_host") else waited, gain)
     room, room_basis, room_of = (host_room(hs, late, ctx.overhead, ctx.capture,
                                                 {r: b.waits_us for r, b in summaries})
                                  if basis == "own_excess" and own["kind"] == "gpu" else (None, None, None))
@@ -384,6 +404,8 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
         ev["others_host_us"] = room_of
     if own is not None:  # its own time beyond the next slowest rank's: what made the others wait
         ev["own_excess"] = own
+    if measured is not None:
+        ev["measured_host_excess_us"] = num(measured)
     slower = gpu_speed(late, {r: b.kernels for r, b in summaries})
     ev["same_kernels_slower_pct"] = num(100 * slower) if slower is not None else None
     ev["lateness_explained_share"] = num(seen / added, 3) if added > 0 else None
