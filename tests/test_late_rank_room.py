@@ -138,10 +138,12 @@ def test_a_step_ending_in_item_keeps_the_room_its_host_leaves():
     assert 0.5 <= f.cost_us_per_step / t["added_us"] <= 2.0
 
 
-CONTENDED = sorted((Path(__file__).resolve().parent / "data" / "doctor").glob("corpus-*/gpt-ddp-bf16-cpu_rank*"))
+CONTENDED = sorted((Path(__file__).resolve().parent / "data" / "doctor").glob("corpus-*/*-cpu_rank*"))
 
 
-CONTENDED_MISSES: dict[str, str] = {}
+CONTENDED_MISSES: dict[str, str] = {"corpus-h100x2/gpt-fsdp-bf16-cpu_rank": "named for its host, but its cost is the "
+                                    "measured host excess (2.75 ms, 0.27x of +10.01): rank 0's drained host time holds "
+                                    "about 4 ms of rank 1's that its trace shows as no wait (test_doctor_corpus)"}
 
 
 def _contended():
@@ -154,7 +156,7 @@ def _contended():
 @pytest.mark.parametrize("case", list(_contended()) or [pytest.param(None, marks=pytest.mark.skip(
     reason="no case here"))])
 def test_a_contended_rank_is_named_for_its_host(case):
-    """2 or 4 H100s, bf16 DDP GPT; every thread of rank 1's process pinned to one core shared with a busy-looping
+    """2 H100s, bf16 GPT (DDP, FSDP); every thread of rank 1's process pinned to one core shared with a busy-looping
     process (planted_multi's cpu_rank, interleaved with its control; the last traced step committed): the scheduler
     takes rank 1's core away in slices of milliseconds, inside its ops and between them. The right answer: late_rank
     names it, for its host (the reason a host kind: the slices show as its host's stalls), its own excess confirmed

@@ -212,6 +212,8 @@ def _cases() -> dict[str, dict]:
         _c("gpt", "ddp", "bf16", "gpu_rank", "kit.capture", "gpt-ddp-bf16-control-item", suffix="-item", item=True),
         # one rank's CPU contended: its launches slow too, so the profiler's estimated price of its ops grows
         _c("gpt", "ddp", "bf16", "cpu_rank", "kit.capture", gpt),
+        _c("cnn", "ddp", "fp32", "cpu_rank", "tb_handler", cnn),
+        _c("gpt", "fsdp", "bf16", "cpu_rank", "tb_handler", fsdp),
     ]
     return {c["name"]: c for c in out}
 
@@ -224,6 +226,8 @@ PAIRS = {
     "ddp_gpu20": ("gpt-ddp-bf16-control", "gpt-ddp-bf16-gpu_rank20"),
     "ddp_gpu_item": ("gpt-ddp-bf16-control-item", "gpt-ddp-bf16-gpu_rank-item"),
     "ddp_cpu": ("gpt-ddp-bf16-control", "gpt-ddp-bf16-cpu_rank"),
+    "cnn_cpu": ("cnn-ddp-fp32-control", "cnn-ddp-fp32-cpu_rank"),
+    "fsdp_cpu": ("gpt-fsdp-bf16-control", "gpt-fsdp-bf16-cpu_rank"),
     "cnn_stall": ("cnn-ddp-fp32-control", "cnn-ddp-fp32-stall_rank"),
     "p2p_off": ("gpt-ddp-bf16-control", "gpt-ddp-bf16-p2p_off"),
     "proto_ll": ("gpt-ddp-bf16-control", "gpt-ddp-bf16-proto_ll"),
