@@ -8,8 +8,9 @@ the true overhead per rank is its traced step (median of its step windows) less 
 spread against the unprofiled p10-p90; the job's is the median over its ranks. The multi-process jobs recorded
 with and without ``record_shapes`` (:data:`MULTI`: ``recorded/profiler_overhead/multi/probe.py``'s kit.capture
 windows, their traces not committed) come as each window's features, read once from the probe's output
-(``--multi-from DIR``, written to :data:`MULTI`); their with-shapes windows are a validation set never fitted on,
-their no-shapes windows are fitted only by the models whose settings split distributed jobs (:data:`MULTI_MODELS`).
+(``--multi-from DIR``, written to :data:`MULTI`); their with-shapes windows are a validation set never fitted on, and
+so are the windows of :data:`MULTI_HELD_OUT`'s hosts; the other no-shapes windows are fitted only by the models whose
+settings split distributed jobs (:data:`MULTI_MODELS`).
 
 Per rank (:func:`rank_features`): ops, runtime calls, kernels, short ops, ops that launched, settings, CUPTI's own
 events, two host readings (the median traced length of its kernel launches and of its cheap leaf ops) and its
@@ -21,7 +22,9 @@ leave one job out, fitted on the other GPU model's jobs, and on the other model 
 are printed; ``--out`` writes :data:`CHOSEN` as the doctor's table.
 
     python tests/corpus/overhead_eval.py [--cache /tmp/overhead_eval.json] [--out recorded/profiler_overhead/jobs-launch.json]
-    python tests/corpus/overhead_eval.py --multi-from .device/results/s7r2/price10   # writes MULTI, then judges
+    python tests/corpus/overhead_eval.py --multi-from DIR   # writes MULTI, then judges
+    # DIR: every probe run's <hw>x<world>/ folders side by side (s7r2's h200x2, h200x4; s8r2's h100x2, h100x4),
+    # traces as .json.gz (s8r2 sent them as .json.xz: xz -dc | gzip)
 
 Exit status 0; 2 when no job has a measured overhead.
 """
@@ -46,6 +49,9 @@ EXAMPLES = ROOT / "recorded" / "h200x2" / "doctor"
 MULTI = ROOT / "recorded" / "profiler_overhead" / "multi" / "jobs.json.gz"
 """the multi-process kit.capture windows' features (:func:`multi_features`; gzipped JSON, one window a line): the
 traces are not committed (but one window's)"""
+MULTI_HELD_OUT = ("h100x2/", "h100x4/")
+"""the multi-process windows recorded after the distributed row was fitted (on 4x H100, a host it was not fitted on):
+a validation set, never fitted on, like every window with shapes"""
 GRID = [round(0.5 * i, 1) for i in range(21)] + [float(x) for x in range(11, 31)]
 """the uniform per-op prices (us) each rank's exposure curve is computed at: 0-10 by 0.5, then to 30 by 1"""
 GPU_BOUND = 1.25
@@ -112,7 +118,7 @@ def cases() -> list[dict]:
     if MULTI.is_file():
         for j in json.loads(gzip.decompress(MULTI.read_bytes()))["jobs"]:
             out.append({**j, "unprof": {int(r): v for r, v in j["unprof"].items()}, "files": [], "multi": True,
-                        "validation": bool(j["record_shapes"])})
+                        "validation": bool(j["record_shapes"]) or j["case"].startswith(MULTI_HELD_OUT)})
     return out
 
 
@@ -544,7 +550,7 @@ def main(argv=None) -> int:
     print(f"\nScored jobs (measured overhead >= 1 ms, not GPU-bound): {n_scored}, and the collective_tracing runs as "
           f"validation (never fitted on: the models fitted on every other job); the multi-process windows "
           f"(recorded/profiler_overhead/multi): their no-shapes ones fitted only by {', '.join(MULTI_MODELS)}, their "
-          f"shapes ones never; estimate / measured:")
+          f"shapes ones and those of {', '.join(h.rstrip('/') for h in MULTI_HELD_OUT)} never; estimate / measured:")
     for scheme, what in (("lojo", "leave one job out"), ("gpu", "fitted on the other GPU model's jobs"),
                          ("family", "fitted on the other model family's jobs")):
         print(f"\n  {what}:")
