@@ -16,10 +16,10 @@ multi-rank analysis of the kit is therefore split in two:
   :data:`SMALL_INPUT` on disk): a :class:`concurrent.futures.ProcessPoolExecutor` of N
   processes -- the standard library, no extra dependency, and real parallelism for the parse (pure Python
   work under the GIL would not run in threads). ``forkserver`` (else ``spawn``) start method: no copy of the
-  parent's memory (the parent may already hold results), and the server imports the trace layer once, so a
-  worker starts without re-importing pandas. Never more workers than ranks. As with any process pool, a
-  *script* calling this must guard its entry point with ``if __name__ == "__main__":`` (notebooks and
-  ``kit`` commands need nothing).
+  parent's memory (the parent may already hold results), and the server imports the trace layer (and what the
+  caller names in ``preload``: pandas, for the doctor) once, so a worker starts without re-importing them. Never
+  more workers than ranks. As with any process pool, a *script* calling this must guard its entry point with
+  ``if __name__ == "__main__":`` (notebooks and ``kit`` commands need nothing).
 * ``client=``: a :class:`dask.distributed.Client` (or a scheduler address, ``"tcp://host:8786"``): the same
   ``fn`` through ``client.map``, results gathered on the client. This is the way beyond one machine -- a Dask
   cluster spans nodes, and on SLURM ``dask-jobqueue`` starts one -- with the files on a file system every
@@ -212,16 +212,18 @@ def _guarded(fn: Callable[[Path], T], path: Path) -> tuple[bool, Any]:
         return False, _message(e)
 
 
-def _pool_context(fn: Callable):
-    """forkserver where there is one (Linux): the server imports ``fn``'s module once and forks each worker
-    from it, so a worker starts in milliseconds with pandas already imported; else spawn."""
+def _pool_context(fn: Callable, preload: Iterable[str] = ()):
+    """forkserver where there is one (Linux): the server imports ``fn``'s module and ``preload`` once and forks
+    each worker from it, so a worker starts in milliseconds with them already imported (``fn``'s own lazy
+    imports -- pandas, a module it imports inside -- are each worker's to do unless named in ``preload``); else
+    spawn."""
     import multiprocessing  # here, not at the top: most commands never start a pool (0.02 s of CPU to import)
 
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     ctx = multiprocessing.get_context("forkserver")
     module = getattr(getattr(fn, "func", fn), "__module__", None)
-    ctx.set_forkserver_preload([m for m in ("kit.traces.frames", module) if m and m != "__main__"])
+    ctx.set_forkserver_preload([m for m in ("kit.traces.frames", module, *preload) if m and m != "__main__"])
     return ctx
 
 
@@ -528,10 +530,12 @@ def check_job(idents: Sequence[RankIdentity]) -> JobCheck:
 
 
 def map_ranks(paths: Iterable[str | Path], fn: Callable[[Path], T], *, workers: int | None = None,
-              client: Any = None) -> RankResults[T]:
+              client: Any = None, preload: Iterable[str] = ()) -> RankResults[T]:
     """``fn(path)`` for every path -- in this process (``workers=1``), in a local process pool (``workers=N``,
     default ``os.cpu_count()``) or on a Dask cluster (``client``: a Client or a scheduler address). See the
-    module docstring. ``fn``: a module-level (picklable) function returning a small picklable result."""
+    module docstring. ``fn``: a module-level (picklable) function returning a small picklable result.
+    ``preload``: modules ``fn`` imports when it runs, imported once by the local pool's forkserver instead of
+    once per worker (a name that does not import is skipped; only the time differs)."""
     paths = [Path(p) for p in paths]
     if client is not None:
         own = isinstance(client, str)
@@ -550,7 +554,8 @@ def map_ranks(paths: Iterable[str | Path], fn: Callable[[Path], T], *, workers: 
         else:
             from concurrent.futures import ProcessPoolExecutor
 
-            with ProcessPoolExecutor(n, mp_context=_pool_context(fn), max_tasks_per_child=MAX_TASKS_PER_CHILD) as ex:
+            with ProcessPoolExecutor(n, mp_context=_pool_context(fn, preload),
+                                     max_tasks_per_child=MAX_TASKS_PER_CHILD) as ex:
                 done = _collect([ex.submit(_guarded, fn, p) for p in paths])
     res: RankResults[T] = RankResults()
     for p, (good, value) in zip(paths, done):
