@@ -87,10 +87,11 @@ PER_STEP = ("step", "ts", "end", "dur") + tuple(f"{k}_us" for k in KINDS) + ("gp
 inside the step's own annotation (the host's side of the step, not the window extended to its GPU work: a host that runs
 ahead of its GPU did its step's work before the window's GPU part); ``own_stall_us``, ``own_data_wait_us``: the main
 thread's stall and data_wait inside it, on the same basis (the rest of ``own_host_us`` is issuing and the allocator);
-``own_quiet_us``: the part of ``own_host_us`` in stretches of :data:`STALL_US` or longer in which no recorded CPU event
-(the trace's CPU frame: annotations, runtime calls, collectives, long ops) began or ended on any thread of the process
--- the host idle or descheduled, inside an op or between ops; the profiler's own cost is paid at the events it records
-(GPU jobs; 0 on a CPU-only one, whose ops themselves run for milliseconds)"""
+``own_quiet_us``: the part of ``own_host_us`` outside collective calls in stretches of :data:`STALL_US` or longer in
+which no event of the trace's CPU frame (annotations, runtime calls, collectives, DDP's reducer ops, ops of 1 ms or
+more: not the short ops the default frame leaves out) began or ended on any thread of the process -- the host idle or
+descheduled, inside an op or between ops, or running short CPU-only ops with no launch among them (GPU jobs; 0 on a
+CPU-only one, whose ops themselves run for milliseconds)"""
 
 
 @dataclass(frozen=True)
@@ -477,12 +478,17 @@ def _own_host(view, sets: dict, win: "pd.DataFrame", default: str, main, calls) 
 
 
 def _quiet(cpu, ua, ub) -> "tuple[np.ndarray, np.ndarray]":
-    """The stretches of :data:`STALL_US` or longer inside the spans ``ua``-``ub`` in which no event of ``cpu`` (every
-    thread) begins or ends."""
+    """The stretches of :data:`STALL_US` or longer inside the spans ``ua``-``ub``, less the spans of the collective ops
+    (:data:`kit.traces.frames.COMM_OPS`, any thread: a thread in a collective's call waits for it, as ``comm_wait``
+    does), in which no event of ``cpu`` (every thread) begins or ends."""
     import numpy as np
 
     from ..traces.intervals import cover
 
+    if cpu is not None and len(cpu):
+        comm = cpu[name_mask(cpu["name"], lambda n: n.str.match(COMM_OPS))]
+        if len(comm):
+            ua, ub = subtract((ua, ub), union_np(comm["ts"].to_numpy(dtype=float), comm["end"].to_numpy(dtype=float)))
     if not len(ua):
         return ua, ub
     pts = np.unique(np.r_[ua, ub, cpu["ts"].to_numpy(dtype=float), cpu["end"].to_numpy(dtype=float)]

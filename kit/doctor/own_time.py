@@ -23,11 +23,12 @@ QUIET = "own_quiet_us"
 ended on any of its threads (:data:`kit.doctor.host_model.PER_STEP`): the host idle or descheduled -- Python work
 without ops, a sleep, or the process waiting for a core (CPU contention: its threads take the core back in slices
 of milliseconds, inside an op or between ops). Not the profiler's: its cost per op is paid at the events it records.
-A host excess under the profiler's floor (:data:`PROFILER_NOISE`) is still the rank's own where its quiet time
-exceeds every other rank's by more than their spread and :data:`MIN_OWN_EXCESS_SHARE` of the step -- on equal hosts
-under the profiler no rank has it more than another (FINDINGS.md, "A CPU-contended rank") -- and the excess is then
-the larger of the host's and the quiet time's (``by``: ``quiet``): the rest of the host's time, within the profiler's
-uneven slowing either way, says nothing against it"""
+A host excess under the profiler's floor (:data:`PROFILER_NOISE`) but above every other rank's is still the rank's own
+where its quiet time exceeds every other rank's by more than their spread and :data:`MIN_OWN_EXCESS_SHARE` of the
+step, and the excess is then the larger of the host's and the quiet time's (``by``: ``quiet``): the rest of the host's
+time, within the profiler's uneven slowing either way, says nothing against it. On equal hosts one rank's quiet time
+exceeds the others' by up to a few milliseconds on a step (FINDINGS.md, "A CPU-contended rank"): with one traced step
+and no measured overhead, such an excess stays ``in_doubt`` (its caller weighs it against the step's collectives)"""
 OWN_GPU = "gpu_compute_us"
 """a rank's own GPU time: busy outside the collectives"""
 MIN_OWN_EXCESS_SHARE = 0.05
@@ -133,7 +134,7 @@ def own_excess(host_steps: dict, late: int, step_us: float | None, gpu_us: dict 
     floors = {k: max(out[k][1], MIN_OWN_EXCESS_SHARE * step, PROFILER_NOISE * overhead_us if k == "host" else 0.0)
               for k in out}
     by = "host"
-    if "host" in out and out["host"][0] <= floors["host"] and all("quiet_us" in p for p in per.values()):
+    if "host" in out and 0 < out["host"][0] <= floors["host"] and all("quiet_us" in p for p in per.values()):
         quiet, spread_q = beyond("quiet")  # the host's quiet time: no profiler floor (QUIET)
         floor_q = max(spread_q, MIN_OWN_EXCESS_SHARE * step)
         if quiet > floor_q:
@@ -142,8 +143,9 @@ def own_excess(host_steps: dict, late: int, step_us: float | None, gpu_us: dict 
     (excess, spread), floor = out[kind], floors[kind]
     from .overhead import ESTIMATE_RANGE
 
-    doubt = (excess > floor and kind == "host" and by == "host" and estimated
-             and max(len(ps) for ps in have.values()) < 2 and excess <= ESTIMATE_RANGE * PROFILER_NOISE * overhead_us)
+    one_step = max(len(ps) for ps in have.values()) < 2
+    doubt = excess > floor and kind == "host" and estimated and one_step and (
+        by == "quiet" or excess <= ESTIMATE_RANGE * PROFILER_NOISE * overhead_us)
     return {"confirmed": bool(excess > floor), "in_doubt": bool(doubt), "excess_us": round(excess, 1), "kind": kind,
             "by": by if kind == "host" else kind, "spread_us": round(spread, 1), "floor_us": round(floor, 1),
             "per_rank": {str(r): {k: round(v, 1) for k, v in p.items()} for r, p in sorted(per.items())}}

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from ..collectives import Timeline, per_step_divisor, timeline
 from ..findings import make
 from ..model import RULES, Finding, RankView, Rule, Skip, rule
-from ..own_time import MIN_OWN_EXCESS_SHARE, own_excess, own_reason, steady
+from ..own_time import own_excess, own_reason, steady
 from .evidence import dur_text, excerpt, num
 from .late_arrival import attribute, host_time_until
 from .same_kernels import KERNEL_TOP, SLOW_GPU, extra_work, gpu_speed, kernel_speeds
@@ -189,7 +189,9 @@ def measured_excess(capture: dict | None, late: int) -> float | None:
     profiler a host's own time holds the profiler's cost per recorded op, and a host slowed for its own reasons
     (another process on its core) pays that cost slowed too: the traced excess of such a rank holds its share of
     the profiler's time, which the measured excess does not. It bounds the gain of a rank late for its host (its
-    own time confirmed in excess in the trace: :func:`kit.doctor.own_time.own_excess`)."""
+    own time confirmed in excess in the trace: :func:`kit.doctor.own_time.own_excess`) -- a bound only, never a veto:
+    a drained step holds the waits the step makes, for the GPU and through it for peers, so where an other rank's
+    step waits for the late one its measured time holds part of the late rank's (a lower bound of the excess)."""
     got = {r: unprofiled_host_us(c) for r, c in (capture or {}).items()}
     if late not in got or len(got) < 2 or any(v is None for v in got.values()):
         return None
@@ -368,10 +370,8 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     waited = cost
     gain, basis = own_gain(own, reason, excess, n)
     measured = measured_excess(ctx.capture, late) if basis == "own_excess" and own["kind"] == "host" else None
-    if measured is not None:  # each rank's host timed without the profiler: what the job would gain, measured
-        if measured <= MIN_OWN_EXCESS_SHARE * (ctx.step_us or 0.0):
-            return []  # its host, timed without the profiler, is no slower than the others': not a late rank
-        gain, basis = min(gain, measured), "measured_host"
+    if measured is not None and measured < gain:  # every rank's host timed without the profiler: it bounds the gain
+        gain, basis = measured, "measured_host"
     # the most the job could gain: each other rank's step is its own time plus its waiting, so the least any other
     # rank waits per step at the collectives bounds it -- counted at every collective where that rank waited more
     # than jitter (the instance's lateness floor), not only where this rank's kernel ended last (a broadcast's root
