@@ -19,10 +19,13 @@ for its DataLoader, stalling, the allocator's device calls, issuing its work. Re
 not its window extended to the GPU work: a rank that waits runs ahead of its GPU, its host done with the step
 before the window's GPU part"""
 QUIET = "own_quiet_us"
-"""the part of a rank's own host time in stretches of a millisecond or more in which no recorded event began or
-ended on any of its threads (:data:`kit.doctor.host_model.PER_STEP`): the host idle or descheduled -- Python work
-without ops, a sleep, or the process waiting for a core (CPU contention: its threads take the core back in slices
-of milliseconds, inside an op or between ops). Not the profiler's: its cost per op is paid at the events it records.
+"""the part of a rank's own host time, outside collective calls, in stretches of a millisecond or more in which no
+event of the trace's CPU frame began or ended on any of its threads (:data:`kit.doctor.host_model.PER_STEP`): the host
+idle or descheduled -- Python work without ops, a sleep, or the process waiting for a core (CPU contention: its
+threads take the core back in slices of milliseconds, inside an op or between ops). Mostly not the profiler's, whose
+cost per op is paid at the events it records -- but the default CPU frame leaves out ops shorter than a millisecond,
+so a stretch of short CPU-only ops with no launch among them (indexing, collation on the host) counts too, with the
+profiler's cost on them (a limit: FINDINGS.md, "A CPU-contended rank").
 A host excess under the profiler's floor (:data:`PROFILER_NOISE`) but above every other rank's is still the rank's own
 where its quiet time exceeds every other rank's by more than their spread and :data:`MIN_OWN_EXCESS_SHARE` of the
 step, and the excess is then the larger of the host's and the quiet time's (``by``: ``quiet``): the rest of the host's
