@@ -10,6 +10,7 @@ from .. import stats
 from ..collective_ops import bus_factor, canonical, from_kernel
 
 if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
     import pandas as pd
 
 _ESIZE = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "double": 8, "float64": 8, "int": 4,
@@ -52,6 +53,19 @@ def bandwidth(nbytes, dur_us, collective, group_size) -> tuple[float | None, flo
     alg = stats.gbps(b, dur_us)
     n = _num(group_size)
     return alg, alg * (bus_factor(collective, n) if n else 1.0)
+
+
+def busbws(nbytes, durs_us: "np.ndarray", collective, group_size) -> "np.ndarray":
+    """The busbw (GB/s) of many instances of one collective of one size and group, at once: :func:`bandwidth`'s
+    for each duration, those it gives None (no bytes, a duration not above 0) left out."""
+    import numpy as np
+
+    b = _num(nbytes)
+    t = np.asarray(durs_us, dtype=float)
+    if not b:
+        return t[:0]
+    n = _num(group_size)
+    return stats.gbps(b, t[t > 0]) * (bus_factor(collective, n) if n else 1.0)
 
 
 def collective_frame(trace: Any) -> "pd.DataFrame":

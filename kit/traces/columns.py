@@ -10,6 +10,7 @@ their order included).
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -58,8 +59,10 @@ class Columns:
         return v if isinstance(v, np.ndarray) else np.array(v, dtype=object)
 
     def take(self, order: "np.ndarray") -> "Columns":
-        """The rows in ``order`` (numpy fancy indexing; list columns picked one by one)."""
-        vals = {c: v[order] if hasattr(v, "shape") else [v[i] for i in order.tolist()] for c, v in self.values.items()}
+        """The rows in ``order`` (numpy fancy indexing; list columns picked one by one, or all None at once)."""
+        idx = order.tolist()
+        vals = {c: v[order] if hasattr(v, "shape") else [None] * len(idx) if v.count(None) == len(v)
+                else list(map(v.__getitem__, idx)) for c, v in self.values.items()}
         return replace(self, n=len(order), values=vals)
 
     def frame(self) -> "pd.DataFrame":
@@ -155,5 +158,5 @@ def concat(parts: list[Columns]) -> Columns:
         elif all(hasattr(v, "shape") for v in vals):
             out[c] = np.concatenate(vals)
         else:
-            out[c] = [x for v in vals for x in (v.tolist() if hasattr(v, "shape") else v)]
+            out[c] = list(itertools.chain.from_iterable(v.tolist() if hasattr(v, "shape") else v for v in vals))
     return Columns(n, parts[0].columns, out, cats)

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Iterable, NamedTuple
 
 from .. import stats
-from .collective_frame import (COLLECTIVE_COLUMNS, bandwidth, collective_frame,  # noqa: F401  (kit.traces.comm.*)
+from .collective_frame import (COLLECTIVE_COLUMNS, bandwidth, busbws, collective_frame,  # noqa: F401
                                _missing)
 from .flight_recorder import dump_flight_recorder, fr_entries, fr_mismatches  # noqa: F401  (kit.traces.comm.*)
 from .frames import Trace, load_trace
@@ -222,8 +222,7 @@ def summary(df: "pd.DataFrame") -> "pd.DataFrame":
             durs = g.drop_duplicates(["match_key", "instance"])["instance_min_us"].to_numpy(dtype=float)
         else:
             durs = g["dur_us"].to_numpy(dtype=float)
-        bws = [bandwidth(None if b < 0 else b, t, c, None if n < 0 else n)[1] for t in durs]
-        bw = stats.stats([x for x in bws if x is not None])
+        bw = stats.stats(busbws(None if b < 0 else b, durs, c, None if n < 0 else n))
         out.append({"collective": c, "bytes": None if b < 0 else int(b), "group_size": None if n < 0 else int(n),
                     "count": int(len(durs)), "dur_us_p50": stats.stats(durs)["median"],
                     "busbw_gbps_p50": bw["median"] if bw["n"] else None,
