@@ -29,7 +29,7 @@ LOW_RATIO, HIGH_RATIO = 0.5, 2.0
 FSDP_CONTENDED_MISS = ("late_rank [1] is first, for its host, but costs 2.75 ms (0.27x of +10.01): the cost is kit.capture's "
                        "measured host excess (rank 1 16.85 ms, rank 0 14.10), and rank 0's drained host-timed step holds "
                        "about 4 ms of rank 1's (10.18 ms in the control arm) that its trace shows as no wait; the trace's "
-                       "quiet-time excess, 12.2 ms, would be 1.2x (FINDINGS.md, A CPU-contended rank)")
+                       "quiet-time excess, 10.4 ms, would be 1.0x (FINDINGS.md, A CPU-contended rank)")
 CONTENDED_TB_MISS = ("rank 1's process shares its one core with a busy loop; on this one step its quiet time (own-host "
                      "stretches of 1 ms or more with no recorded event on any thread, outside collective calls) exceeds "
                      "rank 0's by 8.05 ms, but with one step and an estimated overhead that stays in doubt, and rank 1 "
