@@ -181,7 +181,9 @@ def test_a_contended_rank_is_named_for_its_host(case):
     f = diagnosed(files).problems[0]
     if any(p.name.startswith("trace_rank") for p in files):  # kit.capture: every rank's host measured
         assert f.evidence["cost_basis"] == "measured_host" and f.evidence["measured_host_excess_us"] > 0
-    assert f.rule == "late_rank" and f.ranks == (1,) and f.evidence["reason"] in ("host_busy", "host_stall")
+    # the truth names host_busy (the same work issued more slowly); the scheduler's slices show in the trace as the
+    # host's stalls too, whose fix names another process on the rank's cores: either is its host
+    assert f.rule == "late_rank" and f.ranks == (1,) and f.evidence["reason"] in (t["expected_reason"], "host_stall")
     own = f.evidence["own_excess"]
     assert own["kind"] == "host" and own["confirmed"] and not own["in_doubt"]
     assert 0.5 <= f.cost_us_per_step / t["added_us"] <= 2.0

@@ -440,7 +440,7 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
                f"{basis_text}: it arrived last at {len(late_at)} of {len(inst)} collectives, a median "
                f"{dur_text(ev['after_next_latest_us_median'])} after the next-latest rank (up to "
                f"{dur_text(ev['late_by_us_max'])} after the first){why}; the other ranks waited {dur_text(waited)} per "
-               f"step for it alone")
+               f"step for it alone{' in the traced steps' if basis == 'measured_host' else ''}")
     return [make("late_rank", cost, [late], ev, summary, fix=f"{FIX_BY_REASON[reason]} {RULES['late_rank'].fix}"
                  if reason else None)]
 
