@@ -172,3 +172,13 @@ def test_dlrm_eight_ranks_one_job_and_a_foreign_trace():
            "jobs" in lines
     p = _kit("trace", "collectives", *ranks[:6], a100)
     assert p.returncode == 2 and "(A100), the others on V100" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_legacy_trace_opening_with_python_functions(tmp_path):
+    """The adapter is picked from the categories of the file's first 65536 events, not of the parse's first chunk
+    (8192): a PyTorch 1.9 trace that opens with 9,000 ``python_function`` events is still read as legacy."""
+    p = tmp_path / "worker0.1623143089862.pt.trace.json"
+    py = [{"ph": "X", "cat": "python_function", "name": f"f{i}", "pid": 1, "tid": 1, "ts": i, "dur": 1} for i in range(9000)]
+    p.write_text(json.dumps({"schemaVersion": 1, "traceEvents": py + _legacy_events()}))
+    t = traces.load_trace(p, cache=False)
+    assert t.adapter == "kineto-legacy" and list(t.gpu.cat) == ["kernel", "kernel"]

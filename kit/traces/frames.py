@@ -379,12 +379,16 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
     (:func:`kit.traces.parse.names`/``arg_columns``), and every column grows by one comprehension -- no per-event
     dict or row tuple, and a chunk's events are dropped before the next is decoded. Each chunk's columns are made
     compact (:func:`to_columns`) before the next, and joined at the end (:func:`kit.traces.columns.concat`)."""
-    rest = iter(chunks)
-    head = [next(rest, [])]
-    ad = adapter or adapter_for(header, {e.cat for e in head[0]})
+    rest, head, n_head = iter(chunks), [], 0
+    while n_head < ADAPTER_WINDOW and (c := next(rest, None)) is not None:
+        head.append(c)
+        n_head += len(c)
+    head = head or [[]]
+    ad = adapter or adapter_for(header, {e.cat for c in head for e in c})
 
     def every() -> Iterable[list]:
-        yield head.pop()  # no reference kept here (itertools.chain's would hold the first chunk to the end)
+        while head:
+            yield head.pop(0)  # no reference kept here (itertools.chain's would hold them to the end)
         yield from rest
     keys = tuple(sorted({*raw_arg_keys(), *ad.args}))  # a forced adapter may declare keys ADAPTERS do not
     raw_of = lambda *cs: {r for r, c in ad.cats.items() if c in cs}  # noqa: E731
@@ -477,6 +481,9 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
                  adapter=ad.name, header=header, warnings=warnings)
 
 
+ADAPTER_WINDOW = 65536
+"""events whose categories pick the adapter (:func:`adapter_for`): the file's first ones, over as many of the
+parse's chunks as it takes -- a PyTorch 1.9 trace may open with thousands of ``python_function`` events"""
 WINDOW_CAT, WINDOW_NAME = "Trace", "PyTorch Profiler"
 """the event Kineto writes for the profiler's window (``"cat": "Trace", "name": "PyTorch Profiler (0)"``): every
 GPU event of a trace lies inside it (all of tests/data, recorded/ and the public traces of HTA, kineto and param)"""
