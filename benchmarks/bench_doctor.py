@@ -1,25 +1,18 @@
-"""``kit doctor`` with its step accounting against a kit without it (issue 26's speed and memory targets).
+"""``kit doctor`` timed against another kit tree (issue 26's and issue 39's speed and memory targets).
 
-The accounting must not cost more than ~20% over the doctor before it, and on one real 150 MB rank trace the
-doctor stays within 5 s and 500 MB on two cores. This times ``kit doctor --no-cache --workers 1 --json`` (every
-trace parsed, in one process) on the given traces, alternating between this checkout and ``--baseline`` (another
-kit source tree, e.g. ``git worktree add /tmp/kit-base <commit>``), ``--repeat`` times each, in fresh processes;
-wall time and peak RSS from GNU time. Without traces it uses the 1-rank trace of
-``benchmarks/bench_trace_tools.py`` (``make_job``, ``--mb`` MB).
+``kit doctor --no-cache --workers W --json`` on the given traces (none: the 1-rank trace of
+``bench_trace_tools.make_job``, ``--mb`` MB; ``--ranks N``: a generated job of N such traces, each rank skewed, one
+run diagnosing them all), alternating between this checkout and ``--baseline`` (e.g. ``git worktree add
+/tmp/kit-base <commit>``), ``--repeat`` times each, in fresh processes. Targets: the accounting within ~20% of the
+doctor before it; 4 ranks x 40 MB in <= 5 s and <= 300 MB with 2 workers on two cores.
 
     python benchmarks/bench_doctor.py [TRACE ...] [--baseline DIR] [--repeat 3] [--mb 100]
-    python benchmarks/bench_doctor.py --ranks 4 --mb 40 --workers 2 [--baseline DIR]   # a 4-rank job
+    python benchmarks/bench_doctor.py --ranks 4 --mb 40 --workers 2 [--baseline DIR]
 
-With ``--ranks N`` the generated job has N rank traces of ``--mb`` MB each (``make_job``: rank 0's events, each
-rank skewed) and one run diagnoses them all (the multi-GPU target: 4 ranks x 40 MB in <= 5 s and <= 300 MB with 2
-workers on two cores; peak RSS is the largest process's, the workers included).
-
-Prints one markdown row per (tree, trace or job): median wall, min-max, peak RSS, the CPU time of every process of
-the run (median) and that over the cores the workers can use (``--workers``, at most the machine's), and the load
-average when the runs started: on a shared box say it with every number. Every sample is printed to stderr as it
-comes (keep them).
+One markdown row per (tree, trace or job): median wall (GNU time) and min-max, the largest process's peak RSS (the
+workers included), the CPU time of every process (median) and over the cores the workers can use, the load average
+at the starts: on a shared box say it with every number. Every sample goes to stderr as it comes.
 """
-
 from __future__ import annotations
 
 import argparse
@@ -33,15 +26,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def once(tree: Path, trace: "Path | list[Path]", workers: int = 1) -> tuple[float, float, float, float]:
-    """One ``kit doctor`` run from ``tree``'s sources on one trace or a job's traces: (wall s, peak RSS MB of the
-    largest process, CPU s summed over every process of the run, the 1-minute load average when it started).
-
-    Wall time comes from GNU time. The CPU time and each process's peak RSS are sampled from the process tree
-    every 20 ms (psutil; the peak is the kernel's high-water mark, ``VmHWM`` of ``/proc/PID/status``, so a sample
-    misses at most a peak reached in the last 20 ms of a process): the workers are forked from a forkserver that
-    GNU time does not wait for, so its own figures are the main process's alone (its peak RSS is taken too). On a
-    shared box the wall time grows with the load, the CPU time much less: ``CPU / cores`` is the wall time the
-    same work needs on idle cores when it is spread over them."""
+    """One ``kit doctor`` run from ``tree``'s sources: (wall s from GNU time, the largest process's peak RSS MB, the
+    CPU s of every process, the 1-minute load average at the start). CPU and each process's ``VmHWM`` are sampled
+    every 20 ms over the process tree (GNU time does not see the forkserver's workers; a sample misses at most a
+    peak of a process's last 20 ms). ``CPU / cores`` is the wall time the work needs on idle cores."""
     import time
 
     import psutil

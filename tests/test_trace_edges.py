@@ -416,34 +416,25 @@ def test_a_plain_file_that_changed_size_while_read_is_read_whole(tmp_path, monke
 
 
 def test_columns_made_per_chunk_are_those_made_at_once():
-    """The builder makes each chunk's columns compact as it goes (``to_columns``) and joins them (``concat``):
-    the same arrays, dtypes, categories and list columns as the whole at once -- a pid that is a string in one
-    chunk only, a count that is a string, names met in a later chunk first, an empty chunk."""
+    """``concat`` of per-chunk ``to_columns`` is ``to_columns`` of all the rows: a pid that is a string in one chunk
+    only, a count that is a string, names met first in a later chunk, an empty chunk."""
     import numpy as np
 
     from kit.traces.columns import concat, to_columns
     from kit.traces.frames import CPU_COLUMNS
 
+    keys = ("name", "cat", "pid", "tid", "ts", "dur", "correlation", "in_nelems", "collective")
     rows = [("b", "cpu_op", 7, 1, 1.0, 2, None, 3, None), ("a", "cuda_runtime", 7, 2, 2.5, 1.5, 4.0, None, "x"),
             ("c", "cpu_op", "Spans", 1, 3.0, None, 5, 6.0, None), ("a", "user_annotation", 8, 1, None, 1.0, 7, 8, "y"),
             ("b", "cpu_op", 9, 3, 5.0, 0.5, None, None, None)]
-    keys = ("name", "cat", "pid", "tid", "ts", "dur", "correlation", "in_nelems", "collective")
-
-    def cols(rs):
-        out = {c: [None] * len(rs) for c in CPU_COLUMNS}
-        out.update({k: [r[i] for r in rs] for i, k in enumerate(keys)})
-        return out
-
+    cols = lambda rs: {c: [r[keys.index(c)] if c in keys else None for r in rs] for c in CPU_COLUMNS}  # noqa: E731
+    whole = to_columns(cols(rows), CPU_COLUMNS)
     for cuts in ([0, 2, 2, 5], [0, 3, 5], [0, 1, 2, 3, 4, 5]):
-        whole = to_columns(cols(rows), CPU_COLUMNS)
         parts = concat([to_columns(cols(rows[a:b]), CPU_COLUMNS) for a, b in zip(cuts, cuts[1:])])
-        assert whole.n == parts.n and whole.categories == parts.categories and whole.columns == parts.columns
+        assert (whole.n, whole.categories, whole.columns) == (parts.n, parts.categories, parts.columns)
         for c, v in whole.values.items():
             p = parts.values[c]
-            assert type(v) is type(p), c
-            if isinstance(v, np.ndarray):
-                assert v.dtype == p.dtype and np.array_equal(v, p, equal_nan=True), c
-            else:
-                assert v == p, c
+            assert type(v) is type(p) and (v == p if isinstance(v, list) else
+                                           v.dtype == p.dtype and np.array_equal(v, p, equal_nan=True)), c
     ints = concat([to_columns(cols(rows[:2]), CPU_COLUMNS), to_columns(cols(rows[3:]), CPU_COLUMNS)])
     assert ints.values["pid"].dtype == np.int64 and ints.values["pid"].tolist() == [7, 7, 8, 9]

@@ -17,8 +17,7 @@ from .model import Diagnosis, Skip
 
 WORKER_IMPORTS = ("pandas", "kit.capture", "kit.doctor.rules", "kit.doctor.accounting", "kit.doctor.collectives",
                   "kit.doctor.host_model", "kit.doctor.overhead")
-"""what :func:`~kit.doctor.rank_phase.rank_summary` imports when it runs: imported once by the local pool's
-forkserver, not by each worker (the 4 x 40 MB job on 2 workers: ~0.9 s less CPU of ~6.7)"""
+"""what :func:`~kit.doctor.rank_phase.rank_summary` imports: once in the pool's forkserver, not in each worker"""
 
 
 def diagnose(traces: Iterable[str | Path], *, sweep=None, flight_recorder=None, workers: int | None = None,

@@ -56,8 +56,7 @@ def bandwidth(nbytes, dur_us, collective, group_size) -> tuple[float | None, flo
 
 
 def busbws(nbytes, durs_us: "np.ndarray", collective, group_size) -> "np.ndarray":
-    """The busbw (GB/s) of many instances of one collective of one size and group, at once: :func:`bandwidth`'s
-    for each duration, those it gives None (no bytes, a duration not above 0) left out."""
+    """:func:`bandwidth`'s busbw of each duration (one collective, size and group) at once, its Nones left out."""
     import numpy as np
 
     b = _num(nbytes)

@@ -133,13 +133,9 @@ def to_columns(cols: dict[str, list], columns: tuple[str, ...]) -> Columns:
 
 
 def concat(parts: list[Columns]) -> Columns:
-    """The rows of ``parts`` (each made by :func:`to_columns` from one chunk of events, same columns) as the one
-    :class:`Columns` that :func:`to_columns` makes from all their rows at once: the builder converts each chunk
-    as it goes, so that a chunk's Python objects (a float per time, a str per name) are dropped with it instead
-    of living until the whole file is read (on a 42 MB rank trace of 100,000 kept events, ~60 MB less at the
-    parse's peak). The same columns, dtypes and categories (sorted) either way: a categorical column's codes are
-    mapped to the union of the parts' categories; a column that :func:`to_columns` leaves as a list where its
-    values are not all integers (:data:`INT_COLUMNS`) is one when any part's is; empty parts take no side."""
+    """The rows of ``parts`` (each :func:`to_columns` of one chunk of events) as :func:`to_columns` of them all
+    would make them -- same dtypes, categories (sorted), and a list where any part's :data:`INT_COLUMNS` column is
+    one -- so that the builder drops each chunk's Python objects as it goes (a 42 MB rank: 60 MB less at the peak)."""
     import numpy as np
 
     n = sum(p.n for p in parts)

@@ -214,9 +214,7 @@ def _guarded(fn: Callable[[Path], T], path: Path) -> tuple[bool, Any]:
 
 def _pool_context(fn: Callable, preload: Iterable[str] = ()):
     """forkserver where there is one (Linux): the server imports ``fn``'s module and ``preload`` once and forks
-    each worker from it, so a worker starts in milliseconds with them already imported (``fn``'s own lazy
-    imports -- pandas, a module it imports inside -- are each worker's to do unless named in ``preload``); else
-    spawn."""
+    each worker from it, so a worker starts in milliseconds with them imported; else spawn."""
     import multiprocessing  # here, not at the top: most commands never start a pool (0.02 s of CPU to import)
 
     if "forkserver" not in multiprocessing.get_all_start_methods():
@@ -534,8 +532,7 @@ def map_ranks(paths: Iterable[str | Path], fn: Callable[[Path], T], *, workers: 
     """``fn(path)`` for every path -- in this process (``workers=1``), in a local process pool (``workers=N``,
     default ``os.cpu_count()``) or on a Dask cluster (``client``: a Client or a scheduler address). See the
     module docstring. ``fn``: a module-level (picklable) function returning a small picklable result.
-    ``preload``: modules ``fn`` imports when it runs, imported once by the local pool's forkserver instead of
-    once per worker (a name that does not import is skipped; only the time differs)."""
+    ``preload``: modules ``fn`` imports, imported once by the local pool's forkserver, not by each worker."""
     paths = [Path(p) for p in paths]
     if client is not None:
         own = isinstance(client, str)

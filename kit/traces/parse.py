@@ -262,9 +262,8 @@ def paused_gc() -> Iterator[None]:
 
 
 CHUNK = 8192
-"""events decoded at a time: the structs of one chunk (~5 MB) live at once, not those of the whole file (the frame
-builder makes each chunk's columns compact before the next; on a 42 MB rank trace 65536 a chunk peaked 60 MB higher,
-16384 10 MB, and 4096 took no less CPU)"""
+"""events decoded at a time: one chunk's structs live at once, not the file's (a 42 MB rank: 65536 peaked 60 MB
+higher, 16384 10 MB; 4096 took no less CPU)"""
 
 
 def _address(obj: Any) -> int:
