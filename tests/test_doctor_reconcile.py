@@ -44,3 +44,15 @@ def test_host_work_is_said_before_the_job_level_launch_bound_that_gives_it_up():
     assert out[1].cost_us_per_step == 17000.0 and out[1].evidence["explained_by"] == {"repeated_grad_sync": 3000.0}
     ranked = make("launch_bound", 20000.0, (1,), {}, "rank 1 host-bound")
     assert finalize(host_work_first([ranked, sync]), step_us=60000.0)[0].rule == "launch_bound"
+
+
+def test_a_late_rank_too_small_to_be_said_takes_in_no_larger_finding():
+    """A host_stall (4.3 ms of 30) is not folded into a late_rank of 0 on its rank, but is into one of 3 ms."""
+    import kit.doctor.rules  # noqa: F401  (registers the rules)
+    from kit.doctor.findings import make
+    from kit.doctor.reconcile import fold_into_late_rank
+
+    stall = make("host_stall", 4290.0, [1], {}, "stall")
+    for cost, folded in ((0.0, False), (3000.0, True)):
+        out = fold_into_late_rank([make("late_rank", cost, [1], {}, "late"), stall], step_us=30_000.0)
+        assert (stall not in out) == folded and ("own_idle" in out[0].evidence) == folded

@@ -225,3 +225,25 @@ def test_a_contended_rank_on_four_gpus_costs_what_the_contention_added():
     f = diagnosed(sorted(FOUR.glob("*.json.gz"))).problems[0]
     assert f.rule == "late_rank" and f.ranks == (1,) and f.evidence["own_excess"]["kind"] == "host"
     assert 0.5 <= f.cost_us_per_step / t["added_us"] <= 2.0
+
+
+def test_a_measured_host_median_among_the_others_leaves_the_traced_cost(tmp_path):
+    """The committed 2-GPU kit.capture case, rank 1's five measured host times re-ordered (three fast, all within the
+    recorded range): their median falls among rank 0's, an unconfirmed measured excess that bounds nothing. late_rank
+    [1] stays first (above the host findings) at its traced own excess."""
+    import gzip
+    import json
+
+    from kit.doctor import diagnose
+
+    case = Path(__file__).resolve().parent / "data" / "doctor" / "corpus-h100x2" / "gpt-ddp-bf16-cpu_rank"
+    for p in sorted(case.glob("trace_rank*.json.gz")):
+        j = json.loads(gzip.decompress(p.read_bytes()))
+        if p.name == "trace_rank1.json.gz":
+            j["kitCapture"]["unprofiled_host_us"] = [11827.8, 6352.5, 6976.8, 6554.5, 12703.9]
+        (tmp_path / p.name).write_bytes(gzip.compress(json.dumps(j).encode(), 1))
+    f = diagnose(sorted(tmp_path.glob("*.json.gz")), workers=1).problems[0]
+    assert f.rule == "late_rank" and f.ranks == (1,) and f.evidence["cost_basis"] == "own_excess"
+    assert f.evidence["measured_host_excess_us"] == 0 and not f.evidence["measured_host_confirmed"]
+    added = json.loads((case / "truth.json").read_text())["added_us"]
+    assert 0.5 <= f.cost_us_per_step / added <= 2.0

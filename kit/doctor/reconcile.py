@@ -61,7 +61,8 @@ def reconcile(findings: list[Finding], accounts: list[tuple[int, Account]], ctx:
     findings = [net_of_profiler(f, ctx.overhead, by_rank) for f in findings]  # every cost judged from here on is net
     if only is None:
         findings = findings + must_speak(accounts, findings, ctx)
-    return host_work_first(fold_into_low_busbw(fold_into_late_rank(findings, accounts, ctx.overhead), ctx.step_us))
+    return host_work_first(fold_into_low_busbw(fold_into_late_rank(findings, accounts, ctx.overhead, ctx.step_us),
+                                                ctx.step_us))
 
 
 def explain_rest(accounts: list[tuple[int, Account]], findings: list[Finding],
@@ -245,26 +246,33 @@ def own_idle_rules() -> set[str]:
 
 
 def fold_into_late_rank(findings: list[Finding], accounts: list[tuple[int, Account]] | None = None,
-                        overhead: dict | None = None) -> list[Finding]:
+                        overhead: dict | None = None, step_us: float | None = None) -> list[Finding]:
     """One cause, one finding: when ``late_rank`` names rank L and an own-idle finding (:func:`own_idle_rules`)
     names L alone (the other ranks do not idle for that reason), that slice is why L is late -- it becomes
     late_rank's evidence (``own_idle``) and sentence, and is not said again. One that names L as its worst rank
     and other ranks besides (``accounts`` given) is split: L's part is folded, the other ranks' part is said again
     from their accounts (net of the profiler where its slices are, ``overhead``). Slice findings whose worst rank
-    is another stay job-level findings."""
+    is another stay job-level findings. None is folded into a late_rank too small to be said (its severity on
+    ``step_us``: ``info``) that costs less than it: a cost late_rank could not confirm would hide them; a material
+    one may cost less (the job gains at most what the others waited)."""
     late = next((f for f in findings if f.rule == LATE_RANK), None)
     if late is None or len(late.ranks) != 1:
         return findings
     L = late.ranks[0]
     own_rules = own_idle_rules()
-    own = [f for f in findings if f.rule in own_rules and f.ranks == (L,)]
+    said = severity(late.cost_us_per_step, step_us) != "info"
+
+    def fits(f: Finding) -> bool:
+        return said or f.cost_us_per_step <= late.cost_us_per_step
+
+    own = [f for f in findings if f.rule in own_rules and f.ranks == (L,) and fits(f)]
     rest: list[Finding] = []
     for f in findings if accounts else ():
         r = RULES[f.rule]
         per = f.evidence.get("per_rank") if isinstance(f.evidence.get("per_rank"), dict) else {}
         others = [n.get("cost_us_per_step") or 0.0 for rk, n in per.items() if int(rk) != L and isinstance(n, dict)]
         if f.rule in own_rules and len(f.ranks) > 1 and L in f.ranks and f.evidence.get("rank") == L and r.explains \
-                and others and max(others) < OWN_SHARE * f.cost_us_per_step:
+                and others and max(others) < OWN_SHARE * f.cost_us_per_step and fits(f):
             own.append(f)
             rest += [net_of_profiler(x, overhead, dict(accounts)) for x in slice_finding(
                 f.rule, r.explains.slices, [(rk, a) for rk, a in accounts if rk != L and rk in f.ranks],

@@ -183,19 +183,31 @@ def unprofiled_host_us(capture: dict | None) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def measured_excess(capture: dict | None, late: int) -> float | None:
+def measured_excess(capture: dict | None, late: int, step_us: float | None = None) -> tuple[float, bool] | None:
     """Rank ``late``'s host time per step as :mod:`kit.capture` measured it without the profiler
-    (:func:`unprofiled_host_us`) beyond the slowest other rank's, at least 0; None unless every rank has it. Under the
-    profiler a host's own time holds the profiler's cost per recorded op, and a host slowed for its own reasons
-    (another process on its core) pays that cost slowed too: the traced excess of such a rank holds its share of
-    the profiler's time, which the measured excess does not. It bounds the gain of a rank late for its host (its
-    own time confirmed in excess in the trace: :func:`kit.doctor.own_time.own_excess`) -- a bound only, never a veto:
-    a drained step holds the waits the step makes, for the GPU and through it for peers, so where an other rank's
-    step waits for the late one its measured time holds part of the late rank's (a lower bound of the excess)."""
-    got = {r: unprofiled_host_us(c) for r, c in (capture or {}).items()}
-    if late not in got or len(got) < 2 or any(v is None for v in got.values()):
+    (:func:`unprofiled_host_us`) beyond the slowest other rank's, at least 0, and whether that excess is confirmed;
+    None unless every rank has it. A traced excess holds the contended host's share of the profiler's time; the
+    measured one does not. A confirmed one bounds the gain of a rank late for its host -- a bound, never a veto: a
+    drained step holds its waits, so an other rank's measured time holds part of the late rank's. Confirmed: the
+    excess and the median over the steps of the late rank's time beyond the slowest other's in that step both clear
+    :data:`kit.doctor.own_time.MIN_OWN_EXCESS_SHARE` of the step (``step_us``) and the range of the others' medians
+    (paired by step: a burst of contention lengthens the others' drained steps too). An unconfirmed one -- a median
+    of a few samples of bursts can fall among the others' -- bounds nothing: the traced cost stands."""
+    import numpy as np
+
+    from ..own_time import MIN_OWN_EXCESS_SHARE
+
+    xs = {r: [float(x) for x in (c or {}).get("unprofiled_host_us") or [] if x is not None]
+          for r, c in (capture or {}).items()}
+    if late not in xs or len(xs) < 2 or not all(xs.values()):
         return None
-    return max(0.0, got[late] - max(v for r, v in got.items() if r != late))
+    med = {r: float(np.median(v)) for r, v in xs.items()}
+    others = [r for r in xs if r != late]
+    excess = max(0.0, med[late] - max(med[r] for r in others))
+    n = min(len(v) for v in xs.values())
+    paired = float(np.median([xs[late][i] - max(xs[r][i] for r in others) for i in range(n)]))
+    floor = max(MIN_OWN_EXCESS_SHARE * (step_us or 0.0), max(med[r] for r in others) - min(med[r] for r in others))
+    return excess, bool(min(excess, paired) > floor)
 
 
 def others_host(ps, o, measured: float | None, waits: float | None, scale: float = 1.0) -> tuple[float, str, dict]:
@@ -369,8 +381,9 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
         reason = in_own[0]
     waited = cost
     gain, basis = own_gain(own, reason, excess, n)
-    measured = measured_excess(ctx.capture, late) if basis == "own_excess" and own["kind"] == "host" else None
-    if measured is not None and measured < gain:  # every rank's host timed without the profiler: it bounds the gain
+    got = measured_excess(ctx.capture, late, ctx.step_us) if basis == "own_excess" and own["kind"] == "host" else None
+    measured, measured_ok = got if got is not None else (None, False)
+    if measured_ok and measured < gain:  # every rank's host timed without the profiler, in excess: it bounds the gain
         gain, basis = measured, "measured_host"
     # the most the job could gain: each other rank's step is its own time plus its waiting, so the least any other
     # rank waits per step at the collectives bounds it -- counted at every collective where that rank waited more
@@ -406,6 +419,7 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
         ev["own_excess"] = own
     if measured is not None:
         ev["measured_host_excess_us"] = num(measured)
+        ev["measured_host_confirmed"] = measured_ok
     slower = gpu_speed(late, {r: b.kernels for r, b in summaries})
     ev["same_kernels_slower_pct"] = num(100 * slower) if slower is not None else None
     ev["lateness_explained_share"] = num(seen / added, 3) if added > 0 else None
