@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
+import pytest
 
 from kit.doctor.overhead import ProfilerOverhead
 from kit.doctor.own_time import own_excess
@@ -43,3 +46,24 @@ def test_the_reason_is_the_own_kind_holding_most_of_the_excess():
     assert own_reason(hs, 1, 3200.0, 0.5) == ("host_stall", 3000.0)
     spread = {0: steps(100.0, 500.0, 2000.0), 1: steps(1100.0, 1500.0, 3000.0)}
     assert own_reason(spread, 1, 3000.0, 0.5) is None
+
+
+CONTROLS = sorted((Path(__file__).resolve().parent / "data" / "doctor").glob("corpus-*/*control*"))
+
+
+@pytest.mark.parametrize("case", CONTROLS or [pytest.param(None, marks=pytest.mark.skip(reason="no control here"))],
+                         ids=lambda c: f"{c.parent.name}/{c.name}" if c else "none")
+def test_no_rank_of_a_balanced_control_has_its_own_excess_confirmed_by_quiet_time(case):
+    """Every committed multi-GPU control (ranks running the same code): no rank's quiet time (own_time.QUIET)
+    exceeds every other's by more than the floor that confirms a host excess by it."""
+    import statistics
+
+    from kit.doctor.own_time import quiet_excess
+    from kit.doctor.rank_phase import rank_summary
+
+    summaries = [rank_summary(p) for p in sorted(case.glob("*.json.gz"))]
+    hs = {i: s.host_steps for i, s in enumerate(summaries)}
+    step = statistics.median(s.step_us for s in summaries)
+    for r in hs:
+        excess, _, floor = quiet_excess(hs, r, step)
+        assert excess <= floor, (r, excess, floor)

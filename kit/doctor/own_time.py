@@ -27,8 +27,8 @@ cost per op is paid at the events it records -- but the default CPU frame leaves
 so a stretch of short CPU-only ops with no launch among them (indexing, collation on the host) counts too, with the
 profiler's cost on them (a limit: FINDINGS.md, "A CPU-contended rank").
 A host excess under the profiler's floor (:data:`PROFILER_NOISE`) but above every other rank's is still the rank's own
-where its quiet time exceeds every other rank's by more than their spread and :data:`MIN_OWN_EXCESS_SHARE` of the
-step, and the excess is then the larger of the host's and the quiet time's (``by``: ``quiet``): the rest of the host's
+where its quiet time exceeds every other rank's by more than their spread and :data:`MIN_QUIET_SHARE` of the
+step (:func:`quiet_excess`), and the excess is then the larger of the host's and the quiet time's (``by``: ``quiet``): the rest of the host's
 time, within the profiler's uneven slowing either way, says nothing against it. On equal hosts one rank's quiet time
 exceeds the others' by up to a few milliseconds on a step (FINDINGS.md, "A CPU-contended rank"): with one traced step
 and no measured overhead, such an excess stays ``in_doubt`` (its caller weighs it against the step's collectives)"""
@@ -36,6 +36,11 @@ OWN_GPU = "gpu_compute_us"
 """a rank's own GPU time: busy outside the collectives"""
 MIN_OWN_EXCESS_SHARE = 0.05
 """a late rank's own excess must reach this share of the step"""
+MIN_QUIET_SHARE = 0.10
+"""... and its quiet time's excess (:data:`QUIET`, which has no profiler floor) this share: over every committed
+multi-GPU control (``tests/data/doctor/corpus-*/*control*``, one step each) one rank's quiet time exceeds every
+other's by up to 6.6% of the step (the 4-GPU GPT control; the h200x2 CNN control 5.0%), on the contended runs by
+25-51%: 1.5x the controls' largest, 2.5x under the contended runs' least (FINDINGS.md, "A CPU-contended rank")"""
 PROFILER_NOISE = 1.0
 """... and, for an excess of host time, this share of the profiler's own overhead on the late rank's step
 (:mod:`kit.doctor.overhead`): the profiler slows every rank's host, unevenly, by less than its overhead where the
@@ -137,11 +142,9 @@ def own_excess(host_steps: dict, late: int, step_us: float | None, gpu_us: dict 
     floors = {k: max(out[k][1], MIN_OWN_EXCESS_SHARE * step, PROFILER_NOISE * overhead_us if k == "host" else 0.0)
               for k in out}
     by = "host"
-    if "host" in out and 0 < out["host"][0] <= floors["host"] and all("quiet_us" in p for p in per.values()):
-        quiet, spread_q = beyond("quiet")  # the host's quiet time: no profiler floor (QUIET)
-        floor_q = max(spread_q, MIN_OWN_EXCESS_SHARE * step)
-        if quiet > floor_q:
-            out["host"], floors["host"], by = (max(out["host"][0], quiet), spread_q), floor_q, "quiet"
+    q = quiet_excess(have, late, step) if "host" in out and 0 < out["host"][0] <= floors["host"] else None
+    if q is not None and q[0] > q[2]:  # the host's quiet time: no profiler floor (QUIET)
+        out["host"], floors["host"], by = (max(out["host"][0], q[0]), q[1]), q[2], "quiet"
     kind = max(out, key=lambda k: out[k][0] - floors[k])
     (excess, spread), floor = out[kind], floors[kind]
     from .overhead import ESTIMATE_RANGE
@@ -152,6 +155,24 @@ def own_excess(host_steps: dict, late: int, step_us: float | None, gpu_us: dict 
     return {"confirmed": bool(excess > floor), "in_doubt": bool(doubt), "excess_us": round(excess, 1), "kind": kind,
             "by": by if kind == "host" else kind, "spread_us": round(spread, 1), "floor_us": round(floor, 1),
             "per_rank": {str(r): {k: round(v, 1) for k, v in p.items()} for r, p in sorted(per.items())}}
+
+
+def quiet_excess(host_steps: dict, late: int, step_us: float | None = None) -> tuple[float, float, float] | None:
+    """Rank ``late``'s quiet time per step (:data:`QUIET`, median over :func:`steady`'s steps) beyond every other
+    rank's, the others' spread (the range of their medians plus their largest p10-p90 spread) and the floor it must
+    clear to confirm an excess: the larger of that spread and :data:`MIN_QUIET_SHARE` of the step (``step_us``, else
+    the ranks' median step). None unless every rank, two or more, has its quiet time."""
+    import numpy as np
+
+    have = steady(host_steps)
+    if late not in have or len(have) < 2 or not all(QUIET in ps for ps in have.values()):
+        return None
+    med = {r: float(np.median(ps[QUIET])) for r, ps in have.items()}
+    others = [r for r in have if r != late]
+    spread = max(med[r] for r in others) - min(med[r] for r in others) + max(
+        float(np.ptp(np.percentile(have[r][QUIET].to_numpy(dtype=float), [10, 90]))) for r in others)
+    step = step_us or float(np.median([ps["dur"].median() for ps in have.values()]))
+    return med[late] - max(med[r] for r in others), spread, max(spread, MIN_QUIET_SHARE * step)
 
 
 OWN_REASONS = {"own_stall_us": "host_stall", "own_data_wait_us": "data_wait", "own_issue_us": "host_busy"}
