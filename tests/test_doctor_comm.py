@@ -49,8 +49,8 @@ def per_param():
 
 @pytest.fixture(scope="module")
 def ddp():
-    """dataloader_sync 2026-11-23, prefetch + DDP buckets: negative for per_param_allreduce and exposed_comm;
-    rank 1's DataLoader made it 20 ms late in the first step (late_rank positive)."""
+    """dataloader_sync 2026-11-23, prefetch + DDP buckets: negative for per_param_allreduce and exposed_comm; both
+    ranks input-bound, rank 1's DataLoader 20 ms late once in the first step (late_rank negative: no pattern)."""
     return run(traces("recorded-dataloader_sync", "*sync=ddp*"), sweep=SWEEP_RUN)
 
 
@@ -184,12 +184,12 @@ def test_late_rank_silent_where_the_profiler_slowed_one_host_more(ddp_late):
     assert f.ranks == (0, 1) and f.evidence["job_level"] and f.evidence["slowest_rank"] == 0
 
 
-def test_late_rank_blames_the_dataloader(ddp):
-    f = finding(ddp, "late_rank")
-    assert f is not None and f.ranks == (1,) and f.evidence["reason"] == "data_wait"
-    assert f.evidence["late_by_us_max"] == pytest.approx(20455, rel=0.1)  # the first bucket of the first step
-    assert f.cost_us_per_step == pytest.approx(15707, rel=0.15)
-    assert "DataLoader" in f.fix
+def test_late_rank_is_silent_on_one_dataloader_delay_of_an_input_bound_job(ddp):
+    """Both ranks wait for the same loader (input_bound); rank 1 is late at 3 of 9 collectives after one 20 ms delay,
+    91% likely by chance among 2 equal ranks, its own time no larger than rank 0's: no late rank."""
+    assert finding(ddp, "late_rank") is None
+    every = diagnose(traces("recorded-dataloader_sync", "*sync=ddp*"), workers=1)
+    assert every.findings[0].rule == "input_bound" and every.findings[0].ranks == (0, 1)
 
 
 def test_late_rank_silent_when_ranks_take_turns(ddp_jitter):
@@ -488,11 +488,13 @@ def test_load_sweep_unknown_binary(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------- notebook helpers
-def test_notebook_tables_text_and_figures(ddp):
+def test_notebook_tables_text_and_figures():
     from matplotlib.figure import Figure
 
     from kit.doctor import notebook as dn
     from kit.doctor.model import Finding
+
+    ddp = run(traces("late-rank"))
 
     t = dn.findings_table(ddp)
     assert list(t["rule"])[0] == "late_rank" and t["cost_us_per_step"].is_monotonic_decreasing

@@ -53,7 +53,8 @@ upper end may be the profiler's uneven slowing of equal hosts (``in_doubt``). Th
 decides: across the step's collectives, among equal ranks each is last at any one with chance 1 / (number of
 ranks); the rank is named only when it is materially last at more of them than that chance makes likely, at this
 one-sided binomial significance (the conventional 5% level, not a calibration). One delay that the next collectives
-inherit is one event, not a consistent late rank"""
+inherit is one event, not a consistent late rank. The same test holds for any reason (a DataLoader wait too) where
+the rank's own time per step shows no excess at all"""
 LATE_DOMINANCE = 2 / 3
 """late_rank names a rank only when the waiting it caused is at least this share of all waiting for late ranks"""
 
@@ -367,8 +368,8 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     if late_n < MIN_LATE and (own is None or not own["confirmed"] or own["in_doubt"]):
         return []  # late at one collective of its one step: named only where its own time per step says why
     chance = by_chance(int(mine["material"].sum()), len(inst), len(tl_of))
-    if same_work and own is not None and own["in_doubt"] and chance >= LATE_CHANCE:
-        return []  # one step, an excess within the estimate's range: one event unless its lateness recurs
+    if own is not None and (own["in_doubt"] if same_work else not own["confirmed"]) and chance >= LATE_CHANCE:
+        return []  # its own time shows no excess (or one in doubt), and chance makes it last as often: no pattern
     n = per_step_divisor(tl_of[late])
     by_own = own is not None and own["confirmed"] and own["kind"] == "gpu" and reason in SAME_WORK_REASONS
     if by_own:
