@@ -19,28 +19,20 @@ for its DataLoader, stalling, the allocator's device calls, issuing its work. Re
 not its window extended to the GPU work: a rank that waits runs ahead of its GPU, its host done with the step
 before the window's GPU part"""
 QUIET = "own_quiet_us"
-"""the part of a rank's own host time, outside collective calls, in stretches of a millisecond or more in which no
-event of the trace's CPU frame began or ended on any of its threads (:data:`kit.doctor.host_model.PER_STEP`): the host
-idle or descheduled -- Python work without ops, a sleep, or the process waiting for a core (CPU contention: its
-threads take the core back in slices of milliseconds, inside an op or between ops). Mostly not the profiler's, whose
-cost per op is paid at the events it records -- but the default CPU frame leaves out ops shorter than a millisecond,
-so a stretch of short CPU-only ops with no launch among them (indexing, collation on the host) counts too, with the
-profiler's cost on them (a limit: FINDINGS.md, "A CPU-contended rank").
-A host excess under the profiler's floor (:data:`PROFILER_NOISE`) but above every other rank's is still the rank's own
-where its quiet time exceeds every other rank's by more than their spread and :data:`MIN_QUIET_SHARE` of the
-step (:func:`quiet_excess`), and the excess is then the larger of the host's and the quiet time's (``by``: ``quiet``): the rest of the host's
-time, within the profiler's uneven slowing either way, says nothing against it. On equal hosts one rank's quiet time
-exceeds the others' by up to a few milliseconds on a step (FINDINGS.md, "A CPU-contended rank"): with one traced step
-and no measured overhead, such an excess stays ``in_doubt`` (its caller weighs it against the step's collectives)"""
+"""the part of a rank's own host time, outside collective calls, in stretches of 1 ms or more in which no event of
+the trace's CPU frame began or ended on any of its threads (:data:`kit.doctor.host_model.PER_STEP`): the host idle
+or descheduled (CPU contention takes the core in slices of milliseconds). Mostly not the profiler's, paid at the
+events it records -- but the default frame drops ops under 1 ms, so a stretch of short CPU-only ops counts too (a
+limit: FINDINGS.md, "A CPU-contended rank"). A host excess under the profiler's floor (:data:`PROFILER_NOISE`) but
+above every other rank's is the rank's own where its quiet excess clears :func:`quiet_excess`'s floor; the excess is
+then the larger of the two (``by``: ``quiet``). On one step with no measured overhead it stays ``in_doubt``"""
 OWN_GPU = "gpu_compute_us"
 """a rank's own GPU time: busy outside the collectives"""
 MIN_OWN_EXCESS_SHARE = 0.05
 """a late rank's own excess must reach this share of the step"""
 MIN_QUIET_SHARE = 0.10
-"""... and its quiet time's excess (:data:`QUIET`, which has no profiler floor) this share: over every committed
-multi-GPU control (``tests/data/doctor/corpus-*/*control*``, one step each) one rank's quiet time exceeds every
-other's by up to 6.6% of the step (the 4-GPU GPT control; the h200x2 CNN control 5.0%), on the contended runs by
-25-51%: 1.5x the controls' largest, 2.5x under the contended runs' least (FINDINGS.md, "A CPU-contended rank")"""
+"""... and its quiet excess (:data:`QUIET`, no profiler floor) this share: on the committed multi-GPU controls (one
+step each) it is at most 6.6% of the step, on the contended runs 25-51% (FINDINGS.md, "A CPU-contended rank")"""
 PROFILER_NOISE = 1.0
 """... and, for an excess of host time, this share of the profiler's own overhead on the late rank's step
 (:mod:`kit.doctor.overhead`): the profiler slows every rank's host, unevenly, by less than its overhead where the
@@ -50,24 +42,16 @@ job's host speed (:func:`at_job_speed`), so that a host slower for its own reaso
 
 
 def at_job_speed(overhead: dict | None) -> dict | None:
-    """Every rank's profiler overhead (rank -> :class:`kit.doctor.overhead.ProfilerOverhead`, as each rank's own
-    trace priced it) priced at the job's host speed instead, for comparing ranks: an estimate priced by the rank's
-    own kernel-launch length (:attr:`~kit.doctor.overhead.ProfilerOverhead.launch_us`) is scaled by the job's
-    reading over the rank's -- its host time, its exposed part and its overhead on the step (linear in the per-op
-    price; the profiler's own buffer events shown in the trace are scaled with them, a small part) -- and the caller
-    paces the job again (:func:`kit.doctor.overhead.job_floor`). A measured overhead is the job's (traced less
-    unprofiled step), and a table's price is not the rank's speed: both stay as they are.
-
-    Why two readings. A rank whose host is really slower -- CPU contention, the wrong NUMA node or core binding,
-    frequency throttling -- also launches its kernels more slowly, so its own reading prices its recorded ops
-    higher: right for netting that rank's own step (the profiler does cost a slow host more), wrong for comparing
-    it with the others, where the overhead is the allowance for the profiler slowing *equal* hosts unevenly
-    (:data:`PROFILER_NOISE`, ``in_doubt``): read at the slow host's speed it grows with the very slowness it should
-    expose, and the straggler excuses itself. The job's reading is the median over the ranks' launch lengths: the
-    typical host of the job -- not the fastest rank's, which would leave no allowance for the profiler's own uneven
-    slowing of the launches it times (the allowance the floor is for); with two ranks the median is their mean, so
-    a slowed rank still raises it by half its excess (a stated limit). None or a dict as given where no rank has a
-    launch reading."""
+    """Every rank's profiler overhead (rank -> :class:`kit.doctor.overhead.ProfilerOverhead`) priced at the job's host
+    speed, for comparing ranks: an estimate priced by the rank's own kernel-launch length (``launch_us``) is scaled by
+    the job's reading over the rank's (its host time, exposed part and overhead: linear in the per-op price), and the
+    caller paces the job again (:func:`kit.doctor.overhead.job_floor`). A measured overhead (traced less unprofiled
+    step) and a table's price stay as they are. Why: a really slower host (contention, NUMA, throttling) launches more
+    slowly too, so its own reading prices its ops higher -- right for netting its own step, wrong for comparing ranks,
+    where the overhead is the allowance for the profiler slowing *equal* hosts unevenly (:data:`PROFILER_NOISE`):
+    read at the slow host's speed, the straggler excuses itself. The job's reading is the median launch length (with
+    two ranks their mean: a slowed rank still raises it by half its excess, a stated limit). As given where no rank
+    has a launch reading."""
     import statistics
     from dataclasses import replace
 
@@ -101,17 +85,14 @@ def steady(host_steps: dict) -> dict:
 
 def own_excess(host_steps: dict, late: int, step_us: float | None, gpu_us: dict | None = None,
                overhead=None, kinds: tuple[str, ...] = ("host", "gpu")) -> dict | None:
-    """Does rank ``late`` have time of its own -- :data:`OWN_HOST` on its host, or GPU compute (``gpu_us``:
-    rank -> its compute kernels' summed time per step, where given: kernels that overlap a collective count too;
-    else :data:`OWN_GPU`) -- beyond every other rank's, by more than their spread, :data:`MIN_OWN_EXCESS_SHARE` of
-    the step and (host time) :data:`PROFILER_NOISE` of the profiler's overhead on its step (``overhead``: the rank's
-:class:`kit.doctor.overhead.ProfilerOverhead`, or None: none taken)? ``confirmed``,
-    ``excess_us`` (per step: what the job would gain were the rank as fast as the next slowest), ``kind`` ('host' or
-    'gpu'; ``kinds``: the ones asked), ``by`` (what confirmed it: the kind, or ``quiet``: :data:`QUIET`),
-    ``spread_us``, per rank the medians, and ``in_doubt``: confirmed by a host
-    excess on one step per rank (no step-to-step spread) that an estimated overhead could still be,
-    within its :data:`kit.doctor.overhead.ESTIMATE_RANGE` -- the profiler's uneven slowing of equal hosts, not ruled
-    out (its caller decides with the other evidence it has). None when the ranks' host steps are not all there."""
+    """Does rank ``late`` have time of its own -- :data:`OWN_HOST`, or GPU compute (``gpu_us``: rank -> its compute
+    kernels' time per step, overlapping a collective or not; else :data:`OWN_GPU`) -- beyond every other rank's by more
+    than their spread, :data:`MIN_OWN_EXCESS_SHARE` of the step and (host) :data:`PROFILER_NOISE` of the profiler's
+    overhead on its step (``overhead``: its :class:`kit.doctor.overhead.ProfilerOverhead` or None)? ``confirmed``,
+    ``excess_us`` (per step, beyond the next slowest), ``kind`` (of ``kinds``), ``by`` (the kind or ``quiet``),
+    ``spread_us``, per rank the medians, and ``in_doubt``: a host excess on one step that an estimated overhead could
+    still be, within :data:`kit.doctor.overhead.ESTIMATE_RANGE` (the caller weighs it). None without every rank's
+    host steps."""
     import numpy as np
 
     overhead_us = overhead.overhead_us if overhead is not None else 0.0

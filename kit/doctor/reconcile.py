@@ -252,9 +252,8 @@ def fold_into_late_rank(findings: list[Finding], accounts: list[tuple[int, Accou
     late_rank's evidence (``own_idle``) and sentence, and is not said again. One that names L as its worst rank
     and other ranks besides (``accounts`` given) is split: L's part is folded, the other ranks' part is said again
     from their accounts (net of the profiler where its slices are, ``overhead``). Slice findings whose worst rank
-    is another stay job-level findings. None is folded into a late_rank too small to be said (its severity on
-    ``step_us``: ``info``) that costs less than it: a cost late_rank could not confirm would hide them; a material
-    one may cost less (the job gains at most what the others waited)."""
+    is another stay job-level findings. None is folded into a late_rank that costs less and is too small to be said
+    (``info`` on ``step_us``); a material one may cost less (the job gains at most what the others waited)."""
     late = next((f for f in findings if f.rule == LATE_RANK), None)
     if late is None or len(late.ranks) != 1:
         return findings

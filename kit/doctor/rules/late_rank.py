@@ -46,15 +46,11 @@ slowdown accounts for at least this share of its GPU time's excess over the slow
 the excess is work the other ranks do not have (``gpu_busy``). The basis is the majority, not a calibration: the
 reason named is the one behind the larger part of the excess, as with :data:`LATE_EXPLAINED`"""
 LATE_CHANCE = 0.05
-"""with one traced step per rank there is no step-to-step spread, so the own-time check
-(:func:`kit.doctor.own_time.own_excess`) of a host excess has only the profiler's overhead on the step for a floor;
-an estimated overhead is uncertain by :data:`kit.doctor.overhead.ESTIMATE_RANGE` either way, so an excess within its
-upper end may be the profiler's uneven slowing of equal hosts (``in_doubt``). The spread the trace does have then
-decides: across the step's collectives, among equal ranks each is last at any one with chance 1 / (number of
-ranks); the rank is named only when it is materially last at more of them than that chance makes likely, at this
-one-sided binomial significance (the conventional 5% level, not a calibration). One delay that the next collectives
-inherit is one event, not a consistent late rank. The same test holds for any reason (a DataLoader wait too) where
-the rank's own time per step shows no excess at all"""
+"""a rank whose own time shows no excess (:func:`kit.doctor.own_time.own_excess` not confirmed), or one in doubt
+(one step: an excess within an estimated overhead's :data:`kit.doctor.overhead.ESTIMATE_RANGE`, maybe the
+profiler's uneven slowing of equal hosts), is named only when it is materially last at more of the collectives than
+chance makes likely among equal ranks (each last with chance 1 / ranks), at this one-sided binomial significance
+(the conventional 5% level, not a calibration): one delay that the next collectives inherit is one event"""
 LATE_DOMINANCE = 2 / 3
 """late_rank names a rank only when the waiting it caused is at least this share of all waiting for late ranks"""
 
@@ -160,12 +156,10 @@ def _extra_text(late: int, summaries: list, ev: dict) -> str:
 
 
 def own_gain(own: dict | None, reason: str | None, excess: dict, n: int) -> tuple[float | None, str]:
-    """What the job would gain were the late rank as fast as the others -- the cost, never more than the others'
-    waiting: its own time's excess over the slowest other rank (:func:`kit.doctor.own_time.own_excess`) where that
-    is confirmed, else the lateness its reason added beyond the others' same activity (``excess``, summed over the
-    collectives; ``n`` steps), else None (the others' waiting). Under the profiler the others' waiting grows with
-    the hosts' uneven slowing (every recorded op costs the host time); a difference of the ranks' own times
-    leaves most of it out. Returns (gain per step, basis)."""
+    """What the job would gain were the late rank as fast as the others (never more than the others' waiting): its
+    own time's confirmed excess over the slowest other rank (:func:`kit.doctor.own_time.own_excess`), else the
+    lateness its reason added beyond the others' same activity (``excess``, summed; ``n`` steps), else None (the
+    others' waiting, which grows with the profiler's uneven slowing of the hosts). Returns (gain per step, basis)."""
     if own is not None and own.get("confirmed") and own.get("excess_us", 0) > 0:
         return float(own["excess_us"]), "own_excess"
     if reason is not None and excess.get(reason, 0.0) > 0:
@@ -175,9 +169,8 @@ def own_gain(own: dict | None, reason: str | None, excess: dict, n: int) -> tupl
 
 def unprofiled_host_us(capture: dict | None) -> float | None:
     """The median of the host times :mod:`kit.capture` measured per step without the profiler on this rank
-    (``kitCapture.unprofiled_host_us``: the host's time from one ``step()`` call to the next, the GPU drained before
-    it -- issuing, the DataLoader, Python, and any wait the step itself makes for the GPU or a peer); None where the
-    trace has none."""
+    (``kitCapture.unprofiled_host_us``: one ``step()`` call to the next, the GPU drained before it, waits included);
+    None where the trace has none."""
     import statistics
 
     xs = [float(x) for x in (capture or {}).get("unprofiled_host_us") or [] if x is not None]
@@ -185,15 +178,14 @@ def unprofiled_host_us(capture: dict | None) -> float | None:
 
 
 def measured_excess(capture: dict | None, late: int, step_us: float | None = None) -> tuple[float, bool] | None:
-    """Rank ``late``'s host time per step as :mod:`kit.capture` measured it without the profiler
-    (:func:`unprofiled_host_us`) beyond the slowest other rank's, at least 0, and whether that excess is confirmed;
-    None unless every rank has it. A traced excess holds the contended host's share of the profiler's time; the
-    measured one does not. A confirmed one bounds the gain of a rank late for its host -- a bound, never a veto: a
-    drained step holds its waits, so an other rank's measured time holds part of the late rank's. Confirmed: the
-    excess and the median over the steps of the late rank's time beyond the slowest other's in that step both clear
-    :data:`kit.doctor.own_time.MIN_OWN_EXCESS_SHARE` of the step (``step_us``) and the range of the others' medians
-    (paired by step: a burst of contention lengthens the others' drained steps too). An unconfirmed one -- a median
-    of a few samples of bursts can fall among the others' -- bounds nothing: the traced cost stands."""
+    """Rank ``late``'s measured host time per step (:func:`unprofiled_host_us`) beyond the slowest other rank's, at
+    least 0, and whether that is confirmed; None unless every rank has it. The traced excess holds the contended
+    host's share of the profiler's time; this does not. A confirmed one bounds the gain of a rank late for its host
+    (a bound, never a veto: an other rank's drained step holds its waits for the late one). Confirmed: it and the
+    median over the steps of the late rank's time beyond the slowest other's in that step (paired: a burst lengthens
+    the others' drained steps too) both clear :data:`kit.doctor.own_time.MIN_OWN_EXCESS_SHARE` of the step and the
+    range of the others' medians. An unconfirmed one (a median of a few bursty samples can fall among the others')
+    bounds nothing: the traced cost stands."""
     import numpy as np
 
     from ..own_time import MIN_OWN_EXCESS_SHARE
@@ -213,26 +205,14 @@ def measured_excess(capture: dict | None, late: int, step_us: float | None = Non
 
 def others_host(ps, o, measured: float | None, waits: float | None, scale: float = 1.0) -> tuple[float, str, dict]:
     """One other rank's own host time per step without the profiler, for :func:`host_room` (``ps``: its per-step
-    frame; ``o``: its :class:`~kit.doctor.overhead.ProfilerOverhead` or None; ``measured``:
-    :func:`unprofiled_host_us`; ``waits``: :func:`step_waits`, as traced; ``scale``: the rank's step without the
-    profiler over its traced step). Two readings:
-
-    * the trace's own host time (:data:`kit.doctor.own_time.OWN_HOST`: issuing, the DataLoader, stalls -- not the
-      waits) less the profiler's own time on it, at least the larger of the overhead on the step and what its
-      recorded ops price (:attr:`kit.doctor.overhead.ProfilerOverhead.host_us`): an estimate, within the price's
-      range either way (basis ``estimated``);
-    * kit.capture's measured host time: the host's own time plus any wait the step itself makes (``.item()``, a
-      synchronize; under DDP such a wait also waits for the late rank's all-reduce) -- read as the host's own, it
-      leaves no room on a job whose steps end in ``loss.item()``.
-
-    Where the trace shows no wait inside the step (``waits`` 0), the measured time has none either -- the same
-    code -- and is the host's own (``measured``). Where it does, the measured time less those waits, netted of the
-    profiler as the step is (times ``scale``: the profiler stretches the traced step and the waits in it; a
-    first-order reading) (``measured_less_waits``) -- but never below the smaller of the two readings, each an
-    upper bound of the host's own time where the other errs (the estimate's price too low, the waits too short),
-    so no lower reading is believed (``estimated`` where that bound holds). The result lies between that smaller
-    reading and the measured time and is continuous in every input: no jump where the measured time passes the
-    step or the trace's reading. Returns (own host us, basis, the readings for the evidence)."""
+    frame; ``o``: its :class:`~kit.doctor.overhead.ProfilerOverhead` or None; ``measured``: :func:`unprofiled_host_us`;
+    ``waits``: :func:`step_waits`, as traced; ``scale``: its unprofiled over its traced step). Two readings: the
+    trace's own host time (:data:`kit.doctor.own_time.OWN_HOST`) less the profiler's on it, at least the larger of
+    the overhead on the step and its ops' price (``estimated``); and kit.capture's measured time, which holds any
+    wait the step makes (``.item()``; under DDP also for the late rank's all-reduce). With no traced wait the measured
+    time is the host's own (``measured``); else less those waits, scaled as the step is (``measured_less_waits``), but
+    never below the smaller reading, each an upper bound where the other errs (``estimated`` where that holds). The
+    result is continuous in every input. Returns (own host us, basis, the readings for the evidence)."""
     import numpy as np
 
     from ..own_time import OWN_HOST
@@ -255,17 +235,12 @@ def others_host(ps, o, measured: float | None, waits: float | None, scale: float
 def host_room(host_steps: dict, late: int, overhead: dict | None, capture: dict | None = None,
               waits: dict | None = None) -> tuple[float | None, str, dict]:
     """What the job could gain at most were the GPU-late rank ``late`` as fast as the others, as their hosts allow:
-    each other rank's step cannot be shorter than its own host time, so the least over the others of their step
-    less their own host time, both without the profiler: the step net of the overhead on it, the host time as
-    :func:`others_host` reads it (kit.capture's measured time where the trace carries it, less the waits the step
-    makes -- ``waits``: rank -> :func:`step_waits` --, else the trace's own host time net of the profiler's).
-    Comparing GPU time with GPU time alone overstates the gain where the others' steps are their hosts' (a
-    host-bound job whose late rank's extra kernels first fill its GPU's idle time). Each rank is netted with its
-    own overhead (the profiler does cost a slower host more: :func:`kit.doctor.own_time.at_job_speed` is for
-    comparing ranks, not for this). Returns (room, basis of the rank that bounds it, per other rank the readings):
-    room None where an other rank's host time *estimated* from the trace still exceeds its netted step (its issuing
-    threads overlap, or its launches queue behind its waiting GPU: not a pace) or the steps are not there; a
-    measured host time at or above the step leaves no room (0: the host is the pace; the cap stays continuous)."""
+    the least over the others of their step less their own host time (:func:`others_host`; ``waits``: rank ->
+    :func:`step_waits`), both net of the profiler, each rank with its own overhead. GPU time against GPU time alone
+    overstates the gain where the others' steps are their hosts' (the late rank's extra kernels first fill its GPU's
+    idle time). Returns (room, basis of the bounding rank, per other rank the readings): room None where an other
+    rank's *estimated* host time exceeds its netted step (overlapping threads, launches queued behind its GPU) or the
+    steps are missing; a measured host time at or above the step leaves 0."""
     import numpy as np
 
     from ..own_time import OWN_HOST
