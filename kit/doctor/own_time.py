@@ -93,8 +93,6 @@ def own_excess(host_steps: dict, late: int, step_us: float | None, gpu_us: dict 
     ``spread_us``, per rank the medians, and ``in_doubt``: a host excess on one step that an estimated overhead could
     still be, within :data:`kit.doctor.overhead.ESTIMATE_RANGE` (the caller weighs it). None without every rank's
     host steps."""
-    import numpy as np
-
     overhead_us = overhead.overhead_us if overhead is not None else 0.0
     estimated = overhead is not None and overhead.basis == "estimated"
     have = steady(host_steps)
@@ -102,30 +100,21 @@ def own_excess(host_steps: dict, late: int, step_us: float | None, gpu_us: dict 
         return None
     per = {}
     for r, ps in have.items():
-        host = ps[OWN_HOST].to_numpy(dtype=float)
-        gpu = ps[OWN_GPU].to_numpy(dtype=float)
-        if gpu_us and r in gpu_us and gpu_us[r] is not None:
-            gpu = np.array([float(gpu_us[r])])
-        per[r] = {"host_us": float(np.median(host)), "gpu_us": float(np.median(gpu)),
-                  "host_spread_us": float(np.ptp(np.percentile(host, [10, 90]))),
-                  "gpu_spread_us": float(np.ptp(np.percentile(gpu, [10, 90])))}
+        gpu = ps[OWN_GPU] if not (gpu_us and gpu_us.get(r) is not None) else [float(gpu_us[r])]
+        st = {**_stats("host", ps[OWN_HOST]), **_stats("gpu", gpu)}
+        per[r] = {k: st[k] for k in ("host_us", "gpu_us", "host_spread_us", "gpu_spread_us")}
         if QUIET in ps:
-            quiet = ps[QUIET].to_numpy(dtype=float)
-            per[r].update(quiet_us=float(np.median(quiet)), quiet_spread_us=float(np.ptp(np.percentile(quiet, [10, 90]))))
-    others = [p for r, p in per.items() if r != late]
-
-    def beyond(kind: str) -> tuple[float, float]:  # (excess over the slowest other rank, the others' spread)
-        vals = [p[f"{kind}_us"] for p in others]
-        return per[late][f"{kind}_us"] - max(vals), (max(vals) - min(vals)) + max(p[f"{kind}_spread_us"] for p in others)
-
-    out = {kind: beyond(kind) for kind in kinds}
-    step = step_us or float(np.median([ps["dur"].median() for ps in have.values()]))
+            per[r].update(_stats("quiet", ps[QUIET]))
+    out = {kind: _beyond(per, late, kind) for kind in kinds}
+    step = _step(have, step_us)
     floors = {k: max(out[k][1], MIN_OWN_EXCESS_SHARE * step, PROFILER_NOISE * overhead_us if k == "host" else 0.0)
               for k in out}
     by = "host"
-    q = quiet_excess(have, late, step) if "host" in out and 0 < out["host"][0] <= floors["host"] else None
-    if q is not None and q[0] > q[2]:  # the host's quiet time: no profiler floor (QUIET)
-        out["host"], floors["host"], by = (max(out["host"][0], q[0]), q[1]), q[2], "quiet"
+    if "host" in out and 0 < out["host"][0] <= floors["host"] and all("quiet_us" in p for p in per.values()):
+        q, q_spread = _beyond(per, late, "quiet")
+        q_floor = max(q_spread, MIN_QUIET_SHARE * step)
+        if q > q_floor:  # the host's quiet time: no profiler floor (QUIET)
+            out["host"], floors["host"], by = (max(out["host"][0], q), q_spread), q_floor, "quiet"
     kind = max(out, key=lambda k: out[k][0] - floors[k])
     (excess, spread), floor = out[kind], floors[kind]
     from .overhead import ESTIMATE_RANGE
@@ -142,18 +131,36 @@ def quiet_excess(host_steps: dict, late: int, step_us: float | None = None) -> t
     """Rank ``late``'s quiet time per step (:data:`QUIET`, median over :func:`steady`'s steps) beyond every other
     rank's, the others' spread (the range of their medians plus their largest p10-p90 spread) and the floor it must
     clear to confirm an excess: the larger of that spread and :data:`MIN_QUIET_SHARE` of the step (``step_us``, else
-    the ranks' median step). None unless every rank, two or more, has its quiet time."""
-    import numpy as np
-
+    the ranks' median step), as :func:`own_excess` reads it. None unless every rank, two or more, has its quiet
+    time."""
     have = steady(host_steps)
     if late not in have or len(have) < 2 or not all(QUIET in ps for ps in have.values()):
         return None
-    med = {r: float(np.median(ps[QUIET])) for r, ps in have.items()}
-    others = [r for r in have if r != late]
-    spread = max(med[r] for r in others) - min(med[r] for r in others) + max(
-        float(np.ptp(np.percentile(have[r][QUIET].to_numpy(dtype=float), [10, 90]))) for r in others)
-    step = step_us or float(np.median([ps["dur"].median() for ps in have.values()]))
-    return med[late] - max(med[r] for r in others), spread, max(spread, MIN_QUIET_SHARE * step)
+    excess, spread = _beyond({r: _stats("quiet", ps[QUIET]) for r, ps in have.items()}, late, "quiet")
+    return excess, spread, max(spread, MIN_QUIET_SHARE * _step(have, step_us))
+
+
+def _stats(kind: str, values) -> dict:
+    """``{kind}_us``: the median of a rank's per-step ``values``, ``{kind}_spread_us``: their p10-p90 range."""
+    import numpy as np
+
+    v = np.asarray(values, dtype=float)
+    return {f"{kind}_us": float(np.median(v)), f"{kind}_spread_us": float(np.ptp(np.percentile(v, [10, 90])))}
+
+
+def _beyond(per: dict, late: int, kind: str) -> tuple[float, float]:
+    """Rank ``late``'s ``kind`` (:func:`_stats`) beyond the slowest other rank's, and the others' spread: the range
+    of their medians plus their largest p10-p90 range."""
+    vals = [p[f"{kind}_us"] for r, p in per.items() if r != late]
+    wide = max(p[f"{kind}_spread_us"] for r, p in per.items() if r != late)
+    return per[late][f"{kind}_us"] - max(vals), max(vals) - min(vals) + wide
+
+
+def _step(have: dict, step_us: float | None) -> float:
+    """``step_us``, else the ranks' median step."""
+    import statistics
+
+    return step_us or float(statistics.median(ps["dur"].median() for ps in have.values()))
 
 
 OWN_REASONS = {"own_stall_us": "host_stall", "own_data_wait_us": "data_wait", "own_issue_us": "host_busy"}
