@@ -173,8 +173,13 @@ def unprofiled_host_us(capture: dict | None) -> float | None:
     None where the trace has none."""
     import statistics
 
-    xs = [float(x) for x in (capture or {}).get("unprofiled_host_us") or [] if x is not None]
+    xs = _host_samples(capture)
     return statistics.median(xs) if xs else None
+
+
+def _host_samples(capture: dict | None) -> list[float]:
+    """kit.capture's ``unprofiled_host_us`` samples of one rank (none where the trace has none)."""
+    return [float(x) for x in (capture or {}).get("unprofiled_host_us") or [] if x is not None]
 
 
 def measured_excess(capture: dict | None, late: int, step_us: float | None = None) -> tuple[float, bool] | None:
@@ -190,8 +195,7 @@ def measured_excess(capture: dict | None, late: int, step_us: float | None = Non
 
     from ..own_time import MIN_OWN_EXCESS_SHARE
 
-    xs = {r: [float(x) for x in (c or {}).get("unprofiled_host_us") or [] if x is not None]
-          for r, c in (capture or {}).items()}
+    xs = {r: _host_samples(c) for r, c in (capture or {}).items()}
     if late not in xs or len(xs) < 2 or not all(xs.values()):
         return None
     med = {r: float(np.median(v)) for r, v in xs.items()}
