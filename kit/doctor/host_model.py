@@ -82,7 +82,8 @@ idle gaps (under the profiler mostly the profiler's own time between the events 
 PER_STEP = ("step", "ts", "end", "dur") + tuple(f"{k}_us" for k in KINDS) + ("gpu_busy_us", "gpu_comm_us",
                                                                             "gpu_compute_us", "gpu_kernels_us",
                                                                             "own_host_us", "own_stall_us",
-                                                                            "own_data_wait_us", "own_quiet_us")
+                                                                            "own_data_wait_us", "own_quiet_us",
+                                                                            "own_quiet_longest_us")
 """the columns of :attr:`HostModel.per_step`; ``own_host_us``: the time any issuing thread spent in :data:`OWN_KINDS`
 inside the step's own annotation (the host's side of the step, not the window extended to its GPU work: a host that runs
 ahead of its GPU did its step's work before the window's GPU part); ``own_stall_us``, ``own_data_wait_us``: the main
@@ -91,7 +92,8 @@ thread's stall and data_wait inside it, on the same basis (the rest of ``own_hos
 which no event of the trace's CPU frame (annotations, runtime calls, collectives, DDP's reducer ops, ops of 1 ms or
 more: not the short ops the default frame leaves out) began or ended on any thread of the process -- the host idle or
 descheduled, inside an op or between ops, or running short CPU-only ops with no launch among them (GPU jobs; 0 on a
-CPU-only one, whose ops themselves run for milliseconds)"""
+CPU-only one, whose ops themselves run for milliseconds); ``own_quiet_longest_us``: the longest one of those stretches
+(a stall is one stretch, a contended core's lost time many: :mod:`kit.doctor.contended`)"""
 
 
 @dataclass(frozen=True)
@@ -420,10 +422,10 @@ def _finish(view, mode, win, main, threads, calls, sets, default: str, gpu, cpu=
         per_step[c] = _per_window(gpu[key], wa, wb) if gpu else 0.0
     per_step["gpu_compute_us"] = per_step["gpu_busy_us"] - per_step["gpu_comm_us"]
     own = _own_host(view, sets, win, default, main, calls)
-    for k in ("host", "stall", "data_wait", "quiet"):
+    for k in ("host", "stall", "data_wait", "quiet", "quiet_longest"):
         per_step[f"own_{k}_us"] = own[k]
     if mode != "gpu":  # a CPU-only job's ops run long with no event inside: no quiet time to tell from them
-        per_step["own_quiet_us"] = 0.0
+        per_step["own_quiet_us"] = per_step["own_quiet_longest_us"] = 0.0
     return HostModel(mode=mode, activity=act[["tid", "ts", "end", "kind", "name"]], per_step=per_step[list(PER_STEP)],
                      windows=win.reset_index(drop=True), main_tid=main, threads=tuple(threads), calls=calls, sets=sets)
 
@@ -448,7 +450,7 @@ def _own_host(view, sets: dict, win: "pd.DataFrame", default: str, main, calls) 
         a = by["ts"].reindex(win["step"]).to_numpy(dtype=float)
         b = by["end"].reindex(win["step"]).to_numpy(dtype=float)
     ok = ~np.isnan(a) & ~np.isnan(b) & (b > a)
-    out = {k: np.zeros(len(win)) for k in ("host", "stall", "data_wait", "quiet")}
+    out = {k: np.zeros(len(win)) for k in ("host", "stall", "data_wait", "quiet", "quiet_longest")}
     if not ok.any():
         return out
     lo, hi = float(a[ok].min()), float(b[ok].max())
@@ -471,7 +473,10 @@ def _own_host(view, sets: dict, win: "pd.DataFrame", default: str, main, calls) 
                 ua, ub = subtract((ua, ub), blocked)
                 mine = {k: subtract(v, blocked) for k, v in mine.items()}
         out["host"][ok] = covered(ua, ub, a[ok], b[ok])
-        out["quiet"][ok] = covered(*_quiet(view.trace.cpu, ua, ub), a[ok], b[ok])
+        qa, qb = _quiet(view.trace.cpu, ua, ub)
+        out["quiet"][ok] = covered(qa, qb, a[ok], b[ok])
+        out["quiet_longest"][ok] = [float(np.max(np.minimum(qb, y) - np.maximum(qa, x), initial=0.0))
+                                    for x, y in zip(a[ok], b[ok])]
         for k, v in mine.items():
             out[k][ok] = covered(*v, a[ok], b[ok])
     return out

@@ -26,6 +26,9 @@ events it records -- but the default frame drops ops under 1 ms, so a stretch of
 limit: FINDINGS.md, "A CPU-contended rank"). A host excess under the profiler's floor (:data:`PROFILER_NOISE`) but
 above every other rank's is the rank's own where its quiet excess clears :func:`quiet_excess`'s floor; the excess is
 then the larger of the two (``by``: ``quiet``). On one step with no measured overhead it stays ``in_doubt``"""
+QUIET_LONGEST = "own_quiet_longest_us"
+"""the longest of those quiet stretches in a step (:data:`kit.doctor.host_model.PER_STEP`): one stretch holds a
+stall's time, a contended core's is spread over many (:mod:`kit.doctor.contended`)"""
 OWN_GPU = "gpu_compute_us"
 """a rank's own GPU time: busy outside the collectives"""
 MIN_OWN_EXCESS_SHARE = 0.05
@@ -105,26 +108,35 @@ def own_excess(host_steps: dict, late: int, step_us: float | None, gpu_us: dict 
         per[r] = {k: st[k] for k in ("host_us", "gpu_us", "host_spread_us", "gpu_spread_us")}
         if QUIET in ps:
             per[r].update(_stats("quiet", ps[QUIET]))
+        if QUIET_LONGEST in ps:
+            per[r][QUIET_LONGEST] = _stats("q", ps[QUIET_LONGEST])["q_us"]
     out = {kind: _beyond(per, late, kind) for kind in kinds}
     step = _step(have, step_us)
     floors = {k: max(out[k][1], MIN_OWN_EXCESS_SHARE * step, PROFILER_NOISE * overhead_us if k == "host" else 0.0)
               for k in out}
-    by = "host"
-    if "host" in out and 0 < out["host"][0] <= floors["host"] and all("quiet_us" in p for p in per.values()):
+    quiet = None
+    if "host" in out and all("quiet_us" in p for p in per.values()):
         q, q_spread = _beyond(per, late, "quiet")
         q_floor = max(q_spread, MIN_QUIET_SHARE * step)
-        if q > q_floor:  # the host's quiet time: no profiler floor (QUIET)
-            out["host"], floors["host"], by = (max(out["host"][0], q), q_spread), q_floor, "quiet"
+        quiet = {"excess_us": round(q, 1), "spread_us": round(q_spread, 1), "floor_us": round(q_floor, 1),
+                 "confirmed": bool(q > q_floor)}
+    by = "host"
+    if quiet is not None and 0 < out["host"][0] <= floors["host"] and quiet["confirmed"]:
+        # the host's quiet time: no profiler floor (QUIET)
+        out["host"], floors["host"], by = (max(out["host"][0], q), q_spread), q_floor, "quiet"
     kind = max(out, key=lambda k: out[k][0] - floors[k])
     (excess, spread), floor = out[kind], floors[kind]
     from .overhead import ESTIMATE_RANGE
 
     one_step = max(len(ps) for ps in have.values()) < 2
-    doubt = excess > floor and kind == "host" and estimated and one_step and (
-        by == "quiet" or excess <= ESTIMATE_RANGE * PROFILER_NOISE * overhead_us)
-    return {"confirmed": bool(excess > floor), "in_doubt": bool(doubt), "excess_us": round(excess, 1), "kind": kind,
-            "by": by if kind == "host" else kind, "spread_us": round(spread, 1), "floor_us": round(floor, 1),
-            "per_rank": {str(r): {k: round(v, 1) for k, v in p.items()} for r, p in sorted(per.items())}}
+    doubt = (excess > floor and kind == "host" and estimated and one_step and not (quiet and quiet["confirmed"])
+             and excess <= ESTIMATE_RANGE * PROFILER_NOISE * overhead_us)
+    got = {"confirmed": bool(excess > floor), "in_doubt": bool(doubt), "excess_us": round(excess, 1), "kind": kind,
+           "by": by if kind == "host" else kind, "spread_us": round(spread, 1), "floor_us": round(floor, 1),
+           "per_rank": {str(r): {k: round(v, 1) for k, v in p.items()} for r, p in sorted(per.items())}}
+    if quiet is not None:
+        got["quiet"] = quiet
+    return got
 
 
 def quiet_excess(host_steps: dict, late: int, step_us: float | None = None) -> tuple[float, float, float] | None:

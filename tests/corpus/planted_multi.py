@@ -93,8 +93,9 @@ def _planted():
 
 P = _planted()
 
-ONE_RANK = 1
-"""the rank a one-rank fault is planted on"""
+ONE_RANK = int(os.environ.get("PLANTED_MULTI_RANK", "1"))
+"""the rank a one-rank fault is planted on (1; the environment variable ``PLANTED_MULTI_RANK`` moves it, read by the
+spawned ranks too; truth.json names it in ``expected_ranks``)"""
 SIZES = {
     "cuda": {"gpt": dict(vocab=8192, d=1024, layers=2, heads=16, seq=256, batch=8),
              "cnn": dict(width=64, blocks=1, img=64, batch=96, classes=100)},
@@ -126,8 +127,9 @@ FAULT_PARAMS = {
                    "optimizer.step, on one rank"},
     "gpu_rank": {"rank": ONE_RANK, "extra_gpu_ms": 8.0, "what": "square matmuls on that rank's GPU before its "
                  "backward (count calibrated to extra_gpu_ms at start)"},
-    "cpu_rank": {"rank": ONE_RANK, "cores": 1, "spinners": 1, "what": "every thread of that rank's process pinned "
-                 "to one core (os.sched_setaffinity) shared with busy-looping processes pinned there"},
+    "cpu_rank": {"rank": ONE_RANK, "cores": 1, "spinners": int(os.environ.get("PLANTED_MULTI_SPINNERS", "1")),
+                 "what": "every thread of that rank's process pinned to one core (os.sched_setaffinity) shared with "
+                 "``spinners`` busy-looping processes pinned there (PLANTED_MULTI_SPINNERS sets how many)"},
     "accum_no_sync": {"micro_batches": MICRO, "what": "loss.backward() per micro-batch, every one all-reduced"},
     "accum": {"micro_batches": MICRO, "what": "the first MICRO-1 backwards under DDP.no_sync()"},
     "tiny_buckets": {"bucket_cap_mb": 0.05},

@@ -1,0 +1,72 @@
+"""What a CPU-contended rank costs its job without the profiler (:func:`contended_gain`): the cost model of a rank
+whose host loses its core to other work (another process on its cores, a busy loop sharing them), read by
+``late_rank`` where it names a rank for its host and that rank's quiet time confirms the contention
+(:data:`kit.doctor.own_time.QUIET`; ``own_excess``'s ``quiet``).
+
+A contended host runs everything it does more slowly by one factor: the core is taken away from it for a share
+``q`` of its time, so each microsecond of its own work takes ``1 / (1 - q)`` -- its ops and the profiler's own
+time on them alike (the profiler's per-op cost is paid on the same core). The trace shows ``q``: the rank's quiet
+time beyond every other rank's over its own host time (quiet: no event begins or ends on any of its threads for 1 ms
+or more -- the core was elsewhere). The same code's host time without the profiler is the other ranks' traced own
+host time less the profiler's own time on their ops (:attr:`kit.doctor.overhead.ProfilerOverhead.host_us`, the
+estimate already made for each rank); the slowest of them sets the job's pace were the contended rank as fast. The
+contended rank's host then takes that times the stretch, and the job's step is the larger of its host and the
+step's GPU-bound time (the most GPU work of its own any rank does per step, :func:`kit.doctor.overhead.own_work`):
+the job gains ``max(U_late, G) - max(U, G)`` -- little where the GPU hides the host (a CNN), the whole stretch of
+the host's work where the host sets the pace (an eager transformer).
+
+Why not the traced excess: it holds the contended host's share of the profiler's own time (stretched too). Why not
+kit.capture's measured host times where they exist: each rank's drained step of a synchronous job holds its waits
+for the contended rank at the collectives (FSDP's all-gathers block the host; DDP's drained step waits for the
+all-reduce), so the other ranks' measured host is not their own work and the measured excess is low (FINDINGS.md,
+"A CPU-contended rank": 0.27-0.58x on 3 of 5 runs); it stays in the evidence."""
+
+from __future__ import annotations
+
+from .own_time import QUIET_LONGEST
+
+ONE_STRETCH = 0.5
+"""a contended core takes a rank's time in slices, spread over its step; a stall (a sleep, a long Python loop, a
+DataLoader's work on the main thread) is one stretch. The model applies only where the rank's longest quiet stretch
+(:data:`kit.doctor.own_time.QUIET_LONGEST`, median per step) holds less than this share of its quiet excess -- no one
+stretch holds most of it (the majority, as late_rank's ``LATE_EXPLAINED``: not a calibration). Elsewhere the rank's
+own excess is its cost. On the recorded runs (FINDINGS.md, "A CPU-contended rank"): the planted stalls and input
+stragglers 0.98-1.38 of the excess, the late-rank sample's two sleeps 0.64, the contended runs 0.28-0.62 (the last
+steps of three of them 0.55-1.0: costed by their own excess)"""
+
+
+def contended_gain(own: dict, late: int, overhead: dict | None, own_work: dict) -> dict | None:
+    """The model (module docstring) for rank ``late``: ``own`` is :func:`kit.doctor.own_time.own_excess`'s result
+    (its per-rank medians of own host and quiet time, its ``quiet`` excess, which must be confirmed), ``overhead``
+    rank -> :class:`kit.doctor.overhead.ProfilerOverhead` (each rank's own, for netting its own host), ``own_work``
+    rank -> GPU work of its own per step (:func:`kit.doctor.overhead.own_work`). Returns the gain per step and the
+    readings (``q``, ``stretch``, per other rank its host net of the profiler, ``U``, ``U_late``, ``G``), or None
+    where the quiet excess is not confirmed or a reading is missing."""
+    quiet = own.get("quiet") if own else None
+    per = own.get("per_rank") if own else None
+    if not quiet or not quiet.get("confirmed") or not per or str(late) not in per:
+        return None
+    mine = per[str(late)]
+    if not mine.get("host_us"):
+        return None
+    if mine.get(QUIET_LONGEST, 0.0) >= ONE_STRETCH * quiet["excess_us"]:
+        return None  # one stretch holds most of the excess: a stall (time of its own, not a stretch of its work)
+    q = quiet["excess_us"] / mine["host_us"]
+    if not 0 < q < 1:
+        return None
+    net = {}
+    for r, p in per.items():
+        if r == str(late):
+            continue
+        o = (overhead or {}).get(int(r))
+        if o is None or o.host_us is None:
+            return None
+        net[r] = max(0.0, p["host_us"] - o.host_us)
+    u = max(net.values())
+    stretch = 1.0 / (1.0 - q)
+    u_late = stretch * u
+    g = max(own_work.values(), default=0.0)
+    gain = max(u_late, g) - max(u, g)
+    return {"gain_us": round(gain, 1), "quiet_share": round(q, 3), "stretch": round(stretch, 3),
+            "others_host_net_us": {r: round(v, 1) for r, v in sorted(net.items())}, "host_us": round(u, 1),
+            "late_host_us": round(u_late, 1), "gpu_bound_us": round(g, 1)}

@@ -1,0 +1,62 @@
+"""The contended-host cost model (kit.doctor.contended) on synthetic per-step frames: what a rank whose core is shared
+with other work costs its job without the profiler, read from its quiet share of the host time, the other ranks'
+host net of the profiler and the GPU's own work."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from kit.doctor.contended import ONE_STRETCH, contended_gain
+from kit.doctor.own_time import own_excess
+
+
+def _ov(host_us: float):
+    from kit.doctor.overhead import ProfilerOverhead
+
+    return ProfilerOverhead(30_000.0, 30_000.0 - host_us, host_us, "estimated", "test", host_us=host_us)
+
+
+def _hosts(own: dict, quiet: dict, longest: dict) -> dict:
+    """Two steps per rank, every rank's step 30 ms; own host, quiet and longest quiet stretch per rank (us)."""
+    return {r: pd.DataFrame({"step": [0, 1], "dur": [30_000.0] * 2, "own_host_us": [own[r]] * 2,
+                             "gpu_compute_us": [2_000.0] * 2, "own_quiet_us": [quiet[r]] * 2,
+                             "own_quiet_longest_us": [longest[r]] * 2}) for r in own}
+
+
+def _gain(longest: float = 3_000.0, gpu: float = 2_000.0, quiet_late: float = 10_000.0):
+    """Rank 1 shares its core: 20 ms of host where rank 0 takes 12, of which 10 ms quiet (rank 0: none); the profiler's
+    own time on each rank's ops 4 ms."""
+    hs = _hosts({0: 12_000.0, 1: 20_000.0}, {0: 0.0, 1: quiet_late}, {0: 0.0, 1: longest})
+    own = own_excess(hs, 1, 30_000.0, None, _ov(4_000.0), kinds=("host",))
+    return contended_gain(own, 1, {0: _ov(4_000.0), 1: _ov(4_000.0)}, {0: gpu, 1: gpu})
+
+
+def test_the_stretch_of_the_others_host_net_of_the_profiler():
+    """q = 10 / 20 of rank 1's host quiet: a stretch of 2 on the others' 8 ms host without the profiler (12 less 4):
+    the job gains 8 ms per step -- not the traced 8 ms excess plus the stretched profiler's share, and not its 10 ms of
+    quiet time."""
+    got = _gain()
+    assert got["quiet_share"] == pytest.approx(0.5) and got["stretch"] == pytest.approx(2.0)
+    assert got["host_us"] == pytest.approx(8_000.0) and got["late_host_us"] == pytest.approx(16_000.0)
+    assert got["gain_us"] == pytest.approx(8_000.0)
+
+
+def test_a_gpu_that_hides_the_host_leaves_little_to_gain():
+    """The same host with 14 ms of GPU work of its own per step (a CNN): the contended host's 16 ms exceeds it by 2 ms,
+    and the uncontended host (8 ms) was hidden: the job gains 2 ms. With 20 ms of GPU work, nothing."""
+    assert _gain(gpu=14_000.0)["gain_us"] == pytest.approx(2_000.0)
+    assert _gain(gpu=20_000.0)["gain_us"] == pytest.approx(0.0)
+
+
+def test_one_stretch_is_a_stall_not_a_contended_core():
+    """The rank's quiet excess in one stretch (a sleep, a long Python loop): no stretch of its work, no model (its own
+    excess is its cost). At half the excess in the longest stretch or more: none; below: the model."""
+    assert _gain(longest=10_000.0) is None
+    assert _gain(longest=ONE_STRETCH * 10_000.0) is None
+    assert _gain(longest=ONE_STRETCH * 10_000.0 - 1.0) is not None
+
+
+def test_no_model_without_a_confirmed_quiet_excess():
+    """Quiet time beyond the others' under its floor (10% of the 30 ms step): the trace does not show the contention."""
+    assert _gain(quiet_late=2_500.0, longest=500.0) is None
