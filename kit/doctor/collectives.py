@@ -18,7 +18,11 @@ arrived, so on the early ranks it is long. Per instance, the shortest duration o
 ``exposed_comm`` counts the transfer part of each kernel (its last ``instance_min_us``) that no compute hid,
 ``late_rank`` the waiting part -- so one microsecond is never blamed on two causes. Who arrived last at each
 instance (``last``) and whether a row was launched inside a step (``in_step``) are columns of the matched frame
-(:func:`arrivals`), derived once. ``per_param_allreduce``,
+(:func:`arrivals`), derived once. The shortest duration is the transfer only where the rank that arrived last is
+among the ranks given: ``whole`` says an instance was seen on every rank of its process group (or its group's size is
+unknown); a subset of a bigger job's traces leaves every given rank possibly waiting for one not given, and such an
+instance's transfer is not known (``low_busbw`` judges whole instances only, ``exposed_comm`` counts none of a part
+of a group). ``per_param_allreduce``,
 ``comm_compute_contention`` and ``low_busbw`` time transfers, never waits.
 
 **Per step.** With ``ProfilerStep#N`` annotations, a cost is the total over the kernels launched inside the
@@ -235,16 +239,21 @@ def per_step_divisor(tl: Timeline) -> int:
 def arrivals(df: "pd.DataFrame", tl_of: dict[int, Timeline]) -> "pd.DataFrame":
     """``df`` (:func:`matched`) with ``last`` -- the row of each instance seen on 2+ ranks whose kernel is shortest:
     the rank that arrived last and waited for no one (the first such row on a tie); False on rows seen on one rank
-    only -- and ``in_step``: launched inside a profiled step of its rank (every row of a rank whose trace has no
-    steps). Derived here once for every reader (:meth:`kit.doctor.context.JobContext.collectives`)."""
+    only --, ``in_step``: launched inside a profiled step of its rank (every row of a rank whose trace has no
+    steps) -- and ``whole``: the instance was seen on every rank of its process group, or its group's size is not
+    known (the module docstring: only then is its shortest kernel the transfer). Derived here once for every reader
+    (:meth:`kit.doctor.context.JobContext.collectives`)."""
     import numpy as np
+
+    size = df["group_size"].to_numpy(dtype=float)
+    whole = np.isnan(size) | (df["ranks_seen"].to_numpy(dtype=float) >= size)
 
     multi = df[df["ranks_seen"] > 1]
     last = np.zeros(len(df), dtype=bool)
     if len(multi):
         last[df.index.get_indexer(multi.groupby(["match_key", "instance"])["dur_us"].idxmin())] = True
     stepped = df["rank"].map(lambda r: bool(tl_of[int(r)].steps)).to_numpy(dtype=bool)
-    return df.assign(last=last, in_step=~stepped | df["step"].notna().to_numpy())
+    return df.assign(last=last, in_step=~stepped | df["step"].notna().to_numpy(), whole=whole)
 
 
 def no_collectives(summaries: list[tuple[int, Timeline]]) -> bool:

@@ -30,7 +30,10 @@ def judge_exposed(summaries, ctx) -> list[Finding] | Skip:
                                "hidden_share": num(1 - ex / tr, 3) if tr else None}
     # the job's cost: per collective instance, the exposure on the rank that arrived last (the others were
     # waiting for it anyway); collectives seen on one rank only (point-to-point) count on their own rank
-    last = df[df["last"]]
+    # an instance seen on 2+ ranks but not on every rank of its group: the rank given that arrived last may have
+    # waited for one not given, so its transfer is not known (kit.doctor.collectives: ``whole``); none is counted
+    part = (df["ranks_seen"] > 1) & ~df["whole"]
+    last = df[df["last"] & ~part]
     single = df[df["ranks_seen"] <= 1].groupby("rank")["exposed_transfer_us"].sum()
     cost = (float(last["exposed_transfer_us"].sum()) + float(single.max() if len(single) else 0.0)) / n
     if cost <= 0:
@@ -40,6 +43,8 @@ def judge_exposed(summaries, ctx) -> list[Finding] | Skip:
     step_d = d[d["step"] == d["step"].min()] if steps else d
     w = per_rank[str(worst)]
     ev = {"exposed_us_per_step": num(cost), "rank": worst, **w, "per_rank": per_rank, "matched_across_ranks": multi,
+          **({"not_counted_part_of_group_us_per_step": num(float(df[df["last"] & part]["exposed_transfer_us"].sum())
+                                                           / n)} if part.any() else {}),
           "excerpt": excerpt(worst, float(step_d["start_us"].min()), float(step_d["end_us"].max()))}
     summary = (f"{cost:.0f} us per step of communication ran with no compute beside it on the rank that arrived "
                f"last; rank {worst} hid {100 * (w['hidden_share'] or 0):.0f}% of its "
@@ -62,7 +67,10 @@ rule(Rule(id="exposed_comm", title="communication not hidden behind compute", ju
                "fewer bytes (bf16 gradients, a compression comm hook) or use a faster interconnect."),
           caveats=("Counts the transfer part of each kernel (its duration on the rank that arrived last) on the rank"
                    " that arrived last at each collective (the critical path); waiting for a late peer is "
-                   "late_rank's. Kernels of several process groups running at once are each counted. Overlapped "
+                   "late_rank's. A collective seen on some ranks of its group but not all (a subset of a job's "
+                   "traces) is not counted: the rank given that arrived last may have waited for one not given "
+                   "(evidence: not_counted_part_of_group_us_per_step). Kernels of several process groups running at "
+                   "once are each counted. Overlapped "
                    "communication is not free either: it competes with compute for SMs and memory bandwidth "
                    "(comm_compute_contention)."),
           notebook="collective_tracing"))

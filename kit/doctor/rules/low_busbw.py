@@ -140,6 +140,22 @@ def _basis_iv(tl: Timeline, held: bool, dev: str) -> "pd.DataFrame":
     return iv[iv["device"].astype(str) == dev]
 
 
+def whole_groups(df: "pd.DataFrame") -> "tuple[pd.DataFrame, str]":
+    """The instances seen on every rank of their process group (:func:`kit.doctor.collectives.arrivals`' ``whole``),
+    and why the others were left out ('' when none was): where some ranks of a group are not given (a subset of a
+    bigger job's traces, one rank's trace), every given rank may have waited for one that is not, and a busbw from
+    its kernel says how late the missing ranks were, not what the links deliver."""
+    if df["whole"].all():
+        return df, ""
+    part = df[~df["whole"]]
+    seen, of = int(part["ranks_seen"].max()), int(part["group_size"].max())
+    why = (f"{len(part.drop_duplicates(['match_key', 'instance']))} collective instance(s) seen on {seen} of the "
+           f"{of} ranks of their process group: with the group's other ranks not given, every kernel given may hold "
+           "waiting for one of them, so the transfer time (and busbw) is not known; only collectives seen on every "
+           "rank of their group are judged")
+    return df[df["whole"]], why
+
+
 def judge_low_busbw(summaries: list[tuple[int, Timeline]], ctx) -> list[Finding] | Skip:
     from ...traces import summary as comm_summary
     from ..busbw_reference import environment_differences
@@ -152,6 +168,9 @@ def judge_low_busbw(summaries: list[tuple[int, Timeline]], ctx) -> list[Finding]
     if df["bytes"].isna().all():
         return Skip("low_busbw", "the NCCL kernels carry no collective metadata (bytes unknown: torch < 2.3?); "
                                  "busbw cannot be computed")
+    df, partial = whole_groups(df)
+    if df.empty:
+        return Skip("low_busbw", partial)
     basis = _basis(ctx)
     if isinstance(basis, Skip):
         return basis
@@ -175,7 +194,8 @@ def judge_low_busbw(summaries: list[tuple[int, Timeline]], ctx) -> list[Finding]
                      "ratio": float(r.busbw_gbps_p50) / ref, "dur_us_p50": float(r.dur_us_p50),
                      "group_size": r.group_size, "reference_source": src})
     where = "the sweep covers" if basis.kind == "sweep" else "the reference table's bandwidth-bound sizes cover"
-    notes = {"outside_reference_sizes": outside, "not_in_reference": sorted(missing)}
+    notes = {"outside_reference_sizes": outside, "not_in_reference": sorted(missing),
+             **({"left_out": partial} if partial else {})}
     low = [r for r in rows if r["ratio"] < LOW_BUSBW_RATIO]
     if not rows:
         return Skip("low_busbw", f"{where} none of the traced collectives at their sizes "
@@ -219,8 +239,10 @@ rule(Rule(id="low_busbw", title="collectives slower than this machine's links de
                "protocol, channels and transport per communicator); unset NCCL_ALGO/NCCL_PROTO/NCCL_MAX_NCHANNELS "
                "overrides; check NCCL_P2P_DISABLE, NCCL_IB_HCA/NCCL_SOCKET_IFNAME; run the sweep with the job's "
                "environment to confirm."),
-          caveats=("Traced durations are the per-instance minimum over ranks (the transfer, not the waiting) when 2+ "
-                   "ranks are given; with one rank they include waiting and understate busbw. The cost is the part of "
+          caveats=("Traced durations are the per-instance minimum over ranks (the transfer, not the waiting), judged "
+                   "only for collectives seen on every rank of their process group: with some of its ranks not given "
+                   "(one rank's trace, a subset of a bigger job's) the ranks given may have waited for one that is not, "
+                   "and those collectives are skipped, said in the evidence or the skip. The cost is the part of "
                    "the longer time during which launched GPU work waited behind the collectives on every rank, "
                    "summed per instance and at most what the union of their tails holds on each rank (instances running "
                    "at once count their shared held time once; still an upper bound where one collective's delay is "
