@@ -146,7 +146,13 @@ CONTENDED_MISSES: dict[str, str] = {"corpus-h100x2/cnn-ddp-fp32-cpu_rank": "late
                                     "share (0.50, a stretch of 1.99) on the others' host net of the profiler (7.74 ms) puts "
                                     "rank 1's host at 15.4 ms against the GPU's 10.8; unprofiled the contended host mostly "
                                     "kept up with the GPU (its steps' p10 10.29 ms, the control's median). Its 2 traced "
-                                    "steps: 2.70 ms, 1.61x (FINDINGS.md, A CPU-contended rank)"}
+                                    "steps: 2.70 ms, 1.61x (FINDINGS.md, A CPU-contended rank)",
+                                    "corpus-h100x2/gpt-ddp-bf16-cpu_rank0-tb": "held out (rank 0 contended): late_rank "
+                                    "[0] is first, for its host, but at its own excess 13.21 ms, 4.96x of +2.66 ms (rounds "
+                                    "+0.44..+6.80): its longest quiet stretch holds half its quiet excess (8.08 of 16.15 "
+                                    "ms), so the model does not apply (it would give 2.76x on the 2 traced steps); the "
+                                    "same job with rank 1 contended added +10.55 ms in s7r3 (FINDINGS.md, A CPU-contended "
+                                    "rank)"}
 
 
 def _contended():
@@ -159,9 +165,10 @@ def _contended():
 @pytest.mark.parametrize("case", list(_contended()) or [pytest.param(None, marks=pytest.mark.skip(
     reason="no case here"))])
 def test_a_contended_rank_is_named_for_its_host(case):
-    """2 H100s, bf16 GPT (DDP, FSDP), fp32 CNN; every thread of rank 1's process pinned to one core shared with a
-    busy-looping process (planted_multi's cpu_rank, interleaved with its control; the last traced step committed):
-    the scheduler takes rank 1's core away in slices of milliseconds, inside its ops and between them. The right
+    """2 H100s, bf16 GPT (DDP, FSDP), fp32 CNN; every thread of one rank's process (1; 0 in ``cpu_rank0``) pinned to
+    one core shared with a busy-looping process (two in ``2spin``; planted_multi's cpu_rank, interleaved with its
+    control; the last traced step committed; the ``cpu_rank0``/``2spin`` cases held out, recorded after the model was
+    set): the scheduler takes the rank's core away in slices of milliseconds, inside its ops and between them. The right
     answer: late_rank names it, for its host (the reason a host kind: the slices show as its host's stalls), its own
     excess confirmed and not in doubt, at 0.5-2x the time the contention added. Where its quiet time is spread over
     the step (no one stretch holds half its quiet excess) the cost is the contended-host model (kit.doctor.contended,
@@ -180,10 +187,11 @@ def test_a_contended_rank_is_named_for_its_host(case):
         assert f.evidence["measured_host_excess_us"] > 0
     # the truth names host_busy (the same work issued more slowly); the scheduler's slices show in the trace as the
     # host's stalls too, whose fix names another process on the rank's cores: either is its host
-    assert f.rule == "late_rank" and f.ranks == (1,) and f.evidence["reason"] in (t["expected_reason"], "host_stall")
+    late = tuple(t["expected_ranks"])
+    assert f.rule == "late_rank" and f.ranks == late and f.evidence["reason"] in (t["expected_reason"], "host_stall")
     own = f.evidence["own_excess"]
     assert own["kind"] == "host" and own["confirmed"] and not own["in_doubt"] and own["quiet"]["confirmed"]
-    spread = own["per_rank"]["1"][QUIET_LONGEST] < ONE_STRETCH * own["quiet"]["excess_us"]
+    spread = own["per_rank"][str(late[0])][QUIET_LONGEST] < ONE_STRETCH * own["quiet"]["excess_us"]
     assert f.evidence["cost_basis"] == ("contended_host" if spread else "own_excess")
     assert 0.5 <= f.cost_us_per_step / t["added_us"] <= 2.0
 

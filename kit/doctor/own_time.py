@@ -25,7 +25,8 @@ or descheduled (CPU contention takes the core in slices of milliseconds). Mostly
 events it records -- but the default frame drops ops under 1 ms, so a stretch of short CPU-only ops counts too (a
 limit: FINDINGS.md, "A CPU-contended rank"). A host excess under the profiler's floor (:data:`PROFILER_NOISE`) but
 above every other rank's is the rank's own where its quiet excess clears :func:`quiet_excess`'s floor; the excess is
-then the larger of the two (``by``: ``quiet``). On one step with no measured overhead it stays ``in_doubt``"""
+then the larger of the two (``by``: ``quiet``). A confirmed quiet excess also takes a host excess on one step out of
+doubt (``in_doubt``): quiet time is not the profiler's, which is paid at the events it records"""
 QUIET_LONGEST = "own_quiet_longest_us"
 """the longest of those quiet stretches in a step (:data:`kit.doctor.host_model.PER_STEP`): one stretch holds a
 stall's time, a contended core's is spread over many (:mod:`kit.doctor.contended`)"""
@@ -93,9 +94,10 @@ def own_excess(host_steps: dict, late: int, step_us: float | None, gpu_us: dict 
     than their spread, :data:`MIN_OWN_EXCESS_SHARE` of the step and (host) :data:`PROFILER_NOISE` of the profiler's
     overhead on its step (``overhead``: its :class:`kit.doctor.overhead.ProfilerOverhead` or None)? ``confirmed``,
     ``excess_us`` (per step, beyond the next slowest), ``kind`` (of ``kinds``), ``by`` (the kind or ``quiet``),
-    ``spread_us``, per rank the medians, and ``in_doubt``: a host excess on one step that an estimated overhead could
-    still be, within :data:`kit.doctor.overhead.ESTIMATE_RANGE` (the caller weighs it). None without every rank's
-    host steps."""
+    ``spread_us``, per rank the medians, ``in_doubt``: a host excess on one step that an estimated overhead could
+    still be, within :data:`kit.doctor.overhead.ESTIMATE_RANGE`, and no confirmed quiet excess (the caller weighs it),
+    and ``quiet`` where every rank has its quiet time: the late rank's quiet excess, the others' spread, the floor it
+    must clear (as :func:`quiet_excess`) and whether it does. None without every rank's host steps."""
     overhead_us = overhead.overhead_us if overhead is not None else 0.0
     estimated = overhead is not None and overhead.basis == "estimated"
     have = steady(host_steps)
