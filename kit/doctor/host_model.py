@@ -67,9 +67,8 @@ free (FINDINGS, thresholds table); a thread that resumes later is the host not r
 work without a recorded op, which the trace cannot tell apart: past one stall's length it is the rank's own stall"""
 PROFILER_EVENTS = ("Activity Buffer Request", "Buffer Flush")
 """CUPTI's events (category ``overhead``) of the profiler's own host time: allocating an activity buffer, flushing
-one. In the 4-GPU GPT DDP control's first traced step, three 1.0-1.3 ms stretches with no op on two ranks lay inside
-17.7 / 14.5 ms buffer requests (ops there took 57-91 us, ``aten::empty``): the profiler's time, which had been a
-host stall (FINDINGS.md). Not ``Command Buffer Full``: a launch waiting for the GPU's full queue is the job's"""
+one -- stretches with no op inside them are the profiler's, not a host stall (FINDINGS.md). Not ``Command Buffer
+Full``: a launch waiting for the GPU's full queue is the job's"""
 COMM_WAIT_OPS = ("c10d::wait", "c10d::barrier", "c10d::monitored_barrier", "gloo:")
 """op names (prefixes) of a thread blocked on a collective or a peer in a GPU job: a ``wait()`` on a work
 handle, a barrier, a gloo op run on the thread itself"""
@@ -89,11 +88,11 @@ inside the step's own annotation (the host's side of the step, not the window ex
 ahead of its GPU did its step's work before the window's GPU part); ``own_stall_us``, ``own_data_wait_us``: the main
 thread's stall and data_wait inside it, on the same basis (the rest of ``own_host_us`` is issuing and the allocator);
 ``own_quiet_us``: the part of ``own_host_us`` outside collective calls in stretches of :data:`STALL_US` or longer in
-which no event of the trace's CPU frame (annotations, runtime calls, collectives, DDP's reducer ops, ops of 1 ms or
-more: not the short ops the default frame leaves out) began or ended on any thread of the process -- the host idle or
-descheduled, inside an op or between ops, or running short CPU-only ops with no launch among them (GPU jobs; 0 on a
-CPU-only one, whose ops themselves run for milliseconds); ``own_quiet_longest_us``: the longest one of those stretches
-(a stall is one stretch, a contended core's lost time many: :mod:`kit.doctor.contended`)"""
+which no recorded CPU event (annotations, runtime calls, ops -- the short ops the default frame leaves out too, through
+:attr:`kit.traces.Trace.short_spans`) began or ended on any thread of the process -- the host idle or descheduled,
+inside an op or between ops (GPU jobs; 0 on a CPU-only one, whose ops themselves run for milliseconds);
+``own_quiet_longest_us``: the longest one of those stretches (a stall is one stretch, a contended core's lost time
+many: :mod:`kit.doctor.contended`)"""
 
 
 @dataclass(frozen=True)
@@ -473,7 +472,7 @@ def _own_host(view, sets: dict, win: "pd.DataFrame", default: str, main, calls) 
                 ua, ub = subtract((ua, ub), blocked)
                 mine = {k: subtract(v, blocked) for k, v in mine.items()}
         out["host"][ok] = covered(ua, ub, a[ok], b[ok])
-        qa, qb = _quiet(view.trace.cpu, ua, ub)
+        qa, qb = _quiet(view.trace.cpu, ua, ub, view.trace.short_spans)
         out["quiet"][ok] = covered(qa, qb, a[ok], b[ok])
         out["quiet_longest"][ok] = [float(np.max(np.minimum(qb, y) - np.maximum(qa, x), initial=0.0))
                                     for x, y in zip(a[ok], b[ok])]
@@ -482,24 +481,26 @@ def _own_host(view, sets: dict, win: "pd.DataFrame", default: str, main, calls) 
     return out
 
 
-def _quiet(cpu, ua, ub) -> "tuple[np.ndarray, np.ndarray]":
+def _quiet(cpu, ua, ub, short=((), ())) -> "tuple[np.ndarray, np.ndarray]":
     """The stretches of :data:`STALL_US` or longer inside the spans ``ua``-``ub``, less the spans of the collective ops
     (:data:`kit.traces.frames.COMM_OPS`, any thread: a thread in a collective's call waits for it, as ``comm_wait``
-    does), in which no event of ``cpu`` (every thread) begins or ends."""
+    does), in which no event of ``cpu`` (every thread) begins or ends, nor a short op the frame left out (outside
+    ``short``, :attr:`kit.traces.Trace.short_spans`: exact while :data:`STALL_US` >= their merging gap)."""
     import numpy as np
 
     from ..traces.intervals import cover
 
+    sa, sb = (np.asarray(x, dtype=float) for x in short)
     if cpu is not None and len(cpu):
         comm = cpu[name_mask(cpu["name"], lambda n: n.str.match(COMM_OPS))]
         if len(comm):
             ua, ub = subtract((ua, ub), union_np(comm["ts"].to_numpy(dtype=float), comm["end"].to_numpy(dtype=float)))
     if not len(ua):
         return ua, ub
-    pts = np.unique(np.r_[ua, ub, cpu["ts"].to_numpy(dtype=float), cpu["end"].to_numpy(dtype=float)]
-                    if cpu is not None and len(cpu) else np.r_[ua, ub])
+    pts = np.unique(np.r_[ua, ub, sa, sb, cpu["ts"].to_numpy(dtype=float), cpu["end"].to_numpy(dtype=float)]
+                    if cpu is not None and len(cpu) else np.r_[ua, ub, sa, sb])
     s, e = pts[:-1], pts[1:]
-    m = ((e - s) >= STALL_US) & cover(ua, ub, s)
+    m = ((e - s) >= STALL_US) & cover(ua, ub, s) & ~cover(sa, sb, s)
     return s[m], e[m]
 
 

@@ -22,12 +22,9 @@ lists of varying depth) are stored as their JSON text and decoded on read. The t
 file's schema metadata. Parquet rather than Arrow IPC: compressed (a 100 MB trace's frames are a few MB), and
 readable by every dataframe tool.
 
-**On by default, because measured so** (``kit trace gaps`` on the generated 105 MB trace of
-``benchmarks/bench_trace_tools.py``, CPU seconds of each command -- the shared 2-core box's wall time said
-little; the table is in benchmarks/README.md): writing the entry adds about a tenth to a first run, and a second
-run on the same file reads it instead of parsing, for about a third of the first's CPU. Entries written and
-read through pandas, as before, cost a first run about half again (its import) for a second run only a third
-cheaper: a loss for a trace analysed once, hence pyarrow's buffers here.
+**On by default, because measured so** (benchmarks/README.md): writing the entry adds about a tenth to a first run
+of ``kit trace gaps``, a second run reads it for about a third of the first's CPU; through pandas it was a loss for a
+trace analysed once, hence pyarrow's buffers here.
 """
 
 from __future__ import annotations
@@ -43,7 +40,7 @@ from typing import Any
 
 from .columns import Columns, _categorical
 
-VERSION = 8
+VERSION = 9
 """bump when the frames built from a trace change (columns, dtypes, what is kept)"""
 _DIR = ".kitcache"
 _EDGE = 1 << 20

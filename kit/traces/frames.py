@@ -178,7 +178,7 @@ class TraceInfo:
     short_ops: int = 0
     """``cpu_op`` events of the file that the default CPU frame left out (shorter than :data:`LONG_CPU_OP_US`, not
     kept by name): counted, not kept -- the profiler's own overhead grows with every op it recorded
-    (:mod:`kit.doctor.overhead`)"""
+    (:mod:`kit.doctor.overhead`); where they ran is :attr:`Trace.short_spans`"""
 
 
 CpuMode = Literal["none", "comm", "default", "all"]
@@ -194,8 +194,14 @@ class Trace:
 
     def __init__(self, path: Path | None, gpu: "pd.DataFrame | Columns", cpu: "pd.DataFrame | Columns",
                  info: TraceInfo, adapter: str, header: dict | None = None, events: list[dict] | None = None,
-                 warnings: Iterable[str] = ()):
+                 warnings: Iterable[str] = (), short_spans: "tuple[np.ndarray, np.ndarray] | None" = None):
+        import numpy as np
+
         self.path, self.info, self.adapter = path, info, adapter
+        self.short_spans = tuple(np.asarray(x, dtype=float) for x in (short_spans or ((), ())))
+        """where the ops the default frame left out (:attr:`TraceInfo.short_ops`, any thread) ran, merged where less
+        than :data:`LONG_CPU_OP_US` apart: those ops being shorter, a stretch that long or longer holds none of their
+        ends exactly where it lies outside these few spans (the host model's quiet time)"""
         self.header = {} if header is None else header
         self.events = events
         self.warnings: tuple[str, ...] = tuple(warnings)
@@ -313,7 +319,7 @@ def load_trace(path: str | Path, *, cpu: CpuMode = "default", raw: bool = False,
         t = _build(header, chunks, path=p, adapter=adapter, cpu=cpu, n_events=n_events)
     if use_cache:
         meta = {"header": t.header, "adapter": t.adapter, "events": t.info.events, "short_ops": t.info.short_ops,
-                "warnings": list(t.warnings)}
+                "short_spans": [t.short_spans[0].tolist(), t.short_spans[1].tolist()], "warnings": list(t.warnings)}
         _cache.write(p, cpu, _parser(adapter), t._frames["gpu"], t._frames["cpu"], meta)
     return t
 
@@ -334,7 +340,8 @@ def _cached_trace(path: Path, gpu: Columns, cpu: Columns, meta: dict[str, Any]) 
     ad = next((a for a in ADAPTERS if a.name == meta.get("adapter")), None) or adapter_for(header)
     return Trace(path=path, gpu=gpu, cpu=cpu, info=trace_info(header, ad, int(meta.get("events") or 0),
                                                              int(meta.get("short_ops") or 0)),
-                 adapter=ad.name, header=header, warnings=meta.get("warnings") or ())
+                 adapter=ad.name, header=header, warnings=meta.get("warnings") or (),
+                 short_spans=meta.get("short_spans") or None)
 
 
 def keep_predicate(cpu: CpuMode = "default") -> Callable[[dict], bool]:
@@ -379,6 +386,10 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
     (:func:`kit.traces.parse.names`/``arg_columns``), and every column grows by one comprehension -- no per-event
     dict or row tuple, and a chunk's events are dropped before the next is decoded. Each chunk's columns are made
     compact (:func:`to_columns`) before the next, and joined at the end (:func:`kit.traces.columns.concat`)."""
+    import numpy as np
+
+    from .intervals import union_np
+
     rest, head, n_head = iter(chunks), [], 0
     while n_head < ADAPTER_WINDOW and (c := next(rest, None)) is not None:
         head.append(c)
@@ -430,9 +441,9 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
         into["dur"] += [e.dur for e in evs]
         return arg_columns(evs, g_keys if gpu else c_keys)
 
-    def chunk(events: list) -> tuple[Columns, Columns, list[tuple[float, float]], int]:
-        """One chunk's GPU and CPU columns, its profiler windows and its short ops dropped: every list of its
-        events is local, so they all go when it returns."""
+    def chunk(events: list) -> tuple[Columns, Columns, list[tuple[float, float]], "np.ndarray"]:
+        """One chunk's GPU and CPU columns, its profiler windows and its dropped short ops' (ts, dur): every list
+        of its events is local, so they all go when it returns."""
         g: dict[str, list] = {c: [] for c in ("name", "cat", "ts", "dur", "device", "stream", *g_cols)}
         cc: dict[str, list] = {c: [] for c in ("name", "cat", "ts", "dur", "pid", "tid", *c_cols)}
         w = [e for e in events if e.cat == WINDOW_CAT and e.ph == "X" and e.ts is not None and e.dur]
@@ -445,14 +456,18 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
             g[c] += arg(a, c, len(g_ev))
         c_ev = [e for e in events if e.cat in whole and e.ph == "X"]
         c_names = names(c_ev)
-        short = 0
+        short = np.empty((2, 0))
         if by_name:
             cand = [e for e in events if e.cat in by_name and e.ph == "X"]
-            sel = [(e, n) for e, n in zip(cand, names(cand))
-                   if keep_cpu(ad.cats[e.cat], n) or (cpu == "default" and (e.dur or 0) >= LONG_CPU_OP_US)]
-            c_ev += [e for e, _ in sel]
-            c_names += [n for _, n in sel]
-            short = len(cand) - len(sel) if cpu == "default" else 0
+            nm = names(cand)
+            kept = [keep_cpu(ad.cats[e.cat], n) or (cpu == "default" and (e.dur or 0) >= LONG_CPU_OP_US)
+                    for e, n in zip(cand, nm)]
+            c_ev += [e for e, k in zip(cand, kept) if k]
+            c_names += [n for n, k in zip(nm, kept) if k]
+            if cpu == "default":
+                left = [e for e, k in zip(cand, kept) if not k]
+                # no ts: NaN, dropped; no dur: an instant
+                short = np.array([[e.ts for e in left], [e.dur or 0.0 for e in left]], dtype=float).reshape(2, -1)
         a = add(cc, c_ev, c_names, False)
         cc["pid"] += [e.pid for e in c_ev]
         cc["tid"] += [e.tid for e in c_ev]
@@ -460,25 +475,27 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
             cc[c] += arg(a, c, len(c_ev))
         return to_columns(g, GPU_COLUMNS), to_columns(cc, CPU_COLUMNS), wins, short
 
-    seen = short = 0
+    seen = 0
     windows: list[tuple[float, float]] = []
+    short = [np.empty((2, 0))]
     for events in every():
         seen += len(events)
-        gp, cp, wins, n_short = chunk(events)
+        gp, cp, wins, sh = chunk(events)
         del events  # before the next chunk is decoded
         g_parts.append(gp)
         c_parts.append(cp)
         windows += wins
-        short += n_short
+        short.append(sh)
     cpu_cols = concat(c_parts)
     if by_name and cpu_cols.n:  # the name-selected events were appended: back to time order
-        import numpy as np
-
         cpu_cols = cpu_cols.take(np.argsort(cpu_cols.values["ts"], kind="stable"))
+    ts, dur = np.concatenate(short, axis=1)
+    spans = union_np(ts, ts + dur, LONG_CPU_OP_US)
     name = path.name if path else "(trace)"
     (gpu_cols, cpu_cols), warnings = _valid(concat(g_parts), cpu_cols, name, windows)
-    return Trace(path=path, gpu=gpu_cols, cpu=cpu_cols, info=trace_info(header, ad, seen if n_events is None else n_events, short),
-                 adapter=ad.name, header=header, warnings=warnings)
+    info = trace_info(header, ad, seen if n_events is None else n_events, len(ts))
+    return Trace(path=path, gpu=gpu_cols, cpu=cpu_cols, info=info, adapter=ad.name, header=header, warnings=warnings,
+                 short_spans=spans)
 
 
 ADAPTER_WINDOW = 65536

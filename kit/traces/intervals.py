@@ -19,19 +19,20 @@ if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
 
 
-def union_np(a, b) -> "tuple[np.ndarray, np.ndarray]":
-    """Sorted disjoint intervals covering ``[a_i, b_i]`` (intervals of zero or negative length are dropped)."""
+def union_np(a, b, gap: float | None = None) -> "tuple[np.ndarray, np.ndarray]":
+    """Sorted disjoint intervals covering ``[a_i, b_i]`` (intervals of zero or negative length are dropped); with
+    ``gap``: zero-length ones kept, those less than ``gap`` apart merged (:attr:`kit.traces.Trace.short_spans`)."""
     import numpy as np
 
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    ok = (b > a) & ~np.isnan(a) & ~np.isnan(b)
+    ok = ((b > a) if gap is None else (b >= a)) & ~np.isnan(a) & ~np.isnan(b)
     a, b = a[ok], b[ok]
     if a.size == 0:
         return a, b
     o = np.argsort(a, kind="stable")
     a, b = a[o], b[o]
     run_end = np.maximum.accumulate(b)
-    new = np.r_[True, a[1:] > run_end[:-1]]
+    new = np.r_[True, a[1:] > run_end[:-1] if gap is None else a[1:] - run_end[:-1] >= gap]
     idx = np.flatnonzero(new)
     ends = np.r_[idx[1:] - 1, a.size - 1]
     return a[idx], run_end[ends]
