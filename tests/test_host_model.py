@@ -27,3 +27,13 @@ def test_quiet_time_breaks_at_the_short_ops_the_frame_left_out(rank):
     quiet = hm.host_model(RankView(trace=t, steps=find_steps(t.cpu, None, t.gpu), rank=rank)).per_step["own_quiet_us"]
     frame = hm._quiet(t.cpu, *span)  # the default frame alone: the 56 ops' stretch
     assert quiet.max() == 0.0 < max(frame[1] - frame[0]) - 1000 if rank == 0 else quiet.median() > 5000.0
+
+
+def test_a_dataloader_wait_is_not_quiet():
+    """Rank 1 of the input straggler runs its DataLoader's ~15 ms transform on the main thread: Python with a short op
+    per sample, stretches of 1-2 ms with no event -- waiting for its data (data_wait), not preempted: no quiet time."""
+    from kit.doctor.rank_phase import rank_summary
+
+    case = CASE.parent / "gpt-ddp-bf16-input_rank"
+    steps = rank_summary(sorted(case.glob("*.json.gz"))[1]).host_steps
+    assert steps["own_data_wait_us"].median() > 10_000.0 and steps["own_quiet_us"].max() == 0.0

@@ -87,8 +87,9 @@ PER_STEP = ("step", "ts", "end", "dur") + tuple(f"{k}_us" for k in KINDS) + ("gp
 inside the step's own annotation (the host's side of the step, not the window extended to its GPU work: a host that runs
 ahead of its GPU did its step's work before the window's GPU part); ``own_stall_us``, ``own_data_wait_us``: the main
 thread's stall and data_wait inside it, on the same basis (the rest of ``own_host_us`` is issuing and the allocator);
-``own_quiet_us``: the part of ``own_host_us`` outside collective calls in stretches of :data:`STALL_US` or longer in
-which no recorded CPU event (annotations, runtime calls, ops -- the short ops the default frame leaves out too, through
+``own_quiet_us``: the part of ``own_host_us`` outside collective calls, DataLoader waits and waits for the GPU (a
+thread waiting is not preempted) in stretches of :data:`STALL_US` or longer in which no recorded CPU event
+(annotations, runtime calls, ops -- the short ops the default frame leaves out too, through
 :attr:`kit.traces.Trace.short_spans`) began or ended on any thread of the process -- the host idle or descheduled,
 inside an op or between ops (GPU jobs; 0 on a CPU-only one, whose ops themselves run for milliseconds);
 ``own_quiet_longest_us``: the longest one of those stretches (a stall is one stretch, a contended core's lost time
@@ -472,7 +473,9 @@ def _own_host(view, sets: dict, win: "pd.DataFrame", default: str, main, calls) 
                 ua, ub = subtract((ua, ub), blocked)
                 mine = {k: subtract(v, blocked) for k, v in mine.items()}
         out["host"][ok] = covered(ua, ub, a[ok], b[ok])
-        qa, qb = _quiet(view.trace.cpu, ua, ub, view.trace.short_spans)
+        waits = [sets.get(ALL, {}).get(k, ((), ())) for k in ("data_wait", "sync")]  # waiting, not preempted
+        waits = union_np(np.r_[waits[0][0], waits[1][0]], np.r_[waits[0][1], waits[1][1]])
+        qa, qb = _quiet(view.trace.cpu, *subtract((ua, ub), waits), view.trace.short_spans)
         out["quiet"][ok] = covered(qa, qb, a[ok], b[ok])
         out["quiet_longest"][ok] = [float(np.max(np.minimum(qb, y) - np.maximum(qa, x), initial=0.0))
                                     for x, y in zip(a[ok], b[ok])]

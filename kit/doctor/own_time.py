@@ -19,10 +19,10 @@ for its DataLoader, stalling, the allocator's device calls, issuing its work. Re
 not its window extended to the GPU work: a rank that waits runs ahead of its GPU, its host done with the step
 before the window's GPU part"""
 QUIET = "own_quiet_us"
-"""the part of a rank's own host time, outside collective calls, in stretches of 1 ms or more in which no recorded CPU
-event (the short ops the default frame drops included) began or ended on any of its threads
-(:data:`kit.doctor.host_model.PER_STEP`): the host idle or descheduled (CPU contention takes the core in slices of
-milliseconds), not the profiler's, paid at the events it records. A host excess under the profiler's floor
+"""the part of a rank's own host time, outside collective calls and waits for data or the GPU, in stretches of 1 ms or
+more in which no recorded CPU event (the short ops the default frame drops included) began or ended on any of its
+threads (:data:`kit.doctor.host_model.PER_STEP`): the host idle or descheduled (CPU contention takes the core in
+slices of milliseconds), not the profiler's, paid at the events it records. A host excess under the profiler's floor
 (:data:`PROFILER_NOISE`) but above every other rank's is the rank's own where its quiet excess clears
 :func:`quiet_excess`'s floor; the excess is then the larger of the two (``by``: ``quiet``). A confirmed quiet excess
 also takes a host excess on one step out of doubt (``in_doubt``)"""
@@ -35,7 +35,7 @@ MIN_OWN_EXCESS_SHARE = 0.05
 """a late rank's own excess must reach this share of the step"""
 MIN_QUIET_SHARE = 0.10
 """... and its quiet excess (:data:`QUIET`, no profiler floor) this share: on the committed multi-GPU controls (one
-step each) it is at most 5.6% of the step, on the contended runs 25-52% (FINDINGS.md, "A CPU-contended rank")"""
+step each) it is 0, on the contended runs 25-54% of the step (FINDINGS.md, "A CPU-contended rank")"""
 PROFILER_NOISE = 1.0
 """... and, for an excess of host time, this share of the profiler's own overhead on the late rank's step
 (:mod:`kit.doctor.overhead`): the profiler slows every rank's host, unevenly, by less than its overhead where the
