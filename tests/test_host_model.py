@@ -30,8 +30,8 @@ def test_quiet_time_breaks_at_the_short_ops_the_frame_left_out(rank):
 
 
 def test_a_dataloader_wait_is_not_quiet():
-    """Rank 1 of the input straggler runs its DataLoader's ~15 ms transform on the main thread: Python with a short op
-    per sample, stretches of 1-2 ms with no event -- waiting for its data (data_wait), not preempted: no quiet time."""
+    """The input straggler's rank 1 runs its DataLoader's transform on the main thread (Python, a short op per sample):
+    waiting for its data, not preempted -- no quiet time."""
     from kit.doctor.rank_phase import rank_summary
 
     case = CASE.parent / "gpt-ddp-bf16-input_rank"
