@@ -97,6 +97,17 @@ class ProfilerOverhead:
             return None
         return max(0.0, self.unprofiled_step_us - self.own_work_us)
 
+    @property
+    def slow_window_us(self) -> float:
+        """Measured only: the part of :attr:`overhead_us` beyond the rank's recorded events priced at the top of their
+        range (:data:`ESTIMATE_RANGE` x :attr:`host_us`) -- host time the traced window ran slower than its unprofiled
+        steps for reasons other than the profiler's events (the machine's pace: FINDINGS.md, "A slow traced
+        window"), in every slice, stretches with no event among them. 0 for an estimate (nothing measured to
+        compare) or without a price. ``host_stall`` is charged net of it."""
+        if self.basis != "measured" or self.host_us is None:
+            return 0.0
+        return max(0.0, float(self.overhead_us) - ESTIMATE_RANGE * float(self.host_us))
+
     def net(self, cost_us: float, s: str | None = None, overhead_us: float | None = None) -> float:
         """A host-side cost net of the profiler's own host time (never below zero; ``overhead_us``: the part of
         :attr:`overhead_us` to take off, default all of it); one of the accounting's ``launch`` slice (``s``: the

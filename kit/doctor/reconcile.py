@@ -205,12 +205,15 @@ def _net_rank(n, o, s: str):
 def net_costs(a: Account, ovh) -> dict[str, float]:
     """A rank's idle slices' costs per step net of the profiler's overhead on it (``ovh``: a
     :class:`kit.doctor.overhead.ProfilerOverhead` or None): taken off :data:`NET_OF_PROFILER_SLICES`, in order,
-    never below zero (:meth:`~kit.doctor.overhead.ProfilerOverhead.net`, as :func:`net_of_profiler` states them)."""
+    never below zero (:meth:`~kit.doctor.overhead.ProfilerOverhead.net`, as :func:`net_of_profiler` states them);
+    ``host_stall`` less the window's own slowness (:attr:`~kit.doctor.overhead.ProfilerOverhead.slow_window_us`, as
+    the ``host_stall`` rule states it)."""
     out = {s: a.cost(s) for s in IDLE}
     if ovh is None or ovh.basis == "none":
         return out
     for i, s in enumerate(NET_OF_PROFILER_SLICES):
         out[s] = ovh.net(out[s], s, _left(ovh, a, NET_OF_PROFILER_SLICES[:i], s))
+    out["host_stall"] = max(0.0, out["host_stall"] - ovh.slow_window_us)  # as host_stall states it
     return out
 
 

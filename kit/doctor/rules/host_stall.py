@@ -1,6 +1,6 @@
 """``host_stall``: the step waits while the host runs work that issues nothing (the accounting's ``host_stall``
 slice: stretches of >= :data:`kit.doctor.host_model.STALL_US`), net of a traced window that ran slower than its
-unprofiled steps (:func:`slow_window_us`).
+unprofiled steps (:attr:`kit.doctor.overhead.ProfilerOverhead.slow_window_us`).
 
 A stall is host time in which no event is recorded, so the profiler's per-event price does not lengthen it; the
 measured overhead (kit.capture: the traced step less the steps timed without the profiler just before) lands in the
@@ -10,9 +10,10 @@ without an event among them (FINDINGS.md, "A slow traced window": a balanced con
 measured overhead that the rank's recorded events do not explain even at the top of their price's range
 (:data:`kit.doctor.overhead.ESTIMATE_RANGE` x :attr:`kit.doctor.overhead.ProfilerOverhead.host_us`) is host time the
 window spent slower for other reasons, in every slice, stretches with no event among them: a stall no longer than
-that may be the window's own slowness, and only its excess over it is charged (the launch slice's netting takes the
-whole measured overhead too: in such a window the stall errs low, never high). Where the events explain the overhead
-nothing changes; an estimated overhead has no measurement to compare."""
+that may be the window's own slowness (:attr:`~kit.doctor.overhead.ProfilerOverhead.slow_window_us`; the reconcile
+stage's guard reads the slice net of it too), and only its excess over it is charged (the launch slice's netting
+takes the whole measured overhead too: in such a window the stall errs low, never high). Where the events explain
+the overhead nothing changes; an estimated overhead has no measurement to compare."""
 
 from __future__ import annotations
 
@@ -47,22 +48,11 @@ def sentence(a: Account, c: float, sh: float, who: str) -> str:
             f"nothing for stretches of >= {MIN} on {who}{stall_text(a)}")
 
 
-def slow_window_us(o) -> float:
-    """Per step, the part of a rank's measured profiler overhead (``o``: its :class:`kit.doctor.overhead.
-    ProfilerOverhead`) beyond its recorded events priced at the top of their range: host time its traced window ran
-    slower than its unprofiled steps for reasons other than the profiler's events (module docstring); 0 without a
-    measured overhead and a price."""
-    from ..overhead import ESTIMATE_RANGE
-
-    if o is None or o.basis != "measured" or o.host_us is None:
-        return 0.0
-    return max(0.0, float(o.overhead_us) - ESTIMATE_RANGE * float(o.host_us))
-
-
 def net_of_slow_window(f: Finding, overhead: dict | None) -> Finding:
-    """``f`` with each rank's cost less that rank's :func:`slow_window_us` (at least 0), the finding's cost the
-    largest left; the traced cost and each rank's slow window in the evidence. Unchanged where no rank has one."""
-    slow = {rk: slow_window_us((overhead or {}).get(rk)) for rk in f.ranks}
+    """``f`` with each rank's cost less that rank's :attr:`~kit.doctor.overhead.ProfilerOverhead.slow_window_us` (at
+    least 0), the finding's cost the largest left; the traced cost and each rank's slow window in the evidence.
+    Unchanged where no rank has one."""
+    slow = {rk: o.slow_window_us if (o := (overhead or {}).get(rk)) is not None else 0.0 for rk in f.ranks}
     if not any(slow.values()):
         return f
     per = f.evidence.get("per_rank") if isinstance(f.evidence.get("per_rank"), dict) else {}
