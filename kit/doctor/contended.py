@@ -1,9 +1,7 @@
 """What a CPU-contended rank costs its job without the profiler (:func:`contended_gain`): the cost model of a rank
 whose host loses its core to other work (another process on its cores, a busy loop sharing them), read by
-``late_rank`` where it names a rank for its host, for a reason ranks running the same code share (issuing its work
-more slowly, idle host gaps, nothing visible: ``late_rank.SAME_WORK_REASONS``; not its DataLoader, its synchronising
-calls or its GPU), and that rank's quiet time confirms the contention (:data:`kit.doctor.own_time.QUIET`;
-``own_excess``'s ``quiet``).
+``late_rank`` where it names a rank for its host and that rank's quiet time confirms the contention
+(:data:`kit.doctor.own_time.QUIET`; ``own_excess``'s ``quiet``).
 
 A contended host runs everything it does more slowly by one factor: the core is taken away from it for a share
 ``q`` of its time, so each microsecond of its own work takes ``1 / (1 - q)`` -- its ops and the profiler's own

@@ -369,11 +369,9 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     # its waits for the late one at the collectives, so the others' measured host is not their own work (FINDINGS.md)
     got = measured_excess(ctx.capture, late, ctx.step_us) if by_host else None
     measured, measured_ok = got if got is not None else (None, False)
-    # a contended host (its quiet time spread over the step, late for a reason ranks running the same code share): the
-    # contended-host model, not the traced excess (which holds the stretched profiler's time); a rank late for its
-    # input pipeline, its synchronising calls or its GPU does other work, not the same work stretched
-    model = (contended_gain(own, late, ctx.overhead, own_work(hs, ctx.comm_waits()))
-             if by_host and reason in SAME_WORK_REASONS else None)
+    # a contended host (its quiet time spread over the step): the contended-host model, not the traced excess (which
+    # holds the stretched profiler's time)
+    model = contended_gain(own, late, ctx.overhead, own_work(hs, ctx.comm_waits())) if by_host else None
     if model is not None:
         gain, basis = model["gain_us"], "contended_host"
     # the most the job could gain: each other rank's step is its own time plus its waiting, so the least any other
