@@ -26,11 +26,11 @@ CORPORA = [p for p in sorted(DATA.glob("corpus*")) if p.is_dir()]
 CASES = [f"{c.name}/{p.parent.name}" for c in CORPORA for p in sorted(c.glob("*/truth.json"))]
 LOW_RATIO, HIGH_RATIO = 0.5, 2.0
 
-CNN_CONTENDED_MISS = ("late_rank [1] is first, for its host, at the contended-host model's 4.56 ms, 2.71x of +1.68 ms: the "
+CNN_CONTENDED_MISS = ("late_rank [1] is first, for its host, at the contended-host model's 5.42 ms, 3.22x of +1.68 ms: the "
                       "CNN's GPU work hides most of rank 1's contended host without the profiler (its contended steps' "
-                      "p10 10.29 ms, the control's median); on this one traced step rank 1's quiet share (0.50) stretches "
-                      "the others' host net of the profiler (7.74 ms) to 15.4 ms against the GPU's 10.8 (its 2 traced "
-                      "steps: 1.61x; FINDINGS.md, A CPU-contended rank)")
+                      "p10 10.29 ms, the control's median); on this one traced step rank 1's quiet share (0.52) stretches "
+                      "the others' host net of the profiler (7.74 ms) to 16.2 ms against the GPU's 10.8 (its 2 traced "
+                      "steps: 1.81x; FINDINGS.md, A CPU-contended rank)")
 RANK0_CONTENDED_MISS = ("held out (rank 0 contended, recorded after the contended-host model was set): late_rank [0] is "
                         "first, for its host, at its own excess 13.21 ms, 4.96x of +2.66 ms (rounds +0.44..+6.80): its "
                         "longest quiet stretch holds half its quiet excess, so the model does not apply; the same job "

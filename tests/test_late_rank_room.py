@@ -142,14 +142,14 @@ CONTENDED = sorted((Path(__file__).resolve().parent / "data" / "doctor").glob("c
 
 
 CONTENDED_MISSES: dict[str, str] = {"corpus-h100x2/cnn-ddp-fp32-cpu_rank": "late_rank [1] is first, for its host, at "
-                                    "the contended-host model's 4.56 ms = 2.71x of +1.68 ms: its one traced step's quiet "
-                                    "share (0.50, a stretch of 1.99) on the others' host net of the profiler (7.74 ms) puts "
-                                    "rank 1's host at 15.4 ms against the GPU's 10.8; unprofiled the contended host mostly "
+                                    "the contended-host model's 5.42 ms = 3.22x of +1.68 ms: its one traced step's quiet "
+                                    "share (0.52, a stretch of 2.1) on the others' host net of the profiler (7.74 ms) puts "
+                                    "rank 1's host at 16.2 ms against the GPU's 10.8; unprofiled the contended host mostly "
                                     "kept up with the GPU (its steps' p10 10.29 ms, the control's median). Its 2 traced "
-                                    "steps: 2.70 ms, 1.61x (FINDINGS.md, A CPU-contended rank)",
+                                    "steps: 3.04 ms, 1.81x (FINDINGS.md, A CPU-contended rank)",
                                     "corpus-h100x2/gpt-ddp-bf16-cpu_rank0-tb": "held out (rank 0 contended): late_rank "
                                     "[0] is first, for its host, but at its own excess 13.21 ms, 4.96x of +2.66 ms (rounds "
-                                    "+0.44..+6.80): its longest quiet stretch holds half its quiet excess (8.08 of 16.15 "
+                                    "+0.44..+6.80): its longest quiet stretch holds half its quiet excess (8.07 of 16.09 "
                                     "ms), so the model does not apply (it would give 2.76x on the 2 traced steps); the "
                                     "same job with rank 1 contended added +10.55 ms in s7r3 (FINDINGS.md, A CPU-contended "
                                     "rank)"}

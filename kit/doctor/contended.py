@@ -30,9 +30,9 @@ ONE_STRETCH = 0.5
 DataLoader's work on the main thread) is one stretch. The model applies only where the rank's longest quiet stretch
 (:data:`kit.doctor.own_time.QUIET_LONGEST`, median per step) holds less than this share of its quiet excess -- no one
 stretch holds most of it (the majority, as late_rank's ``LATE_EXPLAINED``: not a calibration). Elsewhere the rank's
-own excess is its cost. On the recorded runs (FINDINGS.md, "A CPU-contended rank"): the planted stalls and input
-stragglers 0.98-1.38 of the excess, the late-rank sample's two sleeps 0.64, the contended runs 0.28-0.62 (the last
-steps of three of them 0.55-1.0: costed by their own excess)"""
+own excess is its cost. On the recorded runs (FINDINGS.md, "A CPU-contended rank"): the planted stalls 1.0 of the
+excess, the late-rank sample's two sleeps 0.64; the contended runs 0.14-0.46, a third of them (one or two long slices)
+0.50-1.0, costed by their own excess. A DataLoader's wait is not quiet time (the host model leaves it out)"""
 
 
 def contended_gain(own: dict, late: int, overhead: dict | None, own_work: dict) -> dict | None:
