@@ -32,9 +32,9 @@ CNN_CONTENDED_MISS = ("late_rank [1] is first, for its host, at the contended-ho
                       "the others' host net of the profiler (7.74 ms) to 16.2 ms against the GPU's 10.8 (its 2 traced "
                       "steps: 1.81x; FINDINGS.md, A CPU-contended rank)")
 RANK0_CONTENDED_MISS = ("held out (rank 0 contended, recorded after the contended-host model was set): late_rank [0] is "
-                        "first, for its host, at its own excess 13.21 ms, 4.96x of +2.66 ms (rounds +0.44..+6.80): its "
-                        "longest quiet stretch holds half its quiet excess, so the model does not apply; the same job "
-                        "with rank 1 contended added +10.55 ms (s7r3; FINDINGS.md, A CPU-contended rank)")
+                        "first, for its host, at the model's 11.21 ms, 4.21x of +2.66 ms (rounds +0.44..+6.80; its 2 traced "
+                        "steps 2.75x): this recording's contention cost little unprofiled -- the same job with rank 1 "
+                        "contended added +10.55 ms (s7r3; FINDINGS.md, A CPU-contended rank)")
 FIRST_MISSES: dict[str, str] = {
     # case: why the top finding is not the planted fault, or its cost not 0.5-2x the added time, today
     "corpus-h100x2/cnn-ddp-fp32-cpu_rank": CNN_CONTENDED_MISS,

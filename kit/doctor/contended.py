@@ -19,21 +19,11 @@ Why not the traced excess: it holds the contended host's share of the profiler's
 kit.capture's measured host times where they exist: each rank's drained step of a synchronous job holds its waits
 for the contended rank at the collectives (FSDP's all-gathers block the host; DDP's drained step waits for the
 all-reduce), so the other ranks' measured host is not their own work and the measured excess is low (FINDINGS.md,
-"A CPU-contended rank": 0.27-0.58x on 3 of 5 runs); it stays in the evidence."""
+"A CPU-contended rank"); it stays in the evidence."""
 
 from __future__ import annotations
 
-from .own_time import QUIET_LONGEST
-
-ONE_STRETCH = 0.5
-"""a contended core takes a rank's time in slices, spread over its step; a stall (a sleep, a long Python loop, a
-DataLoader's work on the main thread) is one stretch. The model applies only where the rank's longest quiet stretch
-(:data:`kit.doctor.own_time.QUIET_LONGEST`, median per step) holds less than this share of its quiet excess -- no one
-stretch holds most of it (the majority, as late_rank's ``LATE_EXPLAINED``: not a calibration). Elsewhere the rank's
-own excess is its cost. On the recorded runs (FINDINGS.md, "A CPU-contended rank"): the planted stalls 1.0 of the
-excess, the late-rank sample's two sleeps 0.64; the contended runs 0.14-0.46, a third of them (one or two long slices)
-0.50-1.0, costed by their own excess. A DataLoader's wait is not quiet time (the host model leaves it out)"""
-
+from .own_time import STALL_LONGEST
 
 def contended_gain(own: dict, late: int, overhead: dict | None, own_work: dict) -> dict | None:
     """The model (module docstring) for rank ``late``: ``own`` is :func:`kit.doctor.own_time.own_excess`'s result
@@ -41,7 +31,14 @@ def contended_gain(own: dict, late: int, overhead: dict | None, own_work: dict) 
     rank -> :class:`kit.doctor.overhead.ProfilerOverhead` (each rank's own, for netting its own host), ``own_work``
     rank -> GPU work of its own per step (:func:`kit.doctor.overhead.own_work`). Returns the gain per step and the
     readings (``q``, ``stretch``, per other rank its host net of the profiler, ``U``, ``U_late``, ``G``), or None
-    where the quiet excess is not confirmed or a reading is missing."""
+    where the quiet excess is not confirmed, is one stall, or a reading is missing.
+
+    One stall or a contended core: a contended core takes the rank's time in slices between its launches, a stall (a
+    sleep, a long Python loop, however many short ops it runs) is one stretch with no launch. The model applies only
+    where the quiet excess less the rank's longest stall stretch (:data:`kit.doctor.own_time.STALL_LONGEST`, median
+    per step) still clears the floor that confirmed it (``own_excess``'s ``quiet``): the contention must show beyond
+    its one longest stretch. Elsewhere the rank's own excess is its cost (the readings: FINDINGS.md, "A CPU-contended
+    rank")."""
     quiet = own.get("quiet") if own else None
     per = own.get("per_rank") if own else None
     if not quiet or not quiet.get("confirmed") or not per or str(late) not in per:
@@ -49,8 +46,8 @@ def contended_gain(own: dict, late: int, overhead: dict | None, own_work: dict) 
     mine = per[str(late)]
     if not mine.get("host_us"):
         return None
-    if mine.get(QUIET_LONGEST, 0.0) >= ONE_STRETCH * quiet["excess_us"]:
-        return None  # one stretch holds most of the excess: a stall (time of its own, not a stretch of its work)
+    if quiet["excess_us"] - mine.get(STALL_LONGEST, 0.0) <= quiet["floor_us"]:
+        return None  # without its longest stall the quiet excess is not confirmed: a stall, not a contended core
     q = quiet["excess_us"] / mine["host_us"]
     if not 0 < q < 1:
         return None

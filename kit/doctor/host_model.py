@@ -82,7 +82,7 @@ PER_STEP = ("step", "ts", "end", "dur") + tuple(f"{k}_us" for k in KINDS) + ("gp
                                                                             "gpu_compute_us", "gpu_kernels_us",
                                                                             "own_host_us", "own_stall_us",
                                                                             "own_data_wait_us", "own_quiet_us",
-                                                                            "own_quiet_longest_us")
+                                                                            "own_stall_longest_us")
 """the columns of :attr:`HostModel.per_step`; ``own_host_us``: the time any issuing thread spent in :data:`OWN_KINDS`
 inside the step's own annotation (the host's side of the step, not the window extended to its GPU work: a host that runs
 ahead of its GPU did its step's work before the window's GPU part); ``own_stall_us``, ``own_data_wait_us``: the main
@@ -92,8 +92,9 @@ thread waiting is not preempted) in stretches of :data:`STALL_US` or longer in w
 (annotations, runtime calls, ops -- the short ops the default frame leaves out too, through
 :attr:`kit.traces.Trace.short_spans`) began or ended on any thread of the process -- the host idle or descheduled,
 inside an op or between ops (GPU jobs; 0 on a CPU-only one, whose ops themselves run for milliseconds);
-``own_quiet_longest_us``: the longest one of those stretches (a stall is one stretch, a contended core's lost time
-many: :mod:`kit.doctor.contended`)"""
+``own_stall_longest_us``: the longest of the main thread's stall stretches in the step (no issuing call, no op of the
+frame: a stall is one such stretch, however many short ops it holds; a contended core's lost time lies in many,
+between launches: :mod:`kit.doctor.contended`)"""
 
 
 @dataclass(frozen=True)
@@ -422,10 +423,10 @@ def _finish(view, mode, win, main, threads, calls, sets, default: str, gpu, cpu=
         per_step[c] = _per_window(gpu[key], wa, wb) if gpu else 0.0
     per_step["gpu_compute_us"] = per_step["gpu_busy_us"] - per_step["gpu_comm_us"]
     own = _own_host(view, sets, win, default, main, calls)
-    for k in ("host", "stall", "data_wait", "quiet", "quiet_longest"):
+    for k in ("host", "stall", "data_wait", "quiet", "stall_longest"):
         per_step[f"own_{k}_us"] = own[k]
     if mode != "gpu":  # a CPU-only job's ops run long with no event inside: no quiet time to tell from them
-        per_step["own_quiet_us"] = per_step["own_quiet_longest_us"] = 0.0
+        per_step["own_quiet_us"] = 0.0
     return HostModel(mode=mode, activity=act[["tid", "ts", "end", "kind", "name"]], per_step=per_step[list(PER_STEP)],
                      windows=win.reset_index(drop=True), main_tid=main, threads=tuple(threads), calls=calls, sets=sets)
 
@@ -450,7 +451,7 @@ def _own_host(view, sets: dict, win: "pd.DataFrame", default: str, main, calls) 
         a = by["ts"].reindex(win["step"]).to_numpy(dtype=float)
         b = by["end"].reindex(win["step"]).to_numpy(dtype=float)
     ok = ~np.isnan(a) & ~np.isnan(b) & (b > a)
-    out = {k: np.zeros(len(win)) for k in ("host", "stall", "data_wait", "quiet", "quiet_longest")}
+    out = {k: np.zeros(len(win)) for k in ("host", "stall", "data_wait", "quiet", "stall_longest")}
     if not ok.any():
         return out
     lo, hi = float(a[ok].min()), float(b[ok].max())
@@ -477,10 +478,12 @@ def _own_host(view, sets: dict, win: "pd.DataFrame", default: str, main, calls) 
         waits = union_np(np.r_[waits[0][0], waits[1][0]], np.r_[waits[0][1], waits[1][1]])
         qa, qb = _quiet(view.trace.cpu, *subtract((ua, ub), waits), view.trace.short_spans)
         out["quiet"][ok] = covered(qa, qb, a[ok], b[ok])
-        out["quiet_longest"][ok] = [float(np.max(np.minimum(qb, y) - np.maximum(qa, x), initial=0.0))
-                                    for x, y in zip(a[ok], b[ok])]
         for k, v in mine.items():
             out[k][ok] = covered(*v, a[ok], b[ok])
+        if "stall" in mine:
+            xa, xb = mine["stall"]
+            out["stall_longest"][ok] = [float(np.max(np.minimum(xb, y) - np.maximum(xa, x), initial=0.0))
+                                        for x, y in zip(a[ok], b[ok])]
     return out
 
 

@@ -26,16 +26,16 @@ slices of milliseconds), not the profiler's, paid at the events it records. A ho
 (:data:`PROFILER_NOISE`) but above every other rank's is the rank's own where its quiet excess clears
 :func:`quiet_excess`'s floor; the excess is then the larger of the two (``by``: ``quiet``). A confirmed quiet excess
 also takes a host excess on one step out of doubt (``in_doubt``)"""
-QUIET_LONGEST = "own_quiet_longest_us"
-"""the longest of those quiet stretches in a step (:data:`kit.doctor.host_model.PER_STEP`): one stretch holds a
-stall's time, a contended core's is spread over many (:mod:`kit.doctor.contended`)"""
+STALL_LONGEST = "own_stall_longest_us"
+"""the longest of a rank's stall stretches in a step (:data:`kit.doctor.host_model.PER_STEP`: no issuing call, no
+recorded op): one stretch holds a stall's time, a contended core's is spread over many (:mod:`kit.doctor.contended`)"""
 OWN_GPU = "gpu_compute_us"
 """a rank's own GPU time: busy outside the collectives"""
 MIN_OWN_EXCESS_SHARE = 0.05
 """a late rank's own excess must reach this share of the step"""
 MIN_QUIET_SHARE = 0.10
-"""... and its quiet excess (:data:`QUIET`, no profiler floor) this share: on the committed multi-GPU controls (one
-step each) it is 0, on the contended runs 25-54% of the step (FINDINGS.md, "A CPU-contended rank")"""
+"""... and its quiet excess (:data:`QUIET`, no profiler floor) this share: above the committed multi-GPU controls' and
+under the contended runs' (the readings: FINDINGS.md, "A CPU-contended rank")"""
 PROFILER_NOISE = 1.0
 """... and, for an excess of host time, this share of the profiler's own overhead on the late rank's step
 (:mod:`kit.doctor.overhead`): the profiler slows every rank's host, unevenly, by less than its overhead where the
@@ -109,8 +109,8 @@ def own_excess(host_steps: dict, late: int, step_us: float | None, gpu_us: dict 
         per[r] = {k: st[k] for k in ("host_us", "gpu_us", "host_spread_us", "gpu_spread_us")}
         if QUIET in ps:
             per[r].update(_stats("quiet", ps[QUIET]))
-        if QUIET_LONGEST in ps:
-            per[r][QUIET_LONGEST] = _stats("q", ps[QUIET_LONGEST])["q_us"]
+        if STALL_LONGEST in ps:
+            per[r][STALL_LONGEST] = _stats("s", ps[STALL_LONGEST])["s_us"]
     out = {kind: _beyond(per, late, kind) for kind in kinds}
     step = _step(have, step_us)
     floors = {k: max(out[k][1], MIN_OWN_EXCESS_SHARE * step, PROFILER_NOISE * overhead_us if k == "host" else 0.0)

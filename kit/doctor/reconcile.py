@@ -284,7 +284,7 @@ def fold_into_late_rank(findings: list[Finding], accounts: list[tuple[int, Accou
     ids = {id(f) for f in own}
     text = "; ".join(f"{f.rule} {f.cost_us_per_step / 1e3:.2f} ms per step" for f in own
                      if f.cost_us_per_step >= 5.0) or "under 5 us per step, net of the profiler"
-    if late.evidence.get("cost_basis") == "contended_host":  # its cost is modelled without the profiler: one size
+    if late.evidence.get("cost_basis") in ("measured_host", "contended_host"):  # its cost is without the profiler
         text = ", ".join(f.rule for f in own) + ", in the traced steps"
     what = "the GPU idled" if any(f.evidence.get("mode", "gpu") == "gpu" for f in own) else "its main thread lost time"
     merged = dataclasses.replace(late, summary=f"{late.summary}; on rank {L} itself {what} for its own reasons "

@@ -131,6 +131,8 @@ REASON_TEXT_CPU = {**REASON_TEXT, "host_stall": "stalled on the host, with no re
 
 BASIS_TEXT = {"own_excess": "its own time per step beyond the slowest other rank's; the others' waiting also holds "
                             "the profiler's uneven slowing of the hosts",
+              "measured_host": "its host time per step beyond the slowest other rank's, as kit.capture measured every "
+                               "rank's host without the profiler",
               "others_host": "its GPU's excess over the others' is larger, but each other rank's step is at least its "
                              "own host time: their step less that, net of the profiler",
               "reason_excess": "the lateness its reason added beyond the other ranks' same activity; the others' "
@@ -187,11 +189,11 @@ def _host_samples(capture: dict | None) -> list[float]:
 
 def measured_excess(capture: dict | None, late: int, step_us: float | None = None) -> tuple[float, bool] | None:
     """Rank ``late``'s measured host time per step (:func:`unprofiled_host_us`) beyond the slowest other rank's, at
-    least 0, and whether that is confirmed; None unless every rank has it. Evidence only (``measured_host_excess_us``),
-    not a bound on the cost: every other rank's drained step holds its waits for the late one at the collectives
-    (FSDP's all-gathers block its host; DDP's drained step waits for the all-reduce), so the excess is low -- 0.27-0.58x
-    of the time a contended rank added on 3 of 5 recorded runs (FINDINGS.md, "A CPU-contended rank"). Confirmed: it
-    and the median over the steps of the late rank's time beyond the slowest other's in that step (paired: a burst
+    least 0, and whether that is confirmed; None unless every rank has it. A confirmed one bounds the gain of a rank
+    late for its host that is not a contended core (:mod:`kit.doctor.contended`); it is low, as every other rank's
+    drained step holds its waits for the late one at the collectives (FSDP's all-gathers block its host; DDP's drained
+    step waits for the all-reduce; FINDINGS.md, "A CPU-contended rank"), so it never costs a contended core. Confirmed:
+    it and the median over the steps of the late rank's time beyond the slowest other's in that step (paired: a burst
     lengthens the others' drained steps too) both clear :data:`kit.doctor.own_time.MIN_OWN_EXCESS_SHARE` of the step
     and the range of the others' medians."""
     import numpy as np
@@ -362,18 +364,19 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
               if reason is None and own is not None and own["confirmed"] and own["kind"] == "host" else None)
     if in_own is not None:
         reason = in_own[0]
-    waited = cost
+    waited = min(cost, ctx.step_us) if ctx.step_us else cost  # no rank waits longer than its step
     gain, basis = own_gain(own, reason, excess, n)
     by_host = basis == "own_excess" and own["kind"] == "host"
-    # kit.capture's measured host excess is evidence, not a bound: every rank's drained step of a synchronous job holds
-    # its waits for the late one at the collectives, so the others' measured host is not their own work (FINDINGS.md)
     got = measured_excess(ctx.capture, late, ctx.step_us) if by_host else None
     measured, measured_ok = got if got is not None else (None, False)
     # a contended host (its quiet time spread over the step): the contended-host model, not the traced excess (which
-    # holds the stretched profiler's time)
+    # holds the stretched profiler's time) nor kit.capture's measured excess (every rank's drained step holds its waits
+    # for the late one at the collectives: the others' measured host is not their own work, FINDINGS.md)
     model = contended_gain(own, late, ctx.overhead, own_work(hs, ctx.comm_waits())) if by_host else None
     if model is not None:
         gain, basis = model["gain_us"], "contended_host"
+    elif measured_ok and measured < gain:  # every rank's host timed without the profiler, in excess: it bounds the gain
+        gain, basis = measured, "measured_host"
     # the most the job could gain: each other rank's step is its own time plus its waiting, so the least any other
     # rank waits per step at the collectives bounds it -- counted at every collective where that rank waited more
     # than jitter (the instance's lateness floor), not only where this rank's kernel ended last (a broadcast's root
@@ -382,7 +385,7 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     waits = fl["exposed_wait_us"].where(fl["wait_us"] >= fl["floor_us"], 0.0)
     bound = min(float(waits[fl["rank"] == r].sum()) / per_step_divisor(tl_of[r]) for r in tl_of if r != late)
     if gain is not None:
-        cost = min(max(waited, bound) if basis in ("own_excess", "contended_host") else waited, gain)
+        cost = min(max(waited, bound) if basis in ("own_excess", "measured_host", "contended_host") else waited, gain)
     room, room_basis, room_of = (host_room(hs, late, ctx.overhead, ctx.capture,
                                                 {r: b.waits_us for r, b in summaries})
                                  if basis == "own_excess" and own["kind"] == "gpu" else (None, None, None))
@@ -448,7 +451,7 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
                f"{basis_text}: it arrived last at {len(late_at)} of {len(inst)} collectives, a median "
                f"{dur_text(ev['after_next_latest_us_median'])} after the next-latest rank (up to "
                f"{dur_text(ev['late_by_us_max'])} after the first){why}; the other ranks waited {dur_text(waited)} per "
-               f"step for it alone{' in the traced steps' if basis == 'contended_host' else ''}")
+               f"step for it alone{' in the traced steps' if basis in ('measured_host', 'contended_host') else ''}")
     return [make("late_rank", cost, [late], ev, summary, fix=f"{FIX_BY_REASON[reason]} {RULES['late_rank'].fix}"
                  if reason else None)]
 
