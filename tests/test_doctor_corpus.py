@@ -30,7 +30,8 @@ CNN_CONTENDED_MISS = ("late_rank [1] is first, for its host, at the contended-ho
                       "CNN's GPU work hides most of rank 1's contended host without the profiler (its contended steps' "
                       "p10 10.29 ms, the control's median); on this one traced step rank 1's quiet share (0.52) stretches "
                       "the others' host net of the profiler (7.74 ms) to 16.2 ms against the GPU's 10.8 (its 2 traced "
-                      "steps: 1.81x; FINDINGS.md, A CPU-contended rank)")
+                      "steps: 1.81x; the same configuration added +9.69 ms in s9r2, of which this is 0.56x; FINDINGS.md, "
+                      "A CPU-contended rank)")
 RANK0_CONTENDED_MISS = ("held out (rank 0 contended, recorded after the contended-host model was set): late_rank [0] is "
                         "first, for its host, at the model's 11.21 ms, 4.21x of +2.66 ms (rounds +0.44..+6.80; its 2 traced "
                         "steps 2.75x): this recording's contention cost little unprofiled -- the same job with rank 1 "
