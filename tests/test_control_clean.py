@@ -45,14 +45,39 @@ def test_a_slow_traced_window_is_not_a_host_stall():
     assert d.problems[0].rule == "launch_bound" and set(d.problems[0].ranks) == {0, 1}
 
 
+@pytest.mark.skipif(not SLOW.exists(), reason="case not here")
+@pytest.mark.xfail(strict=True, reason="without kit.capture's header (what a tensorboard_trace_handler user has) the slow "
+                   "window reads as a slow host: host_stall [0] 8.64 ms (11.3% of the step) and launch_bound 45.8 ms, "
+                   "2.6x the 17.4 ms unprofiled step. Nothing in the trace tells a slow moment from a host that is "
+                   "always that slow (recorded hosts' per-op prices differ 2-3x: FINDINGS.md, 'A slow traced window'), "
+                   "so neither cost can be netted of it without the unprofiled steps")
+def test_a_slow_traced_window_without_kit_capture_is_not_a_host_stall(tmp_path):
+    """The same two steps with the ``kitCapture`` header stripped: the right answer is the same as with it."""
+    import gzip
+    import json
+
+    for f in sorted(SLOW.glob("trace_rank*.json.gz")):
+        t = json.load(gzip.open(f, "rt"))
+        t.pop("kitCapture")
+        with gzip.open(tmp_path / f"host_{1000 + t['distributedInfo']['rank']}.1.pt.trace.json.gz", "wt") as g:
+            json.dump(t, g)
+    d = diagnosed(sorted(tmp_path.glob("*.pt.trace.json.gz")))
+    assert all(o.basis == "estimated" for o in d.overhead.values())
+    _clean(d)
+
+
 @pytest.mark.skipif(not SUBSET.exists(), reason="case not here")
 def test_two_of_four_ranks_of_a_control_have_no_slow_collectives():
     """Ranks 0-1 of a 4-rank control spun ~11 ms per step in all-reduces waiting for ranks 2-3, which are not given:
     their shortest kernel is not the transfer. low_busbw skips those collectives and says why; exposed_comm counts
-    none of them; nothing at or above 'low' is left."""
+    none of them; the accounting reads that time as waiting, and a note says it lies on the ranks not given."""
     d = diagnosed(sorted(SUBSET.glob("*.pt.trace.json.gz")))
     _clean(d)
     assert not {"low_busbw", "exposed_comm"} & {f.rule for f in d.problems}
     (why,) = [s.why for s in d.skipped if s.rule == "low_busbw"]
     assert "seen on 2 of the 4 ranks of their process group" in why
-    assert d.problems == []
+    for rk in ("0", "1"):
+        split = d.accounting[rk]["comm_split"]
+        assert split["waiting_us"] > 10 * split["transfer_us"]
+    (note,) = [n for n in d.notes if "whose other ranks are not given (2, 3)" in n]
+    assert "ms per step (rank 0; 75% of the step)" in note

@@ -60,17 +60,33 @@ class JobContext:
     def comm_waits(self) -> dict[int, float]:
         """Per rank, the communication time per step spent waiting for peers that no compute hid (the kernels of
         the ranks that arrived early spin until the last one arrives): the ``comm`` slice's waiting part; the rest
-        of the slice is transfer. {} when the collectives cannot be matched across ranks (one rank, no NCCL
-        metadata). Derived once per job, for the overhead's job floor (:mod:`.job_phase`) and the accounting rows."""
+        of the slice is transfer. At a collective seen on some ranks of its group but not all (``whole`` False:
+        :func:`kit.doctor.collectives.arrivals`) every rank given may have waited for one not given and the
+        transfer is not known: its whole exposed kernel counts as waiting (:meth:`waits_for_missing`). {} when the
+        collectives cannot be matched across ranks (one rank, no NCCL metadata). Derived once per job, for the
+        overhead's job floor (:mod:`.job_phase`) and the accounting rows."""
+        if "waits" not in self._memo:
+            self._memo["waits"], self._memo["missing"] = self._waits()
+        return self._memo["waits"]
+
+    def waits_for_missing(self) -> dict[int, float]:
+        """Per rank, the part of :meth:`comm_waits` at collectives seen on some ranks of their group but not all:
+        time the ranks given spun for ranks not given (or in a transfer that cannot be told from it)."""
+        self.comm_waits()
+        return self._memo["missing"]
+
+    def _waits(self) -> tuple[dict[int, float], dict[int, float]]:
         from .collectives import per_step_divisor
 
-        if "waits" not in self._memo:
-            tls = sorted(self.comm.items())
-            df = self.collectives("nccl") if len(tls) >= 2 else None
-            out = {}
-            if df is not None and not df.empty and (df["ranks_seen"] > 1).any():
-                for r, tl in tls:
-                    mine = df[(df["rank"] == r) & df["in_step"]]
-                    out[r] = float(mine["exposed_wait_us"].sum()) / per_step_divisor(tl)
-            self._memo["waits"] = out
-        return self._memo["waits"]
+        tls = sorted(self.comm.items())
+        df = self.collectives("nccl") if len(tls) >= 2 else None
+        out, missing = {}, {}
+        if df is not None and not df.empty and (df["ranks_seen"] > 1).any():
+            part = (df["ranks_seen"] > 1) & ~df["whole"]
+            unknown = df["exposed_wait_us"] + df["exposed_transfer_us"]
+            for r, tl in tls:
+                mine = (df["rank"] == r) & df["in_step"]
+                n = per_step_divisor(tl)
+                missing[r] = float(unknown[mine & part].sum()) / n
+                out[r] = float(df.loc[mine & ~part, "exposed_wait_us"].sum()) / n + missing[r]
+        return out, missing

@@ -32,7 +32,7 @@ def diagnose(traces: Iterable[str | Path], *, sweep=None, flight_recorder=None, 
     from ..traces.jobs import expand, map_ranks
     from .finalize import accounting_row, captured_on, finalize, flight_recorder_lines, profiler_notes
     from .job_phase import check_one_job, job_context, judge_all
-    from .notes import group_notes, job_notes
+    from .notes import group_notes, job_notes, missing_wait_notes
     from .rank_phase import rank_summary, strict
     from .reconcile import net_of_profiler, reconcile
 
@@ -69,6 +69,7 @@ def diagnose(traces: Iterable[str | Path], *, sweep=None, flight_recorder=None, 
     return Diagnosis(findings=findings, checked=checked, skipped=skipped, traces=[s.path for s in summaries],
                      accounting=accounting, ranks=list(ctx.ranks), step_us=ctx.step_us, steps=ctx.steps,
                      failed=failed, notes=job_notes(job, summaries) + group_notes(summaries) + partial
+                     + missing_wait_notes(ctx.waits_for_missing(), ctx.step_us, list(job.missing))
                      + profiler_notes(ctx.overhead),
                      flight_recorder=flight_recorder_lines(flight_recorder), missing=list(job.missing),
                      world_size=job.world_size, overhead=dict(ctx.overhead or {}), **captured_on(summaries))

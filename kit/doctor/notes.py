@@ -137,3 +137,18 @@ def group_notes(summaries: Sequence[Any]) -> list[str]:
         else:
             out.append(f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, sorted(ranks)))}: {n}")
     return out
+
+
+def missing_wait_notes(waits: dict, step_us: float | None, missing: Sequence[int]) -> list[str]:
+    """The time the ranks given spun at collectives whose process group has ranks not given (``waits``: rank ->
+    us per step, :meth:`kit.doctor.context.JobContext.waits_for_missing`; ``missing``: the job's ranks not given),
+    said once: what they waited for lies on ranks the doctor cannot see. [] when none."""
+    if not waits or max(waits.values()) <= 0:
+        return []
+    worst = max(waits, key=waits.__getitem__)
+    share = f"; {100 * waits[worst] / step_us:.0f}% of the step" if step_us else ""
+    who = f" ({', '.join(map(str, missing[:16]))}{' ...' if len(missing) > 16 else ''})" if missing else ""
+    return [f"the ranks given spent up to {waits[worst] / 1e3:.2f} ms per step (rank {worst}{share}) in collectives "
+            f"whose other ranks are not given{who}: waiting for them or transferring, which the traces given cannot "
+            "tell apart -- what the job waits for there lies on those ranks; give every rank's trace"]
+
