@@ -33,12 +33,13 @@ def contended_gain(own: dict, late: int, overhead: dict | None, own_work: dict) 
     readings (``q``, ``stretch``, per other rank its host net of the profiler, ``U``, ``U_late``, ``G``), or None
     where the quiet excess is not confirmed, is one stall, or a reading is missing.
 
-    One stall or a contended core: a contended core takes the rank's time in slices between its launches, a stall (a
-    sleep, a long Python loop, however many short ops it runs) is one stretch with no launch. The model applies only
-    where the quiet excess less the rank's longest stall stretch (:data:`kit.doctor.own_time.STALL_LONGEST`, median
-    per step) still clears the floor that confirmed it (``own_excess``'s ``quiet``): the contention must show beyond
-    its one longest stretch. Elsewhere the rank's own excess is its cost (the readings: FINDINGS.md, "A CPU-contended
-    rank")."""
+    One stall or a contended core: a contended core takes the rank's time in slices with the rank's work between them,
+    a stall (a sleep, a long Python loop, however many short ops or single launches it holds) is one stretch with next
+    to no work in it. The model applies only where the quiet excess less the rank's longest stall stretch
+    (:data:`kit.doctor.own_time.STALL_LONGEST`, median per step) still clears the floor that confirmed it
+    (``own_excess``'s ``quiet``): the contention must show beyond its one longest stretch. Elsewhere the rank's own
+    excess is its cost (the readings: FINDINGS.md, "A CPU-contended rank"). Not the stall time beyond the others':
+    a contended core's slices between launches are stall time too (as much as its quiet excess, or more)."""
     quiet = own.get("quiet") if own else None
     per = own.get("per_rank") if own else None
     if not quiet or not quiet.get("confirmed") or not per or str(late) not in per:

@@ -93,8 +93,9 @@ thread waiting is not preempted) in stretches of :data:`STALL_US` or longer in w
 :attr:`kit.traces.Trace.short_spans`) began or ended on any thread of the process -- the host idle or descheduled,
 inside an op or between ops (GPU jobs; 0 on a CPU-only one, whose ops themselves run for milliseconds);
 ``own_stall_longest_us``: the longest of the main thread's stall stretches in the step (no issuing call, no op of the
-frame: a stall is one such stretch, however many short ops it holds; a contended core's lost time lies in many,
-between launches: :mod:`kit.doctor.contended`)"""
+frame), those less than :data:`STALL_US` apart taken as one: a stall is one such stretch, however many short ops or
+single launches it holds; a contended core's lost time lies in many, with its work between them
+(:mod:`kit.doctor.contended`)"""
 
 
 @dataclass(frozen=True)
@@ -481,7 +482,7 @@ def _own_host(view, sets: dict, win: "pd.DataFrame", default: str, main, calls) 
         for k, v in mine.items():
             out[k][ok] = covered(*v, a[ok], b[ok])
         if "stall" in mine:
-            xa, xb = mine["stall"]
+            xa, xb = union_np(*mine["stall"], gap=STALL_US)  # a moment's work (a launch) does not end a stall
             out["stall_longest"][ok] = [float(np.max(np.minimum(xb, y) - np.maximum(xa, x), initial=0.0))
                                         for x, y in zip(a[ok], b[ok])]
     return out

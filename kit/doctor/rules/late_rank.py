@@ -365,6 +365,7 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     if in_own is not None:
         reason = in_own[0]
     waited = min(cost, ctx.step_us) if ctx.step_us else cost  # no rank waits longer than its step
+    clipped = waited < cost  # their charged waits reach the step: said as a bound
     gain, basis = own_gain(own, reason, excess, n)
     by_host = basis == "own_excess" and own["kind"] == "host"
     got = measured_excess(ctx.capture, late, ctx.step_us) if by_host else None
@@ -450,8 +451,9 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     summary = (f"were rank {late} as fast as the others the job would gain about {dur_text(cost)} per step"
                f"{basis_text}: it arrived last at {len(late_at)} of {len(inst)} collectives, a median "
                f"{dur_text(ev['after_next_latest_us_median'])} after the next-latest rank (up to "
-               f"{dur_text(ev['late_by_us_max'])} after the first){why}; the other ranks waited {dur_text(waited)} per "
-               f"step for it alone{' in the traced steps' if basis in ('measured_host', 'contended_host') else ''}")
+               f"{dur_text(ev['late_by_us_max'])} after the first){why}; the other ranks waited "
+               f"{'up to their whole step, ' if clipped else ''}{dur_text(waited)} per step, for it alone"
+               f"{' in the traced steps' if basis in ('measured_host', 'contended_host') else ''}")
     return [make("late_rank", cost, [late], ev, summary, fix=f"{FIX_BY_REASON[reason]} {RULES['late_rank'].fix}"
                  if reason else None)]
 
