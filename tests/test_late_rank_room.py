@@ -262,13 +262,15 @@ def test_the_measured_host_excess_does_not_cost_a_contended_core(tmp_path):
     assert 0.5 <= f.cost_us_per_step / added <= 2.0
 
 
-@pytest.mark.parametrize("cut", ["short_ops", "launch"])
+@pytest.mark.parametrize("cut", ["short_ops", "launch", pytest.param("work", marks=pytest.mark.xfail(strict=True, reason=(
+    "two stalls with 1.7 ms of work between them (12 launches 150 us apart): nothing in one trace's stall stretches "
+    "tells two stalls per step from a contended core's slices -- late_rank [1] 7.87 ms contended_host, 0.35x")))])
 def test_a_broken_stall_is_still_a_stall(tmp_path, cut):
     """The committed 2-GPU CNN stall_rank case (~20 ms of json.dumps after rank 1's optimizer, +22.44 ms unprofiled),
     with every gap of 15 ms or more between rank 1's CPU events broken: by three 15 us CPU ops (``aten::detach``, the
     kind of op the default frame drops; its quiet time then lies in four stretches) or by one CUDA launch (a 6 us
-    ``cudaLaunchKernel`` and its 3 us kernel: two stall stretches of ~10 ms). Its host still issued next to nothing for
-    the whole 20 ms. It stays a stall: late_rank [1], host_stall, costed by its own excess at 0.5-2x the added time --
+    ``cudaLaunchKernel`` and its 3 us kernel: two stall stretches of ~10 ms; ``work``: twelve such launches, two stalls
+    with work between them). Its host still issued next to nothing for the whole 20 ms. It stays a stall: late_rank [1], host_stall, costed by its own excess at 0.5-2x the added time --
     not as a contended core (9.6 ms, 0.43x, with the model deciding on the longest quiet stretch, then on the longest
     stall stretch unmerged across the launch)."""
     import gzip
@@ -292,8 +294,8 @@ def test_a_broken_stall_is_still_a_stall(tmp_path, cut):
             else:
                 k0 = next(e for e in ev if e.get("ph") == "X" and e.get("cat") == "kernel")
                 r0 = next(e for e in ev if e.get("cat") == "cuda_runtime" and e.get("name") == "cudaLaunchKernel")
-                for n, (a, b, _, _) in enumerate(gaps):
-                    t, cid = (a + b) / 2, 10 ** 9 + n
+                for n, ((a, b, _, _), k) in enumerate((g, k) for g in gaps for k in range(12 if cut == "work" else 1)):
+                    t, cid = (a + b) / 2 + 150.0 * (k - 6 if cut == "work" else 0), 10 ** 9 + n
                     ev += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": r0["pid"],
                             "tid": r0["tid"], "ts": t, "dur": 6.0, "args": {"correlation": cid, "external id": 0}},
                            {"ph": "X", "cat": "kernel", "name": "vectorized_elementwise_kernel", "pid": k0["pid"],
