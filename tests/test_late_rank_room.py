@@ -307,3 +307,28 @@ def test_a_broken_stall_is_still_a_stall(tmp_path, cut):
     assert f.evidence["cost_basis"] == "own_excess" and "contended_host" not in f.evidence
     added = json.loads((case / "truth.json").read_text())["added_us"]
     assert 0.5 <= f.cost_us_per_step / added <= 2.0
+
+
+def test_a_stall_seen_in_the_trace_is_not_bounded_by_the_measured_host(tmp_path):
+    """The committed 2-GPU CNN stall_rank case (tensorboard_trace_handler, +22.44 ms unprofiled) with a kit.capture
+    header that times rank 1's host 8 ms slower per step than rank 0's (confirmed): kit.capture's measured excess is
+    low for any late rank, as the others' drained steps hold part of their waits for it. Rank 1's 20 ms of quiet time
+    beyond rank 0's (no recorded event: not the profiler's) vouches for its traced excess, so the measured excess does
+    not bound it: late_rank [1] at its own excess, 0.5-2x the added time (8 ms, 0.36x, measured_host before)."""
+    import gzip
+    import json
+
+    from kit.doctor import diagnose
+
+    case = Path(__file__).resolve().parent / "data" / "doctor" / "corpus-h100x2" / "cnn-ddp-fp32-stall_rank"
+    for p in sorted(case.glob("*.json.gz")):
+        j = json.loads(gzip.decompress(p.read_bytes()))
+        r = j["distributedInfo"]["rank"]
+        j["kitCapture"] = {"format": 1, "rank": r, "world_size": 2, "unprofiled_host": 5,
+                           "unprofiled_host_us": [x + 8000.0 * r for x in (16100.0, 16400.0, 16250.0, 16600.0, 16300.0)]}
+        (tmp_path / p.name).write_bytes(gzip.compress(json.dumps(j).encode(), 1))
+    f = diagnose(sorted(tmp_path.glob("*.json.gz")), workers=1).problems[0]
+    assert f.rule == "late_rank" and f.ranks == (1,) and f.evidence["measured_host_confirmed"]
+    assert f.evidence["cost_basis"] == "own_excess" and f.evidence["measured_host_excess_us"] == 8000.0
+    added = json.loads((case / "truth.json").read_text())["added_us"]
+    assert 0.5 <= f.cost_us_per_step / added <= 2.0

@@ -189,10 +189,11 @@ def _host_samples(capture: dict | None) -> list[float]:
 
 def measured_excess(capture: dict | None, late: int, step_us: float | None = None) -> tuple[float, bool] | None:
     """Rank ``late``'s measured host time per step (:func:`unprofiled_host_us`) beyond the slowest other rank's, at
-    least 0, and whether that is confirmed; None unless every rank has it. A confirmed one bounds the gain of a rank
-    late for its host that is not a contended core (:mod:`kit.doctor.contended`); it is low, as every other rank's
-    drained step holds its waits for the late one at the collectives (FSDP's all-gathers block its host; DDP's drained
-    step waits for the all-reduce; FINDINGS.md, "A CPU-contended rank"), so it never costs a contended core. Confirmed:
+    least 0, and whether that is confirmed; None unless every rank has it. It is low for any late rank, as every other
+    rank's drained step holds its waits for the late one at the collectives (FSDP's all-gathers block its host; DDP's
+    drained step waits for the all-reduce; FINDINGS.md, "A CPU-contended rank"): a confirmed one bounds only a host
+    excess the trace cannot vouch for -- not a contended core (:mod:`kit.doctor.contended`), nor a rank whose quiet
+    excess is confirmed (time with no recorded event is not the profiler's: a stall's, a lost core's). Confirmed:
     it and the median over the steps of the late rank's time beyond the slowest other's in that step (paired: a burst
     lengthens the others' drained steps too) both clear :data:`kit.doctor.own_time.MIN_OWN_EXCESS_SHARE` of the step
     and the range of the others' medians."""
@@ -376,7 +377,7 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     model = contended_gain(own, late, ctx.overhead, own_work(hs, ctx.comm_waits())) if by_host else None
     if model is not None:
         gain, basis = model["gain_us"], "contended_host"
-    elif measured_ok and measured < gain:  # every rank's host timed without the profiler, in excess: it bounds the gain
+    elif measured_ok and measured < gain and not (own.get("quiet") or {}).get("confirmed"):  # (measured_excess)
         gain, basis = measured, "measured_host"
     # the most the job could gain: each other rank's step is its own time plus its waiting, so the least any other
     # rank waits per step at the collectives bounds it -- counted at every collective where that rank waited more
