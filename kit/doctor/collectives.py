@@ -240,8 +240,9 @@ def arrivals(df: "pd.DataFrame", tl_of: dict[int, Timeline]) -> "pd.DataFrame":
     """``df`` (:func:`matched`) with ``last`` -- the row of each instance seen on 2+ ranks whose kernel is shortest:
     the rank that arrived last and waited for no one (the first such row on a tie); False on rows seen on one rank
     only --, ``in_step``: launched inside a profiled step of its rank (every row of a rank whose trace has no
-    steps) -- and ``whole``: the instance was seen on every rank of its process group, or its group's size is not
-    known (the module docstring: only then is its shortest kernel the transfer). Derived here once for every reader
+    steps) --, ``whole``: the instance was seen on every rank of its process group, or its group's size is not
+    known (the module docstring: only then is its shortest kernel the transfer) -- and ``part_of_group``: seen on 2+
+    ranks but not whole (its ranks given may have waited for one not given). Derived here once for every reader
     (:meth:`kit.doctor.context.JobContext.collectives`)."""
     import numpy as np
 
@@ -253,7 +254,8 @@ def arrivals(df: "pd.DataFrame", tl_of: dict[int, Timeline]) -> "pd.DataFrame":
     if len(multi):
         last[df.index.get_indexer(multi.groupby(["match_key", "instance"])["dur_us"].idxmin())] = True
     stepped = df["rank"].map(lambda r: bool(tl_of[int(r)].steps)).to_numpy(dtype=bool)
-    return df.assign(last=last, in_step=~stepped | df["step"].notna().to_numpy(), whole=whole)
+    return df.assign(last=last, in_step=~stepped | df["step"].notna().to_numpy(), whole=whole,
+                     part_of_group=(df["ranks_seen"].to_numpy() > 1) & ~whole)
 
 
 def no_collectives(summaries: list[tuple[int, Timeline]]) -> bool:

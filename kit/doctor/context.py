@@ -82,7 +82,7 @@ class JobContext:
         df = self.collectives("nccl") if len(tls) >= 2 else None
         out, missing = {}, {}
         if df is not None and not df.empty and (df["ranks_seen"] > 1).any():
-            part = (df["ranks_seen"] > 1) & ~df["whole"]
+            part = df["part_of_group"]
             unknown = df["exposed_wait_us"] + df["exposed_transfer_us"]
             for r, tl in tls:
                 mine = (df["rank"] == r) & df["in_step"]

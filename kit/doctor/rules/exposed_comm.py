@@ -31,8 +31,8 @@ def judge_exposed(summaries, ctx) -> list[Finding] | Skip:
     # the job's cost: per collective instance, the exposure on the rank that arrived last (the others were
     # waiting for it anyway); collectives seen on one rank only (point-to-point) count on their own rank
     # an instance seen on 2+ ranks but not on every rank of its group: the rank given that arrived last may have
-    # waited for one not given, so its transfer is not known (kit.doctor.collectives: ``whole``); none is counted
-    part = (df["ranks_seen"] > 1) & ~df["whole"]
+    # waited for one not given, so its transfer is not known (kit.doctor.collectives: ``part_of_group``): none counts
+    part = df["part_of_group"]
     last = df[df["last"] & ~part]
     single = df[df["ranks_seen"] <= 1].groupby("rank")["exposed_transfer_us"].sum()
     cost = (float(last["exposed_transfer_us"].sum()) + float(single.max() if len(single) else 0.0)) / n
