@@ -39,6 +39,15 @@ each round's difference one way, the next round's the other), then each arm trac
 fault's block median less the control's) and ``added_us_over_rounds`` (:func:`paired_added`: their median, which
 is ``added_us``, and an interval for it over the rounds).
 
+Held out (group ``held_out``, never in ``all``: recorded to judge the doctor on a job it was not built around):
+the ``rec`` family (:class:`Rec`, an embedding-bag + MLP recommender) under DDP with ``static_graph`` and
+``gradient_as_bucket_view``, a DataLoader with :data:`REC_WORKERS` persistent workers yielding whole batches
+(``input_rank``: the feature hashing in that rank's workers), profiled by ``json_handler``: ``schedule(wait=1,
+warmup=2, active=5)``, shapes, stacks and memory, and an ``on_trace_ready`` of its own writing plain
+``trainer-<pid>-<n>.json`` (``--profiler json_handler`` puts any case under it). A *set* in :data:`PAIRS` (a
+control and several faults that toggle in one job) is timed by turns like a pair (ABCD DCBA ...), each fault
+against the one control; where the job's loader has workers, each block settles for the batches they prefetched.
+
 Each case writes ``<out>/<case>/`` with every rank's trace and ``truth.json``: the unprofiled step time of the job
 (per step, the slowest rank's CUDA-event step time; median, p10, p90 and every sample; every rank's samples under
 ``per_rank``), ``added_us`` against its control, the fault's parameters as measured (e.g. the extra GPU work's
@@ -98,9 +107,11 @@ ONE_RANK = int(os.environ.get("PLANTED_MULTI_RANK", "1"))
 spawned ranks too; truth.json names it in ``expected_ranks``)"""
 SIZES = {
     "cuda": {"gpt": dict(vocab=8192, d=1024, layers=2, heads=16, seq=256, batch=8),
-             "cnn": dict(width=64, blocks=1, img=64, batch=96, classes=100)},
+             "cnn": dict(width=64, blocks=1, img=64, batch=96, classes=100),
+             "rec": dict(tables=8, rows=50000, dim=64, dense=13, mlp=512, batch=2048)},
     "cpu": {"gpt": dict(vocab=2048, d=128, layers=2, heads=4, seq=64, batch=8),
-            "cnn": dict(width=16, blocks=1, img=32, batch=8, classes=10)},
+            "cnn": dict(width=16, blocks=1, img=32, batch=8, classes=10),
+            "rec": dict(tables=4, rows=1000, dim=16, dense=13, mlp=64, batch=64)},
 }
 VARIANT_SIZES = {
     "cuda": {"hostbound": {"batch": 8, "img": 32}, "gpubound": {"batch": 24},
@@ -119,6 +130,16 @@ outlast that idle"""
 DDP_HEAVY_EXTRA_GPU_MS = 20.0
 """``gpt-ddp-bf16-gpu_rank20``'s matmuls: the 8 ms of ``gpt-ddp-bf16-gpu_rank`` added +2.4 ms to the host-bound
 bf16 DDP job on 2 H200s (FINDINGS.md, DDP gpu_rank on H200), most of them running in its GPU's idle time"""
+REC_EXTRA_GPU_MS = 20.0
+"""``rec-ddp-bf16-gpu_rank``'s matmuls: the recommender's GPU idles most of its step (small MLPs and embedding
+lookups issued one by one), so the extra work must outlast that idle to add time, as ``gpu_rank20``'s"""
+REC_WORKERS = 2
+"""the recommender's DataLoader: worker processes (each yields whole batches: ``batch_size=None``), persistent"""
+REC_INPUT_MS = 60.0
+"""``rec-ddp-bf16-input_rank``'s per-batch transform (feature hashing in pure Python) in each of the rank's
+:data:`REC_WORKERS` workers: its loader supplies a batch every ~30 ms, slower than the job's step"""
+JSON_ACTIVE = 5
+"""``json_handler``'s active steps (``schedule(wait=1, warmup=2, active=5)``)"""
 MICRO = 4
 """micro-batches per optimizer step in the accumulation cases (each batch/MICRO samples)"""
 FAULT_PARAMS = {
@@ -158,21 +179,93 @@ EXPECTED = {
 }
 
 
+# --------------------------------------------------------------------------------------------- the recommender
+class Rec(nn.Module):
+    """An embedding + MLP recommender (DLRM's shape): dense features through a bottom MLP, ``tables`` sparse
+    features pooled by ``nn.EmbeddingBag`` (sum, dense gradients: DDP all-reduces them), their pairwise dot products
+    and the bottom output through a top MLP, a click-through loss."""
+
+    def __init__(self, tables, rows, dim, dense, mlp, **_):
+        super().__init__()
+        self.bot = nn.Sequential(nn.Linear(dense, mlp), nn.ReLU(), nn.Linear(mlp, mlp // 2), nn.ReLU(),
+                                 nn.Linear(mlp // 2, dim), nn.ReLU())
+        self.emb = nn.ModuleList(nn.EmbeddingBag(rows, dim, mode="sum") for _ in range(tables))
+        n = tables + 1
+        self.top = nn.Sequential(nn.Linear(dim + n * (n - 1) // 2, mlp), nn.ReLU(), nn.Linear(mlp, mlp // 2),
+                                 nn.ReLU(), nn.Linear(mlp // 2, 1))
+
+    def forward(self, x, y):
+        dense, idx = x
+        b = self.bot(dense)
+        f = torch.stack([b] + [e(idx[:, i]) for i, e in enumerate(self.emb)], 1)
+        iu = torch.triu_indices(f.shape[1], f.shape[1], 1, device=f.device)  # made there: no copy, no sync
+        z = torch.bmm(f, f.transpose(1, 2))[:, iu[0], iu[1]]
+        out = self.top(torch.cat([b, z], 1)).squeeze(1)
+        return nn.functional.binary_cross_entropy_with_logits(out.float(), y)
+
+
+class RecData(torch.utils.data.Dataset):
+    """Whole synthetic batches (a DataLoader with ``batch_size=None``): dense features, ``bag`` ids per table, a
+    label; with ``rounds`` > 0 each batch's ids are re-hashed in pure Python (feature hashing) ``rounds`` times."""
+
+    def __init__(self, size: dict, rounds: int = 0, pool: int = 8, bag: int = 4):
+        g = torch.Generator().manual_seed(0)
+        b, self.size, self.rounds = size["batch"], size, rounds
+        self.dense = torch.randn(pool, b, size["dense"], generator=g)
+        self.idx = torch.randint(size["rows"], (pool, b, size["tables"], bag), generator=g)
+        self.y = torch.randint(2, (pool, b), generator=g).float()
+
+    def __len__(self):
+        return 10_000_000
+
+    def __getitem__(self, i):
+        j = i % len(self.idx)
+        idx = self.idx[j]
+        if self.rounds:
+            ids, rows = idx.flatten().tolist(), self.size["rows"]
+            for _ in range(self.rounds):
+                ids = [(v * 2654435761 + 97) % rows for v in ids]
+            idx = torch.tensor(ids).view_as(idx)
+        return (self.dense[j], idx), self.y[j]
+
+
+def _calibrate_rec(size: dict, ms_per_batch: float) -> int:
+    """Rounds of the recommender's hashing that cost ~``ms_per_batch`` per batch on this host."""
+    d = RecData(size, rounds=1)
+    d[0]
+    t = time.perf_counter()
+    for i in range(3):
+        d[i]
+    return max(1, round(ms_per_batch / 1e3 / ((time.perf_counter() - t) / 3)))
+
+
 PROFILER_OVERRIDE = "PLANTED_MULTI_PROFILER"
 """an environment variable naming the profiler for every case (``--profiler``; the spawned ranks read it as they
 build :data:`CASES`)"""
 
 
 def _c(model, par, dtype, kind, profiler, control=None, variant=None, fault=None, sizes=None, extra_gpu_ms=None,
-       suffix="", item=False):
+       suffix="", item=False, **held):
     name = f"{model}-{par}-{dtype}-{kind}{suffix}"
     profiler = os.environ.get(PROFILER_OVERRIDE) or profiler
     fault = fault or ("none" if kind in ("control", "hostbound", "gpubound", "accum", "deep") else kind)
     env = dict(FAULT_PARAMS.get(variant, {}).get("env", {}))
+    if profiler == "json_handler":  # that user's settings: stacks and memory too
+        held = {"with_stack": True, "profile_memory": True, **held}
     return {"name": name, "model": model, "parallel": par, "dtype": dtype, "kind": kind, "fault": fault,
             "variant": variant or kind, "profiler": profiler, "control": control or name, "nccl_env": env,
             "record_shapes": True, "with_stack": False, "sizes_variant": sizes,
-            **({"extra_gpu_ms": extra_gpu_ms} if extra_gpu_ms else {}), **({"item": True} if item else {})}
+            **({"extra_gpu_ms": extra_gpu_ms} if extra_gpu_ms else {}), **({"item": True} if item else {}), **held}
+
+
+def _rec(kind, control=None, **kw):
+    """A held-out case: the recommender (:class:`Rec`), DDP with ``static_graph`` and ``gradient_as_bucket_view``
+    (accumulation: the bucket view only; ``no_sync`` is not for a static graph), a DataLoader with
+    :data:`REC_WORKERS` persistent workers, profiled by ``json_handler`` (stacks and memory on, 5 active steps, plain
+    ``trainer-<pid>-<n>.json`` files)."""
+    ddp = {"gradient_as_bucket_view": True, **({} if kind.startswith("accum") else {"static_graph": True})}
+    return _c("rec", "ddp", "bf16", kind, "json_handler", control, held_out=True, workers=REC_WORKERS, ddp_opts=ddp,
+              **kw)
 
 
 def _cases() -> dict[str, dict]:
@@ -216,6 +309,15 @@ def _cases() -> dict[str, dict]:
         _c("gpt", "ddp", "bf16", "cpu_rank", "kit.capture", gpt),
         _c("cnn", "ddp", "fp32", "cpu_rank", "tb_handler", cnn),
         _c("gpt", "fsdp", "bf16", "cpu_rank", "tb_handler", fsdp),
+        # held out: another family, loader, DDP options and profiler (:func:`_rec`), recorded after the doctor
+        _rec("control"),
+        _rec("stall_rank", "rec-ddp-bf16-control"),
+        _rec("gpu_rank", "rec-ddp-bf16-control", extra_gpu_ms=REC_EXTRA_GPU_MS),
+        _rec("cpu_rank", "rec-ddp-bf16-control"),
+        _rec("input_rank", "rec-ddp-bf16-control", input_ms=REC_INPUT_MS),
+        _rec("accum"),
+        _rec("accum_no_sync", "rec-ddp-bf16-accum"),
+        _rec("tiny_buckets", "rec-ddp-bf16-control"),
     ]
     return {c["name"]: c for c in out}
 
@@ -233,18 +335,25 @@ PAIRS = {
     "cnn_stall": ("cnn-ddp-fp32-control", "cnn-ddp-fp32-stall_rank"),
     "p2p_off": ("gpt-ddp-bf16-control", "gpt-ddp-bf16-p2p_off"),
     "proto_ll": ("gpt-ddp-bf16-control", "gpt-ddp-bf16-proto_ll"),
+    # a control and several faults that toggle in one job, timed by turns (ABCD DCBA ...)
+    "rec_set": ("rec-ddp-bf16-control", "rec-ddp-bf16-stall_rank", "rec-ddp-bf16-gpu_rank", "rec-ddp-bf16-cpu_rank"),
+    "rec_input": ("rec-ddp-bf16-control", "rec-ddp-bf16-input_rank"),
+    "rec_accum": ("rec-ddp-bf16-accum", "rec-ddp-bf16-accum_no_sync"),
+    "fsdp_set": ("gpt-fsdp-bf16-control", "gpt-fsdp-bf16-stall_rank", "gpt-fsdp-bf16-gpu_rank"),
 }
 """a fault and its control that one job runs by turns (:meth:`MultiJob.arm`), recorded interleaved in one process
 (``--pair``): the fault's added time without what differs between processes and minutes (one recording's host ran
 ~30% slower throughout than its control's). A pair whose arms differ in NCCL's environment (``p2p_off``, ``proto_ll``), which
 NCCL reads once per process, is interleaved by *sessions* instead (:func:`run_session_pair`): each block a fresh
 spawn of the arm's environment, the blocks in ABBA order"""
-GROUPS = {"controls": [n for n, c in CASES.items() if c["fault"] == "none"],
-          "one_rank": [n for n, c in CASES.items() if c["kind"] in ("input_rank", "stall_rank", "gpu_rank",
-                                                                     "cpu_rank")],
-          "job": [n for n, c in CASES.items() if c["kind"] in ("accum_no_sync", "tiny_buckets")],
-          "env": [n for n, c in CASES.items() if c["nccl_env"]],
-          "all": list(CASES)}
+_CORPUS = {n: c for n, c in CASES.items() if not c.get("held_out")}
+GROUPS = {"controls": [n for n, c in _CORPUS.items() if c["fault"] == "none"],
+          "one_rank": [n for n, c in _CORPUS.items() if c["kind"] in ("input_rank", "stall_rank", "gpu_rank",
+                                                                       "cpu_rank")],
+          "job": [n for n, c in _CORPUS.items() if c["kind"] in ("accum_no_sync", "tiny_buckets")],
+          "env": [n for n, c in _CORPUS.items() if c["nccl_env"]],
+          "all": list(_CORPUS),
+          "held_out": [n for n, c in CASES.items() if c.get("held_out")]}
 
 
 # --------------------------------------------------------------------------------------------- the job
@@ -326,20 +435,23 @@ class Contention:
 class MultiJob:
     """One case's training loop on one rank: ``step()`` runs one optimizer step with the case's fault."""
 
-    def __init__(self, case: dict, dev: str, rank: int, world: int):
+    def __init__(self, case: dict, dev: str, rank: int, world: int, arms: tuple = ()):
         import torch.distributed as dist
 
         self.case, self.dev, self.rank, self.world = case, dev, rank, world
         self.kind, self.bf16 = case["kind"], case["dtype"] == "bf16"
+        kinds = {self.kind} | {c["kind"] for c in arms}  # the arms of a pair or set (PAIRS): built for every fault
         self.size = {**SIZES["cuda" if dev.startswith("cuda") else "cpu"][case["model"]],
                      **(VARIANT_SIZES["cuda" if dev.startswith("cuda") else "cpu"].get(case["sizes_variant"]) or {})}
         torch.manual_seed(0)
-        m = (P.GPT if case["model"] == "gpt" else P.CNN)(**self.size).to(dev)
+        m = {"gpt": P.GPT, "cnn": P.CNN, "rec": Rec}[case["model"]](**self.size).to(dev)
         self.params_used = {k: v for k, v in FAULT_PARAMS.get(case["variant"], {}).items()}
-        if case.get("extra_gpu_ms"):
-            self.params_used["extra_gpu_ms"] = case["extra_gpu_ms"]
+        for c in (case, *arms):
+            if c.get("extra_gpu_ms"):
+                self.params_used["extra_gpu_ms"] = c["extra_gpu_ms"]
         if case["parallel"] == "ddp":
             kw = {"device_ids": [torch.device(dev).index]} if dev.startswith("cuda") else {}
+            kw.update(case.get("ddp_opts") or {})
             if self.kind == "tiny_buckets":
                 kw["bucket_cap_mb"] = FAULT_PARAMS["tiny_buckets"]["bucket_cap_mb"]
             m = nn.parallel.DistributedDataParallel(m, **kw)
@@ -356,32 +468,49 @@ class MultiJob:
         mine = self.rank == ONE_RANK
         rounds = 0
         if self.kind == "input_rank" and mine:
-            rounds = P._calibrate(case["model"], self.size, FAULT_PARAMS["input_rank"]["transform_ms_per_batch"])
+            rounds = (_calibrate_rec(self.size, case["input_ms"]) if case["model"] == "rec" else
+                      P._calibrate(case["model"], self.size, FAULT_PARAMS["input_rank"]["transform_ms_per_batch"]))
         rounds_all = [None] * world
         dist.all_gather_object(rounds_all, rounds)
         if self.kind == "input_rank":
             self.params_used["transform_rounds"] = rounds_all[ONE_RANK]
+            if case.get("input_ms"):
+                self.params_used.update(transform_ms_per_batch=case["input_ms"], num_workers=case["workers"])
         batch = self.size["batch"] // MICRO if self.kind.startswith("accum") else self.size["batch"]
-        self.loader = torch.utils.data.DataLoader(P.Data(case["model"], self.size, rounds), batch_size=max(1, batch),
-                                                  num_workers=0, pin_memory=dev.startswith("cuda"))
+        self.loader = self._loader(rounds, batch)
         self.it = iter(self.loader)
+        self.settle = 1
+        if case.get("workers"):  # what a switch of arms leaves prefetched is used up before a block is timed
+            self.settle += case["workers"] * 2
+            self.params_used.update(num_workers=case["workers"], ddp_opts=case.get("ddp_opts"))
+        self._plain = iter(self._loader(0, batch)) if arms and rounds else self.it  # the other arms' loader
+        self._fault_it = self.it
         self.record = {"step": 0, "loss": 0.0, "lr": 1e-4, "tokens": list(range(64)), "rank": rank}
         self.extra = self.contention = None
-        if self.kind == "cpu_rank":
+        if "cpu_rank" in kinds:
             if mine:
                 prm = FAULT_PARAMS["cpu_rank"]
                 self.contention = Contention(prm["cores"], prm["spinners"])
             got = [None] * world
             dist.all_gather_object(got, self.contention.slowdown() if mine else None)
             self.params_used.update(got[ONE_RANK])
-            if mine:
+            if mine and self.kind == "cpu_rank":
                 self.contention.on()
-        if self.kind == "gpu_rank":
+        if "gpu_rank" in kinds:
             n = self._calibrate_gpu() if mine else 0
             got = [None] * world
             dist.all_gather_object(got, n)
             self.params_used.update(got[ONE_RANK])
             self.extra = got[rank] if mine else None
+
+    def _loader(self, rounds: int, batch: int):
+        pin = self.dev.startswith("cuda")
+        if self.case["model"] == "rec":
+            w = self.case.get("workers", 0)
+            return torch.utils.data.DataLoader(RecData({**self.size, "batch": max(1, batch)}, rounds), batch_size=None,
+                                               num_workers=w, persistent_workers=w > 0, pin_memory=pin)
+        return torch.utils.data.DataLoader(P.Data(self.case["model"], self.size, rounds), batch_size=max(1, batch),
+                                           num_workers=0, pin_memory=pin)
 
     def arm(self, case: dict) -> None:
         """Run ``case`` from the next step on: one of a pair (:data:`PAIRS`) that share this job's model, data and
@@ -390,6 +519,7 @@ class MultiJob:
             self._fault_extra = self.extra
         self.case, self.kind = case, case["kind"]
         self.extra = self._fault_extra if self.kind == "gpu_rank" else None
+        self.it = self._fault_it if self.kind == "input_rank" else self._plain
         if self.contention is not None:
             self.contention.on() if self.kind == "cpu_rank" else self.contention.off()
 
@@ -427,13 +557,17 @@ class MultiJob:
         if self.contention is not None:
             self.contention.close()
             self.contention = None
-        self.it = None
+        self.it = self._plain = self._fault_it = self.loader = None
         self.model = self.opt = None
         self._a = None
 
     def _micro(self, sync: bool):
         x, y = next(self.it)
-        x, y = x.to(self.dev, non_blocking=True), y.to(self.dev, non_blocking=True)
+        if isinstance(x, (tuple, list)):
+            x = tuple(t.to(self.dev, non_blocking=True) for t in x)
+        else:
+            x = x.to(self.dev, non_blocking=True)
+        y = y.to(self.dev, non_blocking=True)
         ctx = (torch.autocast(self.dev.split(":")[0], dtype=torch.bfloat16)
                if self.bf16 and self.case["parallel"] == "ddp" else contextlib.nullcontext())
         # DDP decides in its forward whether the backward will all-reduce: no_sync() must hold both
@@ -473,7 +607,32 @@ def time_unprofiled(job: MultiJob, warm: int, n: int) -> dict:
 
 def profile_steps(job: MultiJob, case: dict, out: Path) -> list[str]:
     shim = type("J", (), {"step": job.step, "dev": "cuda" if job.dev.startswith("cuda") else "cpu"})()
+    if case["profiler"] == "json_handler":
+        return _json_handler(shim, case, out)
     return P.profile_steps(shim, case, out)
+
+
+def _json_handler(job, case: dict, out: Path) -> list[str]:
+    """``torch.profiler`` as another user writes it: ``schedule(wait=1, warmup=2, active=JSON_ACTIVE)``, shapes,
+    stacks and memory recorded, and an ``on_trace_ready`` of its own that writes a plain ``trainer-<pid>-<n>.json``
+    (no rank in the name: only inside the trace)."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if job.dev == "cuda" else [])
+    before, n = set(os.listdir(out)), []
+
+    def ready(prof):
+        prof.export_chrome_trace(str(out / f"trainer-{os.getpid()}-{len(n)}.json"))
+        n.append(1)
+
+    with profile(activities=acts, schedule=schedule(wait=1, warmup=2, active=JSON_ACTIVE), on_trace_ready=ready,
+                 record_shapes=case["record_shapes"], with_stack=case["with_stack"],
+                 profile_memory=case.get("profile_memory", False)) as prof:
+        for _ in range(3 + JSON_ACTIVE):
+            job.step()
+            prof.step()
+    P._sync(job.dev)
+    return sorted(set(os.listdir(out)) - before)
 
 
 # --------------------------------------------------------------------------------------------- the ranks
@@ -583,7 +742,7 @@ def time_interleaved(job: MultiJob, arms: list[dict], warm: int, n: int, alterna
     for r in range(alternations):
         for i, c in enumerate(round_order(arms, r)):
             job.arm(c)
-            t = time_unprofiled(job, 1, n)
+            t = time_unprofiled(job, getattr(job, "settle", 1), n)
             o = out[c["name"]]
             o["blocks"].append([len(o["samples"]), len(o["samples"]) + n])
             o["position"].append(i)
@@ -629,7 +788,7 @@ def against_next_control(truth: dict) -> list[float]:
 
 def _pair_truths(arms: list[dict], world: int, device: str, timings: list[dict], params: dict, root: Path,
                  env: dict, alternations: int, n: int, device_name: str | None = None,
-                 sessions: bool = False) -> dict[str, dict]:
+                 sessions: bool = False, settle: int = 1) -> dict[str, dict]:
     """The pair's truth.json contents: each arm's as :func:`_truth` gives it, from its interleaved samples, plus how
     they were interleaved (``order``, A the control; ``control_first_by_round``) and per block the job's median;
     the fault's ``paired_control`` (its control arm's summary and samples) and ``added_us_by_alternation`` (its
@@ -645,18 +804,20 @@ def _pair_truths(arms: list[dict], world: int, device: str, timings: list[dict],
         truth["interleaved"] = {"with": [a["name"] for a in arms],
                                 "order": " ".join("AB" if f else "BA" for f in first),  # A: the control
                                 "control_first_by_round": first, "alternations": alternations,
-                                "block_steps": n, "settle_steps_per_block": 1,
+                                "block_steps": n, "settle_steps_per_block": settle,
                                 "block_median_us": [round(x, 1) for x in job_blocks[c["name"]]],
                                 "same_process_as_trace": not sessions,
                                 "profiler_env": {k: os.environ[k] for k in PROFILER_ENV if k in os.environ},
                                 **({"by": "sessions: each block a fresh spawn in its arm's NCCL environment, each "
                                           "arm traced after its timed steps in the last round"} if sessions else {})}
         out[c["name"]] = truth
-    ctl, fault = arms
-    t = out[fault["name"]]
+    ctl, *faults = arms  # a pair, or a control and several faults timed by turns
     cs = out[ctl["name"]]["step_us_unprofiled"]
-    t["paired_control"] = {"case": ctl["name"], **{k: cs[k] for k in ("median", "p10", "p90", "samples")}}
-    t["added_us_by_alternation"] = [round(f - c, 1) for f, c in zip(job_blocks[fault["name"]], job_blocks[ctl["name"]])]
+    for fault in faults:
+        t = out[fault["name"]]
+        t["paired_control"] = {"case": ctl["name"], **{k: cs[k] for k in ("median", "p10", "p90", "samples")}}
+        t["added_us_by_alternation"] = [round(f - c, 1)
+                                        for f, c in zip(job_blocks[fault["name"]], job_blocks[ctl["name"]])]
     return out
 
 
@@ -675,7 +836,7 @@ def _run_pair(pair: str, rank: int, world: int, root: Path, warm: int, n: int, a
             shutil.rmtree(root / c["name"], ignore_errors=True)
             (root / c["name"]).mkdir(parents=True)
     dist.barrier()
-    job = MultiJob(arms[1], dev, rank, world)
+    job = MultiJob(arms[1], dev, rank, world, arms=tuple(arms))
     timing = time_interleaved(job, arms, warm, n, alternations)
     dist.barrier()
     for c in arms:
@@ -688,7 +849,8 @@ def _run_pair(pair: str, rank: int, world: int, root: Path, warm: int, n: int, a
     if after_rounds:
         dist.all_gather_object(afters, time_interleaved(job, arms, 1, n, after_rounds))
     if rank == 0:
-        truths = _pair_truths(arms, world, device, timings, job.params_used, root, env, alternations, n)
+        truths = _pair_truths(arms, world, device, timings, job.params_used, root, env, alternations, n,
+                              settle=getattr(job, "settle", 1))
         if after_rounds:
             after_tracing(truths, arms, afters)
         for name, truth in truths.items():
@@ -720,9 +882,10 @@ def after_tracing(truths: dict, arms: list[dict], afters: list[dict]) -> None:
             "median_of_blocks_before_us": round(statistics.median(inter["block_median_us"]), 1),
             "median_of_blocks_after_us": round(statistics.median(med[c["name"]]), 1),
             "profiler_env": {k: os.environ[k] for k in PROFILER_ENV if k in os.environ}}
-    ctl, fault = (c["name"] for c in arms)
-    truths[fault]["interleaved"]["after_tracing"]["added_us_by_alternation"] = [
-        round(f - c, 1) for f, c in zip(med[fault], med[ctl])]
+    ctl, *faults = (c["name"] for c in arms)
+    for fault in faults:
+        truths[fault]["interleaved"]["after_tracing"]["added_us_by_alternation"] = [
+            round(f - c, 1) for f, c in zip(med[fault], med[ctl])]
 
 
 def _run_block(block: dict, rank: int, world: int, root: Path, warm: int, n: int, dev: str) -> None:
@@ -819,8 +982,10 @@ def _truth(case: dict, world: int, device: str, timings: list[dict], params: dic
             "parallel": case["parallel"], "dtype": case["dtype"], "profiler": case["profiler"], "device": name,
             "world_size": world, "backend": "nccl" if device == "cuda" else "gloo",
             "step_us_unprofiled": P.summarize(job) | {"per_rank": timings}, "control": case["control"],
-            "added_us": None, "fault_params": params, "nccl_env": env, "profiled_steps": P.PROFILED_STEPS,
+            "added_us": None, "fault_params": params, "nccl_env": env,
+            "profiled_steps": JSON_ACTIVE if case["profiler"] == "json_handler" else P.PROFILED_STEPS,
             "record_shapes": case["record_shapes"], "with_stack": case["with_stack"],
+            **{k: case[k] for k in ("held_out", "profile_memory", "workers", "ddp_opts", "input_ms") if k in case},
             "sizes": {**SIZES["cuda" if device == "cuda" else "cpu"][case["model"]],
                       **(VARIANT_SIZES["cuda" if device == "cuda" else "cpu"].get(case["sizes_variant"]) or {})},
             **_versions(device), "host_cpu": P._host_cpu(), "hostname_at_recording": socket.gethostname(),
@@ -943,7 +1108,7 @@ def main(argv=None) -> int:
     ap.add_argument("--alternations", type=int, default=6, help="--pair: rounds, ABBA (default 6)")
     ap.add_argument("--after-rounds", type=int, default=0, help="--pair in one process: rounds timed again "
                     "after both arms were traced (truth.json's interleaved.after_tracing; default 0)")
-    ap.add_argument("--profiler", choices=("kit.capture", "tb_handler"), help="profile every case this way "
+    ap.add_argument("--profiler", choices=("kit.capture", "tb_handler", "json_handler"), help="profile every case this way "
                     "instead of its own (default: each case's)")
     ap.add_argument("--cupti-env-to-capture", action="store_true", help="leave TEARDOWN_CUPTI as the environment "
                     "has it (default: 1 unless set), so that kit.capture's own default is what a kit.capture case "
@@ -955,6 +1120,8 @@ def main(argv=None) -> int:
         os.environ[PROFILER_OVERRIDE] = a.profiler
         for c in CASES.values():
             c["profiler"] = a.profiler
+            if a.profiler == "json_handler":  # as :func:`_c` gives it in the ranks, which read the override
+                c.update(with_stack=True, profile_memory=True)
     if a.list:
         for n, c in CASES.items():
             print(f"{n:30s} {c['fault']:14s} {c['variant']:14s} {c['profiler']:12s} control={c['control']}")

@@ -199,3 +199,60 @@ def test_a_pairs_interval_over_rounds():
     for xs in (by, by[:6], by + [100.0, 9000.0, 50.0]):
         ci = stats.quantile_test(xs, q=0, p=0.5).confidence_interval(confidence_level=0.9)
         assert (m.paired_added(xs)["low"], m.paired_added(xs)["high"]) == (ci.low, ci.high)
+
+
+def test_a_set_states_each_fault_against_its_one_control(tmp_path):
+    """A set (a control and several faults timed by turns in one job): every fault's truth holds the control arm's
+    samples and its own per-round differences; the control has neither."""
+    m = _module()
+    arms = [m.CASES[x] for x in m.PAIRS["rec_set"]]
+    for c in arms:
+        (tmp_path / c["name"]).mkdir()
+    n, rounds, slow = 2, 2, (0.0, 20000.0, 5000.0, 1000.0)
+
+    def rank(base):
+        out = {}
+        for c, add in zip(arms, slow):
+            s = [base + add + 10.0 * i for i in range(n * rounds)]
+            out[c["name"]] = m.P.summarize(s) | {"blocks": [[0, n], [n, 2 * n]],
+                                                 "position": [m.round_order(arms, r).index(c) for r in range(rounds)]}
+        return out
+
+    truths = m._pair_truths(arms, 3, "cpu", [rank(8000.0), rank(8003.0), rank(7990.0)], {}, tmp_path, {}, rounds, n,
+                            settle=5)
+    assert "paired_control" not in truths[arms[0]["name"]]
+    for c, add in zip(arms[1:], slow[1:]):
+        t = truths[c["name"]]
+        assert t["paired_control"]["case"] == arms[0]["name"]
+        assert t["added_us_by_alternation"] == pytest.approx([add, add], abs=0.11)
+        assert t["interleaved"]["settle_steps_per_block"] == 5 and t["interleaved"]["order"] == "AB BA"
+        assert t["held_out"] and t["workers"] == m.REC_WORKERS and t["profiler"] == "json_handler"
+        assert t["with_stack"] and t["profile_memory"] and t["profiled_steps"] == m.JSON_ACTIVE
+    assert not set(m.GROUPS["held_out"]) & set(m.GROUPS["all"])
+
+
+def test_the_held_out_profiler_writes_plain_json_named_without_the_rank(tmp_path):
+    """json_handler: its own on_trace_ready writes trainer-<pid>-0.json (plain), 5 active steps with shapes, stacks
+    (Python frames) and memory events; the recommender's step runs on CPU with its batch-yielding loader."""
+    m = _module()
+    size = m.SIZES["cpu"]["rec"]
+    torch = m.torch
+    model = m.Rec(**size)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    it = iter(torch.utils.data.DataLoader(m.RecData(size, rounds=1), batch_size=None))
+
+    def step():
+        x, y = next(it)
+        model(x, y).backward()
+        opt.step()
+        opt.zero_grad()
+
+    job = type("J", (), {"step": staticmethod(step), "dev": "cpu"})()
+    case = m.CASES["rec-ddp-bf16-control"]
+    files = m._json_handler(job, case, tmp_path)
+    assert files == [f"trainer-{os.getpid()}-0.json"]
+    ev = json.loads((tmp_path / files[0]).read_text())["traceEvents"]
+    cats = {e.get("cat") for e in ev}
+    assert sum(1 for e in ev if str(e.get("name", "")).startswith("ProfilerStep#")) == m.JSON_ACTIVE
+    assert "python_function" in cats
+    assert any(e.get("name") == "[memory]" for e in ev)
