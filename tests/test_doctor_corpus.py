@@ -26,7 +26,7 @@ CORPORA = [p for p in sorted(DATA.glob("corpus*")) if p.is_dir()]
 CASES = [f"{c.name}/{p.parent.name}" for c in CORPORA for p in sorted(c.glob("*/truth.json"))]
 LOW_RATIO, HIGH_RATIO = 0.5, 2.0
 
-CNN_CONTENDED_MISS = ("late_rank [1] is first, for its host, at the contended-host model's 5.42 ms, 3.22x of +1.68 ms: the "
+CNN_CONTENDED_MISS = ("late_rank [1] is first, for its host, at the contended-host model's 5.45 ms, 3.24x of +1.68 ms: the "
                       "CNN's GPU work hides most of rank 1's contended host without the profiler (its contended steps' "
                       "p10 10.29 ms, the control's median); on this one traced step rank 1's quiet share (0.52) stretches "
                       "the others' host net of the profiler (7.74 ms) to 16.2 ms against the GPU's 10.8 (its 2 traced "

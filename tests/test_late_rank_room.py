@@ -142,11 +142,11 @@ CONTENDED = sorted((Path(__file__).resolve().parent / "data" / "doctor").glob("c
 
 
 CONTENDED_MISSES: dict[str, str] = {"corpus-h100x2/cnn-ddp-fp32-cpu_rank": "late_rank [1] is first, for its host, at "
-                                    "the contended-host model's 5.42 ms = 3.22x of +1.68 ms: its one traced step's quiet "
+                                    "the contended-host model's 5.45 ms = 3.24x of +1.68 ms: its one traced step's quiet "
                                     "share (0.52, a stretch of 2.1) on the others' host net of the profiler (7.74 ms) puts "
                                     "rank 1's host at 16.2 ms against the GPU's 10.8; unprofiled the contended host mostly "
                                     "kept up with the GPU (its steps' p10 10.29 ms, the control's median). Its 2 traced "
-                                    "steps: 3.04 ms, 1.81x; the same configuration added +9.69 ms in s9r2, of which 5.42 "
+                                    "steps: 3.04 ms, 1.81x; the same configuration added +9.69 ms in s9r2, of which 5.45 "
                                     "is 0.56x (FINDINGS.md, A CPU-contended rank)",
                                     "corpus-h100x2/gpt-ddp-bf16-cpu_rank0-tb": "held out (rank 0 contended): late_rank "
                                     "[0] is first, for its host, at the model's 11.21 ms, 4.21x of +2.66 ms (rounds "

@@ -16,7 +16,10 @@ view of the host that the step accounting (:mod:`kit.doctor.accounting`), the ho
   own time; the accounting leaves the GPU idle under it to ``launch``, which is stated net of the profiler's overhead
   (:mod:`kit.doctor.overhead` adds it to the profiler's estimated host time);
 * ``stall``     -- a stretch of at least :data:`STALL_US` in which no thread of the process issued GPU work and
-  the thread was in none of the above, outside every recorded op and the framework's dispatch before the first launch
+  the thread was in none of the above, outside every recorded op of its own, the stretches in which an issuing
+  thread ran ops less than :data:`STALL_US` apart (:meth:`kit.traces.Trace.short_spans_of`: the autograd thread
+  running the backward after ``backward()`` handed it over is the rank issuing, not the main thread stalling)
+  and the framework's dispatch before the first launch
   of PyTorch's own regions of issuing code (:func:`_dispatch`), itself at least that long (on a CPU-only job: without any recorded op);
 * ``issue``     -- the host issuing GPU work or running ops (a recorded event, or a gap between them shorter than
   :data:`IDLE_US`); on a CPU-only job the main thread's ops;
@@ -258,11 +261,16 @@ def _gpu_model(view: "RankView") -> HostModel | None:
                           np.concatenate([[lo, hi + 1e-3]] + [np.maximum(x["end"].to_numpy(dtype=float),
                                                                          x["ts"].to_numpy(dtype=float) + 1e-3)
                                                               for x in act]))
-        # (and outside the dispatch of PyTorch's own regions of issuing code, :func:`_dispatch`); what is left must
+        # (and outside the dispatch of PyTorch's own regions of issuing code, :func:`_dispatch`, and the stretches in
+        # which an issuing thread ran ops less than STALL_US apart -- the trace layer's per-thread spans of the short
+        # ops the frame leaves out: that thread working, the autograd thread taking over the backward while this one
+        # waits in backward(), the main thread resuming after it; another thread's long op alone is not: nothing
+        # inside it shows that thread working, on a contended core it was preempted); what is left must
         # itself be a stretch of STALL_US: a shorter rest between them is the host's per-op cost, not a stall
         da, db = _dispatch(ann[_starts(ann["name"], FRAMEWORK_REGIONS)], mine[mine["issues"]])
-        stall = subtract(gaps_between(ca, cb, STALL_US), union_np(np.r_[ops["ts"].to_numpy(dtype=float), da],
-                                                                    np.r_[ops["end"].to_numpy(dtype=float), db]))
+        oa, ob = view.trace.short_spans_of(dict.fromkeys(threads + (t,)))
+        stall = subtract(gaps_between(ca, cb, STALL_US), union_np(np.r_[ops["ts"].to_numpy(dtype=float), da, oa],
+                                                                    np.r_[ops["end"].to_numpy(dtype=float), db, ob]))
         rec = pd.concat([mine[["ts", "end"]], ops[["ts", "end"]],
                          ann.loc[~_starts(ann["name"], STEP_PREFIX), ["ts", "end"]]])
         ra, rb = union_np(np.r_[lo - 1e-3, rec["ts"].to_numpy(dtype=float), hi],

@@ -194,20 +194,40 @@ class Trace:
 
     def __init__(self, path: Path | None, gpu: "pd.DataFrame | Columns", cpu: "pd.DataFrame | Columns",
                  info: TraceInfo, adapter: str, header: dict | None = None, events: list[dict] | None = None,
-                 warnings: Iterable[str] = (), short_spans: "tuple[np.ndarray, np.ndarray] | None" = None):
+                 warnings: Iterable[str] = (),
+                 short_spans: "tuple[np.ndarray, np.ndarray, np.ndarray] | None" = None):
         import numpy as np
 
+        from .intervals import union_np
+
         self.path, self.info, self.adapter = path, info, adapter
-        self.short_spans = tuple(np.asarray(x, dtype=float) for x in (short_spans or ((), ())))
-        """where the ops the default frame left out (:attr:`TraceInfo.short_ops`, any thread) ran, merged where less
-        than :data:`LONG_CPU_OP_US` apart: those ops being shorter, a stretch that long or longer holds none of their
-        ends exactly where it lies outside these few spans (the host model's quiet time)"""
+        self.short_threads: tuple[np.ndarray, np.ndarray, np.ndarray] = tuple(  # type: ignore[assignment]
+            np.asarray(x, dtype=float) for x in (short_spans or ((), (), ())))
+        """where each thread ran the ops the default frame left out (:attr:`TraceInfo.short_ops`): ``(start, end,
+        tid)``, one row per stretch of one thread's short ops less than :data:`LONG_CPU_OP_US` apart
+        (:func:`short_threads`; a tid that is not a number: NaN). A thread whose ops come that close is busy in the
+        sense a stall (:data:`kit.traces.gaps.DEFAULT_STALL_US`) is not: the host model reads whether another
+        issuing thread was running ops (:meth:`short_spans_of`)"""
+        self.short_spans = union_np(*self.short_threads[:2], LONG_CPU_OP_US)
+        """where the ops the default frame left out ran on any thread, merged where less than :data:`LONG_CPU_OP_US`
+        apart: those ops being shorter, a stretch that long or longer holds none of their ends exactly where it lies
+        outside these few spans (the host model's quiet time)"""
         self.header = {} if header is None else header
         self.events = events
         self.warnings: tuple[str, ...] = tuple(warnings)
         """non-fatal problems found while building the frames, one line each, the file named (events with a
         negative or zero duration dropped, with their count; a zero-duration ProfilerStep; a subsampled trace)"""
         self._frames: dict[str, Any] = {"gpu": gpu, "cpu": cpu}
+
+    def short_spans_of(self, tids: Iterable) -> "tuple[np.ndarray, np.ndarray]":
+        """The sorted disjoint spans in which any of threads ``tids`` ran short ops (:attr:`short_threads`)."""
+        import numpy as np
+
+        from .intervals import union_np
+
+        a, b, t = self.short_threads
+        m = np.isin(t, np.asarray(list(tids), dtype=float)) if len(t) else np.zeros(0, dtype=bool)
+        return union_np(a[m], b[m])
 
     def _frame(self, which: str) -> "pd.DataFrame":
         f = self._frames[which]
@@ -319,7 +339,7 @@ def load_trace(path: str | Path, *, cpu: CpuMode = "default", raw: bool = False,
         t = _build(header, chunks, path=p, adapter=adapter, cpu=cpu, n_events=n_events)
     if use_cache:
         meta = {"header": t.header, "adapter": t.adapter, "events": t.info.events, "short_ops": t.info.short_ops,
-                "short_spans": [t.short_spans[0].tolist(), t.short_spans[1].tolist()], "warnings": list(t.warnings)}
+                "short_threads": [x.tolist() for x in t.short_threads], "warnings": list(t.warnings)}
         _cache.write(p, cpu, _parser(adapter), t._frames["gpu"], t._frames["cpu"], meta)
     return t
 
@@ -341,7 +361,7 @@ def _cached_trace(path: Path, gpu: Columns, cpu: Columns, meta: dict[str, Any]) 
     return Trace(path=path, gpu=gpu, cpu=cpu, info=trace_info(header, ad, int(meta.get("events") or 0),
                                                              int(meta.get("short_ops") or 0)),
                  adapter=ad.name, header=header, warnings=meta.get("warnings") or (),
-                 short_spans=meta.get("short_spans") or None)
+                 short_spans=meta.get("short_threads") or None)
 
 
 def keep_predicate(cpu: CpuMode = "default") -> Callable[[dict], bool]:
@@ -456,7 +476,7 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
             g[c] += arg(a, c, len(g_ev))
         c_ev = [e for e in events if e.cat in whole and e.ph == "X"]
         c_names = names(c_ev)
-        short = np.empty((2, 0))
+        short = np.empty((3, 0))
         if by_name:
             cand = [e for e in events if e.cat in by_name and e.ph == "X"]
             nm = names(cand)
@@ -466,8 +486,10 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
             c_names += [n for n, k in zip(nm, kept) if k]
             if cpu == "default":
                 left = [e for e, k in zip(cand, kept) if not k]
-                # no ts: NaN, dropped; no dur: an instant
-                short = np.array([[e.ts for e in left], [e.dur or 0.0 for e in left]], dtype=float).reshape(2, -1)
+                # no ts: NaN, dropped; no dur: an instant; the thread as a number (a non-numeric tid: NaN, one thread)
+                short = np.array([[e.ts for e in left], [e.dur or 0.0 for e in left],
+                                  [e.tid if isinstance(e.tid, (int, float)) else np.nan for e in left]],
+                                 dtype=float).reshape(3, -1)
         a = add(cc, c_ev, c_names, False)
         cc["pid"] += [e.pid for e in c_ev]
         cc["tid"] += [e.tid for e in c_ev]
@@ -477,7 +499,7 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
 
     seen = 0
     windows: list[tuple[float, float]] = []
-    short = [np.empty((2, 0))]
+    short = [np.empty((3, 0))]
     for events in every():
         seen += len(events)
         gp, cp, wins, sh = chunk(events)
@@ -489,13 +511,32 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
     cpu_cols = concat(c_parts)
     if by_name and cpu_cols.n:  # the name-selected events were appended: back to time order
         cpu_cols = cpu_cols.take(np.argsort(cpu_cols.values["ts"], kind="stable"))
-    ts, dur = np.concatenate(short, axis=1)
-    spans = union_np(ts, ts + dur, LONG_CPU_OP_US)
+    ts, dur, tid = np.concatenate(short, axis=1)
+    spans = short_threads(ts, ts + dur, tid)
     name = path.name if path else "(trace)"
     (gpu_cols, cpu_cols), warnings = _valid(concat(g_parts), cpu_cols, name, windows)
     info = trace_info(header, ad, seen if n_events is None else n_events, len(ts))
     return Trace(path=path, gpu=gpu_cols, cpu=cpu_cols, info=info, adapter=ad.name, header=header, warnings=warnings,
                  short_spans=spans)
+
+
+def short_threads(a, b, tid) -> "tuple[np.ndarray, np.ndarray, np.ndarray]":
+    """Per thread (``tid``; NaN: one unknown thread), its spans ``a``-``b`` merged where less than
+    :data:`LONG_CPU_OP_US` apart (:func:`kit.traces.intervals.union_np`), as ``(start, end, tid)`` sorted by thread
+    then start (:attr:`Trace.short_threads`): a few spans per thread and step, where the ops are thousands; merged
+    over every thread they are :attr:`Trace.short_spans` (the same merge, in any order)."""
+    import numpy as np
+
+    from .intervals import union_np
+
+    a, b, tid = (np.asarray(x, dtype=float) for x in (a, b, tid))
+    out = [np.empty((3, 0))]
+    for t in np.unique(tid):
+        m = np.isnan(tid) if np.isnan(t) else tid == t
+        sa, sb = union_np(a[m], b[m], LONG_CPU_OP_US)
+        out.append(np.array([sa, sb, np.full(sa.shape, t)]))
+    sa, sb, st = np.concatenate(out, axis=1)
+    return sa, sb, st
 
 
 ADAPTER_WINDOW = 65536
