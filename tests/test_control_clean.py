@@ -81,3 +81,36 @@ def test_two_of_four_ranks_of_a_control_have_no_slow_collectives():
         assert split["waiting_us"] > 10 * split["transfer_us"]
     (note,) = [n for n in d.notes if "whose other ranks are not given (2, 3)" in n]
     assert "ms per step (rank 0; 75% of the step)" in note
+
+
+@pytest.mark.parametrize("case, on_path", [("corpus-h100x2/gpt-ddp-bf16-control", {0}),
+                                           ("corpus-h100x4/gpt-ddp-bf16-control", {1, 2})])
+def test_every_ranks_dataloader_on_its_training_thread_is_the_jobs(case, on_path):
+    """The corpus GPT DDP controls load with ``num_workers=0, pin_memory=True``: every rank spends 0.4-0.9 ms per step
+    in next() on its training thread, the same work. On the ranks that arrive early that wait lies inside their
+    all-reduce's wait for the last one (their GPU in NCCL); only on the rank the others wait for does the GPU idle
+    through it (rank 0 of 2; ranks 1 and 2 of 4). The cause is the job's: input_bound names every rank (job_level), the
+    rank it held up the step on as context, at that rank's cost (its part on the step's path, net of the profiler) --
+    not a finding of whichever rank happened to arrive last."""
+    from test_doctor_corpus import _diagnose
+
+    d = _diagnose(case)
+    _clean(d)
+    f = next(f for f in d.findings if f.rule == "input_bound")
+    ev = f.evidence
+    assert f.ranks == tuple(d.ranks) and ev["job_level"] and set(ev["ranks_seen_input_bound"]) == on_path
+    assert ev["on_path_rank"] in on_path and f.cost_us_per_step == ev["per_rank"][str(ev["on_path_rank"])]["cost_us_per_step"]
+    assert min(ev["data_wait_us_per_step"].values()) > 300.0 and not ev["own_excess"]["confirmed"]
+
+
+@pytest.mark.parametrize("case", ["corpus-h100x2/gpt-ddp-bf16-input_rank", "corpus-h100x4/gpt-ddp-bf16-input_rank"])
+def test_an_input_straggler_stays_its_ranks(case):
+    """The genuine input straggler (rank 1's loader slowed, +17.5 ms on 2 GPUs, +9.1 ms on 4): its DataLoader wait
+    exceeds the others' by far more than they differ, so it is not the job's -- late_rank [1], for its data wait, its
+    input slice folded into it, no input_bound of the job beside it."""
+    from test_doctor_corpus import _diagnose
+
+    d = _diagnose(case)
+    f = d.problems[0]
+    assert f.rule == "late_rank" and f.ranks == (1,) and f.evidence["reason"] == "data_wait"
+    assert "input_bound" in f.evidence["own_idle"] and not any(x.rule == "input_bound" for x in d.findings)

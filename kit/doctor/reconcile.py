@@ -4,7 +4,8 @@ that is not accounted for.
 * a signature rule (:attr:`kit.doctor.model.Explains.signature`: ``host_sync``, ``launch_bound``) that fired gets
   its accounting slice as its cost; one that stayed silent while its slice costs at least 'low' is said from the
   accounting under its id (:func:`explain_rest`);
-* launch-bound on the ranks the others wait for, with no rank late, is said for the whole job (:func:`job_level_launch`);
+* launch-bound on the ranks the others wait for, with no rank late, is said for the whole job (:func:`job_level_launch`),
+  and so is input-bound there where every rank waits for its DataLoader alike (:func:`job_level_input`);
   a finding that names host work the job did for nothing (evidence ``host_work_us_per_step``: e.g. gradient syncs
   repeated per micro-batch) names why part of that host time was spent: it is said first, and the job-level
   launch_bound gives that time up (:func:`host_work_first`);
@@ -56,7 +57,7 @@ def reconcile(findings: list[Finding], accounts: list[tuple[int, Account]], ctx:
               only: set[str] | None = None) -> list[Finding]:
     """The findings after the judges, reconciled with the step accounting (module docstring). ``only`` (the
     rules asked for): the same answers for those rules; :func:`must_speak` (a guard over every rule) is skipped."""
-    findings = job_level_launch(explain_rest(accounts, findings, only), ctx)
+    findings = job_level_input(job_level_launch(explain_rest(accounts, findings, only), ctx), ctx)
     by_rank = dict(accounts)
     findings = [net_of_profiler(f, ctx.overhead, by_rank) for f in findings]  # every cost judged from here on is net
     if only is None:
@@ -320,6 +321,39 @@ def job_level_launch(findings: list[Finding], ctx: JobContext) -> list[Finding]:
         f"host (rank {slowest}), whose own time exceeds theirs by no more than {by}: {f.summary}"),
         evidence={**f.evidence, "job_level": True, "slowest_rank": slowest, "ranks_seen_launch_bound": list(f.ranks),
                   "own_excess": own})
+    return [merged if x is f else x for x in findings]
+
+
+def job_level_input(findings: list[Finding], ctx: JobContext) -> list[Finding]:
+    """Every rank's DataLoader on its training thread, said once for the job: ``input_bound`` shows only on the ranks
+    the others wait for (an early rank's wait lies inside its all-reduce's wait for the last one, its GPU in NCCL),
+    yet when no rank is late (no late_rank finding), every rank waits for its DataLoader every step and the longest
+    wait does not exceed the others' by more than ranks running the same code differ (:func:`kit.doctor.own_time.
+    own_excess`, kind ``data_wait``), the ranks do the same input work and it is on the step's path through the last
+    to arrive: the finding names every rank, ``job_level``, with that rank (``on_path_rank``) as context, at its cost
+    -- what the step would save were the loader off the training thread (net of the profiler: :func:`net_of_profiler`
+    takes the stated rank's events inside its waits off)."""
+    from .own_time import DATA_WAIT, own_excess, steady
+
+    f = next((f for f in findings if f.rule == "input_bound"), None)
+    if f is None or any(x.rule == LATE_RANK for x in findings) or len(ctx.ranks) < 2 or \
+            set(ctx.ranks) <= set(f.ranks) or not ctx.host_steps:
+        return findings
+    have = steady(ctx.host_steps)
+    if set(have) != set(ctx.ranks) or any((ps[DATA_WAIT] <= 0).any() for ps in have.values()):
+        return findings
+    waits = {r: float(ps[DATA_WAIT].median()) for r, ps in have.items()}
+    own = own_excess(have, max(waits, key=waits.__getitem__), ctx.step_us, kinds=("data_wait",))
+    if own is None or own["confirmed"]:
+        return findings
+    on = f.evidence.get("rank", f.ranks[0])
+    merged = dataclasses.replace(f, ranks=tuple(sorted(ctx.ranks)), summary=(
+        f"every rank waits for its DataLoader on its training thread ({min(waits.values()) / 1e3:.2f}-"
+        f"{max(waits.values()) / 1e3:.2f} ms per step, rank by rank: the same input work, none beyond the others by "
+        f"more than ranks running the same code differ); it holds up the step on the rank the others wait for (rank "
+        f"{on}), elsewhere it lies inside the wait for that rank: {f.summary}"),
+        evidence={**f.evidence, "job_level": True, "on_path_rank": on, "ranks_seen_input_bound": list(f.ranks),
+                  "data_wait_us_per_step": {str(r): round(v, 1) for r, v in sorted(waits.items())}, "own_excess": own})
     return [merged if x is f else x for x in findings]
 
 
