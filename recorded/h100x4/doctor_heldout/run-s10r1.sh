@@ -1,5 +1,5 @@
 #!/bin/bash
-# held16 (round s10r1, 280 s): jobs the doctor was not built around, recorded to judge `kit doctor` blind (the doctor
+# held16 (round s10r1 / s10r1b, 280 s; on 2 GPUs when 4 are not lent): jobs the doctor was not built around, recorded to judge `kit doctor` blind (the doctor
 # of main 23f7b9c, carried in this snapshot, reads every case whole on the machine at the end).
 # Held out on purpose: the "rec" family (embedding-bag + MLP recommender), DDP static_graph + gradient_as_bucket_view,
 # a DataLoader with 2 persistent workers, torch.profiler with schedule(wait=1, warmup=2, active=5), shapes + stacks +
@@ -29,8 +29,11 @@ mb() { du -sm $O | cut -f1; }
 TAIL=${CORP_TAIL:-40}  # kept for the doctor and the packing
 run() {  # run WORLD SUB CAP RANK ARGS...: planted_multi on GPUs 0..WORLD-1 into $O/<hw tag>/SUB
   local w=$1 sub=$2 cap=$3 rank=$4; shift 4
+  # a machine of 2 GPUs (4 not lent): every run at world 2, the fault on rank 1 (rank 0 where it was 0)
+  [ $NG -lt 4 ] && { w=2; rank=$(min $rank 1); }
   local B=$(min $cap $(( $(left) - TAIL ))) dev=0,1,2,3 tag=${HW}x4
   [ $w = 3 ] && { dev=0,1,2; tag=${HW}x3-of-$NG; }
+  [ $w = 2 ] && { dev=0,1; tag=${HW}x2; }
   local dir=$O/$tag/$sub
   [ $w -gt $NG ] && { echo "skip x$w $sub: $NG GPUs"; return; }
   [ $B -lt 25 ] && { echo "skip x$w $sub: $B s"; return; }
@@ -57,7 +60,7 @@ doc() {  # doc CASE_DIR: $O/doctor/<tag>/<sub>/<case>.json
   mkdir -p $(dirname $out)
   timeout 30 $PY -m kit doctor --json --no-cache --workers 4 $1/trainer-*.json > $out.json 2> $out.err; echo "rc=$?" > $out.rc; }
 export -f doc; export PY O
-find $O -name truth.json -printf '%h\n' | xargs -P 16 -I{} bash -c 'doc {}'
+find $O -name truth.json -printf '%h\n' | xargs -P $(( $(nproc) / 5 > 1 ? $(nproc) / 5 : 1 )) -I{} bash -c 'doc {}'
 echo "doctor done $(( $(date +%s) - START )) s"
 timeout $(( $(left) + 2 )) $PY recorded/h100x4/doctor_heldout/pack.py $O ${CORP_MAX_MB:-10} $(( END - 4 ))
 find $O -name "trainer-*.json" -delete
