@@ -175,7 +175,8 @@ def cuda_waits(dev: str, sched: Sched) -> dict:
 
 
 def _block(job, sched: Sched, n: int, prof=None) -> dict:
-    """``n`` steps (``prof.step()`` after each where traced): the per-step readings and CUDA-event step times."""
+    """``n`` steps (``prof.step()`` after each where traced): the per-step readings and CUDA-event step times. A
+    step's reading is taken before its ``prof.step()``, so each traced step's holds the previous ``prof.step()``."""
     cuda = job.dev.startswith("cuda")
     sched.refresh()
     before = sched.threads()
@@ -183,20 +184,23 @@ def _block(job, sched: Sched, n: int, prof=None) -> dict:
     rows = [sched.step()]
     if cuda:
         ev[0].record()
+    after = None
     for i in range(n):
         job.step()
         if cuda:
             ev[i + 1].record()
+        rows.append(sched.step())  # before prof.step(): the last one writes the trace, in no step's reading
+        if i == n - 1:
+            after = sched.threads()
         if prof is not None:
             prof.step()
-        rows.append(sched.step())
     if cuda:
         torch.cuda.synchronize()
         samples = [ev[i].elapsed_time(ev[i + 1]) * 1e3 for i in range(n)]
     else:
         samples = [(b[0] - a[0]) / 1e3 for a, b in zip(rows, rows[1:])]
     return {"paths": sched.paths(), "rows": rows, "samples": [round(s, 1) for s in samples],
-            "threads_before": before, "threads_after": sched.threads()}
+            "threads_before": before, "threads_after": after}
 
 
 def _traced(job, case: dict, out: Path, sched: Sched) -> dict:
