@@ -82,6 +82,15 @@ def _switches(path: str) -> list[int]:
     return [v, n]
 
 
+def _cpus(tid: int) -> str:
+    """The thread's allowed CPUs (its affinity), as a count where it has more than four."""
+    try:
+        c = sorted(os.sched_getaffinity(tid))
+    except OSError:
+        return "?"
+    return ",".join(map(str, c)) if len(c) <= 4 else f"{len(c)} cpus"
+
+
 class Sched:
     """The scheduler's accounts of this process's threads (and of the busy loops, where this rank has them)."""
 
@@ -117,17 +126,17 @@ class Sched:
         return out
 
     def threads(self) -> dict:
-        """Every thread of this process: name, [run, wait, slices], [voluntary, involuntary switches]; the busy
-        loops' [run, wait, slices] under ``spin:<pid>``."""
+        """Every thread of this process: name, [run, wait, slices], [voluntary, involuntary switches], allowed
+        CPUs; the busy loops' under ``spin:<pid>``."""
         out = {}
         for t in os.listdir("/proc/self/task"):
             with contextlib.suppress(OSError, ValueError):
                 ss = [int(x) for x in Path(f"/proc/self/task/{t}/schedstat").read_text().split()[:3]]
-                out[t] = [_comm(t), ss, _switches(f"/proc/self/task/{t}/status")]
+                out[t] = [_comm(t), ss, _switches(f"/proc/self/task/{t}/status"), _cpus(int(t))]
         for p in self.spin_pids:
             with contextlib.suppress(OSError, ValueError):
                 out[f"spin:{p}"] = ["spinner", [int(x) for x in Path(f"/proc/{p}/schedstat").read_text().split()[:3]],
-                                    _switches(f"/proc/{p}/status")]
+                                    _switches(f"/proc/{p}/status"), _cpus(p)]
         return out
 
     def paths(self) -> list[str]:
@@ -293,7 +302,7 @@ def _rank(rank, world, pair, root, warm, n, alternations, port, device):
         meta = {"pair": pair, "world": world, "device": device, "contended_rank": PM.ONE_RANK,
                 "params": job.params_used, "uname": os.uname().release, "steps": n, "alternations": alternations,
                 "row": "[perf_counter_ns, time_ns, main nvcsw, main nivcsw, then per path [run_ns, wait_ns, slices]]",
-                "thread": "tid: [name, [run_ns, wait_ns, slices], [voluntary, involuntary switches]]"}
+                "thread": "tid: [name, [run_ns, wait_ns, slices], [voluntary, involuntary switches], allowed cpus]"}
         (root / "sched.json").write_text(json.dumps({"meta": meta, "ranks": allres}, separators=(",", ":")))
     job.close()
     dist.barrier()
