@@ -17,17 +17,19 @@ def _ov(host_us: float):
     return ProfilerOverhead(30_000.0, 30_000.0 - host_us, host_us, "estimated", "test", host_us=host_us)
 
 
-def _hosts(own: dict, quiet: dict, longest: dict) -> dict:
-    """Two steps per rank, every rank's step 30 ms; own host, quiet and longest stall stretch per rank (us)."""
+def _hosts(own: dict, quiet: dict, longest: dict, in_ops: dict) -> dict:
+    """Two steps per rank, every rank's step 30 ms; own host, quiet, longest stall stretch and quiet inside ops per
+    rank (us)."""
     return {r: pd.DataFrame({"step": [0, 1], "dur": [30_000.0] * 2, "own_host_us": [own[r]] * 2,
                              "gpu_compute_us": [2_000.0] * 2, "own_quiet_us": [quiet[r]] * 2,
-                             "own_stall_longest_us": [longest[r]] * 2}) for r in own}
+                             "own_stall_longest_us": [longest[r]] * 2, "own_quiet_in_ops_us": [in_ops[r]] * 2})
+            for r in own}
 
 
-def _gain(longest: float = 3_000.0, gpu: float = 2_000.0, quiet_late: float = 10_000.0):
-    """Rank 1 shares its core: 20 ms of host where rank 0 takes 12, of which 10 ms quiet (rank 0: none); the profiler's
-    own time on each rank's ops 4 ms."""
-    hs = _hosts({0: 12_000.0, 1: 20_000.0}, {0: 0.0, 1: quiet_late}, {0: 0.0, 1: longest})
+def _gain(longest: float = 3_000.0, gpu: float = 2_000.0, quiet_late: float = 10_000.0, in_ops: float = 5_000.0):
+    """Rank 1 shares its core: 20 ms of host where rank 0 takes 12, of which 10 ms quiet (rank 0: none), half of it
+    inside ops; the profiler's own time on each rank's ops 4 ms."""
+    hs = _hosts({0: 12_000.0, 1: 20_000.0}, {0: 0.0, 1: quiet_late}, {0: 0.0, 1: longest}, {0: 0.0, 1: in_ops})
     own = own_excess(hs, 1, 30_000.0, None, _ov(4_000.0), kinds=("host",))
     return contended_gain(own, 1, {0: _ov(4_000.0), 1: _ov(4_000.0)}, {0: gpu, 1: gpu})
 
@@ -61,3 +63,12 @@ def test_one_stretch_is_a_stall_not_a_contended_core():
 def test_no_model_without_a_confirmed_quiet_excess():
     """Quiet time beyond the others' under its floor (10% of the 30 ms step): the trace does not show the contention."""
     assert _gain(quiet_late=2_500.0, longest=500.0) is None
+
+
+def test_quiet_only_between_ops_is_a_stall_not_a_contended_core():
+    """The same quiet excess in several stretches, none inside an op (a stall in pieces, the user's code between ops):
+    no model. It applies where the quiet inside ops beyond the others' clears the quiet floor (3 ms: 10% of the 30 ms
+    step): 3 ms does not, 3.1 ms does."""
+    assert _gain(in_ops=0.0) is None
+    assert _gain(in_ops=3_000.0) is None
+    assert _gain(in_ops=3_100.0) is not None

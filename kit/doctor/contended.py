@@ -23,7 +23,7 @@ all-reduce), so the other ranks' measured host is not their own work and the mea
 
 from __future__ import annotations
 
-from .own_time import STALL_LONGEST
+from .own_time import QUIET_IN_OPS, STALL_LONGEST
 
 def contended_gain(own: dict, late: int, overhead: dict | None, own_work: dict) -> dict | None:
     """The model (module docstring) for rank ``late``: ``own`` is :func:`kit.doctor.own_time.own_excess`'s result
@@ -37,9 +37,13 @@ def contended_gain(own: dict, late: int, overhead: dict | None, own_work: dict) 
     a stall (a sleep, a long Python loop, however many short ops or single launches it holds) is one stretch with next
     to no work in it. The model applies only where the quiet excess less the rank's longest stall stretch
     (:data:`kit.doctor.own_time.STALL_LONGEST`, median per step) still clears the floor that confirmed it
-    (``own_excess``'s ``quiet``): the contention must show beyond its one longest stretch. Elsewhere the rank's own
-    excess is its cost (the readings: FINDINGS.md, "A CPU-contended rank"). Not the stall time beyond the others':
-    a contended core's slices between launches are stall time too (as much as its quiet excess, or more)."""
+    (``own_excess``'s ``quiet``): the contention must show beyond its one longest stretch; and where its quiet time
+    inside the framework's ops and runtime calls (:data:`kit.doctor.own_time.QUIET_IN_OPS`, median per step) beyond
+    every other rank's clears that floor too: the scheduler takes the core wherever the thread is, inside an op as
+    between ops, while a stall -- in however many pieces, with work between them -- is the user's code between ops.
+    Elsewhere the rank's own excess is its cost (the readings: FINDINGS.md, "A CPU-contended rank"). Not the stall
+    time beyond the others': a contended core's slices between launches are stall time too (as much as its quiet
+    excess, or more)."""
     quiet = own.get("quiet") if own else None
     per = own.get("per_rank") if own else None
     if not quiet or not quiet.get("confirmed") or not per or str(late) not in per:
@@ -49,6 +53,10 @@ def contended_gain(own: dict, late: int, overhead: dict | None, own_work: dict) 
         return None
     if quiet["excess_us"] - mine.get(STALL_LONGEST, 0.0) <= quiet["floor_us"]:
         return None  # without its longest stall the quiet excess is not confirmed: a stall, not a contended core
+    ops = mine.get(QUIET_IN_OPS, 0.0) - max((p.get(QUIET_IN_OPS, 0.0) for r, p in per.items() if r != str(late)),
+                                            default=0.0)
+    if ops <= quiet["floor_us"]:
+        return None  # no quiet inside the framework's ops beyond the others': between ops, a stall's
     q = quiet["excess_us"] / mine["host_us"]
     if not 0 < q < 1:
         return None

@@ -85,7 +85,7 @@ PER_STEP = ("step", "ts", "end", "dur") + tuple(f"{k}_us" for k in KINDS) + ("gp
                                                                             "gpu_compute_us", "gpu_kernels_us",
                                                                             "own_host_us", "own_stall_us",
                                                                             "own_data_wait_us", "own_quiet_us",
-                                                                            "own_stall_longest_us")
+                                                                            "own_stall_longest_us", "own_quiet_in_ops_us")
 """the columns of :attr:`HostModel.per_step`; ``own_host_us``: the time any issuing thread spent in :data:`OWN_KINDS`
 inside the step's own annotation (the host's side of the step, not the window extended to its GPU work: a host that runs
 ahead of its GPU did its step's work before the window's GPU part); ``own_stall_us``, ``own_data_wait_us``: the main
@@ -98,7 +98,13 @@ inside an op or between ops (GPU jobs; 0 on a CPU-only one, whose ops themselves
 ``own_stall_longest_us``: the longest of the main thread's stall stretches in the step (no issuing call, no op of the
 frame), those less than :data:`STALL_US` apart taken as one: a stall is one such stretch, however many short ops or
 single launches it holds; a contended core's lost time lies in many, with its work between them
-(:mod:`kit.doctor.contended`)"""
+(:mod:`kit.doctor.contended`); ``own_quiet_in_ops_us``: the part of ``own_quiet_us`` in which a thread of the
+process was inside a recorded op or runtime call (the innermost event covering the stretch on that thread,
+:data:`OP_CATS`): the scheduler takes a core wherever its thread is, inside the framework's ops too; a stall (the
+user's Python, a sleep) lies between them"""
+OP_CATS = ("cpu_op", "cuda_runtime", "cuda_driver")
+"""the event categories of ops and runtime calls (not annotations: a region the user or the framework named holds
+Python between its ops)"""
 
 
 @dataclass(frozen=True)
@@ -432,10 +438,10 @@ def _finish(view, mode, win, main, threads, calls, sets, default: str, gpu, cpu=
         per_step[c] = _per_window(gpu[key], wa, wb) if gpu else 0.0
     per_step["gpu_compute_us"] = per_step["gpu_busy_us"] - per_step["gpu_comm_us"]
     own = _own_host(view, sets, win, default, main, calls)
-    for k in ("host", "stall", "data_wait", "quiet", "stall_longest"):
+    for k in ("host", "stall", "data_wait", "quiet", "stall_longest", "quiet_in_ops"):
         per_step[f"own_{k}_us"] = own[k]
     if mode != "gpu":  # a CPU-only job's ops run long with no event inside: no quiet time to tell from them
-        per_step["own_quiet_us"] = 0.0
+        per_step["own_quiet_us"] = per_step["own_quiet_in_ops_us"] = 0.0
     return HostModel(mode=mode, activity=act[["tid", "ts", "end", "kind", "name"]], per_step=per_step[list(PER_STEP)],
                      windows=win.reset_index(drop=True), main_tid=main, threads=tuple(threads), calls=calls, sets=sets)
 
@@ -460,7 +466,7 @@ def _own_host(view, sets: dict, win: "pd.DataFrame", default: str, main, calls) 
         a = by["ts"].reindex(win["step"]).to_numpy(dtype=float)
         b = by["end"].reindex(win["step"]).to_numpy(dtype=float)
     ok = ~np.isnan(a) & ~np.isnan(b) & (b > a)
-    out = {k: np.zeros(len(win)) for k in ("host", "stall", "data_wait", "quiet", "stall_longest")}
+    out = {k: np.zeros(len(win)) for k in ("host", "stall", "data_wait", "quiet", "stall_longest", "quiet_in_ops")}
     if not ok.any():
         return out
     lo, hi = float(a[ok].min()), float(b[ok].max())
@@ -487,6 +493,8 @@ def _own_host(view, sets: dict, win: "pd.DataFrame", default: str, main, calls) 
         waits = union_np(np.r_[waits[0][0], waits[1][0]], np.r_[waits[0][1], waits[1][1]])
         qa, qb = _quiet(view.trace.cpu, *subtract((ua, ub), waits), view.trace.short_spans)
         out["quiet"][ok] = covered(qa, qb, a[ok], b[ok])
+        inside = _in_ops(view.trace.cpu, qa, qb)
+        out["quiet_in_ops"][ok] = covered(qa[inside], qb[inside], a[ok], b[ok])
         for k, v in mine.items():
             out[k][ok] = covered(*v, a[ok], b[ok])
         if "stall" in mine:
@@ -517,6 +525,27 @@ def _quiet(cpu, ua, ub, short=((), ())) -> "tuple[np.ndarray, np.ndarray]":
     s, e = pts[:-1], pts[1:]
     m = ((e - s) >= STALL_US) & cover(ua, ub, s) & ~cover(sa, sb, s)
     return s[m], e[m]
+
+
+def _in_ops(cpu, qa, qb) -> "np.ndarray":
+    """Which quiet stretches ``qa``-``qb`` (no event begins or ends in them) lie inside an op or runtime call
+    (:data:`OP_CATS`) on some thread: the innermost event covering the stretch on that thread is one."""
+    import numpy as np
+
+    inside = np.zeros(len(qa), dtype=bool)
+    if cpu is None or not len(cpu) or not len(qa):
+        return inside
+    ts, end = cpu["ts"].to_numpy(dtype=float), cpu["end"].to_numpy(dtype=float)
+    op = cpu["cat"].isin(OP_CATS).to_numpy()
+    tid = cpu["tid"].to_numpy()
+    for i, (a, b) in enumerate(zip(qa, qb)):
+        m = np.flatnonzero((ts <= a) & (end >= b))
+        if len(m):
+            last = {}
+            for j in m[np.argsort(ts[m], kind="stable")]:  # each thread's latest-starting covering event: innermost
+                last[tid[j]] = j
+            inside[i] = bool(op[list(last.values())].any())
+    return inside
 
 
 def _classify(sets: dict, lo: float, hi: float, default: str, extra) -> "tuple[np.ndarray, np.ndarray, np.ndarray]":

@@ -29,6 +29,10 @@ also takes a host excess on one step out of doubt (``in_doubt``)"""
 STALL_LONGEST = "own_stall_longest_us"
 """the longest of a rank's stall stretches in a step (:data:`kit.doctor.host_model.PER_STEP`: no issuing call, no
 recorded op): one stretch holds a stall's time, a contended core's is spread over many (:mod:`kit.doctor.contended`)"""
+QUIET_IN_OPS = "own_quiet_in_ops_us"
+"""the part of a rank's quiet time inside a recorded op or runtime call (:data:`kit.doctor.host_model.PER_STEP`): the
+core taken away inside the framework's own code, which a stall in the user's code between ops is not
+(:mod:`kit.doctor.contended`)"""
 OWN_GPU = "gpu_compute_us"
 """a rank's own GPU time: busy outside the collectives"""
 DATA_WAIT = "own_data_wait_us"
@@ -115,8 +119,9 @@ def own_excess(host_steps: dict, late: int, step_us: float | None, gpu_us: dict 
             per[r].update(_stats("quiet", ps[QUIET]))
         if "data_wait" in kinds:
             per[r].update(_stats("data_wait", ps[DATA_WAIT]))
-        if STALL_LONGEST in ps:
-            per[r][STALL_LONGEST] = _stats("s", ps[STALL_LONGEST])["s_us"]
+        for col in (STALL_LONGEST, QUIET_IN_OPS):
+            if col in ps:
+                per[r][col] = _stats("s", ps[col])["s_us"]
     out = {kind: _beyond(per, late, kind) for kind in kinds}
     step = _step(have, step_us)
     floors = {k: max(out[k][1], MIN_OWN_EXCESS_SHARE * step, PROFILER_NOISE * overhead_us if k == "host" else 0.0)
