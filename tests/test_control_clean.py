@@ -33,26 +33,27 @@ def _clean(d) -> None:
 @pytest.mark.skipif(not SLOW.exists(), reason="case not here")
 def test_a_slow_traced_window_is_not_a_host_stall():
     """The FSDP control's traced steps ran 3.3x its unprofiled ones, rank 0's measured overhead 3.2x what its
-    recorded events cost at their price: its 8 ms stretch without GPU work (11% of the step as traced) is that
-    window's slowness, not the job's. host_stall is charged only beyond the measured overhead its events do not
-    explain at twice their price: nothing here; the job's launch_bound first."""
+    recorded events cost at their price: its 8 ms stretch without a launch (FSDP's post-backward, its event records,
+    stream waits and short ops spaced out up to ~1 ms apart) is that window's slowness, not the job's. What is left of
+    it as traced -- the gaps of 1 ms or more between those (1.2 ms per step) -- host_stall charges only beyond the
+    measured overhead its events do not explain at twice their price: nothing here; the job's launch_bound first."""
     d = diagnosed(sorted(SLOW.glob("trace_rank*.json.gz")))
     _clean(d)
     assert "host_stall" not in {f.rule for f in d.problems}
     stall = next(f for f in d.findings if f.rule == "host_stall")
-    assert stall.evidence["cost_traced_us_per_step"] > 0.05 * d.step_us  # as traced it would have been one
+    assert stall.evidence["cost_traced_us_per_step"] > 0  # as traced some gaps of >= 1 ms are left
     assert stall.evidence["slow_window_us_per_step"]["0"] >= stall.evidence["cost_traced_us_per_step"]
     assert d.problems[0].rule == "launch_bound" and set(d.problems[0].ranks) == {0, 1}
 
 
 @pytest.mark.skipif(not SLOW.exists(), reason="case not here")
-@pytest.mark.xfail(strict=True, reason="without kit.capture's header (what a tensorboard_trace_handler user has) the slow "
-                   "window reads as a slow host: host_stall [0] 8.64 ms (11.3% of the step) and launch_bound 45.8 ms, "
-                   "2.6x the 17.4 ms unprofiled step. Nothing in the trace tells a slow moment from a host that is "
-                   "always that slow (recorded hosts' per-op prices differ 2-3x: FINDINGS.md, 'A slow traced window'), "
-                   "so neither cost can be netted of it without the unprofiled steps")
 def test_a_slow_traced_window_without_kit_capture_is_not_a_host_stall(tmp_path):
-    """The same two steps with the ``kitCapture`` header stripped: the right answer is the same as with it."""
+    """The same two steps with the ``kitCapture`` header stripped (what a tensorboard_trace_handler user has): clean
+    all the same. A slow moment of the machine spaces the host's events out -- every op, launch and event record
+    slower -- but leaves them: the post-backward's stream ordering (event records, waits on events) and the short ops
+    of the issuing threads keep coming less than 1 ms apart, and a stall is a stretch of 1 ms or more with none of
+    them (json.dumps, a GC pause, a sleep). host_stall [0] 1.2 ms (1.5%) as traced, 8.6 ms (11.3%) when only launches
+    and the frame's long ops counted. (The job's launch_bound, estimated, is still the slow window's: 53 ms traced.)"""
     import gzip
     import json
 

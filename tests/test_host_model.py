@@ -61,15 +61,15 @@ def test_the_short_ops_keep_their_thread():
                                                     fresh.short_spans))
 
 
-@pytest.mark.parametrize("case, stalls", [("corpus-h100x4/gpt-ddp-bf16-control", 1), ("corpus/cnn-host_stall", 3)])
+@pytest.mark.parametrize("case, stalls", [("corpus-h100x4/gpt-ddp-bf16-control", 0), ("corpus/cnn-host_stall", 3)])
 def test_a_thread_waiting_for_another_issuing_thread_is_not_stalled(case, stalls):
     """The main thread waits in backward() while the autograd thread runs the backward's ops, and the autograd thread
     waits while the main thread resumes after it: where the other issuing thread ran ops (its short ops, which only
     the trace layer's per-thread spans keep) the rank is issuing. Rank 0 of the committed 4-GPU GPT control: its main
-    thread's 'stalls' of 1.2-1.5 ms inside the backward (the autograd thread in TBackward0, ViewBackward0, ... without
-    a launch) are gone, one of 1.05 ms in no other thread's op stays; the one-GPU CNN with ~20 ms of json.dumps after
-    its optimizer: the 1.17 ms from the autograd thread's last op to optimizer.step is not a stall, the three planted
-    stalls stay whole. Without the threads (every short op on one unknown thread) they were stalls."""
+    thread's 'stalls' of 1.4-1.5 ms inside the backward (the autograd thread in TBackward0, ViewBackward0, ... without
+    a launch) are gone; the one-GPU CNN with ~20 ms of json.dumps after its optimizer: the 1.17 ms from the autograd
+    thread's last op to optimizer.step is not a stall, the three planted stalls stay whole. Without the threads (every
+    short op on one unknown thread) they were stalls."""
     from kit.doctor.model import RankView
     from kit.doctor.steps import find_steps
     from kit.traces.intervals import covered
@@ -83,7 +83,7 @@ def test_a_thread_waiting_for_another_issuing_thread_is_not_stalled(case, stalls
     was = hm.host_model(view)
     sa, sb = now.spans("stall", now.main_tid)
     wa, wb = was.spans("stall", was.main_tid)
-    assert len(sa) == stalls and covered(*others, sa, sb).max() == 0.0
+    assert len(sa) == stalls and not covered(*others, sa, sb).any()
     assert len(wa) > stalls and covered(*others, wa, wb).max() > 300.0
     if case.endswith("host_stall"):
         assert (sb - sa).min() > 20_000.0 and set(sa) <= set(wa)

@@ -25,6 +25,11 @@ ALLOC_CALLS = frozenset({"cudaMalloc", "cudaFree", "cudaMallocHost", "cudaHostAl
 """the caching allocator's device and pinned-memory calls: device memory (``cudaMalloc``/``cudaFree``: a
 ``cudaFree`` also waits for the whole device), expandable segments (``cuMem*`` map/unmap), pinned host memory
 (``cudaHostAlloc``); ``torch.cuda.empty_cache()`` shows as a run of ``cudaFree``"""
+STREAM_ORDER_CALLS = frozenset({"cudaEventRecord", "cudaEventRecordWithFlags", "cudaStreamWaitEvent", "cuEventRecord",
+                                "cuEventRecordWithFlags", "cuStreamWaitEvent"})
+"""host calls that put a command on a stream with no GPU activity of their own in the trace: an event record, a wait
+on an event (FSDP's and DDP's ordering of their streams) -- issuing the step's work as a launch does, not waiting
+(a query such as ``cudaEventQuery`` polls, and a loop of them is a stall)"""
 GRAPH_LAUNCH = ("cudaGraphLaunch", "cuGraphLaunch")
 """host calls that replay a CUDA graph (prefixes: ``cudaGraphLaunch_v10000`` etc. included)"""
 ALLREDUCE_OP = "c10d::allreduce_"

@@ -15,7 +15,8 @@ view of the host that the step accounting (:mod:`kit.doctor.accounting`), the ho
   :data:`PROFILER_EVENTS` (the trace layer's ``overhead`` events) -- not the job's, so neither a stall nor the rank's
   own time; the accounting leaves the GPU idle under it to ``launch``, which is stated net of the profiler's overhead
   (:mod:`kit.doctor.overhead` adds it to the profiler's estimated host time);
-* ``stall``     -- a stretch of at least :data:`STALL_US` in which no thread of the process issued GPU work and
+* ``stall``     -- a stretch of at least :data:`STALL_US` in which no thread of the process issued GPU work (a call
+  whose GPU activity is in the trace, or one that orders a stream, :data:`kit.doctor.calls.STREAM_ORDER_CALLS`) and
   the thread was in none of the above, outside every recorded op of its own, the stretches in which an issuing
   thread ran ops less than :data:`STALL_US` apart (:meth:`kit.traces.Trace.short_spans_of`: the autograd thread
   running the backward after ``backward()`` handed it over is the rank issuing, not the main thread stalling)
@@ -46,7 +47,7 @@ from ..traces.frames import COMM_OPS
 from ..traces.gaps import DEFAULT_STALL_US
 from ..traces.intervals import cover, gaps_between, partition, subtract, union_np
 from .calls import (ALLOC_CALLS, BLOCKING_COPY_CALLS, DATALOADER, FRAMEWORK_REGIONS, FREE_CALLS, STEP_PREFIX,
-                    SYNC_CALLS, base_name)
+                    STREAM_ORDER_CALLS, SYNC_CALLS, base_name)
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -246,7 +247,7 @@ def _gpu_model(view: "RankView") -> HostModel | None:
     calls = runtime_calls(view)
     threads = tuple(pd.unique(g["tid"].dropna()))
     main = _main_tid(cpu, g)
-    issuing = calls[calls["issues"]]
+    issuing = calls[calls["issues"] | calls["base"].isin(STREAM_ORDER_CALLS)]  # what breaks a stall (below)
     prof = _profiler_spans(cpu)
     sets: dict = {}
     for t in dict.fromkeys(threads + ((main,) if main is not None else ())):
@@ -257,8 +258,9 @@ def _gpu_model(view: "RankView") -> HostModel | None:
         sync, alloc = mine[mine["kind"] == "sync"], mine[mine["kind"] == "alloc"]
         ops = own[own["cat"] == "cpu_op"]
         comm = ops[_starts(ops["name"], COMM_WAIT_OPS)]
-        # a stall is a stretch with neither an issuing call (any thread's: the autograd thread's backward) nor a
-        # blocking call/annotation of this thread -- the blocks are their own kinds, so a DataLoader wait of 3 ms
+        # a stall is a stretch with neither an issuing call (any thread's: the autograd thread's backward; an event
+        # record or a wait on one: FSDP's and DDP's stream ordering -- a host slowed down spaces them out, a stalled
+        # one makes none) nor a blocking call/annotation of this thread -- the blocks are their own kinds, so a DataLoader wait of 3 ms
         # is data_wait, not a stall around it -- and outside every recorded op of the thread: a long op that issues
         # nothing for a while (a foreach op over hundreds of tensors, a CPU tensor op) is the host's own cost of
         # issuing the step's work (another thread's op, a pin-memory copy, does not make it this thread's)
