@@ -22,6 +22,7 @@ scored on them) and ``<out>/sched.json``: per rank, per arm, per block the per-s
 
     python tests/corpus/schedstat_probe.py --pair ddp_cpu --out /tmp/probe --steps 30 --alternations 6
     python tests/corpus/schedstat_probe.py --pair ddp_cpu --out /tmp/probe --device cpu --steps 5 --alternations 2
+    python tests/corpus/schedstat_probe.py --out /tmp/probe --summarize   # what is committed (summarize)
 
 ``PLANTED_MULTI_RANK`` picks the contended rank (as for ``planted_multi``). Exit status 0, 1 a rank failed, 2 bad
 arguments.
@@ -309,10 +310,77 @@ def _rank(rank, world, pair, root, warm, n, alternations, port, device):
     dist.destroy_process_group()
 
 
+STEP_COLUMNS = ("rank", "contended", "arm", "phase", "round", "step", "wall_us", "cuda_step_us", "main_run_us",
+                "main_runq_us", "autograd_run_us", "autograd_runq_us", "spin_run_us", "spin_runq_us", "main_nvcsw",
+                "main_nivcsw")
+"""the per-step table :func:`summarize` writes: ``phase`` unprofiled or traced (the traced block's steps 0-1 are the
+schedule's wait and warm-up), ``wall_us`` the host's period (``perf_counter``), ``*_run_us`` time on a CPU,
+``*_runq_us`` time runnable on a run queue, ``spin`` the busy loops (the contended rank only)"""
+
+
+def _threads(threads: dict, r: dict, phase: str, arm: str, b: dict, n: int) -> None:
+    """Add block ``b``'s every-thread run and run-queue time (``n`` steps) to ``threads`` by rank, arm and phase."""
+    acc = threads.setdefault(f"rank{r['rank']}/{arm}/{phase}", {"steps": 0, "threads": {}})
+    acc["steps"] += n
+    a, c = b["threads_before"], b["threads_after"] or {}
+    for t, v in c.items():
+        if t in a:
+            o = acc["threads"].setdefault(v[0], {"run_us": 0.0, "runq_us": 0.0, "cpus": v[3] if len(v) > 3 else ""})
+            o["run_us"] += (v[1][0] - a[t][1][0]) / 1e3
+            o["runq_us"] += (v[1][1] - a[t][1][1]) / 1e3
+
+
+def summarize(out: Path) -> None:
+    """From ``out/sched.json``: ``sched_steps.csv.gz`` (one row per step of the contended rank, :data:`STEP_COLUMNS`)
+    and ``sched_summary.json.gz`` (the meta, each rank's CUDA waits, and per rank, arm and phase every thread's run and
+    run-queue time per step by thread name, with its allowed CPUs): what is committed. Microseconds, rounded."""
+    import csv
+    import gzip
+    import io
+
+    d = json.loads((out / "sched.json").read_text())
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(STEP_COLUMNS)
+    threads = {}
+    for r in d["ranks"]:
+        phases = [("unprofiled", arm, b) for arm, bl in r["blocks"].items() for b in bl]
+        if not r["contended"]:  # the others' threads per block only (threads_per_step), not per step
+            phases = [(ph, arm, dict(b, rows=b["rows"][:1])) for ph, arm, b in phases]
+            phases += [("traced", arm, dict(b, rows=b["rows"][:1])) for arm, b in r["traced"].items()]
+            for ph, arm, b in phases:
+                _threads(threads, r, ph, arm, b, len(b["samples"]))
+            continue
+        phases += [("traced", arm, b) for arm, b in r["traced"].items()]
+        for phase, arm, b in phases:
+            idx = {p: i for i, p in enumerate(b["paths"])}
+            for k, (x, y) in enumerate(zip(b["rows"], b["rows"][1:])):
+                def dt(kind, j):
+                    keys = [p for p in b["paths"] if p.split(":")[0] == kind]
+                    vals = [(y[4 + idx[p]][j] - x[4 + idx[p]][j]) / 1e3 for p in keys
+                            if x[4 + idx[p]] is not None and y[4 + idx[p]] is not None]
+                    return round(sum(vals)) if vals else ""
+                w.writerow([r["rank"], int(r["contended"]), arm, phase, b.get("round", ""), k,
+                            round((y[0] - x[0]) / 1e3), round(b["samples"][k]), dt("main", 0), dt("main", 1),
+                            dt("autograd", 0), dt("autograd", 1), dt("spin", 0), dt("spin", 1), y[2] - x[2],
+                            y[3] - x[3]])
+            _threads(threads, r, phase, arm, b, len(b["rows"]) - 1)
+    for acc in threads.values():
+        for o in acc["threads"].values():
+            o["run_us"] = round(o["run_us"] / acc["steps"], 1)
+            o["runq_us"] = round(o["runq_us"] / acc["steps"], 1)
+    (out / "sched_steps.csv.gz").write_bytes(gzip.compress(buf.getvalue().encode(), 9))
+    summary = {"meta": d["meta"], "cuda_waits": {str(r["rank"]): r["cuda_waits"] for r in d["ranks"]},
+               "threads_per_step": threads}
+    (out / "sched_summary.json.gz").write_bytes(gzip.compress(json.dumps(summary, indent=1).encode(), 9))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pair", choices=("ddp_cpu", "cnn_cpu", "fsdp_cpu"), required=True)
+    ap.add_argument("--pair", choices=("ddp_cpu", "cnn_cpu", "fsdp_cpu"))
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--summarize", action="store_true", help="write --out's sched_steps.csv.gz and "
+                    "sched_summary.json.gz from its sched.json (summarize) and stop")
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warm", type=int, default=5)
@@ -320,6 +388,15 @@ def main(argv=None) -> int:
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--profiler", choices=("tb_handler",), default="tb_handler")
     a = ap.parse_args(argv)
+    if a.summarize:
+        if not (a.out / "sched.json").is_file():
+            print(f"schedstat_probe: no {a.out / 'sched.json'}", file=sys.stderr)
+            return 2
+        summarize(a.out)
+        return 0
+    if a.pair is None:
+        print("schedstat_probe: --pair is required (or --summarize)", file=sys.stderr)
+        return 2
     if a.steps < 3 or a.alternations < 2 or a.world < 2:
         print("schedstat_probe: --steps >= 3, --alternations >= 2, --world >= 2", file=sys.stderr)
         return 2
