@@ -487,9 +487,12 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
             if cpu == "default":
                 left = [e for e, k in zip(cand, kept) if not k]
                 # no ts: NaN, dropped; no dur: an instant; the thread as a number (a non-numeric tid: NaN, one thread)
-                short = np.array([[e.ts for e in left], [e.dur or 0.0 for e in left],
-                                  [e.tid if isinstance(e.tid, (int, float)) else np.nan for e in left]],
-                                 dtype=float).reshape(3, -1)
+                tids = [e.tid for e in left]
+                try:
+                    tid = np.array(tids, dtype=float)
+                except (TypeError, ValueError):
+                    tid = np.array([t if isinstance(t, (int, float)) else np.nan for t in tids], dtype=float)
+                short = np.array([[e.ts for e in left], [e.dur or 0.0 for e in left], tid], dtype=float).reshape(3, -1)
         a = add(cc, c_ev, c_names, False)
         cc["pid"] += [e.pid for e in c_ev]
         cc["tid"] += [e.tid for e in c_ev]
