@@ -1,17 +1,21 @@
 #!/bin/bash
-# held16 (round s10r1 / s10r1b, 280 s; on 2 GPUs when 4 are not lent): jobs the doctor was not built around, recorded to judge `kit doctor` blind (the doctor
-# of main 23f7b9c, carried in this snapshot, reads every case whole on the machine at the end).
+# held16's device script (PLAN=s10r1: round s10r1b, 280 s, ran on 2x H200 at world 2 as 4 GPUs were not lent;
+# PLAN=s10r2: round s10r2, 250 s, the 3- and 4-GPU runs): jobs the doctor was not built around, recorded to judge
+# `kit doctor` blind (the doctor of main 23f7b9c, carried in the snapshot, reads every case whole on the machine
+# at the end).
 # Held out on purpose: the "rec" family (embedding-bag + MLP recommender), DDP static_graph + gradient_as_bucket_view,
 # a DataLoader with 2 persistent workers, torch.profiler with schedule(wait=1, warmup=2, active=5), shapes + stacks +
 # memory, an on_trace_ready of its own writing trainer-<pid>-<n>.json; 3 GPUs (0,1,2) and 4; faults on rank 3 / rank 0.
-#  1. 4 GPUs rec: control, stall_rank, gpu_rank, cpu_rank timed by turns in one job (ABCD DCBA), rank 3
-#  2. 3 GPUs GPT FSDP2 bf16 under that profiler: control, stall_rank, gpu_rank by turns, rank 0
-#  3. 4 GPUs rec: control vs input_rank (the hashing in rank 1's 2 workers), interleaved
-#  4. 3 GPUs rec: accumulation with no_sync vs without, interleaved
-#  5. 4 GPUs rec: tiny buckets (bucket_cap_mb 0.05) after its control, one spawn (a DDP option: not a toggle)
-# Each step its own timeout; then kit doctor --json on every case (whole traces), then pack.py (lzma, cut to 2 steps if big).
-# Dry mode: CORP_DEVICE=cpu CORP_NGPU=4 CORP_HW=dry CORP_STEPS=3 CORP_ALT=2 CORP_PY=python.
-START=$(date +%s); END=$((START + ${CORP_TOTAL:-272}))
+#  rec_set:   rec, control + stall_rank + gpu_rank + cpu_rank timed by turns in one job (ABCD DCBA)
+#  fsdp_set:  GPT FSDP2 bf16 under that profiler: control + stall_rank + gpu_rank by turns
+#  rec_input: rec, control vs input_rank (the hashing in one rank's 2 workers), interleaved
+#  rec_accum: rec, accumulation with no_sync vs without, interleaved
+#  rec_tiny:  rec, tiny buckets (bucket_cap_mb 0.05) after its control, one spawn (a DDP option: not a toggle)
+# Each run its own timeout; then kit doctor --json on every case (whole traces), then pack.py (lzma, cut to 2 steps
+# if big). On a machine of 2 GPUs every run is at world 2. Dry mode: CORP_DEVICE=cpu CORP_NGPU=4 CORP_HW=dry
+# CORP_STEPS=3 CORP_ALT=2 CORP_PY=python.
+PLAN=${PLAN:-s10r1}
+START=$(date +%s); END=$((START + ${CORP_TOTAL:-$([ $PLAN = s10r2 ] && echo 242 || echo 272)}))
 O=${OUT_DIR:?}
 left() { echo $(( END - $(date +%s) )); }
 min() { echo $(( $1 < $2 ? $1 : $2 )); }
@@ -45,11 +49,19 @@ run() {  # run WORLD SUB CAP RANK ARGS...: planted_multi on GPUs 0..WORLD-1 into
   echo "x$w $sub rc=${PIPESTATUS[0]} in $(( $(date +%s) - t0 )) s, done at $(( $(date +%s) - START )) s (budget $B s), $(mb) MB"
 }
 S=${CORP_STEPS:-30}; A=${CORP_ALT:-6}
-run 4 rec_set 62 3 --pair rec_set --steps $S --alternations $A
-run 3 fsdp_set 55 0 --pair fsdp_set --steps $(( S > 4 ? S * 4 / 5 : S )) --alternations $A --profiler json_handler
-run 4 rec_input 45 1 --pair rec_input --steps $S --alternations $A
-run 3 rec_accum 45 1 --pair rec_accum --steps $S --alternations $A
-run 4 rec_tiny 45 3 --cases rec-ddp-bf16-control,rec-ddp-bf16-tiny_buckets --steps $(( S * 2 ))
+if [ $PLAN = s10r2 ]; then
+  run 4 rec_set 50 3 --pair rec_set --steps $(( S > 4 ? S * 4 / 5 : S )) --alternations $A
+  run 3 fsdp_set 45 0 --pair fsdp_set --steps $(( S > 4 ? S * 4 / 5 : S )) --alternations $A --profiler json_handler
+  run 4 rec_input 40 1 --pair rec_input --steps $S --alternations $A
+  run 3 rec_set_r0 45 0 --pair rec_set --steps $(( S > 4 ? S * 4 / 5 : S )) --alternations $A
+  run 3 rec_accum 40 1 --pair rec_accum --steps $S --alternations $A
+else
+  run 4 rec_set 62 3 --pair rec_set --steps $S --alternations $A
+  run 3 fsdp_set 55 0 --pair fsdp_set --steps $(( S > 4 ? S * 4 / 5 : S )) --alternations $A --profiler json_handler
+  run 4 rec_input 45 1 --pair rec_input --steps $S --alternations $A
+  run 3 rec_accum 45 1 --pair rec_accum --steps $S --alternations $A
+  run 4 rec_tiny 45 3 --cases rec-ddp-bf16-control,rec-ddp-bf16-tiny_buckets --steps $(( S * 2 ))
+fi
 pgrep -af "while os.getppid" | head -3  # no spinner outlives its rank (a check)
 # a case left without truth.json (its run cut by the timeout) is of no use: its traces go
 for d in $(find $O -mindepth 3 -maxdepth 3 -type d); do [ -e $d/truth.json ] || { echo "incomplete: $d"; rm -rf $d; }; done
