@@ -26,16 +26,22 @@ CORPORA = [p for p in sorted(DATA.glob("corpus*")) if p.is_dir()]
 CASES = [f"{c.name}/{p.parent.name}" for c in CORPORA for p in sorted(c.glob("*/truth.json"))]
 LOW_RATIO, HIGH_RATIO = 0.5, 2.0
 
-CNN_CONTENDED_MISS = ("late_rank [1] is first, for its host, at the contended-host model's 5.45 ms, 3.24x of +1.68 ms: the "
-                      "CNN's GPU work hides most of rank 1's contended host without the profiler (its contended steps' "
-                      "p10 10.29 ms, the control's median); on this one traced step rank 1's quiet share (0.52) stretches "
-                      "the others' host net of the profiler (7.74 ms) to 16.2 ms against the GPU's 10.8 (its 2 traced "
-                      "steps: 1.81x; the same configuration added +9.69 ms in s9r2, of which this is 0.56x; FINDINGS.md, "
-                      "A CPU-contended rank)")
-RANK0_CONTENDED_MISS = ("held out (rank 0 contended, recorded after the contended-host model was set): late_rank [0] is "
-                        "first, for its host, at the model's 11.21 ms, 4.21x of +2.66 ms (rounds +0.44..+6.80; its 2 traced "
-                        "steps 2.75x): this recording's contention cost little unprofiled -- the same job with rank 1 "
-                        "contended added +10.55 ms (s7r3; FINDINGS.md, A CPU-contended rank)")
+CNN_CONTENDED_MISS = ("late_rank [1] is first, for its host, at the contended-host model's 5.45 ms, 3.24x of +1.68 ms "
+                      "(rounds +0.29..+5.81): this recording's timed rounds lost little to the busy loop (a quarter of its "
+                      "fault steps at the control's 10.3 ms, over half under 12.2; s10r1's CNN pairs: 1%). Not the model's "
+                      "form nor the profiler: in s10r1 (schedstat per step, 2x H200) the loop's share of the core is the same "
+                      "unprofiled (0.43-0.46) and traced (0.36-0.51 per step), a host waiting for its GPU spins (it stays "
+                      "runnable), and the rank's own work stretched by the unprofiled share gives 0.77-1.13x of two CNN "
+                      "pairs' added time; the same configuration added +9.69 (s9r2), +5.88 and +6.16 ms (s10r1), of which "
+                      "5.45 is 0.56-0.93x (FINDINGS.md, A CPU-contended rank)")
+RANK0_CONTENDED_MISS = ("held out (rank 0 contended): late_rank [0] is first, for its host, at the model's 11.21 ms, 4.21x "
+                        "of +2.66 ms (rounds +0.44..+6.80; its 2 traced steps 2.75x): its one traced step's quiet share "
+                        "(0.55: two 8 ms slices) and the other rank's host net of the profiler (9.22 ms) both lie high in "
+                        "their spread -- in s10r1's repeats of this configuration (schedstat per step) the loop took "
+                        "0.28-0.56 of the core per traced step but 0.43-0.45 unprofiled, and the other rank's net host read "
+                        "1.26-1.59x the contended rank's own unprofiled work -- and its added time is the lowest of five "
+                        "recordings (+8.51, +5.23 s9r2; +4.51, +3.29 s10r1, H200), of which 11.21 ms is 1.3-3.4x "
+                        "(FINDINGS.md, A CPU-contended rank)")
 FIRST_MISSES: dict[str, str] = {
     # case: why the top finding is not the planted fault, or its cost not 0.5-2x the added time, today
     "corpus-h100x2/cnn-ddp-fp32-cpu_rank": CNN_CONTENDED_MISS,

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from kit.doctor.rules.late_rank import host_room
+from test_doctor_corpus import CNN_CONTENDED_MISS, RANK0_CONTENDED_MISS  # the committed misses, said once
 
 STEP, OWN = 30_000.0, 9_000.0
 """every rank's traced step and its own host time (us): a GPU-late rank 1, a rank 0 whose host issues its step in
@@ -141,18 +142,8 @@ def test_a_step_ending_in_item_keeps_the_room_its_host_leaves():
 CONTENDED = sorted((Path(__file__).resolve().parent / "data" / "doctor").glob("corpus-*/*-cpu_rank*"))
 
 
-CONTENDED_MISSES: dict[str, str] = {"corpus-h100x2/cnn-ddp-fp32-cpu_rank": "late_rank [1] is first, for its host, at "
-                                    "the contended-host model's 5.45 ms = 3.24x of +1.68 ms: its one traced step's quiet "
-                                    "share (0.52, a stretch of 2.1) on the others' host net of the profiler (7.74 ms) puts "
-                                    "rank 1's host at 16.2 ms against the GPU's 10.8; unprofiled the contended host mostly "
-                                    "kept up with the GPU (its steps' p10 10.29 ms, the control's median). Its 2 traced "
-                                    "steps: 3.04 ms, 1.81x; the same configuration added +9.69 ms in s9r2, of which 5.45 "
-                                    "is 0.56x (FINDINGS.md, A CPU-contended rank)",
-                                    "corpus-h100x2/gpt-ddp-bf16-cpu_rank0-tb": "held out (rank 0 contended): late_rank "
-                                    "[0] is first, for its host, at the model's 11.21 ms, 4.21x of +2.66 ms (rounds "
-                                    "+0.44..+6.80; its 2 traced steps 2.75x): this recording's contention cost little "
-                                    "unprofiled; the same job with rank 1 contended added +10.55 ms in s7r3 "
-                                    "(FINDINGS.md, A CPU-contended rank)"}
+CONTENDED_MISSES: dict[str, str] = {"corpus-h100x2/cnn-ddp-fp32-cpu_rank": CNN_CONTENDED_MISS,
+                                    "corpus-h100x2/gpt-ddp-bf16-cpu_rank0-tb": RANK0_CONTENDED_MISS}
 
 ONE_SLICE = {"corpus-h100x2/gpt-ddp-bf16-cpu_rank-tb"}
 """contended cases whose one traced step holds the rank's quiet excess in one stall stretch (one 8.1 ms slice): the
