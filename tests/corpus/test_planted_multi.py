@@ -256,3 +256,15 @@ def test_the_held_out_profiler_writes_plain_json_named_without_the_rank(tmp_path
     assert sum(1 for e in ev if str(e.get("name", "")).startswith("ProfilerStep#")) == m.JSON_ACTIVE
     assert "python_function" in cats
     assert any(e.get("name") == "[memory]" for e in ev)
+
+
+def test_the_held_out_tables_are_generated_from_the_committed_doctor_json():
+    """recorded/h100x4/doctor_heldout: its README's tables are what table.py makes of the committed truths and doctor
+    outputs (verdicts.py's row from kit doctor --json, then the pass check)."""
+    d = ROOT / "recorded" / "h100x4" / "doctor_heldout"
+    if not list(d.glob("*/*/*/truth.json.gz")):
+        pytest.skip("no held-out recording committed")
+    r = subprocess.run([sys.executable, str(d / "table.py"), "table", str(d)], capture_output=True, text=True,
+                       timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() and r.stdout.strip() in (d / "README.md").read_text()

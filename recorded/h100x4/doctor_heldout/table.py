@@ -5,12 +5,17 @@ whether the case passes the criteria fixed before recording (``/work/team/ROUND1
 done-when): a fault first, on its ranks, its stated cost 0.5-2x the added time; a control with no single-rank
 finding >= 10% of its unprofiled step and no input/sync/allocator/stall finding >= 5%.
 
-    python table.py DIR [--doctor NAME] [--run-doctor KIT_ROOT --traces TRACE_ROOT]
+    python table.py import RESULTS DIR           # a round's results: slim truths + the machine's doctor JSON
+    python table.py doctor DIR --kit ROOT --traces TRACES --name NAME [--full FULL]
+    python table.py table DIR --doctor NAME [NAME ...]
 
-``DIR/<tag>/<run>/<case>/truth.json`` with the doctor's JSON at ``DIR/<tag>/<run>/<case>/NAME.json[.gz]``;
-``--run-doctor`` first runs ``kit doctor --json --no-cache`` of the checkout at ``KIT_ROOT`` on each case's traces
-under ``TRACE_ROOT/<tag>/<run>/<case>/`` (``trainer-*.json``, ``.json.xz`` unpacked to a temporary directory under
-their own names) and writes NAME.json.gz.
+``import``: every ``RESULTS/<tag>/<run>/<case>/truth.json`` into ``DIR/<tag>/<run>/<case>/truth.json.gz`` without each
+rank's samples (their summaries stay; the job's samples, the control arm's and the per-round differences stay: the
+whole file is in the round's results), and the machine's ``RESULTS/doctor/<tag>/<run>/<case>.json`` (the doctor
+of the snapshot on the whole traces) as ``doctor-23f7b9c-whole.json.gz``, slim (:func:`slim`). ``doctor``: ``kit
+doctor --json --no-cache`` of the checkout at ROOT on each case's traces under ``TRACES/<tag>/<run>/<case>/``
+(``trainer-*.json`` or ``.json.xz``, unpacked under their own names), slim into ``NAME.json.gz``, whole into FULL.
+``table``: verdicts.py's table per doctor NAME, then the pass check per case.
 """
 
 from __future__ import annotations
@@ -83,10 +88,10 @@ def check(truth: dict, doc: dict, r: dict) -> tuple[bool, str]:
 
 
 def cases(root: Path) -> list[Path]:
-    return sorted({p.parent for p in root.glob("*/*/*/truth.json*")})
+    return sorted(p.parent for p in root.glob("*/*/*/truth.json.gz"))
 
 
-def run_doctor(case: Path, traces: Path, kit_root: Path, out: Path) -> None:
+def run_doctor(traces: Path, kit_root: Path) -> dict | None:
     with tempfile.TemporaryDirectory() as tmp:
         files = []
         for p in sorted(traces.glob("trainer-*.json*")):
@@ -94,44 +99,101 @@ def run_doctor(case: Path, traces: Path, kit_root: Path, out: Path) -> None:
             (Path(tmp) / name).write_bytes(lzma.decompress(p.read_bytes()) if p.name.endswith(".xz")
                                            else p.read_bytes())
             files.append(str(Path(tmp) / name))
+        if not files:
+            return None
         env = {**os.environ, "PYTHONPATH": str(kit_root)}
         r = subprocess.run([sys.executable, "-m", "kit", "doctor", "--json", "--no-cache", "--workers", "2", *files],
                            capture_output=True, text=True, env=env, cwd=kit_root)
         if not r.stdout.strip():
-            print(f"{case}: kit doctor exit {r.returncode}: {r.stderr[-500:]}", file=sys.stderr)
-            return
+            print(f"{traces}: kit doctor exit {r.returncode}: {r.stderr[-500:]}", file=sys.stderr)
+            return None
         doc = json.loads(r.stdout)
         doc["traces"] = [Path(t).name for t in doc.get("traces", [])]
         for f in doc.get("failed", []):
             f["trace"] = Path(f["trace"]).name
-        out.write_bytes(gzip.compress((json.dumps(doc, separators=(",", ":")) + "\n").encode(), 9, mtime=0))
+        return doc
+
+
+def slim(doc: dict) -> dict:
+    """What the table and a reader need of ``kit doctor --json``: each finding's rule, ranks, cost, sentence and the
+    evidence that says how it was costed; the profiler's overhead per rank without its long basis text."""
+    keep = ("cost_traced_us_per_step", "basis", "cost_basis", "reason", "share_of_step", "job_level")
+    return {"findings": [{"rule": f["rule"], "severity": f.get("severity"), "ranks": f["ranks"],
+                          "cost_us_per_step": round(f["cost_us_per_step"], 1), "summary": f.get("summary"),
+                          "evidence": {k: f["evidence"][k] for k in keep if k in f.get("evidence", {})}}
+                         for f in doc["findings"]],
+            "profiler_overhead": {r: {k: v for k, v in o.items() if k != "how"}
+                                  for r, o in doc.get("profiler_overhead", {}).items()},
+            **{k: doc.get(k) for k in ("step_us", "steps", "world_size", "ranks", "devices", "failed")},
+            "skipped": [s["rule"] for s in doc.get("skipped", [])]}
+
+
+def _write(p: Path, doc: dict) -> None:
+    p.write_bytes(gzip.compress((json.dumps(doc, indent=0) + "\n").encode(), 9, mtime=0))
+
+
+def do_import(results: Path, dest: Path) -> None:
+    for t in sorted(results.glob("*/*/*/truth.json")):
+        rel = t.parent.relative_to(results)
+        truth = json.loads(t.read_text())
+        s = truth["step_us_unprofiled"]
+        s["per_rank"] = [{k: r[k] for k in ("median", "p10", "p90")} for r in s["per_rank"]]
+        truth["slim"] = "each rank's samples and host periods left out: the whole truth.json is in the round's results"
+        (dest / rel).mkdir(parents=True, exist_ok=True)
+        _write(dest / rel / "truth.json.gz", truth)
+        d = results / "doctor" / f"{rel}.json"
+        if d.is_file() and d.stat().st_size:
+            _write(dest / rel / "doctor-23f7b9c-whole.json.gz", slim(json.loads(d.read_text())))
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("dir", type=Path)
-    ap.add_argument("--doctor", default="doctor-23f7b9c-whole", help="the doctor JSON's name in each case")
-    ap.add_argument("--run-doctor", type=Path, help="a checkout whose kit doctor to run first")
-    ap.add_argument("--traces", type=Path, help="with --run-doctor: where each case's traces are")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    i = sub.add_parser("import")
+    i.add_argument("results", type=Path)
+    i.add_argument("dir", type=Path)
+    d = sub.add_parser("doctor")
+    d.add_argument("dir", type=Path)
+    d.add_argument("--kit", type=Path, required=True)
+    d.add_argument("--traces", type=Path, required=True)
+    d.add_argument("--name", required=True)
+    d.add_argument("--full", type=Path, help="the doctor's whole JSON here, per case")
+    t = sub.add_parser("table")
+    t.add_argument("dir", type=Path)
+    t.add_argument("--doctor", nargs="+", default=["doctor-23f7b9c-whole"])
     a = ap.parse_args(argv)
-    rows, checks = [], []
-    for case in cases(a.dir):
-        rel = case.relative_to(a.dir)
-        if a.run_doctor:
-            run_doctor(case, a.traces / rel, a.run_doctor, case / f"{a.doctor}.json.gz")
-        src = next((p for p in (case / f"{a.doctor}.json.gz", case / f"{a.doctor}.json") if p.is_file()), None)
-        if src is None:
-            print(f"{rel}: no {a.doctor}", file=sys.stderr)
-            continue
-        truth = _load(next(p for p in (case / "truth.json", case / "truth.json.gz") if p.is_file()))
-        doc = _load(src)
-        r = row(truth, doc)
-        r["case"] = f"{rel.parts[0]} {rel.parts[1]}/{truth['case']}"
-        rows.append(r)
-        ok, why = check(truth, doc, r)
-        checks.append(f"| {r['case']} | {'pass' if ok else '**miss**'} | {why} |")
-    print(verdicts.markdown(rows))
-    print("| case | criteria | why |\n|---|---|---|\n" + "\n".join(checks))
+    if a.cmd == "import":
+        do_import(a.results, a.dir)
+        return 0
+    if a.cmd == "doctor":
+        for case in cases(a.dir):
+            rel = case.relative_to(a.dir)
+            doc = run_doctor(a.traces / rel, a.kit)
+            if doc is None:
+                print(f"{rel}: no result", file=sys.stderr)
+                continue
+            _write(case / f"{a.name}.json.gz", slim(doc))
+            if a.full:
+                (a.full / rel).parent.mkdir(parents=True, exist_ok=True)
+                (a.full / f"{rel}.json").write_text(json.dumps(doc) + "\n")
+        return 0
+    for name in a.doctor:
+        rows, checks = [], []
+        for case in cases(a.dir):
+            rel = case.relative_to(a.dir)
+            src = next((p for p in (case / f"{name}.json.gz", case / f"{name}.json") if p.is_file()), None)
+            if src is None:
+                continue
+            truth = _load(case / "truth.json.gz")
+            doc = _load(src)
+            r = row(truth, doc)
+            r["case"] = f"{rel.parts[0]} {rel.parts[1]}/{truth['case']}" + (" (cut)" if truth.get("trimmed") else "")
+            rows.append(r)
+            ok, why = check(truth, doc, r)
+            checks.append(f"| {r['case']} | {'pass' if ok else '**miss**'} | {why} |")
+        print(f"#### {name}\n\n" + verdicts.markdown(rows))
+        print(f"{sum(c.count('| pass |') for c in checks)} of {len(checks)} pass.\n\n| case | criteria | why |\n"
+              "|---|---|---|\n" + "\n".join(checks) + "\n")
     return 0
 
 
