@@ -537,9 +537,10 @@ def _in_ops(cpu, qa, qb) -> "np.ndarray":
     inside = np.zeros(len(qa), dtype=bool)
     if cpu is None or not len(cpu) or not len(qa):
         return inside
-    ts, end = cpu["ts"].to_numpy(dtype=float), cpu["end"].to_numpy(dtype=float)
-    op = cpu["cat"].isin(OP_CATS).to_numpy()
-    tid = cpu["tid"].to_numpy()
+    long = cpu[(cpu["end"] - cpu["ts"]) >= float(np.min(np.asarray(qb) - np.asarray(qa)))]  # only these can cover one
+    ts, end = long["ts"].to_numpy(dtype=float), long["end"].to_numpy(dtype=float)
+    op = long["cat"].isin(OP_CATS).to_numpy()
+    tid = long["tid"].to_numpy()
     for i, (a, b) in enumerate(zip(qa, qb)):
         m = np.flatnonzero((ts <= a) & (end >= b))
         if len(m):
