@@ -186,10 +186,12 @@ def cuda_waits(dev: str, sched: Sched) -> dict:
 
 def _block(job, sched: Sched, n: int, prof=None) -> dict:
     """``n`` steps (``prof.step()`` after each where traced): the per-step readings and CUDA-event step times. A
-    step's reading is taken before its ``prof.step()``, so each traced step's holds the previous ``prof.step()``."""
+    step's reading is taken before its ``prof.step()``, so each traced step's holds the previous ``prof.step()``.
+    Every thread's readings (``threads_before``/``after``, a few ms of reading /proc) span the block; where traced,
+    the schedule's warm-up step only (profiler on, its events discarded), so that no recorded step holds them."""
     cuda = job.dev.startswith("cuda")
     sched.refresh()
-    before = sched.threads()
+    before = sched.threads() if prof is None else None
     ev = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)] if cuda else []
     rows = [sched.step()]
     if cuda:
@@ -200,17 +202,19 @@ def _block(job, sched: Sched, n: int, prof=None) -> dict:
         if cuda:
             ev[i + 1].record()
         rows.append(sched.step())  # before prof.step(): the last one writes the trace, in no step's reading
-        if i == n - 1:
+        if (prof is None and i == n - 1) or (prof is not None and i == 1):
             after = sched.threads()
         if prof is not None:
             prof.step()
+            if i == 0:
+                before = sched.threads()
     if cuda:
         torch.cuda.synchronize()
         samples = [ev[i].elapsed_time(ev[i + 1]) * 1e3 for i in range(n)]
     else:
         samples = [(b[0] - a[0]) / 1e3 for a, b in zip(rows, rows[1:])]
     return {"paths": sched.paths(), "rows": rows, "samples": [round(s, 1) for s in samples],
-            "threads_before": before, "threads_after": after}
+            "threads_before": before, "threads_after": after, "threads_steps": n if prof is None else 1}
 
 
 def _traced(job, case: dict, out: Path, sched: Sched) -> dict:
@@ -322,7 +326,7 @@ def _threads(threads: dict, r: dict, phase: str, arm: str, b: dict, n: int) -> N
     """Add block ``b``'s every-thread run and run-queue time (``n`` steps) to ``threads`` by rank, arm and phase."""
     acc = threads.setdefault(f"rank{r['rank']}/{arm}/{phase}", {"steps": 0, "threads": {}})
     acc["steps"] += n
-    a, c = b["threads_before"], b["threads_after"] or {}
+    a, c = b["threads_before"] or {}, b["threads_after"] or {}
     for t, v in c.items():
         if t in a:
             o = acc["threads"].setdefault(v[0], {"run_us": 0.0, "runq_us": 0.0, "cpus": v[3] if len(v) > 3 else ""})
@@ -349,7 +353,7 @@ def summarize(out: Path) -> None:
             phases = [(ph, arm, dict(b, rows=b["rows"][:1])) for ph, arm, b in phases]
             phases += [("traced", arm, dict(b, rows=b["rows"][:1])) for arm, b in r["traced"].items()]
             for ph, arm, b in phases:
-                _threads(threads, r, ph, arm, b, len(b["samples"]))
+                _threads(threads, r, ph, arm, b, b.get("threads_steps", len(b["samples"])))
             continue
         phases += [("traced", arm, b) for arm, b in r["traced"].items()]
         for phase, arm, b in phases:
@@ -364,7 +368,7 @@ def summarize(out: Path) -> None:
                             round((y[0] - x[0]) / 1e3), round(b["samples"][k]), dt("main", 0), dt("main", 1),
                             dt("autograd", 0), dt("autograd", 1), dt("spin", 0), dt("spin", 1), y[2] - x[2],
                             y[3] - x[3]])
-            _threads(threads, r, phase, arm, b, len(b["rows"]) - 1)
+            _threads(threads, r, phase, arm, b, b.get("threads_steps", len(b["rows"]) - 1))
     for acc in threads.values():
         for o in acc["threads"].values():
             o["run_us"] = round(o["run_us"] / acc["steps"], 1)
