@@ -26,14 +26,14 @@ CORPORA = [p for p in sorted(DATA.glob("corpus*")) if p.is_dir()]
 CASES = [f"{c.name}/{p.parent.name}" for c in CORPORA for p in sorted(c.glob("*/truth.json"))]
 LOW_RATIO, HIGH_RATIO = 0.5, 2.0
 
-CNN_CONTENDED_MISS = ("late_rank [1] is first, for its host, at the contended-host model's 5.45 ms, 3.24x of +1.68 ms "
+CNN_CONTENDED_MISS = ("late_rank [1] is first, for its host, at the contended-host model's 5.43 ms, 3.23x of +1.68 ms "
                       "(rounds +0.29..+5.81): this recording's timed rounds lost little to the busy loop (a quarter of its "
                       "fault steps at the control's 10.3 ms, over half under 12.2; s10r1's CNN pairs: 1%). Not the model's "
                       "form nor the profiler: in s10r1 (schedstat per step, 2x H200) the loop's share of the core is the same "
                       "unprofiled (0.43-0.46) and traced (0.36-0.51 per step), a host waiting for its GPU spins (it stays "
                       "runnable), and the rank's own work stretched by the unprofiled share gives 0.77-1.13x of two CNN "
                       "pairs' added time; the same configuration added +9.69 (s9r2), +5.88 and +6.16 ms (s10r1), of which "
-                      "5.45 is 0.56-0.93x (FINDINGS.md, A CPU-contended rank)")
+                      "5.43 is 0.56-0.92x (FINDINGS.md, A CPU-contended rank)")
 RANK0_CONTENDED_MISS = ("held out (rank 0 contended): late_rank [0] is first, for its host, at the model's 11.21 ms, 4.21x "
                         "of +2.66 ms (rounds +0.44..+6.80; its 2 traced steps 2.75x): its one traced step's quiet share "
                         "(0.55: two 8 ms slices) and the other rank's host net of the profiler (9.22 ms) both lie high in "

@@ -61,29 +61,92 @@ def test_the_short_ops_keep_their_thread():
                                                     fresh.short_spans))
 
 
-@pytest.mark.parametrize("case, stalls", [("corpus-h100x4/gpt-ddp-bf16-control", 0), ("corpus/cnn-host_stall", 3)])
-def test_a_thread_waiting_for_another_issuing_thread_is_not_stalled(case, stalls):
-    """The main thread waits in backward() while the autograd thread runs the backward's ops, and the autograd thread
-    waits while the main thread resumes after it: where the other issuing thread ran ops (its short ops, which only
-    the trace layer's per-thread spans keep) the rank is issuing. Rank 0 of the committed 4-GPU GPT control: its main
-    thread's 'stalls' of 1.4-1.5 ms inside the backward (the autograd thread in TBackward0, ViewBackward0, ... without
-    a launch) are gone; the one-GPU CNN with ~20 ms of json.dumps after its optimizer: the 1.17 ms from the autograd
-    thread's last op to optimizer.step is not a stall, the three planted stalls stay whole. Without the threads (every
-    short op on one unknown thread) they were stalls."""
+def test_the_backward_taken_over_by_the_autograd_thread_is_not_a_stall():
+    """Rank 0 of the committed 4-GPU GPT control: its main thread waits in backward() while the autograd thread runs
+    the backward's ops (TBackward0, ViewBackward0, ... short ops, which only the trace layer's per-thread spans keep)
+    for 1.4-1.5 ms before its next launch. The ops that led the autograd thread into that launch (at most STALL_US of
+    them) are the rank issuing: what is left is under STALL_US, no stall. Without the threads (every short op on one
+    unknown thread) the two stretches were stalls."""
     from kit.doctor.model import RankView
     from kit.doctor.steps import find_steps
-    from kit.traces.intervals import covered
 
-    t = traces.load_trace(sorted((CASE.parents[1] / case).glob("*.json.gz"))[0])
+    t = traces.load_trace(sorted((CASE.parents[1] / "corpus-h100x4" / "gpt-ddp-bf16-control").glob("*.json.gz"))[0])
     view = RankView(trace=t, steps=find_steps(t.cpu, None, t.gpu), rank=0)
     now = hm.host_model(view)
-    others = t.short_spans_of([x for x in now.threads if x != now.main_tid])
     a, b, tid = t.short_threads
     t.short_threads = (a, b, np.full(tid.shape, np.nan))
     was = hm.host_model(view)
-    sa, sb = now.spans("stall", now.main_tid)
     wa, wb = was.spans("stall", was.main_tid)
-    assert len(sa) == stalls and not covered(*others, sa, sb).any()
-    assert len(wa) > stalls and covered(*others, wa, wb).max() > 300.0
-    if case.endswith("host_stall"):
-        assert (sb - sa).min() > 20_000.0 and set(sa) <= set(wa)
+    assert not len(now.spans("stall", now.main_tid)[0]) and len(wa) == 2 and (wb - wa).min() > 1400.0
+
+
+def _stall_case(tmp, mutate):
+    """The committed 2-GPU CNN stall_rank case (rank 1: ~20 ms of json.dumps after its optimizer) with rank 1's trace
+    events changed by ``mutate(events, gaps)`` (``gaps``: its stretches of 15 ms or more between CPU events), in ``tmp``."""
+    import gzip
+    import json
+
+    case = CASE.parent / "cnn-ddp-fp32-stall_rank"
+    for p in sorted(case.glob("*.json.gz")):
+        j = json.loads(gzip.decompress(p.read_bytes()))
+        if (j.get("distributedInfo") or {}).get("rank") == 1:
+            ev = j["traceEvents"]
+            cpu = [e for e in ev if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "cuda_runtime", "user_annotation",
+                                                                           "python_function", "cuda_driver")]
+            pts = sorted({(e["ts"], e["tid"], e["pid"]) for e in cpu} | {(e["ts"] + e.get("dur", 0), e["tid"], e["pid"])
+                                                                          for e in cpu})
+            mutate(ev, [(a, b, tid, pid) for (a, tid, pid), (b, _, _) in zip(pts, pts[1:]) if b - a >= 15_000])
+        (tmp / p.name).write_bytes(gzip.compress(json.dumps(j).encode(), 1))
+    return json.loads((case / "truth.json").read_text())["added_us"]
+
+
+@pytest.mark.parametrize("where", ["main", "helper"])
+def test_cpu_work_without_a_launch_stays_a_stall(tmp_path, where):
+    """The stall case with a 20 us CPU op every 500 us through rank 1's 20 ms stall (metrics on CPU tensors), on its
+    main thread or on a helper thread that issued one copy at the trace's start (an EMA, checkpoint or logging thread):
+    ops that lead to no launch are work that issues nothing -- late_rank [1] for its stall, at 0.5-2x the added time."""
+    from kit.doctor import diagnose
+
+    def mutate(ev, gaps):
+        helper = 424242
+        for a, b, tid, pid in gaps:
+            ev += [{"ph": "X", "cat": "cpu_op", "name": "aten::add", "pid": pid, "tid": tid if where == "main" else helper,
+                    "ts": t, "dur": 20.0, "args": {}} for t in np.arange(a + 200.0, b - 200.0, 500.0).tolist()]
+        if where == "helper":
+            k0 = next(e for e in ev if e.get("ph") == "X" and e.get("cat") == "kernel")
+            r0 = next(e for e in ev if e.get("cat") == "cuda_runtime" and e.get("name") == "cudaLaunchKernel")
+            t = min(e["ts"] for e in ev if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")) + 50
+            ev += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "pid": r0["pid"], "tid": helper, "ts": t,
+                    "dur": 8.0, "args": {"correlation": 10 ** 9 + 7, "external id": 0}},
+                   {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pinned)", "pid": k0["pid"],
+                    "tid": k0["tid"], "ts": t + 10.0, "dur": 3.0, "args": {**k0["args"], "correlation": 10 ** 9 + 7}}]
+        assert gaps
+
+    added = _stall_case(tmp_path, mutate)
+    f = diagnose(sorted(tmp_path.glob("*.json.gz")), workers=1).problems[0]
+    assert f.rule == "late_rank" and f.ranks == (1,) and f.evidence["reason"] == "host_stall"
+    assert 0.5 <= f.cost_us_per_step / added <= 2.0
+
+
+def test_a_trace_with_thread_names_keeps_its_stall(tmp_path):
+    """The Chrome trace format allows a string tid: the one-GPU CNN with ~20 ms of json.dumps per step, every CPU
+    event's tid written as "thread <n>". The short ops are then kept as one unknown thread's; its host model is built
+    as for numeric tids, and host_stall is first at the same cost."""
+    import gzip
+    import json
+
+    from kit.doctor import diagnose
+
+    case = CASE.parents[1] / "corpus" / "cnn-host_stall"
+    want = diagnose(sorted(case.glob("*.json.gz")), workers=1).problems[0]
+    for p in case.glob("*.json.gz"):
+        j = json.loads(gzip.decompress(p.read_bytes()))
+        for e in j["traceEvents"]:
+            if e.get("cat") in ("cpu_op", "cuda_runtime", "cuda_driver", "user_annotation", "python_function",
+                                "overhead") and isinstance(e.get("tid"), int):
+                e["tid"] = f"thread {e['tid']}"
+        (tmp_path / p.name).write_bytes(gzip.compress(json.dumps(j).encode(), 1))
+    t = traces.load_trace(next(tmp_path.glob("*.json.gz")))
+    assert t.info.short_ops and np.isnan(t.short_threads[2]).all() and not len(t.short_spans_of(["thread 441"])[0])
+    got = diagnose(sorted(tmp_path.glob("*.json.gz")), workers=1).problems[0]
+    assert got.rule == want.rule == "host_stall" and got.cost_us_per_step == want.cost_us_per_step

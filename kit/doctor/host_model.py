@@ -17,9 +17,9 @@ view of the host that the step accounting (:mod:`kit.doctor.accounting`), the ho
   (:mod:`kit.doctor.overhead` adds it to the profiler's estimated host time);
 * ``stall``     -- a stretch of at least :data:`STALL_US` in which no thread of the process issued GPU work (a call
   whose GPU activity is in the trace, or one that orders a stream, :data:`kit.doctor.calls.STREAM_ORDER_CALLS`) and
-  the thread was in none of the above, outside every recorded op of its own, the stretches in which an issuing
-  thread ran ops less than :data:`STALL_US` apart (:meth:`kit.traces.Trace.short_spans_of`: the autograd thread
-  running the backward after ``backward()`` handed it over is the rank issuing, not the main thread stalling)
+  the thread was in none of the above, outside every recorded op of its own, the ops that led an issuing thread
+  into a launch, at most :data:`STALL_US` of them (:func:`_leading_ops`: the autograd thread's first op of the backward
+  after ``backward()`` handed it over is the rank issuing, not the main thread stalling)
   and the framework's dispatch before the first launch
   of PyTorch's own regions of issuing code (:func:`_dispatch`), itself at least that long (on a CPU-only job: without any recorded op);
 * ``issue``     -- the host issuing GPU work or running ops (a recorded event, or a gap between them shorter than
@@ -247,7 +247,10 @@ def _gpu_model(view: "RankView") -> HostModel | None:
     calls = runtime_calls(view)
     threads = tuple(pd.unique(g["tid"].dropna()))
     main = _main_tid(cpu, g)
-    issuing = calls[calls["issues"] | calls["base"].isin(STREAM_ORDER_CALLS)]  # what breaks a stall (below)
+    # what breaks a stall (below): a call whose GPU activity is in the trace (any thread's), or one of the issuing
+    # threads' calls that order their streams
+    issuing = calls[calls["issues"] | (calls["base"].isin(STREAM_ORDER_CALLS) & calls["tid"].isin(threads))]
+    lead = _leading_ops(view.trace, calls[calls["issues"]], threads)
     prof = _profiler_spans(cpu)
     sets: dict = {}
     for t in dict.fromkeys(threads + ((main,) if main is not None else ())):
@@ -269,16 +272,14 @@ def _gpu_model(view: "RankView") -> HostModel | None:
                           np.concatenate([[lo, hi + 1e-3]] + [np.maximum(x["end"].to_numpy(dtype=float),
                                                                          x["ts"].to_numpy(dtype=float) + 1e-3)
                                                               for x in act]))
-        # (and outside the dispatch of PyTorch's own regions of issuing code, :func:`_dispatch`, and the stretches in
-        # which an issuing thread ran ops less than STALL_US apart -- the trace layer's per-thread spans of the short
-        # ops the frame leaves out: that thread working, the autograd thread taking over the backward while this one
-        # waits in backward(), the main thread resuming after it; another thread's long op alone is not: nothing
-        # inside it shows that thread working, on a contended core it was preempted); what is left must
+        # (and outside the dispatch of PyTorch's own regions of issuing code, :func:`_dispatch`, and the ops that led
+        # an issuing thread into a launch, :func:`_leading_ops`: the autograd thread taking over the backward while
+        # this one waits in backward()); what is left must
         # itself be a stretch of STALL_US: a shorter rest between them is the host's per-op cost, not a stall
         da, db = _dispatch(ann[_starts(ann["name"], FRAMEWORK_REGIONS)], mine[mine["issues"]])
-        oa, ob = view.trace.short_spans_of(dict.fromkeys(threads + (t,)))
-        stall = subtract(gaps_between(ca, cb, STALL_US), union_np(np.r_[ops["ts"].to_numpy(dtype=float), da, oa],
-                                                                    np.r_[ops["end"].to_numpy(dtype=float), db, ob]))
+        stall = subtract(gaps_between(ca, cb, STALL_US),
+                         union_np(np.r_[ops["ts"].to_numpy(dtype=float), da, lead[0]],
+                                  np.r_[ops["end"].to_numpy(dtype=float), db, lead[1]]))
         rec = pd.concat([mine[["ts", "end"]], ops[["ts", "end"]],
                          ann.loc[~_starts(ann["name"], STEP_PREFIX), ["ts", "end"]]])
         ra, rb = union_np(np.r_[lo - 1e-3, rec["ts"].to_numpy(dtype=float), hi],
@@ -299,6 +300,28 @@ def _gpu_model(view: "RankView") -> HostModel | None:
     gpu = {"busy": union_np(g["ts"], g["end"]), "comm": union_np(g.loc[nccl, "ts"], g.loc[nccl, "end"]),
            "kernels": union_np(g.loc[kern & ~nccl, "ts"], g.loc[kern & ~nccl, "end"])}
     return _finish(view, "gpu", win, main, threads, calls, sets, default="issue", gpu=gpu)
+
+
+def _leading_ops(trace, launches: "pd.DataFrame", threads: tuple) -> "tuple[np.ndarray, np.ndarray]":
+    """The ops that led each issuing thread into each of its launches, as sorted disjoint spans: from where its run of
+    short ops (:meth:`kit.traces.Trace.short_spans_of`: the ops the frame leaves out, less than :data:`STALL_US`
+    apart) around the launch began, at most :data:`STALL_US` before it, to the launch -- the launch's dispatch (the
+    autograd thread's first op of a backward, which issues its first kernel). Issuing, not a stall, on every thread
+    (the main thread waits in ``backward()`` meanwhile); no longer than :data:`STALL_US`: no single op's dispatch takes
+    that long, so ops running longer without a launch (CPU tensor work in the user's code) stay a stall."""
+    import numpy as np
+
+    parts = []
+    for u in threads:
+        a, b = trace.short_spans_of([u])
+        lt = np.sort(launches.loc[launches["tid"] == u, "ts"].to_numpy(dtype=float))
+        if not len(a) or not len(lt):
+            continue
+        i = np.searchsorted(a, lt, side="right") - 1
+        ok = (i >= 0) & (lt <= b[np.clip(i, 0, None)])
+        parts.append((np.maximum(a[np.clip(i, 0, None)], lt - STALL_US)[ok], lt[ok]))
+    return union_np(np.concatenate([p[0] for p in parts]) if parts else [],
+                    np.concatenate([p[1] for p in parts]) if parts else [])
 
 
 def _profiler_spans(cpu: "pd.DataFrame") -> "tuple[np.ndarray, np.ndarray]":

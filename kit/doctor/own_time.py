@@ -35,9 +35,6 @@ core taken away inside the framework's own code, which a stall in the user's cod
 (:mod:`kit.doctor.contended`)"""
 OWN_GPU = "gpu_compute_us"
 """a rank's own GPU time: busy outside the collectives"""
-DATA_WAIT = "own_data_wait_us"
-"""the part of :data:`OWN_HOST` a rank's main thread spent waiting for its DataLoader (kind ``data_wait``: whether
-one rank's input is slower than the others', or every rank's alike, the job's -- ``input_bound``)"""
 MIN_OWN_EXCESS_SHARE = 0.05
 """a late rank's own excess must reach this share of the step"""
 MIN_QUIET_SHARE = 0.10
@@ -96,8 +93,7 @@ def steady(host_steps: dict) -> dict:
 def own_excess(host_steps: dict, late: int, step_us: float | None, gpu_us: dict | None = None,
                overhead=None, kinds: tuple[str, ...] = ("host", "gpu")) -> dict | None:
     """Does rank ``late`` have time of its own -- :data:`OWN_HOST`, or GPU compute (``gpu_us``: rank -> its compute
-    kernels' time per step, overlapping a collective or not; else :data:`OWN_GPU`), or (kind ``data_wait``, asked
-    alone) its DataLoader waits (:data:`DATA_WAIT`) -- beyond every other rank's by more
+    kernels' time per step, overlapping a collective or not; else :data:`OWN_GPU`) -- beyond every other rank's by more
     than their spread, :data:`MIN_OWN_EXCESS_SHARE` of the step and (host) :data:`PROFILER_NOISE` of the profiler's
     overhead on its step (``overhead``: its :class:`kit.doctor.overhead.ProfilerOverhead` or None)? ``confirmed``,
     ``excess_us`` (per step, beyond the next slowest), ``kind`` (of ``kinds``), ``by`` (the kind or ``quiet``),
@@ -117,8 +113,6 @@ def own_excess(host_steps: dict, late: int, step_us: float | None, gpu_us: dict 
         per[r] = {k: st[k] for k in ("host_us", "gpu_us", "host_spread_us", "gpu_spread_us")}
         if QUIET in ps:
             per[r].update(_stats("quiet", ps[QUIET]))
-        if "data_wait" in kinds:
-            per[r].update(_stats("data_wait", ps[DATA_WAIT]))
         for col in (STALL_LONGEST, QUIET_IN_OPS):
             if col in ps:
                 per[r][col] = _stats("s", ps[col])["s_us"]

@@ -195,19 +195,18 @@ class Trace:
     def __init__(self, path: Path | None, gpu: "pd.DataFrame | Columns", cpu: "pd.DataFrame | Columns",
                  info: TraceInfo, adapter: str, header: dict | None = None, events: list[dict] | None = None,
                  warnings: Iterable[str] = (),
-                 short_spans: "tuple[np.ndarray, np.ndarray, np.ndarray] | None" = None):
+                 short_threads: "tuple[np.ndarray, np.ndarray, np.ndarray] | None" = None):
         import numpy as np
 
         from .intervals import union_np
 
         self.path, self.info, self.adapter = path, info, adapter
         self.short_threads: tuple[np.ndarray, np.ndarray, np.ndarray] = tuple(  # type: ignore[assignment]
-            np.asarray(x, dtype=float) for x in (short_spans or ((), (), ())))
+            np.asarray(x, dtype=float) for x in (short_threads or ((), (), ())))
         """where each thread ran the ops the default frame left out (:attr:`TraceInfo.short_ops`): ``(start, end,
         tid)``, one row per stretch of one thread's short ops less than :data:`LONG_CPU_OP_US` apart
-        (:func:`short_threads`; a tid that is not a number: NaN). A thread whose ops come that close is busy in the
-        sense a stall (:data:`kit.traces.gaps.DEFAULT_STALL_US`) is not: the host model reads whether another
-        issuing thread was running ops (:meth:`short_spans_of`)"""
+        (:func:`short_threads`; a tid that is not a number: NaN, one unknown thread). The host model reads which ops
+        led a thread into its launches (:meth:`short_spans_of`)"""
         self.short_spans = union_np(*self.short_threads[:2], LONG_CPU_OP_US)
         """where the ops the default frame left out ran on any thread, merged where less than :data:`LONG_CPU_OP_US`
         apart: those ops being shorter, a stretch that long or longer holds none of their ends exactly where it lies
@@ -226,7 +225,8 @@ class Trace:
         from .intervals import union_np
 
         a, b, t = self.short_threads
-        m = np.isin(t, np.asarray(list(tids), dtype=float)) if len(t) else np.zeros(0, dtype=bool)
+        want = [float(x) for x in tids if _numeric(x)]  # the short ops of a thread named otherwise are not kept apart
+        m = np.isin(t, np.asarray(want, dtype=float)) if len(t) and want else np.zeros(len(t), dtype=bool)
         return union_np(a[m], b[m])
 
     def _frame(self, which: str) -> "pd.DataFrame":
@@ -361,7 +361,7 @@ def _cached_trace(path: Path, gpu: Columns, cpu: Columns, meta: dict[str, Any]) 
     return Trace(path=path, gpu=gpu, cpu=cpu, info=trace_info(header, ad, int(meta.get("events") or 0),
                                                              int(meta.get("short_ops") or 0)),
                  adapter=ad.name, header=header, warnings=meta.get("warnings") or (),
-                 short_spans=meta.get("short_threads") or None)
+                 short_threads=meta.get("short_threads") or None)
 
 
 def keep_predicate(cpu: CpuMode = "default") -> Callable[[dict], bool]:
@@ -488,10 +488,9 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
                 left = [e for e, k in zip(cand, kept) if not k]
                 # no ts: NaN, dropped; no dur: an instant; the thread as a number (a non-numeric tid: NaN, one thread)
                 tids = [e.tid for e in left]
-                try:
-                    tid = np.array(tids, dtype=float)
-                except (TypeError, ValueError):
-                    tid = np.array([t if isinstance(t, (int, float)) else np.nan for t in tids], dtype=float)
+                tid = np.array(tids)
+                tid = (tid.astype(float) if tid.dtype.kind in "iuf" else
+                       np.array([t if _numeric(t) else np.nan for t in tids], dtype=float))
                 short = np.array([[e.ts for e in left], [e.dur or 0.0 for e in left], tid], dtype=float).reshape(3, -1)
         a = add(cc, c_ev, c_names, False)
         cc["pid"] += [e.pid for e in c_ev]
@@ -520,7 +519,15 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
     (gpu_cols, cpu_cols), warnings = _valid(concat(g_parts), cpu_cols, name, windows)
     info = trace_info(header, ad, seen if n_events is None else n_events, len(ts))
     return Trace(path=path, gpu=gpu_cols, cpu=cpu_cols, info=info, adapter=ad.name, header=header, warnings=warnings,
-                 short_spans=spans)
+                 short_threads=spans)
+
+
+def _numeric(x) -> bool:
+    """Whether a tid is a number (Kineto's are; the Chrome trace format allows strings: such a thread's short ops are
+    kept as one unknown thread's, NaN)."""
+    import numbers
+
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and x == x
 
 
 def short_threads(a, b, tid) -> "tuple[np.ndarray, np.ndarray, np.ndarray]":
@@ -534,8 +541,9 @@ def short_threads(a, b, tid) -> "tuple[np.ndarray, np.ndarray, np.ndarray]":
 
     a, b, tid = (np.asarray(x, dtype=float) for x in (a, b, tid))
     out = [np.empty((3, 0))]
-    for t in np.unique(tid):
-        m = np.isnan(tid) if np.isnan(t) else tid == t
+    unknown = np.isnan(tid)
+    for t in [*np.unique(tid[~unknown]), *([np.nan] if unknown.any() else [])]:
+        m = unknown if np.isnan(t) else tid == t
         sa, sb = union_np(a[m], b[m], LONG_CPU_OP_US)
         out.append(np.array([sa, sb, np.full(sa.shape, t)]))
     sa, sb, st = np.concatenate(out, axis=1)
