@@ -839,8 +839,12 @@ def _run_pair(pair: str, rank: int, world: int, root: Path, warm: int, n: int, a
     job = MultiJob(arms[1], dev, rank, world, arms=tuple(arms))
     timing = time_interleaved(job, arms, warm, n, alternations)
     dist.barrier()
+    paces = {}
     for c in arms:
         job.arm(c)
+        if c["profiler"] == "json_handler":  # held out: how fast each rank's host runs plain Python just now
+            paces[c["name"]] = [None] * world
+            dist.all_gather_object(paces[c["name"]], host_pace())
         profile_steps(job, c, root / c["name"])
         dist.barrier()
     timings = [None] * world
@@ -853,6 +857,8 @@ def _run_pair(pair: str, rank: int, world: int, root: Path, warm: int, n: int, a
                               settle=getattr(job, "settle", 1))
         if after_rounds:
             after_tracing(truths, arms, afters)
+        for name, pace in paces.items():
+            truths[name]["host_pace_before_trace_us"] = pace
         for name, truth in truths.items():
             truth["wall_s"] = round(time.time() - t0, 1)
             _added(truth, root)
@@ -865,6 +871,19 @@ def _run_pair(pair: str, rank: int, world: int, root: Path, warm: int, n: int, a
             print(f"{name:32s} {s['median'] / 1e3:8.2f} ms (p10 {s['p10'] / 1e3:.2f} p90 {s['p90'] / 1e3:.2f})"
                   f"{added}  [{truth['wall_s']} s]", flush=True)
     job.close()
+
+
+def host_pace(loops: int = 200_000, repeat: int = 7) -> dict:
+    """A fixed pure-Python loop timed on this rank's main thread (``repeat`` times): its median and range in
+    microseconds. The ranks' unprofiled step times are equal by construction (they wait for each other at the
+    all-reduce), so they cannot show one host running slower than another; this can, just before a trace."""
+    ts = []
+    for _ in range(repeat):
+        t, x = time.perf_counter(), 0
+        for i in range(loops):
+            x += i
+        ts.append((time.perf_counter() - t) * 1e6)
+    return {"median": round(statistics.median(ts), 1), "min": round(min(ts), 1), "max": round(max(ts), 1)}
 
 
 def after_tracing(truths: dict, arms: list[dict], afters: list[dict]) -> None:
