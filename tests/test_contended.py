@@ -72,3 +72,19 @@ def test_quiet_only_between_ops_is_a_stall_not_a_contended_core():
     assert _gain(in_ops=0.0) is None
     assert _gain(in_ops=3_000.0) is None
     assert _gain(in_ops=3_100.0) is not None
+
+
+def test_the_quiet_share_counts_every_steps_slices():
+    """Three steps of 30 ms whose quiet time (the core taken in whole 4 ms ticks) is 12, 4 and 8 ms of 24, 16 and 24 ms
+    of own host (rank 0: none): the share is 24 / 64 over the steps, not the median step's 8 / 24 -- a median keeps one
+    step's draw of the slices. Where another rank has quiet time in a step, its own is taken off that step's."""
+    from kit.doctor.contended import quiet_share
+
+    def frames(q0):
+        return {0: pd.DataFrame({"step": [3, 4, 5], "own_host_us": [14_000.0] * 3, "own_quiet_us": q0}),
+                1: pd.DataFrame({"step": [3, 4, 5], "own_host_us": [24_000.0, 16_000.0, 24_000.0],
+                                 "own_quiet_us": [12_000.0, 4_000.0, 8_000.0]})}
+
+    assert quiet_share(frames([0.0] * 3), 1) == pytest.approx(24 / 64)
+    assert quiet_share(frames([0.0, 4_000.0, 0.0]), 1) == pytest.approx(20 / 64)
+    assert quiet_share({1: frames([0.0] * 3)[1]}, 1) is None

@@ -6,8 +6,8 @@ whose host loses its core to other work (another process on its cores, a busy lo
 A contended host runs everything it does more slowly by one factor: the core is taken away from it for a share
 ``q`` of its time, so each microsecond of its own work takes ``1 / (1 - q)`` -- its ops and the profiler's own
 time on them alike (the profiler's per-op cost is paid on the same core). The trace shows ``q``: the rank's quiet
-time beyond every other rank's over its own host time (quiet: no event begins or ends on any of its threads for 1 ms
-or more -- the core was elsewhere). The same code's host time without the profiler is the other ranks' traced own
+time beyond every other rank's over its own host time, summed over the traced steps (quiet: no event begins or ends
+on any of its threads for 1 ms or more -- the core was elsewhere; :func:`quiet_share`). The same code's host time without the profiler is the other ranks' traced own
 host time less the profiler's own time on their ops (:attr:`kit.doctor.overhead.ProfilerOverhead.host_us`, the
 estimate already made for each rank); the slowest of them sets the job's pace were the contended rank as fast. The
 contended rank's host then takes that times the stretch, and the job's step is the larger of its host and the
@@ -23,13 +23,41 @@ all-reduce), so the other ranks' measured host is not their own work and the mea
 
 from __future__ import annotations
 
-from .own_time import QUIET_IN_OPS, STALL_LONGEST
+from .own_time import OWN_HOST, QUIET, QUIET_IN_OPS, STALL_LONGEST
 
-def contended_gain(own: dict, late: int, overhead: dict | None, own_work: dict) -> dict | None:
+def quiet_share(host_steps: dict, late: int) -> float | None:
+    """Rank ``late``'s quiet share of its own host time over every traced step the ranks share: the sum of its quiet
+    time (:data:`kit.doctor.own_time.QUIET`) less, step by step, the largest other rank's, over the sum of its own host
+    time (:data:`kit.doctor.own_time.OWN_HOST`); ``host_steps``: :func:`kit.doctor.own_time.steady`'s frames. A ratio of
+    sums, not of medians: a contended core is taken in whole scheduler ticks, a step holds a few of them, and the median
+    step keeps one step's draw of them (FINDINGS.md, "A CPU-contended rank"). None where the ranks share no step or
+    lack the readings."""
+    import pandas as pd
+
+    mine = host_steps.get(late)
+    if mine is None or mine.empty or QUIET not in mine or OWN_HOST not in mine:
+        return None
+    others = [ps.drop_duplicates("step").set_index("step")[QUIET] for r, ps in host_steps.items()
+              if r != late and ps is not None and QUIET in ps]
+    if not others:
+        return None
+    m = mine.drop_duplicates("step").set_index("step")
+    theirs = pd.concat(others, axis=1).dropna().max(axis=1)
+    steps = m.index.intersection(theirs.index)
+    host = float(m.loc[steps, OWN_HOST].sum())
+    if not len(steps) or host <= 0:
+        return None
+    return (float(m.loc[steps, QUIET].sum()) - float(theirs.loc[steps].sum())) / host
+
+
+def contended_gain(own: dict, late: int, overhead: dict | None, own_work: dict,
+                   host_steps: dict | None = None) -> dict | None:
     """The model (module docstring) for rank ``late``: ``own`` is :func:`kit.doctor.own_time.own_excess`'s result
     (its per-rank medians of own host and quiet time, its ``quiet`` excess, which must be confirmed), ``overhead``
     rank -> :class:`kit.doctor.overhead.ProfilerOverhead` (each rank's own, for netting its own host), ``own_work``
-    rank -> GPU work of its own per step (:func:`kit.doctor.overhead.own_work`). Returns the gain per step and the
+    rank -> GPU work of its own per step (:func:`kit.doctor.overhead.own_work`), ``host_steps`` the ranks' steady
+    per-step frames (``q`` from them, :func:`quiet_share`; without them the medians' quiet excess over the median own
+    host). Returns the gain per step and the
     readings (``q``, ``stretch``, per other rank its host net of the profiler, ``U``, ``U_late``, ``G``), or None
     where the quiet excess is not confirmed, is one stall, or a reading is missing.
 
@@ -57,7 +85,9 @@ def contended_gain(own: dict, late: int, overhead: dict | None, own_work: dict) 
                                             default=0.0)
     if ops <= quiet["floor_us"]:
         return None  # no quiet inside the framework's ops beyond the others': between ops, a stall's
-    q = quiet["excess_us"] / mine["host_us"]
+    q = quiet_share(host_steps, late) if host_steps else None
+    if q is None:
+        q = quiet["excess_us"] / mine["host_us"]
     if not 0 < q < 1:
         return None
     net = {}

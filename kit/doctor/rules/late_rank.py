@@ -374,7 +374,7 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     # a contended host (its quiet time spread over the step): the contended-host model, not the traced excess (which
     # holds the stretched profiler's time) nor kit.capture's measured excess (every rank's drained step holds its waits
     # for the late one at the collectives: the others' measured host is not their own work, FINDINGS.md)
-    model = contended_gain(own, late, ctx.overhead, own_work(hs, ctx.comm_waits())) if by_host else None
+    model = contended_gain(own, late, ctx.overhead, own_work(hs, ctx.comm_waits()), hs) if by_host else None
     if model is not None:
         gain, basis = model["gain_us"], "contended_host"
     elif measured_ok and measured < gain and not (own.get("quiet") or {}).get("confirmed"):  # (measured_excess)
