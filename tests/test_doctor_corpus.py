@@ -32,15 +32,15 @@ CNN_CONTENDED_MISS = ("late_rank [1] is first, for its host, at the contended-ho
                       "form nor the profiler: in s10r1 (schedstat per step, 2x H200) the loop's share of the core is the same "
                       "unprofiled (0.43-0.46) and traced (0.36-0.51 per step), a host waiting for its GPU spins (it stays "
                       "runnable), and the rank's own work stretched by the unprofiled share gives 0.77-1.13x of two CNN "
-                      "pairs' added time; the same configuration added +9.69 (s9r2), +5.88 and +6.16 ms (s10r1), of which "
-                      "5.43 is 0.56-0.92x (FINDINGS.md, A CPU-contended rank)")
+                      "pairs' added time; the same configuration added +9.69 (s9r2), +5.88, +6.16 (s10r1) and +9.20 ms "
+                      "(s10r2), of which 5.43 is 0.56-0.92x (FINDINGS.md, A CPU-contended rank)")
 RANK0_CONTENDED_MISS = ("held out (rank 0 contended): late_rank [0] is first, for its host, at the model's 11.21 ms, 4.21x "
                         "of +2.66 ms (rounds +0.44..+6.80; its 2 traced steps 2.75x): its one traced step's quiet share "
                         "(0.55: two 8 ms slices) and the other rank's host net of the profiler (9.22 ms) both lie high in "
                         "their spread -- in s10r1's repeats of this configuration (schedstat per step) the loop took "
                         "0.28-0.56 of the core per traced step but 0.43-0.45 unprofiled, and the other rank's net host read "
-                        "1.26-1.59x the contended rank's own unprofiled work -- and its added time is the lowest of five "
-                        "recordings (+8.51, +5.23 s9r2; +4.51, +3.29 s10r1, H200), of which 11.21 ms is 1.3-3.4x "
+                        "1.26-1.59x the contended rank's own unprofiled work -- and its added time is the lowest of six "
+                        "recordings (+8.51, +5.23 s9r2; +4.51, +3.29, +10.42 s10r1-2, H200), of which 11.21 ms is 1.1-3.4x "
                         "(FINDINGS.md, A CPU-contended rank)")
 FIRST_MISSES: dict[str, str] = {
     # case: why the top finding is not the planted fault, or its cost not 0.5-2x the added time, today
