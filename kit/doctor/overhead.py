@@ -8,7 +8,7 @@ host's share of every traced step grows. :func:`overhead` gives one rank's :clas
 * **measured**: the trace's ``kitCapture`` header (or its sidecar) holds ``unprofiled_step_us`` -- every sample
   of the steps :mod:`kit.capture` timed without the profiler just before the recorded window; the unprofiled
   step is their median, the overhead is the traced step (median of the rank's step windows, the host model's
-  ``dur``) minus it.
+  ``dur``) minus it -- where the samples can carry it (:func:`unmeasurable`: else estimated, and ``note`` says why).
 * **estimated**: recorded host events per step (CUDA runtime/driver calls; ``aten::`` ops -- every op where the
   frame holds every op, else the ops it kept plus the short ones the trace layer counted) x a per-event cost, plus
   the profiler's own time the trace shows (the host model's ``profiler`` kind: CUPTI's buffer requests and
@@ -49,6 +49,9 @@ TABLES = Path(__file__).resolve().parents[2] / "recorded" / "profiler_overhead"
 ESTIMATE_RANGE = 2.0
 """an estimated overhead is within about this factor either way of the profiler's true cost (the per-op cost of
 one host and job against another's: the module's docstring, FINDINGS.md)"""
+MEDIAN_Z = 2.0
+"""how many standard errors either side of kit.capture's median unprofiled step it may lie (about 95%):
+:func:`unmeasurable`"""
 LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
 """the calls that launch one kernel: their median traced length in a rank's steps is the host's speed under the
 profiler as the trace shows it (:func:`pick_scaled`)"""
@@ -83,6 +86,9 @@ class ProfilerOverhead:
     """the part of the overhead recorded inside the DataLoader's waits (where they leave the GPU idle): the overhead
     spread evenly over the recorded ops of the steps, the share of the ops recorded inside the waits
     (:func:`data_wait_share`); a loader fed by worker processes records none of its work there"""
+    note: str | None = None
+    """why an overhead is not on the basis the trace offers (kit.capture's unprofiled steps too spread to measure it:
+    :func:`unmeasurable`); None where it is"""
 
     @property
     def share(self) -> float | None:
@@ -118,7 +124,8 @@ class ProfilerOverhead:
 
     def as_dict(self) -> dict[str, Any]:
         return {"traced_step_us": _r(self.traced_step_us), "unprofiled_step_us": _r(self.unprofiled_step_us),
-                "profiler_overhead_us": _r(self.overhead_us), "basis": self.basis, "how": self.how}
+                "profiler_overhead_us": _r(self.overhead_us), "basis": self.basis, "how": self.how,
+                **({"basis_note": self.note} if self.note else {})}
 
 
 def _r(x):
@@ -408,7 +415,8 @@ def _overhead(view: "RankView", capture: dict | None, cpu_all, root) -> Profiler
     traced = float(ps["dur"].median())
     samples = [float(s) for s in (capture or {}).get("unprofiled_step_us") or [] if s is not None]
     p = _priced(view, ps, capture, root)
-    if samples:
+    why = unmeasurable(samples, traced, p["host_us"]) if samples and p is not None else None
+    if samples and why is None:
         unprof = statistics.median(samples)
         q = statistics.quantiles(samples, n=10, method="inclusive") if len(samples) > 1 else [unprof, unprof]
         return ProfilerOverhead(traced, unprof, max(0.0, traced - unprof), "measured",
@@ -451,9 +459,42 @@ def _overhead(view: "RankView", capture: dict | None, cpu_all, root) -> Profiler
            + (f" (another host's table: this trace's GPU is {device or 'not named'}; the per-op cost differs between "
               f"hosts and jobs, about {ESTIMATE_RANGE:g}x either way)" if gpu and not scaled
               and table["machine"].get("device") != device else "")
-           + (f"; the step cannot be shorter than the GPU's own work (outside collectives), {busy:.0f} us" if unprof == busy and gpu else ""))
+           + (f"; the step cannot be shorter than the GPU's own work (outside collectives), {busy:.0f} us" if unprof == busy and gpu else "")
+           + (f"; {why}" if why else ""))
     return ProfilerOverhead(traced, unprof, traced - unprof, "estimated", how, host_us=host_us, exposed_us=exposed,
-                            launch_us=_launch(p))
+                            launch_us=_launch(p), note=why)
+
+
+def median_error(samples: list[float]) -> float:
+    """The standard error of the median of ``samples``: 1.2533 sigma / sqrt(n) (the median's large-sample variance,
+    pi/2 that of the mean, for a normal spread), sigma read robustly as 1.4826 x the median absolute deviation --
+    kit.capture's few unprofiled steps can hold a step-long outlier (a garbage collection after the trace) that a
+    standard deviation would take for the spread. 0 for fewer than two samples (no spread to read)."""
+    if len(samples) < 2:
+        return 0.0
+    med = statistics.median(samples)
+    mad = statistics.median(abs(x - med) for x in samples)
+    return 1.2533 * 1.4826 * mad / len(samples) ** 0.5
+
+
+def unmeasurable(samples: list[float], traced_us: float, host_us: float) -> str | None:
+    """Why kit.capture's unprofiled steps (``samples``) cannot measure the profiler's overhead on a rank whose median
+    traced step is ``traced_us`` and whose recorded events price at ``host_us`` per step; None where they can. The
+    measurement (traced less their median) is within :data:`MEDIAN_Z` standard errors of the median
+    (:func:`median_error`) of the truth; it says nothing where that interval holds both answers it is there to tell
+    apart -- no overhead (0) and the profiler's whole host time (``host_us``): the steps spread more than the overhead
+    they would measure. Then the estimate (within :data:`ESTIMATE_RANGE` either way) is the better reading. A
+    measurement that tells them apart stands, whatever the spread (a contended host's traced step far above its
+    noisy unprofiled ones; a GPU-bound step equal to its steady unprofiled ones)."""
+    err = MEDIAN_Z * median_error(samples)
+    d = traced_us - statistics.median(samples)
+    if not host_us or abs(d) >= err or abs(d - host_us) >= err:
+        return None
+    return (f"kit.capture's {len(samples)} unprofiled steps ({', '.join(f'{x / 1e3:.1f}' for x in samples)} ms) "
+            f"spread too widely to measure the profiler's overhead: traced less their median is {d / 1e3:.2f} ms "
+            f"+- {err / 1e3:.2f} ms ({MEDIAN_Z:g} standard errors of the median), which cannot tell no overhead from "
+            f"the profiler's whole host time ({host_us / 1e3:.2f} ms per step as its recorded events price it); "
+            f"estimated instead")
 
 
 def _launch(p: dict | None) -> float | None:
