@@ -259,9 +259,9 @@ def test_the_held_out_profiler_writes_plain_json_named_without_the_rank(tmp_path
 
 
 def test_the_held_out_tables_are_generated_from_the_committed_doctor_json():
-    """recorded/h100x4/doctor_heldout: its README's tables are what table.py makes of the committed truths and doctor
+    """recorded/h200x4/doctor_heldout: its README's tables are what table.py makes of the committed truths and doctor
     outputs (verdicts.py's row from kit doctor --json, then the pass check)."""
-    d = ROOT / "recorded" / "h100x4" / "doctor_heldout"
+    d = ROOT / "recorded" / "h200x4" / "doctor_heldout"
     if not list(d.glob("*/*/*/truth.json.gz")):
         pytest.skip("no held-out recording committed")
     r = subprocess.run([sys.executable, str(d / "table.py"), "table", str(d)], capture_output=True, text=True,

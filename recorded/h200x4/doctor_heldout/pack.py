@@ -64,7 +64,7 @@ def main(root: Path, max_mb: float, deadline: float) -> None:
                 list(ex.map(_trim, [str(p) for p in case.glob("trainer-*.json")]))
             cut_done.add(case)
             t = json.loads((case / "truth.json").read_text())
-            t["trimmed"] = {"kept_steps": 2, "by": "recorded/h100x4/doctor_heldout/pack.py (trim.py's cut)"}
+            t["trimmed"] = {"kept_steps": 2, "by": "recorded/h200x4/doctor_heldout/pack.py (trim.py's cut)"}
             (case / "truth.json").write_text(json.dumps(t, indent=1) + "\n")
             print(f"cut {case.relative_to(root)} to 2 steps: {packed_mb(root):.1f} MB", flush=True)
         else:

@@ -81,6 +81,6 @@ doc() {  # doc CASE_DIR: $O/doctor/<tag>/<sub>/<case>.json
 export -f doc; export PY O
 find $O -name truth.json -printf '%h\n' | xargs -P $(( $(nproc) / 5 > 1 ? $(nproc) / 5 : 1 )) -I{} bash -c 'doc {}'
 echo "doctor done $(( $(date +%s) - START )) s"
-timeout $(( $(left) + 2 )) $PY recorded/h100x4/doctor_heldout/pack.py $O ${CORP_MAX_MB:-10} $(( END - 4 ))
+timeout $(( $(left) + 2 )) $PY recorded/h200x4/doctor_heldout/pack.py $O ${CORP_MAX_MB:-10} $(( END - 4 ))
 find $O -name "trainer-*.json" -delete
 echo "all done $(( $(date +%s) - START )) s, $(mb) MB"
