@@ -355,10 +355,10 @@ def job_level_input(findings: list[Finding], ctx: JobContext) -> list[Finding]:
         return findings
     on = f.evidence.get("rank", f.ranks[0])
     merged = dataclasses.replace(f, ranks=tuple(sorted(ctx.ranks)), summary=(
-        f"every rank waits for its DataLoader on its training thread every step ({lo / 1e3:.2f}-{hi / 1e3:.2f} ms per "
-        f"step, rank by rank: within {1 / INPUT_ALIKE:g}x of each other, as ranks doing the same input work); it "
-        f"holds up the step on the rank the others wait for (rank {on}), elsewhere it lies inside the wait for that "
-        f"rank: {f.summary}"),
+        f"every rank waits for its DataLoader on its training thread every step; it holds up the step on the rank the "
+        f"others wait for (rank {on}), elsewhere it lies inside the wait for that rank: {f.summary}; the ranks' median "
+        f"waits {lo / 1e3:.2f}-{hi / 1e3:.2f} ms, within {1 / INPUT_ALIKE:g}x of each other, as ranks doing the same "
+        f"input work"),
         evidence={**f.evidence, "job_level": True, "on_path_rank": on, "ranks_seen_input_bound": list(f.ranks),
                   "data_wait_us_per_step": {str(r): round(v, 1) for r, v in sorted(waits.items())}})
     return [merged if x is f else x for x in findings]
