@@ -4,8 +4,9 @@
 where the other ranks do not wait for it: on the ranks that arrive early the wait lies inside their all-reduce's wait
 for the last one (their GPU spins in NCCL through it), and on the last to arrive it is on the step's path. So the slice
 shows on whichever rank is last, while every rank does the same input work on its training thread. Where every rank
-waits for its DataLoader each step, every rank's wait within 2x of the longest
-(:data:`kit.doctor.reconcile.INPUT_ALIKE`), and no rank is late for reasons of its own (no ``late_rank``), the cause
+waits for its DataLoader each step, every rank's wait within 2x of the longest by the median and by the mean over
+the steps (:data:`kit.doctor.reconcile.INPUT_ALIKE`: a straggler whose loader falls behind every few steps is alike
+by the median only), and no rank is late for reasons of its own (no ``late_rank``), the cause
 is the job's: the finding names every rank (``job_level``, as a job-level ``launch_bound``;
 :func:`kit.doctor.reconcile.job_level_input`), with the rank it was on the path of as context, at that rank's cost --
 what the step would save were the loader off the training thread, stated net of the profiler's events inside the
