@@ -47,6 +47,8 @@ warmup=2, active=5)``, shapes, stacks and memory, and an ``on_trace_ready`` of i
 ``trainer-<pid>-<n>.json`` (``--profiler json_handler`` puts any case under it). A *set* in :data:`PAIRS` (a
 control and several faults that toggle in one job) is timed by turns like a pair (ABCD DCBA ...), each fault
 against the one control; where the job's loader has workers, each block settles for the batches they prefetched.
+Later held-out rounds put the corpus's own jobs under that profiler as sets (``cnn_set``, ``gpt_set``) and change its
+settings (:data:`JSON_SETTINGS_ENV`: e.g. stacks without memory, another schedule).
 
 Each case writes ``<out>/<case>/`` with every rank's trace and ``truth.json``: the unprofiled step time of the job
 (per step, the slowest rank's CUDA-event step time; median, p10, p90 and every sample; every rank's samples under
@@ -140,6 +142,22 @@ REC_INPUT_MS = 60.0
 :data:`REC_WORKERS` workers: its loader supplies a batch every ~30 ms, slower than the job's step"""
 JSON_ACTIVE = 5
 """``json_handler``'s active steps (``schedule(wait=1, warmup=2, active=5)``)"""
+JSON_SETTINGS_ENV = "PLANTED_MULTI_JSON"
+"""an environment variable that changes ``json_handler``'s settings for every case (read by the spawned ranks too):
+comma-separated ``key=value`` of ``wait``, ``warmup``, ``active`` (the schedule), ``stack``, ``memory``, ``shapes``
+(0 or 1), e.g. ``memory=0,wait=2,warmup=1,active=4``: another user's settings for a later held-out round; each
+truth.json names the settings in force (``json_settings``)"""
+
+
+def json_settings() -> dict:
+    """``json_handler``'s settings: the defaults, changed by :data:`JSON_SETTINGS_ENV`."""
+    out = {"wait": 1, "warmup": 2, "active": JSON_ACTIVE, "stack": 1, "memory": 1, "shapes": 1}
+    for kv in filter(None, os.environ.get(JSON_SETTINGS_ENV, "").split(",")):
+        k, _, v = kv.partition("=")
+        if k.strip() not in out:
+            raise ValueError(f"{JSON_SETTINGS_ENV}: unknown setting {k!r} (known: {', '.join(out)})")
+        out[k.strip()] = int(v)
+    return out
 MICRO = 4
 """micro-batches per optimizer step in the accumulation cases (each batch/MICRO samples)"""
 FAULT_PARAMS = {
@@ -250,11 +268,14 @@ def _c(model, par, dtype, kind, profiler, control=None, variant=None, fault=None
     profiler = os.environ.get(PROFILER_OVERRIDE) or profiler
     fault = fault or ("none" if kind in ("control", "hostbound", "gpubound", "accum", "deep") else kind)
     env = dict(FAULT_PARAMS.get(variant, {}).get("env", {}))
-    if profiler == "json_handler":  # that user's settings: stacks and memory too
-        held = {"with_stack": True, "profile_memory": True, **held}
+    shapes = True
+    if profiler == "json_handler":  # that user's settings: stacks and memory too (JSON_SETTINGS_ENV changes them)
+        js = json_settings()
+        held = {"with_stack": bool(js["stack"]), "profile_memory": bool(js["memory"]), **held}
+        shapes = bool(js["shapes"])
     return {"name": name, "model": model, "parallel": par, "dtype": dtype, "kind": kind, "fault": fault,
             "variant": variant or kind, "profiler": profiler, "control": control or name, "nccl_env": env,
-            "record_shapes": True, "with_stack": False, "sizes_variant": sizes,
+            "record_shapes": shapes, "with_stack": False, "sizes_variant": sizes,
             **({"extra_gpu_ms": extra_gpu_ms} if extra_gpu_ms else {}), **({"item": True} if item else {}), **held}
 
 
@@ -340,6 +361,9 @@ PAIRS = {
     "rec_input": ("rec-ddp-bf16-control", "rec-ddp-bf16-input_rank"),
     "rec_accum": ("rec-ddp-bf16-accum", "rec-ddp-bf16-accum_no_sync"),
     "fsdp_set": ("gpt-fsdp-bf16-control", "gpt-fsdp-bf16-stall_rank", "gpt-fsdp-bf16-gpu_rank"),
+    # later held-out rounds (session 11): the corpus's own jobs toggled as sets (with ``--profiler json_handler``)
+    "cnn_set": ("cnn-ddp-fp32-control", "cnn-ddp-fp32-stall_rank", "cnn-ddp-fp32-input_rank"),
+    "gpt_set": ("gpt-ddp-bf16-control", "gpt-ddp-bf16-input_rank", "gpt-ddp-bf16-gpu_rank20"),
 }
 """a fault and its control that one job runs by turns (:meth:`MultiJob.arm`), recorded interleaved in one process
 (``--pair``): the fault's added time without what differs between processes and minutes (one recording's host ran
@@ -625,10 +649,11 @@ def _json_handler(job, case: dict, out: Path) -> list[str]:
         prof.export_chrome_trace(str(out / f"trainer-{os.getpid()}-{len(n)}.json"))
         n.append(1)
 
-    with profile(activities=acts, schedule=schedule(wait=1, warmup=2, active=JSON_ACTIVE), on_trace_ready=ready,
-                 record_shapes=case["record_shapes"], with_stack=case["with_stack"],
+    js = json_settings()
+    with profile(activities=acts, schedule=schedule(wait=js["wait"], warmup=js["warmup"], active=js["active"]),
+                 on_trace_ready=ready, record_shapes=case["record_shapes"], with_stack=case["with_stack"],
                  profile_memory=case.get("profile_memory", False)) as prof:
-        for _ in range(3 + JSON_ACTIVE):
+        for _ in range(js["wait"] + js["warmup"] + js["active"]):
             job.step()
             prof.step()
     P._sync(job.dev)
@@ -1002,7 +1027,8 @@ def _truth(case: dict, world: int, device: str, timings: list[dict], params: dic
             "world_size": world, "backend": "nccl" if device == "cuda" else "gloo",
             "step_us_unprofiled": P.summarize(job) | {"per_rank": timings}, "control": case["control"],
             "added_us": None, "fault_params": params, "nccl_env": env,
-            "profiled_steps": JSON_ACTIVE if case["profiler"] == "json_handler" else P.PROFILED_STEPS,
+            "profiled_steps": json_settings()["active"] if case["profiler"] == "json_handler" else P.PROFILED_STEPS,
+            **({"json_settings": json_settings()} if case["profiler"] == "json_handler" else {}),
             "record_shapes": case["record_shapes"], "with_stack": case["with_stack"],
             **{k: case[k] for k in ("held_out", "profile_memory", "workers", "ddp_opts", "input_ms") if k in case},
             "sizes": {**SIZES["cuda" if device == "cuda" else "cpu"][case["model"]],
@@ -1140,7 +1166,8 @@ def main(argv=None) -> int:
         for c in CASES.values():
             c["profiler"] = a.profiler
             if a.profiler == "json_handler":  # as :func:`_c` gives it in the ranks, which read the override
-                c.update(with_stack=True, profile_memory=True)
+                js = json_settings()
+                c.update(with_stack=bool(js["stack"]), profile_memory=bool(js["memory"]), record_shapes=bool(js["shapes"]))
     if a.list:
         for n, c in CASES.items():
             print(f"{n:30s} {c['fault']:14s} {c['variant']:14s} {c['profiler']:12s} control={c['control']}")

@@ -268,3 +268,21 @@ def test_the_held_out_tables_are_generated_from_the_committed_doctor_json():
                        timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() and r.stdout.strip() in (d / "README.md").read_text()
+
+
+def test_the_held_out_profiler_settings_are_changed_by_the_environment(monkeypatch):
+    """PLANTED_MULTI_JSON: another user's json_handler settings (stacks without memory, another schedule) for a later
+    held-out round; the case's flags follow them, an unknown key is refused; the session-11 sets are pairs."""
+    m = _module()
+    assert m.json_settings() == {"wait": 1, "warmup": 2, "active": m.JSON_ACTIVE, "stack": 1, "memory": 1, "shapes": 1}
+    monkeypatch.setenv(m.JSON_SETTINGS_ENV, "memory=0,wait=2,warmup=1,active=4")
+    js = m.json_settings()
+    assert (js["memory"], js["stack"], js["wait"], js["warmup"], js["active"]) == (0, 1, 2, 1, 4)
+    c = m._c("cnn", "ddp", "fp32", "control", "json_handler")
+    assert c["with_stack"] and not c["profile_memory"] and c["record_shapes"]
+    monkeypatch.setenv(m.JSON_SETTINGS_ENV, "mem=0")
+    with pytest.raises(ValueError):
+        m.json_settings()
+    for name in ("cnn_set", "gpt_set"):
+        arms = [m.CASES[x] for x in m.PAIRS[name]]
+        assert arms[0]["fault"] == "none" and all(a["control"] == arms[0]["name"] for a in arms[1:])
