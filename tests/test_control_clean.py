@@ -34,30 +34,25 @@ def _clean(d) -> None:
 def test_a_slow_traced_window_is_not_a_host_stall():
     """The FSDP control's traced steps ran 3.3x its unprofiled ones, rank 0's measured overhead 3.2x what its
     recorded events cost at their price: its 8 ms stretch without a launch (FSDP's post-backward, its event records,
-    stream waits and short ops spaced out up to ~1 ms apart) is that window's slowness, not the job's. What is left of
-    it as traced -- the gaps of 1 ms or more between its stream calls (5.4 ms per step) -- host_stall charges only
-    beyond the measured overhead its events do not explain at twice their price: nothing here; the job's launch_bound
-    first."""
+    stream waits and short ops spaced out up to ~1 ms apart) is that window's slowness, not the job's. Inside FSDP2's
+    post-backward regions it is FSDP's own code issuing (calls.FRAMEWORK_ONLY_REGIONS: 3.1 ms per step); what is left
+    of it as traced -- the gaps of 1 ms or more between its stream calls outside them, the main thread's Python between
+    the backward and the optimizer (2.3 ms per step, 3.0%) -- host_stall charges only beyond the measured overhead its
+    events do not explain at twice their price: nothing here; the job's launch_bound first."""
     d = diagnosed(sorted(SLOW.glob("trace_rank*.json.gz")))
     _clean(d)
     assert "host_stall" not in {f.rule for f in d.problems}
     stall = next(f for f in d.findings if f.rule == "host_stall")
-    assert stall.evidence["cost_traced_us_per_step"] > 0.05 * d.step_us  # as traced it would have been one
+    assert stall.evidence["cost_traced_us_per_step"] > 0.02 * d.step_us  # as traced there is one, under the 5% bar
     assert stall.evidence["slow_window_us_per_step"]["0"] >= stall.evidence["cost_traced_us_per_step"]
     assert d.problems[0].rule == "launch_bound" and set(d.problems[0].ranks) == {0, 1}
 
 
 @pytest.mark.skipif(not SLOW.exists(), reason="case not here")
-@pytest.mark.xfail(strict=True, reason="without kit.capture's header (what a tensorboard_trace_handler user has) the slow "
-                   "window reads as a slow host: host_stall [0] 5.39 ms (7.1% of the traced step; 8.64 ms before its "
-                   "event records and stream waits broke it) and launch_bound 49 ms for the job. What is left are 1-3 ms "
-                   "stretches in which FSDP's post-backward ran only short ops (as_strided) between its stream calls; "
-                   "counting an issuing thread's short ops as issuing would clear it, but then CPU tensor work in a real "
-                   "stall (metrics, torch.save of CPU state) would vanish too (test_host_model: "
-                   "test_cpu_work_without_a_launch_stays_a_stall). Nothing else in the trace tells a slow moment from "
-                   "a host that is always that slow (FINDINGS.md, 'A slow traced window')")
 def test_a_slow_traced_window_without_kit_capture_is_not_a_host_stall(tmp_path):
-    """The same two steps with the ``kitCapture`` header stripped: the right answer is the same as with it."""
+    """The same two steps with the ``kitCapture`` header stripped (what a tensorboard_trace_handler user has; the
+    overhead estimated): the right answer is the same as with it. Was host_stall [0] 5.39 ms (7.1%) while FSDP2's
+    post-backward regions, after their first launch, counted as stalls; now 2.26 ms (3.0%), launch_bound first."""
     import gzip
     import json
 

@@ -17,7 +17,8 @@ view of the host that the step accounting (:mod:`kit.doctor.accounting`), the ho
   (:mod:`kit.doctor.overhead` adds it to the profiler's estimated host time);
 * ``stall``     -- a stretch of at least :data:`STALL_US` in which no thread of the process issued GPU work (a call
   whose GPU activity is in the trace, or one that orders a stream, :data:`kit.doctor.calls.STREAM_ORDER_CALLS`) and
-  the thread was in none of the above, outside every recorded op of its own, the ops that led an issuing thread
+  the thread was in none of the above, outside every recorded op of its own, FSDP2's post-backward regions on any
+  issuing thread (:data:`kit.doctor.calls.FRAMEWORK_ONLY_REGIONS`: FSDP's own code), the ops that led an issuing thread
   into a launch, at most :data:`STALL_US` of them (:func:`_leading_ops`: the autograd thread's first op of the backward
   after ``backward()`` handed it over is the rank issuing, not the main thread stalling)
   and the framework's dispatch before the first launch
@@ -46,8 +47,8 @@ from typing import TYPE_CHECKING, Any
 from ..traces.frames import COMM_OPS
 from ..traces.gaps import DEFAULT_STALL_US
 from ..traces.intervals import cover, gaps_between, partition, subtract, union_np
-from .calls import (ALLOC_CALLS, BLOCKING_COPY_CALLS, DATALOADER, FRAMEWORK_REGIONS, FREE_CALLS, STEP_PREFIX,
-                    STREAM_ORDER_CALLS, SYNC_CALLS, base_name)
+from .calls import (ALLOC_CALLS, BLOCKING_COPY_CALLS, DATALOADER, FRAMEWORK_ONLY_REGIONS, FRAMEWORK_REGIONS,
+                    FREE_CALLS, STEP_PREFIX, STREAM_ORDER_CALLS, SYNC_CALLS, base_name)
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -252,6 +253,7 @@ def _gpu_model(view: "RankView") -> HostModel | None:
     issuing = calls[calls["issues"] | (calls["base"].isin(STREAM_ORDER_CALLS) & calls["tid"].isin(threads))]
     lead = _leading_ops(view.trace, calls[calls["issues"]], threads)
     prof = _profiler_spans(cpu)
+    fsdp = _framework_only(cpu, threads)
     sets: dict = {}
     for t in dict.fromkeys(threads + ((main,) if main is not None else ())):
         mine = calls[calls["tid"] == t]
@@ -272,14 +274,15 @@ def _gpu_model(view: "RankView") -> HostModel | None:
                           np.concatenate([[lo, hi + 1e-3]] + [np.maximum(x["end"].to_numpy(dtype=float),
                                                                          x["ts"].to_numpy(dtype=float) + 1e-3)
                                                               for x in act]))
-        # (and outside the dispatch of PyTorch's own regions of issuing code, :func:`_dispatch`, and the ops that led
-        # an issuing thread into a launch, :func:`_leading_ops`: the autograd thread taking over the backward while
-        # this one waits in backward()); what is left must
+        # (and outside the dispatch of PyTorch's own regions of issuing code, :func:`_dispatch`, the whole of FSDP2's
+        # post-backward regions on any issuing thread, :func:`_framework_only`, and the ops that led an issuing thread
+        # into a launch, :func:`_leading_ops`: the autograd thread taking over the backward while this one waits in
+        # backward()); what is left must
         # itself be a stretch of STALL_US: a shorter rest between them is the host's per-op cost, not a stall
         da, db = _dispatch(ann[_starts(ann["name"], FRAMEWORK_REGIONS)], mine[mine["issues"]])
         stall = subtract(gaps_between(ca, cb, STALL_US),
-                         union_np(np.r_[ops["ts"].to_numpy(dtype=float), da, lead[0]],
-                                  np.r_[ops["end"].to_numpy(dtype=float), db, lead[1]]))
+                         union_np(np.r_[ops["ts"].to_numpy(dtype=float), da, lead[0], fsdp[0]],
+                                  np.r_[ops["end"].to_numpy(dtype=float), db, lead[1], fsdp[1]]))
         rec = pd.concat([mine[["ts", "end"]], ops[["ts", "end"]],
                          ann.loc[~_starts(ann["name"], STEP_PREFIX), ["ts", "end"]]])
         ra, rb = union_np(np.r_[lo - 1e-3, rec["ts"].to_numpy(dtype=float), hi],
@@ -322,6 +325,18 @@ def _leading_ops(trace, launches: "pd.DataFrame", threads: tuple) -> "tuple[np.n
         parts.append((np.maximum(a[np.clip(i, 0, None)], lt - STALL_US)[ok], lt[ok]))
     return union_np(np.concatenate([p[0] for p in parts]) if parts else [],
                     np.concatenate([p[1] for p in parts]) if parts else [])
+
+
+def _framework_only(cpu: "pd.DataFrame", threads: tuple) -> "tuple[np.ndarray, np.ndarray]":
+    """The sorted disjoint spans of the regions that hold only the framework's own code
+    (:data:`kit.doctor.calls.FRAMEWORK_ONLY_REGIONS`: FSDP2's post-backward) on the issuing threads ``threads``:
+    issuing, not a stall, on every thread -- the main thread waits in ``backward()`` while the autograd thread runs
+    them, as for :func:`_leading_ops`."""
+    if cpu.empty:
+        return union_np([], [])
+    r = cpu[(cpu["cat"] == "user_annotation") & cpu["tid"].isin(threads)]
+    r = r[_starts(r["name"], FRAMEWORK_ONLY_REGIONS)]
+    return union_np(r["ts"], r["end"])
 
 
 def _profiler_spans(cpu: "pd.DataFrame") -> "tuple[np.ndarray, np.ndarray]":
