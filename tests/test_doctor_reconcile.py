@@ -82,3 +82,39 @@ def test_a_bursty_input_straggler_is_not_alike_by_its_median_alone():
     assert job.ranks == (0, 1) and job.evidence["job_level"] and job.evidence["on_path_rank"] == 1
     assert job.evidence["data_wait_mean_us_per_step"] == {"0": 612.0, "1": 418.0}
     assert "(means 0.42-0.61)" in job.summary
+
+
+def test_an_input_finding_on_every_rank_whose_waits_differ_names_the_straggler():
+    """input_bound fires on every rank by itself where its slice is 'low' of each rank's step -- as in the s11r1
+    re-recording of the held-out input straggler (2 of 4 H200s, 2-worker loader, not committed: 0.9 MB a rank): rank
+    0's prefetched next() left its GPU idle 0.15 ms per step (0.7%), rank 1 waited 0.21, 0.16, 10.46, 0.13, 5.45 ms
+    (input_bound [0, 1] 'on every rank', job_level, before). Not alike by the mean (INPUT_ALIKE), so it names rank 1,
+    said of it. Here on the committed 2-GPU CNN control's accounts (its input slice fires on both ranks) with those
+    waits per step; with alike waits it stays every rank's."""
+    import kit.doctor.rules  # noqa: F401  (registers the rules)
+    from kit.doctor.context import JobContext
+    from kit.doctor.findings import slice_finding
+    from kit.doctor.rank_phase import rank_summary
+    from kit.doctor.reconcile import job_level_input
+
+    case = Path(__file__).parent / "data" / "doctor" / "corpus-h100x2" / "cnn-ddp-fp32-control"
+    summ = {s.rank: s for s in (rank_summary(p) for p in sorted(case.glob("*.json.gz")))}
+    accounts = sorted((r, s.account) for r, s in summ.items())
+    (f,) = slice_finding("input_bound", ("input",), accounts)
+    assert f.ranks == (0, 1) and f.evidence["job_level"] and "on every rank" in f.summary
+    worst = f.evidence["rank"]
+
+    import pandas as pd
+
+    def ctx(calm, bursty):
+        steps = {r: pd.DataFrame({"step": range(5), "own_data_wait_us": bursty if r == worst else calm}) for r in summ}
+        return JobContext(ranks=(0, 1), step_us=20_000.0, steps=5, host_steps=steps)
+
+    (out,) = job_level_input([f], ctx([220.0, 170.0, 140.0, 140.0, 210.0], [210.0, 160.0, 10_460.0, 130.0, 5_450.0]),
+                             accounts)
+    assert out.ranks == (worst,) and not out.evidence["job_level"] and out.evidence["ranks_seen_input_bound"] == [0, 1]
+    assert out.cost_us_per_step == f.cost_us_per_step and f"on rank {worst} " in out.summary
+    assert "on every rank" not in out.summary and "not the same input work across the ranks" in out.summary
+    (same,) = job_level_input([f], ctx([600.0, 650.0, 590.0, 620.0, 610.0], [420.0, 450.0, 400.0, 430.0, 390.0]),
+                              accounts)
+    assert same is f

@@ -11,7 +11,8 @@ is the job's: the finding names every rank (``job_level``, as a job-level ``laun
 :func:`kit.doctor.reconcile.job_level_input`), with the rank it was on the path of as context, at that rank's cost --
 what the step would save were the loader off the training thread, stated net of the profiler's events inside the
 waits. A rank whose wait does exceed the others' is an input straggler, named by ``late_rank`` (its wait folded into
-it)."""
+it), or by this finding alone: where the slice cost 'low' or more on every rank but the waits are not alike, it names
+the ranks whose mean wait is within 2x of the longest, not every rank."""
 
 from __future__ import annotations
 
