@@ -548,3 +548,48 @@ def test_low_busbw_counts_held_time_shared_by_concurrent_slow_collectives_once()
     low = [{"collective": "all_reduce", "bytes": 10_000_000, "group_size": 2, "reference_busbw_gbps": 100.0}]
     longer, saved, basis = _cost(pd.DataFrame(rows), low, {0: tl, 1: tl})
     assert basis == "held" and longer == pytest.approx(1800) and saved == pytest.approx(900)
+
+
+def test_a_collective_whose_peers_step_was_left_out_is_not_counted_as_its_transfer():
+    """recorded-h200x2-of-4-cpu_rank-first-steps (s11r1, 4x H200, world 2): rank 0's first profiled step (100.8 ms,
+    an 82 ms pause) is left out as start-up, rank 1's (28.1 ms) is kept, so rank 1's four all-reduces of step 3 --
+    the first held 42.7 ms by rank 0 -- are seen on rank 1 only. They are ``unmatched`` (part of a group: transfer
+    not known), not point-to-point: exposed_comm counts only the matched instances' transfer (0.30 ms per step;
+    before, 16.18 ms, rank 1's waiting counted as its transfer), and late_rank still reads the matched ones."""
+    from kit.doctor.job_phase import check_one_job, job_context
+    from kit.doctor.rank_phase import rank_summary
+
+    paths = traces("recorded-h200x2-of-4-cpu_rank-first-steps")
+    summaries, _ = check_one_job([rank_summary(p) for p in paths])
+    ctx = job_context(summaries)
+    assert {int(s.rank): s.comm.steps for s in summaries} == {0: 2, 1: 3}
+    df = ctx.collectives("nccl")
+    lone = df[df["step"] == 3]
+    assert set(lone["rank"]) == {1} and len(lone) == 4
+    assert (lone["ranks_seen"] == 1).all() and lone["part_of_group"].all() and not lone["last"].any()
+    assert lone["dur_us"].max() == pytest.approx(42657.8, abs=1)
+    matched = df[df["step"].isin([4, 5])]
+    assert (matched["ranks_seen"] == 2).all() and not matched["part_of_group"].any()
+    f = finding(run(paths), "exposed_comm")
+    want = float(matched.loc[matched["last"], "exposed_transfer_us"].sum()) / 3
+    assert f is not None and f.cost_us_per_step == pytest.approx(want) and want < 1000
+    assert f.evidence["not_counted_part_of_group_us_per_step"] == pytest.approx(
+        float(lone["exposed_transfer_us"].sum()) / 3, abs=0.1)
+    mine = f.evidence["per_rank"]["1"]  # its transfer: the matched kernels' only; its comm time: every kernel's
+    assert mine["transfer_us_per_step"] < 1000 and mine["comm_us_per_step"] > 15000
+    assert lone["unmatched"].all() and not df["unmatched"].drop(lone.index).any()
+
+
+def test_unmatched_leaves_point_to_point_and_one_rank_collectives_as_they_were():
+    """``unmatched``: a row seen on one rank is unmatched only where another rank given ran the same collective of
+    the same group and size; a send whose peer shows a recv, or a collective no other rank ran, is all there is."""
+    import pandas as pd
+
+    from kit.doctor.collectives import unmatched
+
+    rows = [(0, "0", "send", 1024.0, 1), (1, "0", "recv", 1024.0, 1),           # point-to-point: as before
+            (0, "0", "all_reduce", 4096.0, 1), (1, "0", "all_reduce", 4096.0, 2),  # rank 1's peer row unmatched
+            (0, "0", "all_reduce", 4096.0, 2), (0, "1", "all_gather", 64.0, 1)]   # a group only rank 0 ran
+    df = pd.DataFrame(rows, columns=["rank", "process_group", "collective", "bytes", "ranks_seen"])
+    assert unmatched(df).tolist() == [False, False, True, False, False, False]
+    assert not unmatched(df[df["rank"] == 0]).any()  # one rank given: nothing to match against

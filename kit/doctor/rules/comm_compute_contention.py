@@ -20,8 +20,9 @@ def judge_contention(summaries: list[tuple[int, Timeline]], ctx) -> list[Finding
     if df is None:
         return []
     tl_of = dict(summaries)
-    # transfer-only kernels: the rank that arrived last (its kernel waited for no one), or unmatched kernels
-    pure = df[(df["ranks_seen"] <= 1) | df["last"]].copy()
+    # transfer-only kernels: the rank that arrived last (its kernel waited for no one), or kernels seen on one rank
+    # with nothing else to see (point-to-point, one rank given; not one whose counterparts were not matched: part_of_group)
+    pure = df[((df["ranks_seen"] <= 1) & ~df["part_of_group"]) | df["last"]].copy()
     pure["share"] = pure["overlap_us"] / pure["dur_us"].where(pure["dur_us"] > 0)
     known = pure["bytes"].notna() & (pure["bytes"] > 0)
     if not known.any():  # like with like only: kernels of unknown size may be of any size

@@ -21,20 +21,22 @@ def judge_exposed(summaries, ctx) -> list[Finding] | Skip:
     multi = bool(df["ranks_seen"].max() > 1)
     per_rank = {}
     for rank, tl in summaries:
-        d = df[df["rank"] == rank]
+        mine = df[df["rank"] == rank]
+        d = mine[~mine["unmatched"]]  # transfer not known (kit.doctor.collectives.unmatched): not the rank's transfer
         a, b = kernel_parts(d, "transfer")
         tr, ex = float((b - a).sum()) / n, float(d["exposed_transfer_us"].sum()) / n
-        per_rank[str(rank)] = {"comm_us_per_step": num(d["dur_us"].sum() / n), "transfer_us_per_step": num(tr),
+        per_rank[str(rank)] = {"comm_us_per_step": num(mine["dur_us"].sum() / n), "transfer_us_per_step": num(tr),
                                "exposed_transfer_us_per_step": num(ex),
                                "exposed_wait_us_per_step": num(d["exposed_wait_us"].sum() / n),
                                "hidden_share": num(1 - ex / tr, 3) if tr else None}
     # the job's cost: per collective instance, the exposure on the rank that arrived last (the others were
     # waiting for it anyway); collectives seen on one rank only (point-to-point) count on their own rank
     # an instance seen on 2+ ranks but not on every rank of its group: the rank given that arrived last may have
-    # waited for one not given, so its transfer is not known (kit.doctor.collectives: ``part_of_group``): none counts
+    # waited for one not given, so its transfer is not known (kit.doctor.collectives: ``part_of_group``): none counts;
+    # nor a collective seen on one rank whose counterparts on the other ranks given were not matched (``unmatched``)
     part = df["part_of_group"]
     last = df[df["last"] & ~part]
-    single = df[df["ranks_seen"] <= 1].groupby("rank")["exposed_transfer_us"].sum()
+    single = df[(df["ranks_seen"] <= 1) & ~part].groupby("rank")["exposed_transfer_us"].sum()
     cost = (float(last["exposed_transfer_us"].sum()) + float(single.max() if len(single) else 0.0)) / n
     if cost <= 0:
         return []
@@ -43,8 +45,8 @@ def judge_exposed(summaries, ctx) -> list[Finding] | Skip:
     step_d = d[d["step"] == d["step"].min()] if steps else d
     w = per_rank[str(worst)]
     ev = {"exposed_us_per_step": num(cost), "rank": worst, **w, "per_rank": per_rank, "matched_across_ranks": multi,
-          **({"not_counted_part_of_group_us_per_step": num(float(df[df["last"] & part]["exposed_transfer_us"].sum())
-                                                           / n)} if part.any() else {}),
+          **({"not_counted_part_of_group_us_per_step": num(float(df[(df["last"] | (df["ranks_seen"] <= 1)) & part][
+              "exposed_transfer_us"].sum()) / n)} if part.any() else {}),
           "excerpt": excerpt(worst, float(step_d["start_us"].min()), float(step_d["end_us"].max()))}
     summary = (f"{cost:.0f} us per step of communication ran with no compute beside it on the rank that arrived "
                f"last; rank {worst} hid {100 * (w['hidden_share'] or 0):.0f}% of its "
