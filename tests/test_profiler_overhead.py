@@ -31,8 +31,13 @@ def test_measured_where_kit_capture_timed_the_steps(tmp_path):
         for _ in range(200):
             x.add(1)
 
-    cap = capture.profile_steps(step, steps=20, out_dir=tmp_path, wait=1, warmup=1, active=3)
-    o = ov.overhead(cap.paths[0])
+    for attempt in range(3):  # on a loaded box the 5 samples can be too noisy to carry the overhead
+        # (ov.unmeasurable: then it is estimated and the note says why); tests/test_overhead_basis.py tests that path
+        cap = capture.profile_steps(step, steps=20, out_dir=tmp_path / str(attempt), wait=1, warmup=1, active=3)
+        o = ov.overhead(cap.paths[0])
+        if o.basis == "measured":
+            break
+        assert o.basis == "estimated" and o.note
     samples = capture.capture_info(cap.paths[0])["unprofiled_step_us"]
     assert o.basis == "measured" and len(samples) == 5
     assert o.unprofiled_step_us == pytest.approx(statistics.median(samples))
