@@ -16,7 +16,13 @@ host's share of every traced step grows. :func:`overhead` gives one rank's :clas
   FINDINGS.md), so a GPU trace's ops are priced by the host's speed as the trace shows it: a factor per profiler
   setting (without ``record_shapes``, per kind of job too) x the rank's median kernel launch in its steps
   (:func:`pick_scaled`, ``jobs-launch.json``, fitted and judged held out by ``tests/corpus/overhead_eval.py``);
-  without launches or a row for its settings, by :func:`pick`'s table (which one is stated). An estimate is within
+  without launches or a row for its settings, by :func:`pick`'s table (which one is stated). ``with_stack`` has a
+  row for a multi-process rank with ``record_shapes`` (0.79 against 0.71 without stacks: 10 GPT and CNN DDP jobs on
+  4x H200 whose stacks cost 1.44x the shapes-only overhead, FINDINGS.md "The price of a trace recorded with
+  stacks"); any other trace with stacks takes its settings' row without them, and ``how`` says that is likely low.
+  The settings are the kitCapture header's, else read in the trace -- Python frames and ``[memory]`` events as the
+  trace layer counted them (:class:`kit.traces.TraceInfo`: the default frame keeps neither); ``profile_memory``
+  added nothing measurable on those jobs (0.99x) and is not a setting of the price. An estimate is within
   about 2x either way. The profiler's time is host time, and it lengthens the step only where the GPU waited for
   the host (:func:`_exposed`: between the host's waits for the GPU the step's GPU work is replayed without the
   profiler's time; a step with no such wait saves it up to its GPU's idle time, the host running ahead into the next
@@ -151,15 +157,18 @@ def pick_scaled(gpu: bool, record_shapes: bool, with_stack: bool, root: str = st
                 distributed: bool = False) -> tuple[dict | None, dict | None]:
     """The table and row (``"kind": "jobs-launch"``: ``us_per_op_per_launch_us`` x the rank's median kernel
     launch, :data:`LAUNCH_CALLS`) of a GPU trace's exact settings and, where a row says (``distributed``, as in
-    :func:`pick`), its kind of job; (None, None) without one (:func:`pick` then)."""
+    :func:`pick`), its kind of job; a trace recorded ``with_stack`` whose settings have no stack row, the row of its
+    settings without stacks (a floor: stacks only add events; the caller says so, :func:`_lower_bound`); (None, None)
+    without one (:func:`pick` then)."""
     if not gpu:
         return None, None
-    for t in reversed(tables(root)):
-        if t.get("kind") == "jobs-launch":
-            rows = [r for r in t["settings"] if r["record_shapes"] == record_shapes and r["with_stack"] == with_stack
-                    and r.get("distributed", distributed) == distributed]
-            if rows:
-                return t, rows[0]
+    for stack in ((with_stack, False) if with_stack else (False,)):
+        for t in reversed(tables(root)):
+            if t.get("kind") == "jobs-launch":
+                rows = [r for r in t["settings"] if r["record_shapes"] == record_shapes and r["with_stack"] == stack
+                        and r.get("distributed", distributed) == distributed]
+                if rows:
+                    return t, rows[0]
     return None, None
 
 
@@ -292,8 +301,19 @@ def _settings(view: "RankView", capture: dict | None) -> tuple[bool, bool, str]:
     cpu = view.memo.get("cpu_all")
     cpu = cpu if cpu is not None else view.trace.cpu
     shapes = bool("input_dims" in cpu and cpu["input_dims"].notna().any())
-    stack = bool(name_mask(cpu["cat"], lambda c: c == "python_function").any())
+    # the default frame keeps no Python frame: the trace layer counts them (TraceInfo.python_frames)
+    stack = bool(getattr(view.trace.info, "python_frames", 0)) or bool(
+        name_mask(cpu["cat"], lambda c: c == "python_function").any())
     return shapes, stack, "the trace (record_shapes from Input Dims on its kept ops, with_stack from Python frames)"
+
+
+def _lower_bound(stack: bool, row: dict | None) -> str:
+    """The how's clause for a with_stack trace priced by a row without stacks (:func:`pick_scaled`); '' else."""
+    if not stack or row is None or row.get("with_stack"):
+        return ""
+    return ("; the trace was recorded with_stack, which no fitted row covers for its other settings: priced as "
+            "without stacks, so likely low (Python frames cost 0.5-4 us more per op: "
+            "recorded/h200x2/profiler_overhead/settings)")
 
 
 def overhead(view_or_trace: Any, capture: dict | None = None, *, cpu_all: "pd.DataFrame | None" = None,
@@ -340,7 +360,7 @@ def _priced(view: "RankView", ps: "pd.DataFrame", capture: dict | None, root: st
         c_op, c_rt = max(0.0, float(row["us_per_op"])), max(0.0, float(row["us_per_runtime"]))
     ops, runtime, basis_ops = _counts(ev)
     shown = _shown_us(ps)
-    return {"gpu": gpu, "device": device, "where": where, "table": table, "row": row, "ops": ops,
+    return {"gpu": gpu, "device": device, "where": where, "stack": stack, "table": table, "row": row, "ops": ops,
             "runtime": runtime, "basis_ops": basis_ops, "c_op": c_op, "c_rt": c_rt, "shown": shown,
             "host_us": ops * c_op + runtime * c_rt + shown, "events": ev}
 
@@ -459,6 +479,7 @@ def _overhead(view: "RankView", capture: dict | None, cpu_all, root) -> Profiler
            + (f" (another host's table: this trace's GPU is {device or 'not named'}; the per-op cost differs between "
               f"hosts and jobs, about {ESTIMATE_RANGE:g}x either way)" if gpu and not scaled
               and table["machine"].get("device") != device else "")
+           + (_lower_bound(p["stack"], row) if scaled else "")
            + (f"; the step cannot be shorter than the GPU's own work (outside collectives), {busy:.0f} us" if unprof == busy and gpu else "")
            + (f"; {why}" if why else ""))
     return ProfilerOverhead(traced, unprof, traced - unprof, "estimated", how, host_us=host_us, exposed_us=exposed,

@@ -179,6 +179,13 @@ class TraceInfo:
     """``cpu_op`` events of the file that the default CPU frame left out (shorter than :data:`LONG_CPU_OP_US`, not
     kept by name): counted, not kept -- the profiler's own overhead grows with every op it recorded
     (:mod:`kit.doctor.overhead`); where they ran is :attr:`Trace.short_spans`"""
+    python_frames: int = 0
+    """``python_function`` events of the file (recorded with ``with_stack=True``), counted, not kept: what the
+    profiler recorded sets its own overhead (:mod:`kit.doctor.overhead` reads its settings here). Counted where the
+    whole file was decoded (``cpu="default"`` or ``"all"``), else 0"""
+    memory_events: int = 0
+    """``[memory]`` instant events of the file (recorded with ``profile_memory=True``), counted as
+    :attr:`python_frames`"""
 
 
 CpuMode = Literal["none", "comm", "default", "all"]
@@ -339,6 +346,7 @@ def load_trace(path: str | Path, *, cpu: CpuMode = "default", raw: bool = False,
         t = _build(header, chunks, path=p, adapter=adapter, cpu=cpu, n_events=n_events)
     if use_cache:
         meta = {"header": t.header, "adapter": t.adapter, "events": t.info.events, "short_ops": t.info.short_ops,
+                "python_frames": t.info.python_frames, "memory_events": t.info.memory_events,
                 "short_threads": [x.tolist() for x in t.short_threads], "warnings": list(t.warnings)}
         _cache.write(p, cpu, _parser(adapter), t._frames["gpu"], t._frames["cpu"], meta)
     return t
@@ -359,7 +367,9 @@ def _cached_trace(path: Path, gpu: Columns, cpu: Columns, meta: dict[str, Any]) 
     header = meta.get("header") or {}
     ad = next((a for a in ADAPTERS if a.name == meta.get("adapter")), None) or adapter_for(header)
     return Trace(path=path, gpu=gpu, cpu=cpu, info=trace_info(header, ad, int(meta.get("events") or 0),
-                                                             int(meta.get("short_ops") or 0)),
+                                                             int(meta.get("short_ops") or 0),
+                                                             int(meta.get("python_frames") or 0),
+                                                             int(meta.get("memory_events") or 0)),
                  adapter=ad.name, header=header, warnings=meta.get("warnings") or (),
                  short_threads=meta.get("short_threads") or None)
 
@@ -467,6 +477,10 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
         g: dict[str, list] = {c: [] for c in ("name", "cat", "ts", "dur", "device", "stream", *g_cols)}
         cc: dict[str, list] = {c: [] for c in ("name", "cat", "ts", "dur", "pid", "tid", *c_cols)}
         w = [e for e in events if e.cat == WINDOW_CAT and e.ph == "X" and e.ts is not None and e.dur]
+        if cpu in ("default", "all"):  # the profiler's settings as recorded: Python frames, [memory] instants
+            counts[0] += sum(1 for e in events if e.cat == "python_function")
+            inst = [e for e in events if e.cat == "cpu_instant_event"]
+            counts[1] += sum(1 for n in names(inst) if n == "[memory]") if inst else 0
         wins = [(e.ts, e.ts + e.dur) for e, n in zip(w, names(w)) if n.startswith(WINDOW_NAME)]
         g_ev = [e for e in events if e.cat in gpu_raw and e.ph == "X"]
         a = add(g, g_ev, names(g_ev), True)
@@ -500,6 +514,7 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
         return to_columns(g, GPU_COLUMNS), to_columns(cc, CPU_COLUMNS), wins, short
 
     seen = 0
+    counts = [0, 0]  # python_function events, [memory] instants
     windows: list[tuple[float, float]] = []
     short = [np.empty((3, 0))]
     for events in every():
@@ -517,7 +532,7 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
     spans = short_threads(ts, ts + dur, tid)
     name = path.name if path else "(trace)"
     (gpu_cols, cpu_cols), warnings = _valid(concat(g_parts), cpu_cols, name, windows)
-    info = trace_info(header, ad, seen if n_events is None else n_events, len(ts))
+    info = trace_info(header, ad, seen if n_events is None else n_events, len(ts), *counts)
     return Trace(path=path, gpu=gpu_cols, cpu=cpu_cols, info=info, adapter=ad.name, header=header, warnings=warnings,
                  short_threads=spans)
 
@@ -638,9 +653,10 @@ def subsampled(external_ids: "np.ndarray", min_ids: int = 200) -> str | None:
             f"before it was written -- gaps, idle time and per-step costs are not those of the run")
 
 
-def trace_info(header: Mapping[str, Any], ad: Adapter, events: int, short_ops: int = 0) -> TraceInfo:
-    """The header's distributed info through the adapter's declared keys (``events``, ``short_ops``: counts
-    of the file's events, :class:`TraceInfo`)."""
+def trace_info(header: Mapping[str, Any], ad: Adapter, events: int, short_ops: int = 0, python_frames: int = 0,
+               memory_events: int = 0) -> TraceInfo:
+    """The header's distributed info through the adapter's declared keys (``events``, ``short_ops``,
+    ``python_frames``, ``memory_events``: counts of the file's events, :class:`TraceInfo`)."""
     d = header.get(ad.info_key)
     d = d if isinstance(d, dict) else {}
     fields = {f: d.get(raw_key) for raw_key, f in ad.info.items()}
@@ -649,7 +665,8 @@ def trace_info(header: Mapping[str, Any], ad: Adapter, events: int, short_ops: i
         fields[f] = int(v) if isinstance(v, (int, float)) or (isinstance(v, str) and v.isdigit()) else None
     pg = fields.get("pg_config")
     fields["pg_config"] = tuple(pg) if isinstance(pg, (list, tuple)) else ()
-    return TraceInfo(**fields, events=events, short_ops=short_ops)
+    return TraceInfo(**fields, events=events, short_ops=short_ops, python_frames=python_frames,
+                     memory_events=memory_events)
 
 
 def gpu_events(trace: Mapping[str, Any] | Trace) -> "pd.DataFrame":

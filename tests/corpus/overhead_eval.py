@@ -49,6 +49,10 @@ EXAMPLES = ROOT / "recorded" / "h200x2" / "doctor"
 MULTI = ROOT / "recorded" / "profiler_overhead" / "multi" / "jobs.json.gz"
 """the multi-process kit.capture windows' features (:func:`multi_features`; gzipped JSON, one window a line): the
 traces are not committed (but one window's)"""
+MULTI_STACK = ROOT / "recorded" / "profiler_overhead" / "multi" / "stack.json.xz"
+"""the multi-process kit.capture windows recorded with record_shapes, + with_stack, + with_stack and profile_memory
+(``recorded/profiler_overhead/multi/stack/``'s probe, round s11r1: features computed on the device, ``--stack-from``;
+no trace committed): their stack windows fit the with_stack row, their plain-shapes windows are validation"""
 MULTI_HELD_OUT = ("h100x2/", "h100x4/")
 """the multi-process windows recorded after the distributed row was fitted (on 4x H100, a host it was not fitted on):
 a validation set, never fitted on, like every window with shapes"""
@@ -119,7 +123,30 @@ def cases() -> list[dict]:
         for j in json.loads(gzip.decompress(MULTI.read_bytes()))["jobs"]:
             out.append({**j, "unprof": {int(r): v for r, v in j["unprof"].items()}, "files": [], "multi": True,
                         "validation": bool(j["record_shapes"]) or j["case"].startswith(MULTI_HELD_OUT)})
+    if MULTI_STACK.is_file():
+        import lzma
+
+        for j in json.loads(lzma.decompress(MULTI_STACK.read_bytes()))["jobs"]:
+            out.append({**j, "unprof": {int(r): v for r, v in j["unprof"].items()}, "files": [], "multi": True,
+                        "stackset": True, "validation": not j.get("with_stack")})
     return out
+
+
+def stack_features(path: Path) -> dict:
+    """The stack probe's features as the device wrote them (``features.json[.xz]``: :func:`multi_features`' format,
+    with ``with_stack`` / ``profile_memory`` from each window's sidecar) as :data:`MULTI_STACK` holds them: each case
+    and group prefixed with the round, so that no window shares a name or a group with :data:`MULTI`'s."""
+    import lzma
+
+    raw = path.read_bytes()
+    d = json.loads(lzma.decompress(raw) if path.suffix == ".xz" else raw)
+    rnd = path.parent.name if path.parent.name.startswith("s") else "stack"
+    drop = ("file", "bytes_gz", "mem_events_all", "extra_error", "traced_min_us", "traced_max_us", "ops_all",
+            "short_ops", "launches", "ops_with_kernel", "shown_us", "cupti_events", "cupti_us")  # not read here
+    jobs = [{**{k: v for k, v in j.items() if k != "unprof_host"}, "case": f"{rnd}-{j['case']}",
+             "group": f"{rnd}-{j['group']}", "ranks": [{k: v for k, v in r.items() if k not in drop} for r in j["ranks"]]}
+            for j in d["jobs"]]
+    return {"how": d.get("how", "") + f" (round {rnd})", "jobs": sorted(jobs, key=lambda j: j["case"])}
 
 
 def multi_features(root: Path) -> dict:
@@ -356,10 +383,11 @@ def _settings_key(job: dict, r: dict) -> tuple:
 
 
 def _settings_dist_key(job: dict, r: dict) -> tuple:
-    """:func:`_settings_key`, a trace without shapes split by the kind of job (a rank of a multi-process job or
-    not: ``kit.doctor.overhead.pick_scaled``'s ``distributed`` row)."""
+    """:func:`_settings_key`, a trace without shapes or with stacks split by the kind of job (a rank of a
+    multi-process job or not: ``kit.doctor.overhead.pick_scaled``'s ``distributed`` row; the stack row is fitted on
+    multi-process jobs alone, so a one-GPU trace with stacks is not priced by it)."""
     s, k = _settings_key(job, r)
-    return (s, k) if s else (s, k, job["world_size"] > 1)
+    return (s, k) if s and not k else (s, k, job["world_size"] > 1)
 
 
 def linear(features):
@@ -503,8 +531,18 @@ def main(argv=None) -> int:
                                              "(recorded/profiler_overhead/jobs-launch.json)")
     ap.add_argument("--multi-from", type=Path, help=f"read the multi-process probe's output here first and write "
                                                     f"its features to {MULTI.relative_to(ROOT)}")
+    ap.add_argument("--stack-from", type=Path, help=f"read the stack probe's features.json[.xz] first and write them to "
+                                                    f"{MULTI_STACK.relative_to(ROOT)}")
     a = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
+    if a.stack_from:
+        got = stack_features(a.stack_from)
+        lines = [f' "{k}": ' + (json.dumps(v) if k != "jobs" else "[\n  " + ",\n  ".join(json.dumps(x) for x in v)
+                                + "\n ]") for k, v in got.items()]
+        import lzma
+
+        MULTI_STACK.write_bytes(lzma.compress(("{\n" + ",\n".join(lines) + "\n}\n").encode(),
+                                              preset=9 | lzma.PRESET_EXTREME))
     if a.multi_from:
         got = multi_features(a.multi_from)
         if not got["jobs"]:
@@ -542,10 +580,13 @@ def main(argv=None) -> int:
               "gpt": lambda j: fit(j) and j["family"] == "gpt",
               "validation": lambda j: j.get("validation") and not j.get("multi"),
               "multi no-shapes": lambda j: j.get("multi") and not j["record_shapes"],
-              "multi shapes": lambda j: j.get("multi") and j["record_shapes"]}
+              "multi shapes": lambda j: j.get("multi") and j["record_shapes"] and not j.get("with_stack"),
+              "multi stack": lambda j: j.get("multi") and j.get("with_stack") and not j.get("profile_memory"),
+              "multi stack+memory": lambda j: j.get("multi") and j.get("with_stack") and j.get("profile_memory")}
     for g in sorted({j["gpu"] for j in jobs if j.get("multi")}):  # each host's windows apart
         groups[f"multi no-shapes {g}"] = lambda j, g=g: j.get("multi") and not j["record_shapes"] and j["gpu"] == g
-        groups[f"multi shapes {g}"] = lambda j, g=g: j.get("multi") and j["record_shapes"] and j["gpu"] == g
+        groups[f"multi shapes {g}"] = lambda j, g=g: (j.get("multi") and j["record_shapes"] and not j.get("with_stack")
+                                                      and j["gpu"] == g)
     n_scored = sum(j["scored"] for j in jobs if fit(j))
     print(f"\nScored jobs (measured overhead >= 1 ms, not GPU-bound): {n_scored}, and the collective_tracing runs as "
           f"validation (never fitted on: the models fitted on every other job); the multi-process windows "
@@ -591,9 +632,89 @@ def main(argv=None) -> int:
         print(f"  record_shapes={key[0]} with_stack={key[1]}" + (f" distributed={key[2]}" if len(key) > 2 else "")
               + f": {statistics.median(ks):.4f} over {len(ks)} jobs (their factors {min(ks):.2f}-{max(ks):.2f}); one "
               f"job out {min(loo):.4f}-{max(loo):.4f}; bootstrap {boot[BOOT // 20]:.3f}-{boot[BOOT - BOOT // 20]:.3f}")
+    stack_pairs(jobs)
     if a.out:
         a.out.write_text(table(jobs) + "\n")
     return 0
+
+
+def _arm(j: dict) -> str:
+    return "stack+memory" if j.get("profile_memory") else "stack" if j.get("with_stack") else "shapes"
+
+
+def stack_pairs(jobs: list[dict]) -> None:
+    """The stack probe's windows (:data:`MULTI_STACK`) paired within each job: per arm the median over its windows of
+    the measured overhead and of the implied factor (c* over the pace rank's median launch); the ratios stack /
+    shapes and stack+memory / stack, per job and their median."""
+    by: dict[str, dict[str, list[dict]]] = {}
+    for j in jobs:
+        if j.get("stackset"):
+            by.setdefault(j["group"], {}).setdefault(_arm(j), []).append(j)
+    if not by:
+        return
+    print("\nThe stack probe paired within each job (ms measured overhead, median over the arm's windows; factor = "
+          "c* / launch_us of the pace rank; ops per step of rank 0; launch_us):")
+    ratios: dict[str, list[float]] = {"stack/shapes": [], "stack+memory/stack": [], "f stack/shapes": [],
+                                      "f stack+memory/stack": [], "launch stack/shapes": []}
+    for g, arms in sorted(by.items()):
+        med = {a: statistics.median(x["overhead_us"] for x in v) for a, v in arms.items()}
+        fac = {a: statistics.median(x["c_star"] / x["pace"]["launch_us"] for x in v) for a, v in arms.items()
+               if all(x.get("c_star") is not None and x["pace"].get("launch_us") for x in v)}
+        lau = {a: statistics.median(statistics.median(r["launch_us"] for r in x["ranks"] if r.get("launch_us"))
+                                    for x in v) for a, v in arms.items()}
+        ops = {a: statistics.median(x["ranks"][0]["ops"] for x in v) for a, v in arms.items()}
+        print(f"  {g:46s} " + " | ".join(f"{a} {med[a] / 1e3:6.2f} ms f {fac.get(a, float('nan')):.3f} "
+                                          f"ops {ops[a]:.0f} launch {lau[a]:.2f}"
+                                          + ("" if all(x["scored"] for x in arms[a]) else " (not all scored)")
+                                          for a in ("shapes", "stack", "stack+memory") if a in arms))
+        for num, den in (("stack", "shapes"), ("stack+memory", "stack")):
+            if num in med and den in med and med[den] > 0:
+                ratios[f"{num}/{den}"].append(med[num] / med[den])
+            if num in fac and den in fac and fac[den] > 0:
+                ratios[f"f {num}/{den}"].append(fac[num] / fac[den])
+        if "stack" in lau and "shapes" in lau:
+            ratios["launch stack/shapes"].append(lau["stack"] / lau["shapes"])
+    for k, v in ratios.items():
+        if v:
+            print(f"  {k}: median {statistics.median(v):.2f} over {len(v)} jobs ({min(v):.2f}-{max(v):.2f})")
+    frames_per_op(jobs)
+
+
+def frames_per_op(jobs: list[dict]) -> None:
+    """Not the doctor's model (printed to judge it): the stack windows' price as a per-op part plus a part per
+    recorded Python frame, factor = a + b x (frames per op of the pace rank, ``py_frames``), least squares, judged
+    leave one job out against the one factor (the row) -- with every window and without the timed-stall ones
+    (``stall_rank``: its ~20 ms loop of ``json.dumps`` records thousands of frames that a timed loop does not pay)."""
+    import numpy as np
+
+    st = [j for j in jobs if j.get("stackset") and j.get("with_stack") and j["scored"] and j["c_star"] is not None]
+    if len(st) < 4:
+        return
+
+    def x_of(r):
+        return (r.get("py_frames") or 0.0) / max(1.0, r["ops"])
+
+    def fit(train, two):
+        f = np.array([j["c_star"] / j["pace"]["launch_us"] for j in train])
+        if not two:
+            return float(np.median(f)), 0.0
+        a, b = np.linalg.lstsq(np.c_[np.ones(len(train)), [x_of(j["pace"]) for j in train]], f, rcond=None)[0]
+        return (float(a), float(b)) if b > 0 else (float(np.mean(f)), 0.0)  # no frame makes the host faster
+
+    print("\n  Python frames as a second term (factor = a + b x frames per op; one job out):")
+    for excl in (False, True):
+        use = [j for j in st if not (excl and "stall_rank" in j["case"])]
+        for two in (False, True):
+            rs = []
+            for j in use:
+                a, b = fit([x for x in use if x["group"] != j["group"]], two)
+                mine = [r["launch_us"] for r in j["ranks"] if r.get("launch_us")]
+                rs.append(estimate(j, [r["ops"] * (a + b * x_of(r)) * (r.get("launch_us") or statistics.median(mine))
+                                       for r in j["ranks"]]) / j["overhead_us"])
+            a, b = fit(use, two)
+            print(f"    {'a + b x' if two else 'one factor':10s} {'without stall_rank' if excl else 'every window':18s} "
+                  f"a {a:.3f} b {b:.3f}: {len(rs)} windows, {sum(0.5 <= r <= 2 for r in rs)} in 0.5-2x, median "
+                  f"|log2| {statistics.median(abs(math.log2(r)) for r in rs):.3f}, {min(rs):.2f}-{max(rs):.2f}x")
 
 
 BOOT = 10000

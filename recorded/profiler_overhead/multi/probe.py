@@ -11,7 +11,9 @@ then ``wait`` 1, ``warmup`` 2 and ``--active`` recorded steps. ``TEARDOWN_CUPTI=
 is detached as each trace ends, so the next window's unprofiled steps run as before any trace. A window starts only
 if the session's deadline leaves room for it (rank 0 decides, every rank follows). Writes
 ``OUT/<job>/<k>-<shapes|noshapes>/`` (each rank's trace and sidecar) and ``OUT/<job>/meta.json`` (the job, its
-sizes, the device, versions, the host CPU, each window's wall time).
+sizes, the device, versions, the host CPU, each window's wall time). ``PROBE_ARMS=stack`` (``stack/run.sh``, session
+11): six windows instead, ABCCBA, with ``record_shapes``, + ``with_stack``, + ``with_stack`` and ``profile_memory``
+(:data:`STACK_ARMS`), named ``<k>-shapes``, ``<k>-stack``, ``<k>-stackmem``.
 
     python probe.py OUT --world 2 --jobs gpt-ddp-bf16-control,gpt-fsdp-bf16-control --budget-s 30
     python probe.py OUT --world 2 --device cpu --jobs gpt-ddp-bf16-control --budget-s 60   # gloo dry run
@@ -33,8 +35,15 @@ import torch
 ROOT = Path(os.environ.get("KIT_ROOT", Path.cwd()))
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "corpus"))
-ARMS = (False, True, True, False)
-"""record_shapes of each window, in order (ABBA)"""
+ARMS = (("noshapes", False, False, False), ("shapes", True, False, False), ("shapes", True, False, False),
+        ("noshapes", False, False, False))
+"""(name, record_shapes, with_stack, profile_memory) of each window, in order (ABBA)"""
+STACK_ARMS = (("shapes", True, False, False), ("stack", True, True, False), ("stackmem", True, True, True),
+              ("stackmem", True, True, True), ("stack", True, True, False), ("shapes", True, False, False))
+"""``PROBE_ARMS=stack`` (``stack/run.sh``, session 11): record_shapes, + with_stack, + with_stack and profile_memory
+(ABCCBA)"""
+if os.environ.get("PROBE_ARMS") == "stack":
+    ARMS = STACK_ARMS
 
 
 def _rank(rank, world, out, jobs, port, deadline, device, warm, active, unprofiled):
@@ -60,15 +69,15 @@ def _rank(rank, world, out, jobs, port, deadline, device, warm, active, unprofil
         for _ in range(warm):
             job.step()
         walls = []
-        for k, shapes in enumerate(ARMS):
+        for k, (arm, shapes, stack, mem) in enumerate(ARMS):
             go = [time.time() + est < deadline]
             dist.broadcast_object_list(go, src=0)
             if not go[0]:
                 break
             w0 = time.time()
-            d = Path(out) / name / f"{k}-{'shapes' if shapes else 'noshapes'}"
+            d = Path(out) / name / f"{k}-{arm}"
             with capture.profile(d, cuda=cuda, wait=1, warmup=2, active=active, unprofiled=unprofiled,
-                                 record_shapes=shapes, with_stack=False) as prof:
+                                 record_shapes=shapes, with_stack=stack, profile_memory=mem) as prof:
                 while not prof.done:
                     job.step()
                     prof.step()
@@ -84,7 +93,8 @@ def _rank(rank, world, out, jobs, port, deadline, device, warm, active, unprofil
         if rank == 0 and walls:
             meta = {"job": name, "case": {k: v for k, v in case.items() if k not in ("profiler", "record_shapes",
                                                                                       "with_stack")},
-                    "profiler": "kit.capture", "world_size": world, "sizes": job.size, "arms": list(ARMS[:len(walls)]),
+                    "profiler": "kit.capture", "world_size": world, "sizes": job.size,
+                    "arms": [list(x) for x in ARMS[:len(walls)]],
                     "window_wall_s": walls, "warm": warm, "active": active, "unprofiled": unprofiled,
                     "device": torch.cuda.get_device_name() if cuda else "cpu", "backend": "nccl" if cuda else "gloo",
                     "torch": torch.__version__, "cuda": torch.version.cuda,
