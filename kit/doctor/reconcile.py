@@ -62,8 +62,28 @@ def reconcile(findings: list[Finding], accounts: list[tuple[int, Account]], ctx:
     findings = [net_of_profiler(f, ctx.overhead, by_rank) for f in findings]  # every cost judged from here on is net
     if only is None:
         findings = findings + must_speak(accounts, findings, ctx)
-    return host_work_first(fold_into_low_busbw(fold_into_late_rank(findings, accounts, ctx.overhead, ctx.step_us),
-                                                ctx.step_us))
+    return host_work_first(fold_into_low_busbw(fold_catch_up(fold_into_late_rank(findings, accounts, ctx.overhead,
+                                                                               ctx.step_us)), ctx.step_us))
+
+
+def fold_catch_up(findings: list[Finding]) -> list[Finding]:
+    """One cause, one finding: where ``late_rank`` names a contended rank that the traced steps do not show last
+    (:func:`kit.doctor.rules.late_rank.contended_elsewhere`: evidence ``last_in_window``, the rank that did arrive
+    last, with no excess of its own), that rank was making up a lag, issuing flat out -- its ``launch_bound`` alone
+    (naming it only) is that catch-up, not a cause of its own: it becomes late_rank's evidence (``catch_up``) and
+    clause. Unprofiled its host takes less than the contended one's (the model's ``others_host_net_us``), so a faster
+    launch there gains the job nothing."""
+    late = next((f for f in findings if f.rule == LATE_RANK and "last_in_window" in f.evidence), None)
+    if late is None:
+        return findings
+    x = late.evidence["last_in_window"]
+    lb = next((f for f in findings if f.rule == "launch_bound" and tuple(f.ranks) == (x,)), None)
+    if lb is None:
+        return findings
+    merged = dataclasses.replace(late, summary=f"{late.summary}; rank {x}'s host-bound steps (launch_bound, "
+                                               f"{lb.cost_us_per_step / 1e3:.2f} ms per step) are that catch-up",
+                                 evidence={**late.evidence, "catch_up": {"launch_bound": lb.evidence}})
+    return [merged if f is late else f for f in findings if f is not lb]
 
 
 def explain_rest(accounts: list[tuple[int, Account]], findings: list[Finding],

@@ -283,6 +283,59 @@ def by_chance(late_at: int, instances: int, ranks: int) -> float:
     return sum(comb(instances, k) * p ** k * (1 - p) ** (instances - k) for k in range(late_at, instances + 1))
 
 
+def contended_elsewhere(hs, late: int, ctx, gpu_us: dict, cpu_only: bool, tl_of: dict) -> dict | None:
+    """Where the rank last at the collectives (``late``) has no own excess: another rank whose own host time per step
+    exceeds every other rank's, confirmed (:func:`kit.doctor.own_time.own_excess`, a host excess), with its quiet
+    excess confirmed and the contended-host model applying (:func:`kit.doctor.contended.contended_gain`: the lost
+    core shown beyond its longest stall and inside the framework's ops) -- the rank that sets the job's pace over
+    many steps, though in the traced ones it did not arrive last: a one-off pause on ``late`` (no event on any of its
+    Python threads for 82-116 ms, most likely a garbage collection) left the contended rank's host up to a step
+    ahead of its GPU, and ``late`` made the lag up step by step inside the window (FINDINGS.md, "Held-out jobs,
+    judged blind"). The per-step own times hold no waiting, so they do not depend on who arrived last. Returns the
+    rank with the largest modelled gain, its own excess and the model; None where no rank qualifies."""
+    if not hs:
+        return None
+    best = None
+    for r in sorted(tl_of):
+        if r == late or r not in hs:
+            continue
+        ovh = (ctx.overhead_at_job or ctx.overhead or {}).get(r)
+        own = own_excess(hs, r, ctx.step_us, None if cpu_only else gpu_us, ovh,
+                         kinds=("host",) if cpu_only else ("host", "gpu"))
+        if (own is None or not own["confirmed"] or own["in_doubt"] or own["kind"] != "host"
+                or not (own.get("quiet") or {}).get("confirmed")):
+            continue
+        model = contended_gain(own, r, ctx.overhead, own_work(hs, ctx.comm_waits()), hs)
+        if model is not None and model["gain_us"] > 0 and (best is None or model["gain_us"] > best["model"]["gain_us"]):
+            best = {"rank": r, "own": own, "model": model}
+    return best
+
+
+def _contended_finding(other: dict, last: int, inst: "pd.DataFrame", tl_of: dict) -> Finding:
+    """late_rank for a contended rank that the traced window does not show last (:func:`contended_elsewhere`)."""
+    r, own, model = other["rank"], other["own"], other["model"]
+    cost = float(model["gain_us"])
+    mine = inst[inst["rank"] == r]
+    theirs = inst[inst["rank"] == last]
+    worst = theirs.loc[theirs["late_by_us"].idxmax()] if len(theirs) else inst.iloc[0]
+    ev = {"late_rank": r, "last_at": len(mine), "late_at": int(mine["material"].sum()), "instances": len(inst),
+          "cost_basis": "contended_host", "reason": "host_busy", "own_excess": own, "contended_host": model,
+          "last_in_window": last, "last_in_window_at": int(theirs["material"].sum()),
+          "last_in_window_late_by_us_median": num(theirs["late_by_us"].median()) if len(theirs) else None,
+          "excerpt": excerpt(last, float(worst["start_us"]) - 2 * float(worst["late_by_us"]), float(worst["end_us"]),
+                             ranks=sorted(tl_of))}
+    said = BASIS_TEXT["contended_host"].format(q=100 * model["quiet_share"], u=dur_text(model["host_us"]),
+                                               ul=dur_text(model["late_host_us"]), g=dur_text(model["gpu_bound_us"]))
+    summary = (f"were rank {r} as fast as the others the job would gain about {dur_text(cost)} per step ({said}): "
+               f"its own host time per step exceeds every other rank's by {dur_text(own['excess_us'])}, "
+               f"{REASON_TEXT['host_busy']}; in the traced steps it was not the rank the others waited for -- rank "
+               f"{last}, with no excess of its own, arrived last at {ev['last_in_window_at']} of {len(inst)} "
+               f"collectives (a median {dur_text(ev['last_in_window_late_by_us_median'])} after the first): it was "
+               f"making up a lag, from before the window or from a pause of its own; over many steps rank {r}'s "
+               f"slower host sets the pace")
+    return make("late_rank", cost, [r], ev, summary, fix=f"{FIX_BY_REASON['host_busy']} {RULES['late_rank'].fix}")
+
+
 def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip:
     import numpy as np
     import pandas as pd
@@ -349,7 +402,10 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
            if hs else None)
     same_work = reason in (CPU_SAME_WORK_REASONS if cpu_only else SAME_WORK_REASONS)
     if own is not None and not own["confirmed"] and same_work:
-        return []  # late for issuing its work more slowly, no more of it: the slowest of equal hosts (job-level)
+        # late for issuing its work more slowly, no more of it: the slowest of equal hosts (job-level) -- unless
+        # another rank's host is contended (a lost core, confirmed): then the window holds a lag it was making up
+        other = contended_elsewhere(hs, late, ctx, gpu_us, cpu_only, tl_of)
+        return [] if other is None else [_contended_finding(other, late, inst, tl_of)]
     if late_n < MIN_LATE and (own is None or not own["confirmed"] or own["in_doubt"]):
         return []  # late at one collective of its one step: named only where its own time per step says why
     chance = by_chance(int(mine["material"].sum()), len(inst), len(tl_of))
