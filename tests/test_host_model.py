@@ -150,3 +150,28 @@ def test_a_trace_with_thread_names_keeps_its_stall(tmp_path):
     assert t.info.short_ops and np.isnan(t.short_threads[2]).all() and not len(t.short_spans_of(["thread 441"])[0])
     got = diagnose(sorted(tmp_path.glob("*.json.gz")), workers=1).problems[0]
     assert got.rule == want.rule == "host_stall" and got.cost_us_per_step == want.cost_us_per_step
+
+
+HOOK = CASE.parent.parent / "recorded-h200x2-fsdp-hook-stall"
+
+
+@pytest.mark.skipif(not HOOK.exists(), reason="case not here")
+def test_a_user_hook_sleeping_inside_fsdps_post_backward_stays_a_stall():
+    """FSDP2 runs a parameter's post-accumulate-grad hooks inside ``FSDP::post_backward_reduce``: rank 1's hook sleeps
+    8 ms there, no event recorded on its thread. FSDP's own code in those regions records an event every < 1 ms (the
+    slow window's control: up to 0.95 ms apart, tests/test_control_clean.py), so that stretch is a stall, on the main
+    thread waiting in backward() too, and rank 1 is late by a host stall (it was host_busy while the whole region
+    counted as FSDP issuing: the fix pointed at CPU binding)."""
+    from conftest import diagnosed
+    from kit.doctor.model import RankView
+    from kit.doctor.steps import find_steps
+
+    t = traces.load_trace(HOOK / "rank1.json.gz")
+    m = hm.host_model(RankView(trace=t, steps=find_steps(t.cpu, None, t.gpu), rank=1))
+    reg = t.cpu[t.cpu["name"].astype(str).str.startswith("FSDP::post_backward_reduce (3)")].iloc[0]
+    a, b = m.spans("stall", m.main_tid)
+    inside = np.minimum(b, reg["end"]) - np.maximum(a, reg["ts"])
+    assert inside.max() > 8000.0  # the hook's 8 ms sleep (the region: 9.3 ms)
+    d = diagnosed(sorted(HOOK.glob("rank*.json.gz")))
+    f = d.problems[0]
+    assert (f.rule, f.ranks, f.evidence["reason"]) == ("late_rank", (1,), "host_stall")

@@ -53,14 +53,12 @@ them (DDP's forward runs the user's modules; a user's own ``record_function``): 
 FRAMEWORK_ONLY_REGIONS = ("FSDP::post_backward", "FSDP::root_post_backward_callback")
 """prefixes of FSDP2's post-backward regions (``FSDP::post_backward_accumulate``, ``_reshard``, ``_reduce``,
 ``_rs_wait``; the engine's final callback), which hold FSDP's own code -- accumulating, resharding and reduce-scattering
-the gradients and wrapping each shard in a DTensor -- after their first launch too: issuing, not a stall, the whole of
-them (:func:`kit.doctor.host_model._gpu_model`). Unlike ``Optimizer.step#`` they wrap no user code but the hooks
-FSDP2 calls from its reduce (``set_all_reduce_hook``; a parameter's post-accumulate-grad hooks, an optimizer in the
-backward), which issue GPU work of their own; a stall in the user's backward hooks lies in autograd's nodes, outside
-them. Measured: the 2-GPU FSDP control's slow traced window (recorded-h100x2-fsdp-control-slow-window): rank 0's
-1.9-3.4 ms stretches in them hold 5-15 recorded ops, 2-4 per ms, up to 0.95 ms apart -- as sparse as CPU work in a
-real stall (tests/test_host_model.py's probe: 2 per ms), so no density of ops tells them apart -- 3.1 of its 5.4 ms of
-host_stall per step as traced (FINDINGS.md, "A slow traced window")"""
+the gradients and wrapping each shard in a DTensor -- after their first launch too: the framework's Python between its
+recorded ops there is issuing, not a stall (:func:`kit.doctor.host_model._framework_only`), where those ops come less
+than a stall's length apart. Not the whole region: FSDP2 calls user code from its reduce (a parameter's
+post-accumulate-grad hooks, ``set_all_reduce_hook``; an optimizer in the backward; logging, a sleep), and a stretch
+of a stall's length with no recorded event stays a stall; a hook's own recorded ops (CPU tensor work) count as the
+region's progress, a limitation. Measured: FINDINGS.md, "A slow traced window" (session 11)"""
 
 _SUFFIX = re.compile(r"(_v\d+|_ptsz|_ptds|_spt)+$")
 

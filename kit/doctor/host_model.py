@@ -18,7 +18,8 @@ view of the host that the step accounting (:mod:`kit.doctor.accounting`), the ho
 * ``stall``     -- a stretch of at least :data:`STALL_US` in which no thread of the process issued GPU work (a call
   whose GPU activity is in the trace, or one that orders a stream, :data:`kit.doctor.calls.STREAM_ORDER_CALLS`) and
   the thread was in none of the above, outside every recorded op of its own, FSDP2's post-backward regions on any
-  issuing thread (:data:`kit.doctor.calls.FRAMEWORK_ONLY_REGIONS`: FSDP's own code), the ops that led an issuing thread
+  issuing thread where their thread records an event at least every :data:`STALL_US` (:func:`_framework_only`:
+  FSDP's own code; a user's hook sleeping there stays a stall), the ops that led an issuing thread
   into a launch, at most :data:`STALL_US` of them (:func:`_leading_ops`: the autograd thread's first op of the backward
   after ``backward()`` handed it over is the rank issuing, not the main thread stalling)
   and the framework's dispatch before the first launch
@@ -253,7 +254,7 @@ def _gpu_model(view: "RankView") -> HostModel | None:
     issuing = calls[calls["issues"] | (calls["base"].isin(STREAM_ORDER_CALLS) & calls["tid"].isin(threads))]
     lead = _leading_ops(view.trace, calls[calls["issues"]], threads)
     prof = _profiler_spans(cpu)
-    fsdp = _framework_only(cpu, threads)
+    fsdp = _framework_only(view.trace, cpu, threads)
     sets: dict = {}
     for t in dict.fromkeys(threads + ((main,) if main is not None else ())):
         mine = calls[calls["tid"] == t]
@@ -274,8 +275,8 @@ def _gpu_model(view: "RankView") -> HostModel | None:
                           np.concatenate([[lo, hi + 1e-3]] + [np.maximum(x["end"].to_numpy(dtype=float),
                                                                          x["ts"].to_numpy(dtype=float) + 1e-3)
                                                               for x in act]))
-        # (and outside the dispatch of PyTorch's own regions of issuing code, :func:`_dispatch`, the whole of FSDP2's
-        # post-backward regions on any issuing thread, :func:`_framework_only`, and the ops that led an issuing thread
+        # (and outside the dispatch of PyTorch's own regions of issuing code, :func:`_dispatch`, FSDP2's
+        # post-backward regions on any issuing thread while it records events there, :func:`_framework_only`, and the ops that led an issuing thread
         # into a launch, :func:`_leading_ops`: the autograd thread taking over the backward while this one waits in
         # backward()); what is left must
         # itself be a stretch of STALL_US: a shorter rest between them is the host's per-op cost, not a stall
@@ -327,16 +328,38 @@ def _leading_ops(trace, launches: "pd.DataFrame", threads: tuple) -> "tuple[np.n
                     np.concatenate([p[1] for p in parts]) if parts else [])
 
 
-def _framework_only(cpu: "pd.DataFrame", threads: tuple) -> "tuple[np.ndarray, np.ndarray]":
-    """The sorted disjoint spans of the regions that hold only the framework's own code
-    (:data:`kit.doctor.calls.FRAMEWORK_ONLY_REGIONS`: FSDP2's post-backward) on the issuing threads ``threads``:
-    issuing, not a stall, on every thread -- the main thread waits in ``backward()`` while the autograd thread runs
-    them, as for :func:`_leading_ops`."""
+def _framework_only(trace, cpu: "pd.DataFrame", threads: tuple) -> "tuple[np.ndarray, np.ndarray]":
+    """The sorted disjoint spans of FSDP2's post-backward regions (:data:`kit.doctor.calls.FRAMEWORK_ONLY_REGIONS`) on
+    the issuing threads ``threads`` in which that thread made progress: the parts of a region within :data:`STALL_US`
+    of a recorded event of its thread (the region's own bounds, a nested annotation, a kept op or runtime call, a short
+    op, :meth:`kit.traces.Trace.short_spans_of`) -- the framework's Python between its ops, issuing, not a stall, on
+    every thread (the main thread waits in ``backward()`` while the autograd thread runs them, as for
+    :func:`_leading_ops`). A stretch of :data:`STALL_US` or longer with no recorded event on that thread stays
+    uncovered: FSDP2 runs the user's hooks there (a parameter's post-accumulate-grad hooks, from its reduce), and the
+    framework's own code records an op well inside that (FINDINGS.md, "FSDP2's post-backward regions")."""
+    import numpy as np
+
     if cpu.empty:
         return union_np([], [])
     r = cpu[(cpu["cat"] == "user_annotation") & cpu["tid"].isin(threads)]
     r = r[_starts(r["name"], FRAMEWORK_ONLY_REGIONS)]
-    return union_np(r["ts"], r["end"])
+    parts = []
+    for u in dict.fromkeys(r["tid"]):
+        reg = union_np(r.loc[r["tid"] == u, "ts"], r.loc[r["tid"] == u, "end"])
+        own = cpu[cpu["tid"] == u]
+        ts, end = own["ts"].to_numpy(dtype=float), own["end"].to_numpy(dtype=float)
+        # an op or runtime call inside a region is progress while it runs, a short-op stretch throughout (its ops
+        # less than LONG_CPU_OP_US apart); any other event at its bounds only: an annotation (the regions
+        # themselves), an op around a region (autograd's node that runs FSDP's post-backward runs the user's hooks
+        # too); what lies less than STALL_US between two of them is the framework's Python between them
+        i = np.clip(np.searchsorted(reg[0], ts, side="right") - 1, 0, None)
+        run = (own["cat"] != "user_annotation").to_numpy() & (ts >= reg[0][i]) & (end <= reg[1][i])
+        sa, sb = trace.short_spans_of([u])
+        pa, pb = union_np(np.r_[ts[run], sa, ts[~run], end[~run]], np.r_[end[run], sb, ts[~run], end[~run]], STALL_US)
+        parts.append(subtract(reg, subtract(reg, (pa, pb))))
+    if not parts:
+        return union_np([], [])
+    return union_np(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
 
 
 def _profiler_spans(cpu: "pd.DataFrame") -> "tuple[np.ndarray, np.ndarray]":
