@@ -156,8 +156,14 @@ def json_settings() -> dict:
         k, _, v = kv.partition("=")
         if k.strip() not in out:
             raise ValueError(f"{JSON_SETTINGS_ENV}: unknown setting {k!r} (known: {', '.join(out)})")
-        out[k.strip()] = int(v)
+        try:
+            out[k.strip()] = int(v)
+        except ValueError:
+            raise ValueError(f"{JSON_SETTINGS_ENV}: {k.strip()}={v!r} is not an integer") from None
+    if out["active"] < 1 or min(out["wait"], out["warmup"]) < 0:
+        raise ValueError(f"{JSON_SETTINGS_ENV}: the schedule needs active >= 1, wait and warmup >= 0 ({out})")
     return out
+
 MICRO = 4
 """micro-batches per optimizer step in the accumulation cases (each batch/MICRO samples)"""
 FAULT_PARAMS = {

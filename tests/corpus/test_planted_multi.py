@@ -272,7 +272,8 @@ def test_the_held_out_tables_are_generated_from_the_committed_doctor_json():
 
 def test_the_held_out_profiler_settings_are_changed_by_the_environment(monkeypatch):
     """PLANTED_MULTI_JSON: another user's json_handler settings (stacks without memory, another schedule) for a later
-    held-out round; the case's flags follow them, an unknown key is refused; the session-11 sets are pairs."""
+    held-out round; the case's flags follow them, an unknown key, a non-integer, no active step refused; the
+    session-11 sets are pairs."""
     m = _module()
     assert m.json_settings() == {"wait": 1, "warmup": 2, "active": m.JSON_ACTIVE, "stack": 1, "memory": 1, "shapes": 1}
     monkeypatch.setenv(m.JSON_SETTINGS_ENV, "memory=0,wait=2,warmup=1,active=4")
@@ -280,9 +281,10 @@ def test_the_held_out_profiler_settings_are_changed_by_the_environment(monkeypat
     assert (js["memory"], js["stack"], js["wait"], js["warmup"], js["active"]) == (0, 1, 2, 1, 4)
     c = m._c("cnn", "ddp", "fp32", "control", "json_handler")
     assert c["with_stack"] and not c["profile_memory"] and c["record_shapes"]
-    monkeypatch.setenv(m.JSON_SETTINGS_ENV, "mem=0")
-    with pytest.raises(ValueError):
-        m.json_settings()
+    for bad in ("mem=0", "active=0", "stack=true", "wait=-1"):  # unknown, no active step, not a number, negative
+        monkeypatch.setenv(m.JSON_SETTINGS_ENV, bad)
+        with pytest.raises(ValueError):
+            m.json_settings()
     for name in ("cnn_set", "gpt_set"):
         arms = [m.CASES[x] for x in m.PAIRS[name]]
         assert arms[0]["fault"] == "none" and all(a["control"] == arms[0]["name"] for a in arms[1:])
