@@ -17,12 +17,13 @@ host's share of every traced step grows. :func:`overhead` gives one rank's :clas
   setting (without ``record_shapes``, per kind of job too) x the rank's median kernel launch in its steps
   (:func:`pick_scaled`, ``jobs-launch.json``, fitted and judged held out by ``tests/corpus/overhead_eval.py``);
   without launches or a row for its settings, by :func:`pick`'s table (which one is stated). ``with_stack`` has a
-  row for a multi-process rank with ``record_shapes`` (0.79 against 0.71 without stacks: 10 GPT and CNN DDP jobs on
-  4x H200 whose stacks cost 1.44x the shapes-only overhead, FINDINGS.md "The price of a trace recorded with
-  stacks"); any other trace with stacks takes its settings' row without them, and ``how`` says that is likely low.
-  The settings are the kitCapture header's, else read in the trace -- Python frames and ``[memory]`` events as the
-  trace layer counted them (:class:`kit.traces.TraceInfo`: the default frame keeps neither); ``profile_memory``
-  added nothing measurable on those jobs (0.99x) and is not a setting of the price. An estimate is within
+  row for a multi-process rank with ``record_shapes``: (0.606 + 0.209 x the rank's Python frames per op) x the launch
+  (:func:`_frames_per_op`: the frames among the ops, a thread's stretch of Python without an op left out; fitted on
+  10 GPT and CNN DDP jobs on 4x H200 whose stacks cost 1.44x the shapes-only overhead, FINDINGS.md "The price of a
+  trace recorded with stacks"); any other trace with stacks takes its settings' row without them, and ``how`` says
+  that is likely low. The settings are the kitCapture header's, else read in the trace -- Python frames and
+  ``[memory]`` events as the trace layer counted them (:class:`kit.traces.TraceInfo`: the default frame keeps
+  neither); ``profile_memory`` added nothing measurable on those jobs (0.99x) and is not a setting of the price. An estimate is within
   about 2x either way. The profiler's time is host time, and it lengthens the step only where the GPU waited for
   the host (:func:`_exposed`: between the host's waits for the GPU the step's GPU work is replayed without the
   profiler's time; a step with no such wait saves it up to its GPU's idle time, the host running ahead into the next
@@ -307,6 +308,19 @@ def _settings(view: "RankView", capture: dict | None) -> tuple[bool, bool, str]:
     return shapes, stack, "the trace (record_shapes from Input Dims on its kept ops, with_stack from Python frames)"
 
 
+def _frames_per_op(view: "RankView") -> float:
+    """The rank's recorded Python frames per recorded op, over its file (:class:`kit.traces.TraceInfo`'s counts): the
+    frames among the ops -- those of a thread's stretch of Python without an op (a loop timed to a deadline, whose
+    frames cost nothing) left out -- over every ``aten::`` op, kept or counted."""
+    info = view.trace.info
+    cpu = view.memo.get("cpu_all")
+    full = cpu is not None and not cpu.empty
+    ops = int((cpu if full else view.trace.cpu)["cat"].astype(str).eq("cpu_op").sum()) + (
+        0 if full else int(getattr(info, "short_ops", 0) or 0))
+    frames = int(getattr(info, "python_frames", 0) or 0) - int(getattr(info, "python_frames_off_ops", 0) or 0)
+    return max(0, frames) / ops if ops else 0.0
+
+
 def _lower_bound(stack: bool, row: dict | None) -> str:
     """The how's clause for a with_stack trace priced by a row without stacks (:func:`pick_scaled`); '' else."""
     if not stack or row is None or row.get("with_stack"):
@@ -351,8 +365,12 @@ def _priced(view: "RankView", ps: "pd.DataFrame", capture: dict | None, root: st
     ev = _events(view, ps)
     table, row = (pick_scaled(gpu, shapes, stack, str(root), (view.trace.info.world_size or 1) > 1)
                   if ev["launch_us"] else (None, None))
+    frames = None
     if row is not None:  # the host's own speed, read in the trace, x the price per unit of it
-        c_op, c_rt = max(0.0, float(row["us_per_op_per_launch_us"]) * ev["launch_us"]), 0.0
+        per_frame = float(row.get("us_per_frame_per_launch_us") or 0.0)
+        frames = _frames_per_op(view) if per_frame else None
+        c_op = max(0.0, (float(row["us_per_op_per_launch_us"]) + per_frame * (frames or 0.0)) * ev["launch_us"])
+        c_rt = 0.0
     else:
         table, row = pick(device, gpu, shapes, stack, (view.trace.info.world_size or 1) > 1, str(root))
         if table is None or row is None:
@@ -360,15 +378,26 @@ def _priced(view: "RankView", ps: "pd.DataFrame", capture: dict | None, root: st
         c_op, c_rt = max(0.0, float(row["us_per_op"])), max(0.0, float(row["us_per_runtime"]))
     ops, runtime, basis_ops = _counts(ev)
     shown = _shown_us(ps)
-    return {"gpu": gpu, "device": device, "where": where, "stack": stack, "table": table, "row": row, "ops": ops,
+    return {"gpu": gpu, "device": device, "where": where, "stack": stack, "frames": frames, "table": table, "row": row,
+            "ops": ops,
             "runtime": runtime, "basis_ops": basis_ops, "c_op": c_op, "c_rt": c_rt, "shown": shown,
             "host_us": ops * c_op + runtime * c_rt + shown, "events": ev}
+
+
+def _factor(row: dict, frames: float | None) -> str:
+    """A scaled row's factor as the sentence says it: one number, or with its term per Python frame."""
+    a = float(row["us_per_op_per_launch_us"])
+    if frames is None:
+        return f"{a:.3f}"
+    b = float(row["us_per_frame_per_launch_us"])
+    return (f"({a:.3f} + {b:.3f} x {frames:.2f} Python frames per op among the ops, as the trace counts them "
+            f"= {a + b * frames:.3f})")
 
 
 def _fitted_on(table: dict, row: dict, distributed: bool) -> str:
     """The jobs a scaled row was fitted on, read from its table's ``points`` of the row's settings: how many, on which
     GPUs, how many multi-process; for a multi-process trace priced from one-GPU jobs alone, that it is likely low."""
-    pts = [q for q in table.get("points") or [] if q.get("record_shapes") == row["record_shapes"]
+    pts = [q for q in table.get("points") or [] if q.get("fitted", True) and q.get("record_shapes") == row["record_shapes"]
            and q.get("with_stack") == row["with_stack"]
            and ("distributed" not in row or (q.get("world_size", 1) > 1) == bool(row["distributed"]))]
     multi = sum(q.get("world_size", 1) > 1 for q in pts)
@@ -463,7 +492,7 @@ def _overhead(view: "RankView", capture: dict | None, cpu_all, root) -> Profiler
               f"per-op cost)" if table.get("kind") == "jobs"
               else "measured by benchmarks/bench_profiler_overhead.py's isolated-op loops")
     how = (f"estimated: {ops:.0f} ops and {runtime:.0f} runtime calls per step ({basis_ops}) x "
-           + (f"{c_op:.2f} us per op, runtime calls folded in: {float(row['us_per_op_per_launch_us']):.3f} x this "
+           + (f"{c_op:.2f} us per op, runtime calls folded in: {_factor(row, p['frames'])} x this "
               f"rank's median kernel launch in its steps, {p['events']['launch_us']:.2f} us (the host's speed under "
               f"the profiler, read in the trace; the factor fitted by tests/corpus/overhead_eval.py on "
               f"{_fitted_on(table, row, (view.trace.info.world_size or 1) > 1)} whose overhead was measured: "

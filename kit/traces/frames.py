@@ -186,6 +186,10 @@ class TraceInfo:
     memory_events: int = 0
     """``[memory]`` instant events of the file (recorded with ``profile_memory=True``), counted as
     :attr:`python_frames`"""
+    python_frames_off_ops: int = 0
+    """those of :attr:`python_frames` that start on a thread that records ops, but more than
+    :data:`LONG_CPU_OP_US` from any of its ops: a stretch of Python without an op (a loop of ``json.dumps``), not the
+    model code's frames (``_frames_off``)"""
 
 
 CpuMode = Literal["none", "comm", "default", "all"]
@@ -347,6 +351,7 @@ def load_trace(path: str | Path, *, cpu: CpuMode = "default", raw: bool = False,
     if use_cache:
         meta = {"header": t.header, "adapter": t.adapter, "events": t.info.events, "short_ops": t.info.short_ops,
                 "python_frames": t.info.python_frames, "memory_events": t.info.memory_events,
+                "python_frames_off_ops": t.info.python_frames_off_ops,
                 "short_threads": [x.tolist() for x in t.short_threads], "warnings": list(t.warnings)}
         _cache.write(p, cpu, _parser(adapter), t._frames["gpu"], t._frames["cpu"], meta)
     return t
@@ -369,7 +374,8 @@ def _cached_trace(path: Path, gpu: Columns, cpu: Columns, meta: dict[str, Any]) 
     return Trace(path=path, gpu=gpu, cpu=cpu, info=trace_info(header, ad, int(meta.get("events") or 0),
                                                              int(meta.get("short_ops") or 0),
                                                              int(meta.get("python_frames") or 0),
-                                                             int(meta.get("memory_events") or 0)),
+                                                             int(meta.get("memory_events") or 0),
+                                                             int(meta.get("python_frames_off_ops") or 0)),
                  adapter=ad.name, header=header, warnings=meta.get("warnings") or (),
                  short_threads=meta.get("short_threads") or None)
 
@@ -478,7 +484,10 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
         cc: dict[str, list] = {c: [] for c in ("name", "cat", "ts", "dur", "pid", "tid", *c_cols)}
         w = [e for e in events if e.cat == WINDOW_CAT and e.ph == "X" and e.ts is not None and e.dur]
         if cpu in ("default", "all"):  # the profiler's settings as recorded: Python frames, [memory] instants
-            counts[0] += sum(1 for e in events if e.cat == "python_function")
+            pf = [e for e in events if e.cat == "python_function" and e.ts is not None]
+            counts[0] += len(pf)
+            if pf:
+                frames.append(np.array([[e.ts for e in pf], [_tid(e.tid) for e in pf]], dtype=float))
             inst = [e for e in events if e.cat == "cpu_instant_event"]
             counts[1] += sum(1 for n in names(inst) if n == "[memory]") if inst else 0
         wins = [(e.ts, e.ts + e.dur) for e, n in zip(w, names(w)) if n.startswith(WINDOW_NAME)]
@@ -506,6 +515,10 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
                 tid = (tid.astype(float) if tid.dtype.kind in "iuf" else
                        np.array([t if _numeric(t) else np.nan for t in tids], dtype=float))
                 short = np.array([[e.ts for e in left], [e.dur or 0.0 for e in left], tid], dtype=float).reshape(3, -1)
+        if cpu in ("default", "all"):  # where the ops ran, for the frames off them (often written after them)
+            op_ev = [e for e in (cand if by_name else c_ev) if e.cat in op_raw and e.ts is not None]
+            ops.append(np.array([[e.ts for e in op_ev], [e.ts + (e.dur or 0.0) for e in op_ev],
+                                 [_tid(e.tid) for e in op_ev]], dtype=float).reshape(3, -1))
         a = add(cc, c_ev, c_names, False)
         cc["pid"] += [e.pid for e in c_ev]
         cc["tid"] += [e.tid for e in c_ev]
@@ -514,7 +527,10 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
         return to_columns(g, GPU_COLUMNS), to_columns(cc, CPU_COLUMNS), wins, short
 
     seen = 0
-    counts = [0, 0]  # python_function events, [memory] instants
+    counts = [0, 0, 0]  # python_function events, [memory] instants, Python frames off the ops
+    op_raw = raw_of("cpu_op")
+    frames: list = []  # (ts, tid) of the Python frames, per chunk
+    ops: list = [np.empty((3, 0))]  # (start, end, tid) of the ops, per chunk
     windows: list[tuple[float, float]] = []
     short = [np.empty((3, 0))]
     for events in every():
@@ -532,6 +548,8 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
     spans = short_threads(ts, ts + dur, tid)
     name = path.name if path else "(trace)"
     (gpu_cols, cpu_cols), warnings = _valid(concat(g_parts), cpu_cols, name, windows)
+    if frames:
+        counts[2] = _frames_off(np.concatenate(frames, axis=1), np.concatenate(ops, axis=1))
     info = trace_info(header, ad, seen if n_events is None else n_events, len(ts), *counts)
     return Trace(path=path, gpu=gpu_cols, cpu=cpu_cols, info=info, adapter=ad.name, header=header, warnings=warnings,
                  short_threads=spans)
@@ -543,6 +561,30 @@ def _numeric(x) -> bool:
     import numbers
 
     return isinstance(x, numbers.Real) and not isinstance(x, bool) and x == x
+
+
+def _tid(t) -> float:
+    """A thread id as a number (NaN for one named otherwise)."""
+    return float(t) if _numeric(t) else float("nan")
+
+
+def _frames_off(frames: "np.ndarray", ops: "np.ndarray") -> int:
+    """How many Python frames (``(ts, tid)`` columns) start on a thread that records ops but outside its ``cpu_op``
+    spans merged where less than :data:`LONG_CPU_OP_US` apart (:func:`short_threads`): a stretch of Python that
+    records no op (:attr:`TraceInfo.python_frames_off_ops`)."""
+    import numpy as np
+
+    sa, sb, st = short_threads(*ops)
+    n = 0
+    ft, tt = frames
+    for t in np.unique(tt[~np.isnan(tt)]):
+        m, k = tt == t, st == t
+        if not k.any():
+            continue
+        a, b, x = sa[k], sb[k], ft[m]
+        i = np.searchsorted(a, x, side="right") - 1
+        n += int((~((i >= 0) & (x < b[np.clip(i, 0, len(b) - 1)]))).sum())
+    return n
 
 
 def short_threads(a, b, tid) -> "tuple[np.ndarray, np.ndarray, np.ndarray]":
@@ -654,7 +696,7 @@ def subsampled(external_ids: "np.ndarray", min_ids: int = 200) -> str | None:
 
 
 def trace_info(header: Mapping[str, Any], ad: Adapter, events: int, short_ops: int = 0, python_frames: int = 0,
-               memory_events: int = 0) -> TraceInfo:
+               memory_events: int = 0, python_frames_off_ops: int = 0) -> TraceInfo:
     """The header's distributed info through the adapter's declared keys (``events``, ``short_ops``,
     ``python_frames``, ``memory_events``: counts of the file's events, :class:`TraceInfo`)."""
     d = header.get(ad.info_key)
@@ -666,7 +708,7 @@ def trace_info(header: Mapping[str, Any], ad: Adapter, events: int, short_ops: i
     pg = fields.get("pg_config")
     fields["pg_config"] = tuple(pg) if isinstance(pg, (list, tuple)) else ()
     return TraceInfo(**fields, events=events, short_ops=short_ops, python_frames=python_frames,
-                     memory_events=memory_events)
+                     memory_events=memory_events, python_frames_off_ops=python_frames_off_ops)
 
 
 def gpu_events(trace: Mapping[str, Any] | Trace) -> "pd.DataFrame":

@@ -53,6 +53,9 @@ MULTI_STACK = ROOT / "recorded" / "profiler_overhead" / "multi" / "stack.json.xz
 """the multi-process kit.capture windows recorded with record_shapes, + with_stack, + with_stack and profile_memory
 (``recorded/profiler_overhead/multi/stack/``'s probe, round s11r1: features computed on the device, ``--stack-from``;
 no trace committed): their stack windows fit the with_stack row, their plain-shapes windows are validation"""
+STACK_HELD_OUT = ("s11r2-",)
+"""the stack windows recorded after the with_stack row was fitted (round s11r2, another machine or session): a
+validation set, never fitted on"""
 MULTI_HELD_OUT = ("h100x2/", "h100x4/")
 """the multi-process windows recorded after the distributed row was fitted (on 4x H100, a host it was not fitted on):
 a validation set, never fitted on, like every window with shapes"""
@@ -128,7 +131,8 @@ def cases() -> list[dict]:
 
         for j in json.loads(lzma.decompress(MULTI_STACK.read_bytes()))["jobs"]:
             out.append({**j, "unprof": {int(r): v for r, v in j["unprof"].items()}, "files": [], "multi": True,
-                        "stackset": True, "validation": not j.get("with_stack")})
+                        "stackset": True,
+                        "validation": not j.get("with_stack") or j["case"].startswith(STACK_HELD_OUT)})
     return out
 
 
@@ -146,7 +150,13 @@ def stack_features(path: Path) -> dict:
     jobs = [{**{k: v for k, v in j.items() if k != "unprof_host"}, "case": f"{rnd}-{j['case']}",
              "group": f"{rnd}-{j['group']}", "ranks": [{k: v for k, v in r.items() if k not in drop} for r in j["ranks"]]}
             for j in d["jobs"]]
-    return {"how": d.get("how", "") + f" (round {rnd})", "jobs": sorted(jobs, key=lambda j: j["case"])}
+    if MULTI_STACK.is_file():  # another round's windows stay (one round's replaced)
+        import lzma as _lz
+
+        old = json.loads(_lz.decompress(MULTI_STACK.read_bytes()))["jobs"]
+        jobs += [j for j in old if not j["case"].startswith(f"{rnd}-")]
+    return {"how": "stack probe windows (recorded/profiler_overhead/multi/stack/): each rank's features and its "
+                   "kit.capture unprofiled samples (us)", "jobs": sorted(jobs, key=lambda j: j["case"])}
 
 
 def multi_features(root: Path) -> dict:
@@ -451,7 +461,8 @@ def committed(train: list[dict]):
         reading = r.get("launch_us") or (statistics.median(mine) if mine else None)
         if row is None or not reading:
             return today(job, r)
-        return r["ops"] * float(row["us_per_op_per_launch_us"]) * reading
+        frame = float(row.get("us_per_frame_per_launch_us") or 0.0) * frames_x(r)
+        return r["ops"] * (float(row["us_per_op_per_launch_us"]) + frame) * reading
     return "recorded/profiler_overhead/jobs-launch.json as committed", price
 
 
@@ -582,7 +593,9 @@ def main(argv=None) -> int:
               "multi no-shapes": lambda j: j.get("multi") and not j["record_shapes"],
               "multi shapes": lambda j: j.get("multi") and j["record_shapes"] and not j.get("with_stack"),
               "multi stack": lambda j: j.get("multi") and j.get("with_stack") and not j.get("profile_memory"),
-              "multi stack+memory": lambda j: j.get("multi") and j.get("with_stack") and j.get("profile_memory")}
+              "multi stack+memory": lambda j: j.get("multi") and j.get("with_stack") and j.get("profile_memory"),
+              "stack held out": lambda j: j.get("stackset") and j.get("with_stack")
+              and j["case"].startswith(STACK_HELD_OUT)}
     for g in sorted({j["gpu"] for j in jobs if j.get("multi")}):  # each host's windows apart
         groups[f"multi no-shapes {g}"] = lambda j, g=g: j.get("multi") and not j["record_shapes"] and j["gpu"] == g
         groups[f"multi shapes {g}"] = lambda j, g=g: (j.get("multi") and j["record_shapes"] and not j.get("with_stack")
@@ -740,6 +753,28 @@ def _row_factors(jobs: list[dict]) -> dict[tuple, list[float]]:
             for key in sorted({key_of(j, j["pace"]) for j in fitted}, key=str)}
 
 
+FRAME_FIT_OUT = ("stall_rank",)
+"""windows the with_stack row's frame term is not fitted on: ``stall_rank``'s deadline loop of ``json.dumps`` records
+thousands of Python frames without an op, which a loop timed to 20 ms does not pay for -- the doctor leaves such
+frames out (``TraceInfo.python_frames_off_ops``); the device's features counted them (``py_frames``)"""
+
+
+def frames_x(r: dict) -> float:
+    """A rank's Python frames per recorded op in its steps (the stack probe's ``py_frames``; 0 without)."""
+    return (r.get("py_frames") or 0.0) / max(1.0, r["ops"])
+
+
+def frame_fit(train: list[dict]) -> tuple[float, float, list[dict]]:
+    """The with_stack row's price per op per us of launch as a + b x Python frames per op (least squares on the
+    implied factors of ``train`` less :data:`FRAME_FIT_OUT`; b >= 0), and the windows it was fitted on."""
+    import numpy as np
+
+    use = [j for j in train if not any(k in j["case"] for k in FRAME_FIT_OUT)]
+    f = np.array([j["c_star"] / j["pace"]["launch_us"] for j in use])
+    a, b = np.linalg.lstsq(np.c_[np.ones(len(use)), [frames_x(j["pace"]) for j in use]], f, rcond=None)[0]
+    return (float(a), float(b), use) if b > 0 else (float(np.mean(f)), 0.0, use)
+
+
 def table(jobs: list[dict]) -> str:
     """:data:`CHOSEN` fitted on every job whose price is determined, as the table kit.doctor.overhead reads: per
     profiler setting, the per-op price per microsecond of the trace's median kernel launch (runtime calls folded in),
@@ -750,11 +785,28 @@ def table(jobs: list[dict]) -> str:
              "us_per_op_per_launch_us": round(statistics.median(ks), 4), "us_per_runtime": 0.0, "cases": len(ks)}
             for key, ks in _row_factors(jobs).items()]
     _, price = MODELS[CHOSEN](fitted)
+    stack = {}
+    for row in rows:  # the with_stack row: a + b x Python frames per op (frame_fit)
+        if row["with_stack"]:
+            mine = [j for j in fitted if _settings_dist_key(j, j["pace"]) == (row["record_shapes"], True,
+                                                                              row.get("distributed"))]
+            a, b, use = frame_fit(mine)
+            row.update(us_per_op_per_launch_us=round(a, 4), us_per_frame_per_launch_us=round(b, 4), cases=len(use))
+            stack.update({j["case"]: (a, b) for j in mine})
+
+    def priced(j):
+        if j["case"] not in stack:
+            return [price(j, r) for r in j["ranks"]]
+        a, b = stack[j["case"]]
+        mine = [r["launch_us"] for r in j["ranks"] if r.get("launch_us")]
+        return [r["ops"] * (a + b * frames_x(r)) * (r.get("launch_us") or statistics.median(mine)) for r in j["ranks"]]
     points = [{"case": j["case"], "gpu": j["gpu"], "family": j["family"], "world_size": j["world_size"],
                "record_shapes": _settings_key(j, j["pace"])[0], "with_stack": _settings_key(j, j["pace"])[1],
                "overhead_us": round(j["overhead_us"], 1), "us_per_op": round(j["c_star"], 3),
                "launch_us": round(j["pace"]["launch_us"], 3),
-               "residual": round(estimate(j, [price(j, r) for r in j["ranks"]]) / j["overhead_us"], 2)}
+               **({"frames_per_op": round(frames_x(j["pace"]), 3),
+                   "fitted": not any(k in j["case"] for k in FRAME_FIT_OUT)} if j["case"] in stack else {}),
+               "residual": round(estimate(j, priced(j)) / j["overhead_us"], 2)}
               for j in fitted]
     t = {"kind": "jobs-launch", "machine": {"device": None, "gpus": sorted({j["device"] for j in fitted})},
          "settings": rows, "points": points,
