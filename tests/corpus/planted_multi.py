@@ -497,15 +497,20 @@ class MultiJob:
         self.opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9, foreach=True)
         mine = self.rank == ONE_RANK
         rounds = 0
-        if self.kind == "input_rank" and mine:
-            rounds = (_calibrate_rec(self.size, case["input_ms"]) if case["model"] == "rec" else
-                      P._calibrate(case["model"], self.size, FAULT_PARAMS["input_rank"]["transform_ms_per_batch"]))
+        # the input fault's transform for any arm that has it: a set is built for its first fault, and its input arm
+        # (cnn_set's third) had none before session 11's fix (s11r2's CNN input_rank added +0.60 ms: no fault)
+        inp = next((c for c in (case, *arms) if c["kind"] == "input_rank"), None)
+        if inp is not None and mine:
+            rounds = (_calibrate_rec(self.size, inp["input_ms"]) if inp["model"] == "rec" else
+                      P._calibrate(inp["model"], self.size, FAULT_PARAMS["input_rank"]["transform_ms_per_batch"]))
         rounds_all = [None] * world
         dist.all_gather_object(rounds_all, rounds)
-        if self.kind == "input_rank":
+        if inp is not None:
+            if self.kind != "input_rank":  # built for another fault of the set: the input arm's parameters too
+                self.params_used.update({k: v for k, v in FAULT_PARAMS["input_rank"].items() if k != "rank"})
             self.params_used["transform_rounds"] = rounds_all[ONE_RANK]
-            if case.get("input_ms"):
-                self.params_used.update(transform_ms_per_batch=case["input_ms"], num_workers=case["workers"])
+            if inp.get("input_ms"):
+                self.params_used.update(transform_ms_per_batch=inp["input_ms"], num_workers=inp["workers"])
         batch = self.size["batch"] // MICRO if self.kind.startswith("accum") else self.size["batch"]
         self.loader = self._loader(rounds, batch)
         self.it = iter(self.loader)
