@@ -7,7 +7,7 @@ finding >= 10% of its unprofiled step and no input/sync/allocator/stall finding 
 
     python table.py import RESULTS DIR [--name NAME]   # a round's results: slim truths + the machine's doctor JSON
     python table.py doctor DIR --kit ROOT --traces TRACES --name NAME [--full FULL]
-    python table.py table DIR --doctor NAME [NAME ...] [--input-bound-ok]
+    python table.py table DIR --doctor NAME [NAME ...] [--match TEXT] [--input-bound-ok]
 
 ``import``: every ``RESULTS/<tag>/<run>/<case>/truth.json`` into ``DIR/<tag>/<run>/<case>/truth.json.gz`` without each
 rank's samples (their summaries stay; the job's samples, the control arm's and the per-round differences stay: the
@@ -164,6 +164,7 @@ def main(argv=None) -> int:
     t = sub.add_parser("table")
     t.add_argument("dir", type=Path)
     t.add_argument("--doctor", nargs="+", default=["doctor-23f7b9c-whole"])
+    t.add_argument("--match", default="", help="only the cases whose tag holds this text (a round's: -s11r2)")
     t.add_argument("--input-bound-ok", action="store_true", help="session 11's criteria: an input straggler passes "
                    "with a one-rank input_bound on its rank first too")
     a = ap.parse_args(argv)
@@ -186,6 +187,8 @@ def main(argv=None) -> int:
         rows, checks = [], []
         for case in cases(a.dir):
             rel = case.relative_to(a.dir)
+            if a.match not in rel.parts[0]:
+                continue
             src = next((p for p in (case / f"{name}.json.gz", case / f"{name}.json") if p.is_file()), None)
             if src is None:
                 continue
