@@ -8,6 +8,7 @@ finding >= 10% of its unprofiled step and no input/sync/allocator/stall finding 
     python table.py import RESULTS DIR [--name NAME]   # a round's results: slim truths + the machine's doctor JSON
     python table.py doctor DIR --kit ROOT --traces TRACES --name NAME [--full FULL]
     python table.py table DIR --doctor NAME [NAME ...] [--match TEXT] [--input-bound-ok]
+    python table.py bundle DIR                   # every case's files into DIR/bundle.json.gz (the tree's size)
 
 ``import``: every ``RESULTS/<tag>/<run>/<case>/truth.json`` into ``DIR/<tag>/<run>/<case>/truth.json.gz`` without each
 rank's samples (their summaries stay; the job's samples, the control arm's and the per-round differences stay: the
@@ -93,6 +94,40 @@ def cases(root: Path) -> list[Path]:
     return sorted(p.parent for p in root.glob("*/*/*/truth.json.gz"))
 
 
+BUNDLE = "bundle.json.gz"
+"""every case's files of a directory in one gzip (``bundle``: one stream compresses the repeated keys and sentences
+of 26 cases 3.5x better than a file each -- the tree's size limit)"""
+
+
+def do_bundle(root: Path) -> None:
+    """Pack every ``<tag>/<run>/<case>/*.json.gz`` of ``root`` into ``root/bundle.json.gz`` (keyed by the case's
+    path, then the file's name less ``.json.gz``; merged into a bundle already there) and remove them."""
+    out = _load(root / BUNDLE) if (root / BUNDLE).is_file() else {}
+    files = sorted(root.glob("*/*/*/*.json.gz"))
+    for p in files:
+        out.setdefault(str(p.parent.relative_to(root)), {})[p.name[:-len(".json.gz")]] = _load(p)
+    (root / BUNDLE).write_bytes(gzip.compress(json.dumps(out, sort_keys=True, separators=(",", ":")).encode(), 9,
+                                              mtime=0))
+    for p in files:
+        p.unlink()
+    for d in sorted({p.parent for p in files}, key=lambda d: -len(d.parts)):
+        for x in (d, d.parent, d.parent.parent):
+            if x != root and x.is_dir() and not any(x.iterdir()):
+                x.rmdir()
+
+
+def _cases_files(root: Path, packed: dict | None):
+    """(relative case path, {file name less .json.gz: content}) per case, from the bundle or the case folders."""
+    if packed is not None:
+        for k in sorted(packed):
+            yield Path(k), packed[k]
+        return
+    for case in cases(root):
+        files = {p.name[:-len(".json.gz")]: _load(p) for p in case.glob("*.json.gz")}
+        files.update({p.name[:-len(".json")]: _load(p) for p in case.glob("*.json")})
+        yield case.relative_to(root), files
+
+
 def run_doctor(traces: Path, kit_root: Path) -> dict | None:
     with tempfile.TemporaryDirectory() as tmp:
         files = []
@@ -161,6 +196,8 @@ def main(argv=None) -> int:
     d.add_argument("--traces", type=Path, required=True)
     d.add_argument("--name", required=True)
     d.add_argument("--full", type=Path, help="the doctor's whole JSON here, per case")
+    b = sub.add_parser("bundle")
+    b.add_argument("dir", type=Path)
     t = sub.add_parser("table")
     t.add_argument("dir", type=Path)
     t.add_argument("--doctor", nargs="+", default=["doctor-23f7b9c-whole"])
@@ -183,17 +220,18 @@ def main(argv=None) -> int:
                 (a.full / rel).parent.mkdir(parents=True, exist_ok=True)
                 (a.full / f"{rel}.json").write_text(json.dumps(doc) + "\n")
         return 0
+    if a.cmd == "bundle":
+        do_bundle(a.dir)
+        return 0
+    packed = _load(a.dir / BUNDLE) if (a.dir / BUNDLE).is_file() else None
     for name in a.doctor:
         rows, checks = [], []
-        for case in cases(a.dir):
-            rel = case.relative_to(a.dir)
+        for rel, files in _cases_files(a.dir, packed):
             if a.match not in rel.parts[0]:
                 continue
-            src = next((p for p in (case / f"{name}.json.gz", case / f"{name}.json") if p.is_file()), None)
-            if src is None:
+            if name not in files:
                 continue
-            truth = _load(case / "truth.json.gz")
-            doc = _load(src)
+            truth, doc = files["truth"], files[name]
             r = row(truth, doc)
             r["case"] = f"{rel.parts[0]} {rel.parts[1]}/{truth['case']}" + (" (cut)" if truth.get("trimmed") else "")
             rows.append(r)
