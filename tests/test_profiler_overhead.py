@@ -542,3 +542,27 @@ def test_the_stack_row_on_its_windows_and_what_memory_adds():
     med = {g: {a: statistics.median(v) for a, v in arms.items()} for g, arms in by.items()}
     assert statistics.median(m["stack"] / m["shapes"] for m in med.values()) > 1.2
     assert 0.8 <= statistics.median(m["stack+memory"] / m["stack"] for m in med.values()) <= 1.25
+
+
+def test_the_stack_row_held_out_in_a_later_session():
+    """The with_stack row as committed (fitted on round s11r1b's windows) priced on the stack windows recorded later
+    (round s11r2, overhead_eval.STACK_HELD_OUT: never fitted on) through each rank's exposure curve: at least 3 in 4 of
+    the scored stack windows within 0.5-2x of their measured overhead and their median within 0.67-1.5x."""
+    ev = _eval_script()
+    if not ev.MULTI_STACK.is_file():
+        pytest.skip("the stack windows' features are not here")
+    import lzma
+
+    jobs = [{**j, "unprof": {int(r): v for r, v in j["unprof"].items()}}
+            for j in json.loads(lzma.decompress(ev.MULTI_STACK.read_bytes()))["jobs"]
+            if j["case"].startswith(ev.STACK_HELD_OUT) and j["with_stack"]]
+    if not jobs:
+        pytest.skip("no held-out stack windows")
+    for j in jobs:
+        ev.measured(j)
+    scored = [j for j in jobs if j["scored"]]
+    assert len(scored) >= 8
+    _, price = ev.committed([])
+    ratios = [ev.estimate(j, [price(j, r) for r in j["ranks"]]) / j["overhead_us"] for j in scored]
+    assert sum(0.5 <= x <= 2.0 for x in ratios) >= 0.75 * len(ratios)
+    assert 0.67 <= statistics.median(ratios) <= 1.5
