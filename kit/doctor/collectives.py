@@ -275,18 +275,14 @@ def unmatched(df: "pd.DataFrame") -> "np.ndarray":
     import numpy as np
 
     n = len(df)
-    if not n or df["rank"].nunique() < 2:
+    lone = df["ranks_seen"].to_numpy(dtype=float) <= 1 if n else np.zeros(0, dtype=bool)
+    if not lone.any() or df["rank"].nunique() < 2:  # the usual job: every row matched, nothing to look up
         return np.zeros(n, dtype=bool)
-    key = (df["process_group"].astype(str) + "|" + df["collective"].astype(str) + "|"
-           + df["bytes"].astype(str)).to_numpy()
-    ranks = df["rank"].to_numpy()
-    seen_by = {}
-    for k, r in zip(key, ranks):
-        seen_by.setdefault(k, set()).add(r)
-    lone = df["ranks_seen"].to_numpy(dtype=float) <= 1
     p2p = df["collective"].astype(str).isin(P2P).to_numpy()
-    others = np.fromiter((len(seen_by[k] - {r}) > 0 for k, r in zip(key, ranks)), dtype=bool, count=n)
-    return lone & ~p2p & others
+    # ranks that ran each (group, collective, bytes): a lone row's rank is one of them, so 2+ means another did
+    keys = [df[c].astype(str) for c in ("process_group", "collective", "bytes")]
+    ranks = df.groupby(keys, sort=False)["rank"].transform("nunique").to_numpy()
+    return lone & ~p2p & (ranks > 1)
 
 
 def no_collectives(summaries: list[tuple[int, Timeline]]) -> bool:
