@@ -423,6 +423,16 @@ def test_a_multi_process_trace_without_shapes_is_priced_by_the_distributed_row()
     assert 0.5 <= got / statistics.median(o.overhead_us for o in measured) <= 2.0
 
 
+def _held_out_ratios(ev, jobs: list[dict]) -> list[float]:
+    """The committed price's estimate over the measured overhead on each scored window of ``jobs`` (at least 8)."""
+    for j in jobs:
+        ev.measured(j)
+    scored = [j for j in jobs if j["scored"]]
+    assert len(scored) >= 8
+    _, price = ev.committed([])
+    return [ev.estimate(j, [price(j, r) for r in j["ranks"]]) / j["overhead_us"] for j in scored]
+
+
 def _eval_script():
     import importlib.util
 
@@ -447,12 +457,7 @@ def test_the_distributed_row_held_out_on_another_host():
     jobs = [{**j, "unprof": {int(r): v for r, v in j["unprof"].items()}}
             for j in json.loads(gzip.decompress(ev.MULTI.read_bytes()))["jobs"]
             if j["case"].startswith(ev.MULTI_HELD_OUT) and not j["record_shapes"]]
-    for j in jobs:
-        ev.measured(j)
-    scored = [j for j in jobs if j["scored"]]
-    assert len(scored) >= 8
-    _, price = ev.committed([])
-    ratios = [ev.estimate(j, [price(j, r) for r in j["ranks"]]) / j["overhead_us"] for j in scored]
+    ratios = _held_out_ratios(ev, jobs)
     assert sum(0.5 <= x <= 2.0 for x in ratios) >= 0.75 * len(ratios)
     assert 0.75 <= statistics.median(ratios) <= 1.33
 
@@ -558,11 +563,6 @@ def test_the_stack_row_held_out_in_a_later_session():
             if j["case"].startswith(ev.STACK_HELD_OUT) and j["with_stack"]]
     if not jobs:
         pytest.skip("no held-out stack windows")
-    for j in jobs:
-        ev.measured(j)
-    scored = [j for j in jobs if j["scored"]]
-    assert len(scored) >= 8
-    _, price = ev.committed([])
-    ratios = [ev.estimate(j, [price(j, r) for r in j["ranks"]]) / j["overhead_us"] for j in scored]
+    ratios = _held_out_ratios(ev, jobs)
     assert sum(0.5 <= x <= 2.0 for x in ratios) >= 0.75 * len(ratios)
     assert 0.67 <= statistics.median(ratios) <= 1.5

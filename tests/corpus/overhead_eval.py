@@ -159,29 +159,37 @@ def stack_features(path: Path) -> dict:
                    "kit.capture unprofiled samples (us)", "jobs": sorted(jobs, key=lambda j: j["case"])}
 
 
-def multi_features(root: Path) -> dict:
-    """The probe's output (``<hw>x<world>/<job>/<k>-<arm>/``: each rank's trace and kit.capture sidecar, and the
-    job's ``meta.json``) as :data:`MULTI` holds it: per window the case as :func:`cases` gives one (the unprofiled
-    samples per rank from the sidecar) with each rank's :func:`rank_features` (``group``: the job on that machine,
-    left out whole when one of its windows is judged)."""
+def probe_windows(root: Path, features) -> list[dict]:
+    """The probe's windows under ``root`` (``<hw>x<world>/<job>/<k>-<arm>/``: each rank's trace and kit.capture
+    sidecar, and the job's ``meta.json``) as :data:`MULTI` holds them: per window the case as :func:`cases` gives one
+    (the unprofiled samples per rank from the sidecar; the profiler settings from it) with each rank's features
+    (``features(path)``: :func:`rank_features`, or what a device run computed; None leaves the rank out; ``group``:
+    the job on that machine, left out whole when one of its windows is judged)."""
     jobs = []
     for meta_p in sorted(root.glob("*x*/*/meta.json")):
         meta, hw = json.loads(meta_p.read_text()), meta_p.parent.parent.name
         for w in sorted(p for p in meta_p.parent.iterdir() if p.is_dir()):
-            ranks, unprof, host, shapes = [], {}, {}, None
+            ranks, unprof, host, cap = [], {}, {}, {}
             for f in sorted(w.glob("trace_rank*.json.gz")):
                 cap = json.loads((w / f.name.replace("trace_", "capture_").replace(".json.gz", ".json")).read_text())
                 unprof[cap["rank"]], host[cap["rank"]] = cap["unprofiled_step_us"], cap.get("unprofiled_host_us")
-                shapes = cap["record_shapes"]
-                feat = rank_features(str(f))
+                feat = features(f)
                 if feat is not None:
                     ranks.append({k: round(v, 3) if isinstance(v, float) else v for k, v in feat.items()})
             if ranks:
                 jobs.append({"case": f"{hw}/{meta['job']}/{w.name}", "group": f"{hw}/{meta['job']}",
                              "device": meta["device"], "family": meta["case"]["model"],
                              "parallel": meta["case"]["parallel"], "profiler": "kit.capture",
-                             "world_size": meta["world_size"], "record_shapes": shapes, "with_stack": False,
+                             "world_size": meta["world_size"], "record_shapes": cap.get("record_shapes"),
+                             "with_stack": bool(cap.get("with_stack")),
+                             **({"profile_memory": cap["profile_memory"]} if "profile_memory" in cap else {}),
                              "host_cpu": meta.get("host_cpu"), "unprof": unprof, "unprof_host": host, "ranks": ranks})
+    return jobs
+
+
+def multi_features(root: Path) -> dict:
+    """The probe's output as :data:`MULTI` holds it (:func:`probe_windows`, each rank's :func:`rank_features`)."""
+    jobs = probe_windows(root, lambda f: rank_features(str(f)))
     return {"how": "tests/corpus/overhead_eval.py --multi-from: recorded/profiler_overhead/multi/probe.py's windows, "
                    "each rank's features (rank_features) and its kit.capture unprofiled samples (us)",
             "jobs": jobs}

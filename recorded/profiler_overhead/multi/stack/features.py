@@ -4,7 +4,6 @@ parallel on the device.  python3 recorded/profiler_overhead/multi/stack/features
 import gzip
 import json
 import os
-import re
 import sys
 import time
 from multiprocessing import Pool
@@ -62,24 +61,10 @@ def main():
         got[f] = feat
         print(f"  {Path(f).relative_to(root)} {dt:.1f} s {err or ''}", flush=True)
     p.terminate()
-    jobs = []
-    for meta_p in sorted(root.glob("*x*/*/meta.json")):
-        meta, hw = json.loads(meta_p.read_text()), meta_p.parent.parent.name
-        for w in sorted(p for p in meta_p.parent.iterdir() if p.is_dir()):
-            ranks, unprof, host, cap = [], {}, {}, {}
-            for f in sorted(w.glob("trace_rank*.json.gz")):
-                cap = json.loads((w / f.name.replace("trace_", "capture_").replace(".json.gz", ".json")).read_text())
-                unprof[cap["rank"]], host[cap["rank"]] = cap["unprofiled_step_us"], cap.get("unprofiled_host_us")
-                feat = got.get(str(f))
-                if feat is not None:
-                    ranks.append({k: round(v, 3) if isinstance(v, float) else v for k, v in feat.items()})
-            if ranks:
-                jobs.append({"case": f"{hw}/{meta['job']}/{w.name}", "group": f"{hw}/{meta['job']}",
-                             "device": meta["device"], "family": meta["case"]["model"],
-                             "parallel": meta["case"]["parallel"], "profiler": "kit.capture",
-                             "world_size": meta["world_size"], "record_shapes": cap.get("record_shapes"),
-                             "with_stack": cap.get("with_stack"), "profile_memory": cap.get("profile_memory"),
-                             "host_cpu": meta.get("host_cpu"), "unprof": unprof, "unprof_host": host, "ranks": ranks})
+    sys.path.insert(0, str(ROOT / "tests" / "corpus"))
+    import overhead_eval as E
+
+    jobs = E.probe_windows(root, lambda f: got.get(str(f)))  # the same window walk as overhead_eval's --multi-from
     out.write_text(json.dumps({"how": "stack17 features.py: probe windows with shapes / +stack / +stack+memory",
                                "jobs": jobs}))
     print(f"features: {len(jobs)} windows in {time.time() - t0:.0f} s -> {out}", flush=True)
