@@ -18,6 +18,9 @@ OWN_HOST = "own_host_us"
 for its DataLoader, stalling, the allocator's device calls, issuing its work. Read on the host's side of the step,
 not its window extended to the GPU work: a rank that waits runs ahead of its GPU, its host done with the step
 before the window's GPU part"""
+DATA_WAIT = "own_data_wait_us"
+"""the part of :data:`OWN_HOST` a rank's main thread spent waiting for its DataLoader (read by the reconcile stage's
+job-level input verdict, :func:`kit.doctor.reconcile.job_level_input`)"""
 QUIET = "own_quiet_us"
 """the part of a rank's own host time, outside collective calls and waits for data or the GPU, in stretches of 1 ms or
 more in which no recorded CPU event (the short ops the default frame drops included) began or ended on any of its
@@ -181,7 +184,7 @@ def _step(have: dict, step_us: float | None) -> float:
     return step_us or float(statistics.median(ps["dur"].median() for ps in have.values()))
 
 
-OWN_REASONS = {"own_stall_us": "host_stall", "own_data_wait_us": "data_wait", "own_issue_us": "host_busy"}
+OWN_REASONS = {"own_stall_us": "host_stall", DATA_WAIT: "data_wait", "own_issue_us": "host_busy"}
 """the parts of a rank's own host time (:data:`OWN_HOST`, on its basis: inside the step annotation; the host model's
 :data:`kit.doctor.host_model.PER_STEP`; ``own_issue_us``: the rest of it, issuing and the allocator), by the reason
 ``late_rank`` names (:data:`kit.doctor.rules.late_arrival.REASONS`)"""
@@ -193,7 +196,7 @@ def own_reason(host_steps: dict, late: int, excess_us: float, share: float) -> t
     (:func:`steady`). Returns (reason, that excess per step) or None."""
     import numpy as np
 
-    parts = {r: ps.assign(own_issue_us=ps[OWN_HOST] - ps["own_stall_us"] - ps["own_data_wait_us"])
+    parts = {r: ps.assign(own_issue_us=ps[OWN_HOST] - ps["own_stall_us"] - ps[DATA_WAIT])
              for r, ps in steady(host_steps).items()}
     med = {r: {c: float(np.median(ps[c])) for c in OWN_REASONS} for r, ps in parts.items()}
     if late not in med or len(med) < 2 or excess_us <= 0:

@@ -372,7 +372,7 @@ def job_level_input(findings: list[Finding], ctx: JobContext,
     longest (the straggler's), said again of them (``accounts``: the ranks' accounts, :func:`_input_ranks_apart`),
     the others' waits in its evidence (``ranks_seen_input_bound``) -- where those ranks' mean waits exceed the
     others' by 'low' of the step or more; else it stays the job's, the waits in its evidence."""
-    from .own_time import steady
+    from .own_time import DATA_WAIT, steady
 
     f = next((f for f in findings if f.rule == "input_bound"), None)
     if f is None or any(x.rule == LATE_RANK for x in findings) or len(ctx.ranks) < 2 or not ctx.host_steps:
@@ -380,8 +380,8 @@ def job_level_input(findings: list[Finding], ctx: JobContext,
     have = steady(ctx.host_steps)
     if set(have) != set(ctx.ranks):
         return findings
-    waits = {r: float(ps["own_data_wait_us"].median()) for r, ps in have.items()}
-    means = {r: float(ps["own_data_wait_us"].mean()) for r, ps in have.items()}
+    waits = {r: float(ps[DATA_WAIT].median()) for r, ps in have.items()}
+    means = {r: float(ps[DATA_WAIT].mean()) for r, ps in have.items()}
     lo, hi = min(waits.values()), max(waits.values())
     mlo, mhi = min(means.values()), max(means.values())
     alike = lo >= INPUT_ALIKE * hi and mlo >= INPUT_ALIKE * mhi
@@ -390,7 +390,7 @@ def job_level_input(findings: list[Finding], ctx: JobContext,
     if set(ctx.ranks) <= set(f.ranks):  # fired on every rank by itself
         return findings if alike or accounts is None else _input_ranks_apart(findings, f, means, said, accounts,
                                                                                       ctx.step_us)
-    if not alike or any((ps["own_data_wait_us"] <= 0).any() for ps in have.values()):
+    if not alike or any((ps[DATA_WAIT] <= 0).any() for ps in have.values()):
         return findings
     on = f.evidence.get("rank", f.ranks[0])
     merged = dataclasses.replace(f, ranks=tuple(sorted(ctx.ranks)), summary=(
