@@ -48,7 +48,9 @@ warmup=2, active=5)``, shapes, stacks and memory, and an ``on_trace_ready`` of i
 control and several faults that toggle in one job) is timed by turns like a pair (ABCD DCBA ...), each fault
 against the one control; where the job's loader has workers, each block settles for the batches they prefetched.
 Later held-out rounds put the corpus's own jobs under that profiler as sets (``cnn_set``, ``gpt_set``) and change its
-settings (:data:`JSON_SETTINGS_ENV`: e.g. stacks without memory, another schedule).
+settings (:data:`JSON_SETTINGS_ENV`: e.g. stacks without memory, another schedule); session 12's: a set named on
+the command line (``--pair`` with case names, :func:`arms_of`), the stall at another place in the step
+(:data:`STALL_AT`), the CNN's extra GPU work and tiny buckets, accumulation in fp32.
 
 Each case writes ``<out>/<case>/`` with every rank's trace and ``truth.json``: the unprofiled step time of the job
 (per step, the slowest rank's CUDA-event step time; median, p10, p90 and every sample; every rank's samples under
@@ -135,6 +137,12 @@ bf16 DDP job on 2 H200s (FINDINGS.md, DDP gpu_rank on H200), most of them runnin
 REC_EXTRA_GPU_MS = 20.0
 """``rec-ddp-bf16-gpu_rank``'s matmuls: the recommender's GPU idles most of its step (small MLPs and embedding
 lookups issued one by one), so the extra work must outlast that idle to add time, as ``gpu_rank20``'s"""
+CNN_EXTRA_GPU_MS = 12.0
+"""``cnn-ddp-fp32-gpu_rank``'s matmuls (fp32): a held-out case (session 12), the CNN's own extra-GPU-work fault"""
+STALL_AT = ("after_step", "in_forward", "before_backward")
+"""where ``stall_rank``'s stall runs in the step (a case's ``stall_at``; default ``after_step``, after the optimizer
+step): ``in_forward`` in a forward hook of the model's first block (its output computed, the next block not yet
+issued), ``before_backward`` between the loss and its backward -- later held-out rounds move the stall"""
 REC_WORKERS = 2
 """the recommender's DataLoader: worker processes (each yields whole batches: ``batch_size=None``), persistent"""
 REC_INPUT_MS = 60.0
@@ -345,6 +353,16 @@ def _cases() -> dict[str, dict]:
         _rec("accum"),
         _rec("accum_no_sync", "rec-ddp-bf16-accum"),
         _rec("tiny_buckets", "rec-ddp-bf16-control"),
+        # held out, session 12: the stall at other places in the step, the CNN's extra GPU work and tiny buckets,
+        # accumulation in fp32 (recorded after the doctor; profiled as the round's script says)
+        _c("gpt", "fsdp", "bf16", "stall_rank", "tb_handler", fsdp, suffix="-fwd", stall_at="in_forward",
+           held_out=True),
+        _c("cnn", "ddp", "fp32", "stall_rank", "tb_handler", cnn, suffix="-bwd", stall_at="before_backward",
+           held_out=True),
+        _c("cnn", "ddp", "fp32", "gpu_rank", "tb_handler", cnn, extra_gpu_ms=CNN_EXTRA_GPU_MS, held_out=True),
+        _c("cnn", "ddp", "fp32", "tiny_buckets", "tb_handler", cnn, held_out=True),
+        _c("gpt", "ddp", "fp32", "accum", "kit.capture", held_out=True),
+        _c("gpt", "ddp", "fp32", "accum_no_sync", "kit.capture", "gpt-ddp-fp32-accum", held_out=True),
     ]
     return {c["name"]: c for c in out}
 
@@ -376,6 +394,14 @@ PAIRS = {
 ~30% slower throughout than its control's). A pair whose arms differ in NCCL's environment (``p2p_off``, ``proto_ll``), which
 NCCL reads once per process, is interleaved by *sessions* instead (:func:`run_session_pair`): each block a fresh
 spawn of the arm's environment, the blocks in ABBA order"""
+
+
+def arms_of(pair: str) -> tuple:
+    """A pair's or set's case names, control first: a :data:`PAIRS` name, or the names themselves comma-separated
+    (a set made for one round, e.g. ``cnn-ddp-fp32-control,cnn-ddp-fp32-gpu_rank``)."""
+    return PAIRS[pair] if pair in PAIRS else tuple(pair.split(","))
+
+
 _CORPUS = {n: c for n, c in CASES.items() if not c.get("held_out")}
 GROUPS = {"controls": [n for n, c in _CORPUS.items() if c["fault"] == "none"],
           "one_rank": [n for n, c in _CORPUS.items() if c["kind"] in ("input_rank", "stall_rank", "gpu_rank",
@@ -496,6 +522,15 @@ class MultiJob:
         self.model = m
         self.opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9, foreach=True)
         mine = self.rank == ONE_RANK
+        stall = next((c for c in (case, *arms) if c["kind"] == "stall_rank"), None)
+        if stall is not None:  # where the stall runs (STALL_AT), in the parameters of the arm that has it
+            self.params_used["stall_at"] = stall.get("stall_at", "after_step")
+            if self.kind != "stall_rank":
+                self.params_used["stall_ms"] = FAULT_PARAMS["stall_rank"]["stall_ms"]
+        if stall is not None and stall.get("stall_at") == "in_forward" and mine:
+            inner = m.module if isinstance(m, nn.parallel.DistributedDataParallel) else m
+            first = (inner.blocks if case["model"] == "gpt" else inner.layers)[0]
+            first.register_forward_hook(lambda *_: self._stall("in_forward"))
         rounds = 0
         # the input fault's transform for any arm that has it: a set is built for its first fault, and its input arm
         # (cnn_set's third) had none before session 11's fix (s11r2's CNN input_rank added +0.60 ms: no fault)
@@ -611,6 +646,7 @@ class MultiJob:
         with nosync:
             with ctx:
                 loss = self.model(x, y)
+            self._stall("before_backward")
             if self.extra:
                 self._extra_work(self.extra["matmuls"])()
             (loss / scale).backward()
@@ -626,11 +662,17 @@ class MultiJob:
         self.opt.zero_grad(set_to_none=True)
         if self.case.get("item"):  # a logging line: the host waits for the step's GPU work (and its peers')
             self.record["loss"] = self._loss.item()
-        if self.kind == "stall_rank" and self.rank == ONE_RANK:
-            t, end = time.perf_counter(), FAULT_PARAMS["stall_rank"]["stall_ms"] / 1e3
-            while time.perf_counter() - t < end:
-                self.record["step"] += 1
-                json.dumps(self.record)
+        self._stall("after_step")
+
+    def _stall(self, where: str) -> None:
+        """``stall_rank``'s stall if this step runs it here (:data:`STALL_AT`): ~20 ms of synchronous Python (json.dumps
+        of a metrics record in a loop) on :data:`ONE_RANK`."""
+        if self.kind != "stall_rank" or self.rank != ONE_RANK or self.case.get("stall_at", "after_step") != where:
+            return
+        t, end = time.perf_counter(), FAULT_PARAMS["stall_rank"]["stall_ms"] / 1e3
+        while time.perf_counter() - t < end:
+            self.record["step"] += 1
+            json.dumps(self.record)
 
 
 def time_unprofiled(job: MultiJob, warm: int, n: int) -> dict:
@@ -866,7 +908,7 @@ def _run_pair(pair: str, rank: int, world: int, root: Path, warm: int, n: int, a
     import torch.distributed as dist
 
     t0 = time.time()
-    arms = [CASES[x] for x in PAIRS[pair]]
+    arms = [CASES[x] for x in arms_of(pair)]
     for c in arms:
         if rank == 0:
             shutil.rmtree(root / c["name"], ignore_errors=True)
@@ -972,7 +1014,7 @@ def run_session_pair(pair: str, world: int, root: Path, warm: int, n: int, threa
     in-process pair, ``interleaved.by`` saying how. The rounds end early (at 2 or more) where the deadline leaves
     no room for another."""
     t0 = time.time()
-    arms = [CASES[x] for x in PAIRS[pair]]
+    arms = [CASES[x] for x in arms_of(pair)]
     for c in arms:
         shutil.rmtree(root / c["name"], ignore_errors=True)
         (root / c["name"]).mkdir(parents=True)
@@ -1041,7 +1083,8 @@ def _truth(case: dict, world: int, device: str, timings: list[dict], params: dic
             "profiled_steps": json_settings()["active"] if case["profiler"] == "json_handler" else P.PROFILED_STEPS,
             **({"json_settings": json_settings()} if case["profiler"] == "json_handler" else {}),
             "record_shapes": case["record_shapes"], "with_stack": case["with_stack"],
-            **{k: case[k] for k in ("held_out", "profile_memory", "workers", "ddp_opts", "input_ms") if k in case},
+            **{k: case[k] for k in ("held_out", "profile_memory", "workers", "ddp_opts", "input_ms", "stall_at")
+               if k in case},
             "sizes": {**SIZES["cuda" if device == "cuda" else "cpu"][case["model"]],
                       **(VARIANT_SIZES["cuda" if device == "cuda" else "cpu"].get(case["sizes_variant"]) or {})},
             **_versions(device), "host_cpu": P._host_cpu(), "hostname_at_recording": socket.gethostname(),
@@ -1159,8 +1202,9 @@ def main(argv=None) -> int:
                     "starts only if the time left covers it (default 600)")
     ap.add_argument("--max-mib", type=float, default=1e9, help="start no case once the output directory holds "
                     "this many MiB (default: no limit)")
-    ap.add_argument("--pair", choices=sorted(PAIRS), help="record one fault and its control interleaved in one "
-                    "process instead of --cases (PAIRS): --steps per block, --alternations rounds of each")
+    ap.add_argument("--pair", help="record one fault and its control interleaved in one process instead of "
+                    f"--cases: a pair or set of PAIRS ({', '.join(sorted(PAIRS))}) or case names, the control first, "
+                    "comma-separated: --steps per block, --alternations rounds of each")
     ap.add_argument("--alternations", type=int, default=6, help="--pair: rounds, ABBA (default 6)")
     ap.add_argument("--after-rounds", type=int, default=0, help="--pair in one process: rounds timed again "
                     "after both arms were traced (truth.json's interleaved.after_tracing; default 0)")
@@ -1194,7 +1238,12 @@ def main(argv=None) -> int:
     names = []
     if a.pair:
         a.cases = ""
-        names = list(PAIRS[a.pair])
+        names = list(arms_of(a.pair))
+        if a.pair not in PAIRS and (len(names) < 2 or not set(names) <= set(CASES)
+                                    or len({CASES[n]["model"] for n in names}) > 1):
+            print(f"planted_multi: --pair {a.pair!r}: neither a pair of PAIRS nor 2+ cases of one model",
+                  file=sys.stderr)
+            return 2
         if a.alternations < 2:
             print("planted_multi: a pair needs --alternations >= 2", file=sys.stderr)
             return 2

@@ -303,3 +303,32 @@ def test_the_held_out_profiler_settings_are_changed_by_the_environment(monkeypat
     for name in ("cnn_set", "gpt_set"):
         arms = [m.CASES[x] for x in m.PAIRS[name]]
         assert arms[0]["fault"] == "none" and all(a["control"] == arms[0]["name"] for a in arms[1:])
+
+
+def test_the_stall_runs_only_at_its_place_and_a_set_is_named_on_the_command_line(monkeypatch):
+    """STALL_AT: a stall_rank case's stall runs at its one place in the step (after the optimizer step, in block 0's
+    forward hook, before the backward) and only on ONE_RANK; a set made for one round is its case names, control
+    first (arms_of), and the session-12 held-out cases stay out of ``all``."""
+    from types import SimpleNamespace
+
+    m = _module()
+    monkeypatch.setitem(m.FAULT_PARAMS, "stall_rank", {**m.FAULT_PARAMS["stall_rank"], "stall_ms": 0.2})
+    assert m.CASES["gpt-fsdp-bf16-stall_rank-fwd"]["stall_at"] == "in_forward"
+    assert m.CASES["cnn-ddp-fp32-stall_rank-bwd"]["stall_at"] == "before_backward"
+    assert "stall_at" not in m.CASES["cnn-ddp-fp32-stall_rank"]
+    for name in ("gpt-fsdp-bf16-stall_rank-fwd", "cnn-ddp-fp32-stall_rank-bwd", "cnn-ddp-fp32-gpu_rank",
+                 "cnn-ddp-fp32-tiny_buckets", "gpt-ddp-fp32-accum_no_sync"):
+        assert name in m.GROUPS["held_out"] and name not in m.GROUPS["all"]
+    for case in (m.CASES["cnn-ddp-fp32-stall_rank"], m.CASES["gpt-fsdp-bf16-stall_rank-fwd"],
+                 m.CASES["cnn-ddp-fp32-stall_rank-bwd"]):
+        for rank in (m.ONE_RANK, m.ONE_RANK + 1):
+            ran = []
+            for where in m.STALL_AT:
+                job = SimpleNamespace(kind="stall_rank", rank=rank, case=case, record={"step": 0})
+                m.MultiJob._stall(job, where)
+                ran += [where] if job.record["step"] else []
+            assert ran == ([case.get("stall_at", "after_step")] if rank == m.ONE_RANK else [])
+    assert m.arms_of("cnn_set") == m.PAIRS["cnn_set"]
+    assert m.arms_of("cnn-ddp-fp32-control,cnn-ddp-fp32-gpu_rank") == ("cnn-ddp-fp32-control", "cnn-ddp-fp32-gpu_rank")
+    assert m.main(["--pair", "cnn-ddp-fp32-control,gpt-ddp-bf16-control", "--device", "cpu"]) == 2  # two models
+    assert m.main(["--pair", "cnn-ddp-fp32-control,no-such-case", "--device", "cpu"]) == 2
