@@ -21,10 +21,11 @@ trace file, or a quoted glob of its rank files (for a folder that holds several 
 
     .scratch/anchors/venv/bin/python benchmarks/anchors/compare.py JOB [JOB ...] \
         [--json all.json] [--temporal-json tests/data/anchors/traceinsight_temporal.json] \
-        [--kit-python .venv/bin/python]
+        [--kit-python .venv/bin/python] [--last-step]
 
-A tool that fails on a job gets ``failed: <error line>`` in its column; the others still run.
-Exit codes: 0 on success, 2 if a job has no trace file.
+``--last-step`` prints traceinsight's ``include_last_profiler_step=True`` results: on a trace of one profiled step
+(the committed corpus cuts) its default drops that step's kernels. A tool that fails on a job gets
+``failed: <error line>`` in its column; the others still run. Exit codes: 0 on success, 2 if a job has no trace file.
 """
 
 from __future__ import annotations
@@ -139,9 +140,9 @@ def run_traceinsight(ranks: dict[int, Path]) -> dict:
                 "gpu_events": int(len(k)),
             }
         res: dict = {"temporal": per_rank}
-        if label == "default" or "error" in out.get("default", {}):
-            res["idle_breakdown"] = _idle_breakdown(ta, list(per_rank))
-        if len(files) > 1 and (label == "default" or "error" in out.get("default", {})):
+        # both variants get the idle breakdown and the overlap: a one-step cut is read with its last step kept
+        res["idle_breakdown"] = _idle_breakdown(ta, list(per_rank))
+        if len(files) > 1:
             try:
                 with _quiet():
                     ov = ta.get_comm_comp_overlap(visualize=False)
@@ -261,11 +262,15 @@ def _range(vals, scale: float = 1.0, unit: str = "%", nd: int = 1) -> str:
     return f"{lo}{unit}" if lo == hi else f"{lo}-{hi}{unit}"
 
 
-def _traceinsight_cell(ti: dict) -> str:
+def _traceinsight_cell(ti: dict, variant: str = "default") -> str:
+    """``variant`` "default" (traceinsight's default, the last ProfilerStep dropped; if that fails, the cell says so
+    and gives all steps) or "all_steps" (``include_last_profiler_step=True``, for traces of one step)."""
     if "error" in ti:
         return ti["error"]
-    d = ti["default"]
+    d = ti[variant]
     label = ""
+    if variant == "all_steps" and "error" in d:
+        return d["error"]
     if "error" in d:  # e.g. no ProfilerStep: the default keeps no kernel; say so, then give all steps
         label = f"default {d['error']}; with the last step: "
         d = ti["all_steps"]
@@ -276,7 +281,8 @@ def _traceinsight_cell(ti: dict) -> str:
             f"compute {_range([v['compute_share'] for v in t], 100)}, "
             f"non-compute {_range([v['non_compute_share'] for v in t], 100)}")
     ib = d.get("idle_breakdown", {})
-    ok = [v for v in ib.values() if "error" not in v]
+    # a rank whose idle time sums to 0 has no shares (None): it has no idle to break down
+    ok = [v for v in ib.values() if "error" not in v and any(x is not None for x in v.values())]
     cats = {c: [v.get(c, 0.0) for v in ok] for c in sorted({c for v in ok for c in v})}
     ordered = sorted(cats.items(), key=lambda kv: -max(kv[1]))
     shown = [f"{c} {_range(v, 100, nd=0)}" for c, v in ordered if max(v) >= 0.05]
@@ -406,9 +412,10 @@ def run_doctor(job: Path, python: str, sweep: Path | None = None) -> dict:
             "step_us": d.get("step_us"), "notes": d.get("notes", []), "sweep": str(sweep) if sweep else None}
 
 
-def summarize(res: dict) -> dict[str, str]:
-    """One short cell per tool, only what the tool computed."""
-    return {"traceinsight": _traceinsight_cell(res["traceinsight"]), "tb_plugin": _tb_cell(res["tb_plugin"]),
+def summarize(res: dict, ti_variant: str = "default") -> dict[str, str]:
+    """One short cell per tool, only what the tool computed (traceinsight's ``ti_variant``: see _traceinsight_cell)."""
+    return {"traceinsight": _traceinsight_cell(res["traceinsight"], ti_variant),
+            "tb_plugin": _tb_cell(res["tb_plugin"]),
             "tracelens": _tracelens_cell(res["tracelens"]), "doctor": _doctor_cell(res.get("doctor"))}
 
 
@@ -428,8 +435,8 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def run_job(job: Path, kit_python: str | None = None, sweep: Path | None = None, doctor_only: dict | None = None
-            ) -> dict:
+def run_job(job: Path, kit_python: str | None = None, sweep: Path | None = None, doctor_only: dict | None = None,
+            ti_variant: str = "default") -> dict:
     ranks = ranks_of(trace_files(job))
     res = {"job": str(job), "ranks": {str(r): str(p) for r, p in ranks.items()},
            "sha256": {str(r): _sha256(p) for r, p in ranks.items()}}
@@ -444,7 +451,7 @@ def run_job(job: Path, kit_python: str | None = None, sweep: Path | None = None,
         print(f"  {job}: {name} done", file=sys.stderr, flush=True)
     if kit_python:
         res["doctor"] = run_doctor(job, kit_python, sweep)
-    res["summary"] = summarize(res)
+    res["summary"] = summarize(res, ti_variant)
     return res
 
 
@@ -458,6 +465,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="write traceinsight's temporal breakdown for the jobs whose files are committed")
     ap.add_argument("--kit-python", help="the kit's interpreter: fill the kit doctor column (kit doctor --json)")
     ap.add_argument("--sweep", type=Path, help="the machine's collectives sweep, passed to kit doctor --sweep")
+    ap.add_argument("--last-step", action="store_true",
+                    help="traceinsight's column with include_last_profiler_step=True (for one-step traces, whose "
+                         "only step is the last one that its default drops)")
     ap.add_argument("--doctor-only", action="store_true",
                     help="with --from-json and --kit-python: run only kit doctor again on the saved jobs")
     args = ap.parse_args(argv)
@@ -467,14 +477,17 @@ def main(argv: list[str] | None = None) -> int:
         if not (j.exists() or glob.glob(str(j))) or (j in args.jobs and not trace_files(j)):
             print(f"compare.py: no such job or file, or no trace file in it: {j}", file=sys.stderr)
             return 2
+    variant = "all_steps" if args.last_step else "default"
     results = [res for f in args.from_json for res in json.loads(f.read_text())]
     if args.doctor_only and args.kit_python:
-        results = [run_job(Path(res["job"]), args.kit_python, args.sweep, doctor_only=res) for res in results]
-    print("| case | traceinsight | torch-tb-profiler | TraceLens | kit doctor |\n|---|---|---|---|---|")
+        results = [run_job(Path(res["job"]), args.kit_python, args.sweep, doctor_only=res, ti_variant=variant)
+                   for res in results]
+    ti = "traceinsight (last step kept)" if args.last_step else "traceinsight"
+    print(f"| case | {ti} | torch-tb-profiler | TraceLens | kit doctor |\n|---|---|---|---|---|")
     for res in results:
-        _print_row(res, summarize(res))
+        _print_row(res, summarize(res, variant))
     for j in args.jobs:
-        res = run_job(j, args.kit_python, args.sweep)
+        res = run_job(j, args.kit_python, args.sweep, ti_variant=variant)
         results.append(res)
         _print_row(res, res["summary"])
     if args.json:

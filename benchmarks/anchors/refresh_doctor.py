@@ -2,7 +2,8 @@
 
 The anchors (traceinsight, torch-tb-profiler, TraceLens) do not change between the kit's commits; the doctor
 does. For every table row whose case is ``recorded: <path>`` (a job under the device results folder, as
-``compare.py`` prints it), this runs ``kit doctor --json --workers 1 --sweep RUN`` with the machine's sweep
+``compare.py`` prints it) or a committed multi-GPU corpus case ``tests/data/doctor/corpus-<machine>/<case>`` (read
+from this checkout), this runs ``kit doctor --json --workers 1 --sweep RUN`` with the machine's sweep
 (chosen by the case's ``truth.json``: its device and world size, e.g. ``h100x2``) through
 :func:`compare.run_doctor`, formats the cell with :func:`compare._doctor_cell` and rewrites the row's last cell.
 It prints each case whose cell moved, old and new, and writes every result to ``--json`` when given. Usage::
@@ -11,7 +12,8 @@ It prints each case whose cell moved, old and new, and writes every result to ``
         --results-root .device/results --kit-python .venv/bin/python \
         --sweep h100x2=recorded/h100x2/collectives/RUN --sweep h100x4=... --sweep h200x2=... [--only SUBSTR]
 
-Exit codes: 0 on success, 2 on a missing results root, sweep or job.
+Without ``--results-root`` the ``recorded:`` rows are left as they are. Exit codes: 0 on success, 2 on a missing
+results root, sweep or job.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compare  # noqa: E402
 
-ROW = re.compile(r"^\| `recorded: (?P<job>[^`]+)` (?P<rest>.*) \| (?P<doctor>[^|]*) \|$")
+ROW = re.compile(r"^\| `(?P<where>recorded: )?(?P<job>(?(where)[^`]+|tests/data/doctor/corpus-[^`]+))` "
+                 r"(?P<rest>.*) \| (?P<doctor>[^|]*) \|$")
+REPO = compare.REPO
 
 
 def machine(job: Path) -> str:
@@ -38,25 +42,26 @@ def machine(job: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("markdown", type=Path)
-    ap.add_argument("--results-root", type=Path, required=True, help="the folder 'recorded: ' stands for")
+    ap.add_argument("--results-root", type=Path, help="the folder 'recorded: ' stands for")
     ap.add_argument("--kit-python", required=True)
     ap.add_argument("--sweep", action="append", default=[], help="MACHINE=RUN, e.g. h100x2=recorded/h100x2/...")
     ap.add_argument("--only", action="append", default=[], help="refresh only cases whose path holds this")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     sweeps = dict(s.split("=", 1) for s in args.sweep)
-    if not args.results_root.is_dir() or any(not Path(p).is_dir() for p in sweeps.values()):
+    if (args.results_root and not args.results_root.is_dir()) or any(not Path(p).is_dir() for p in sweeps.values()):
         print(f"refresh_doctor.py: no such results root or sweep: {args.results_root} {sweeps}", file=sys.stderr)
         return 2
     lines = args.markdown.read_text().split("\n")
     out, moved, seen = [], [], []
     for line in lines:
         m = ROW.match(line)
-        if not m or (args.only and not any(s in m["job"] for s in args.only)):
+        if (not m or (args.only and not any(s in m["job"] for s in args.only))
+                or (m["where"] and not args.results_root)):
             out.append(line)
             continue
-        job = args.results_root / m["job"]
-        if not compare.trace_files(job):
+        job = args.results_root / m["job"] if m["where"] else REPO / m["job"]
+        if not job.exists() or not compare.trace_files(job):
             print(f"refresh_doctor.py: no trace file in {job}", file=sys.stderr)
             return 2
         sweep = sweeps.get(machine(job))
@@ -66,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         if cell != m["doctor"]:
             moved.append(m["job"])
             print(f"{m['job']}\n  was: {m['doctor']}\n  now: {cell}", flush=True)
-        out.append(f"| `recorded: {m['job']}` {m['rest']} | {cell} |")
+        out.append(f"| `{m['where'] or ''}{m['job']}` {m['rest']} | {cell} |")
     args.markdown.write_text("\n".join(out))
     if args.json:
         args.json.write_text(json.dumps(seen, indent=1, default=str))
