@@ -33,6 +33,24 @@ def test_a_rank_is_late_only_beyond_the_others_spread_the_step_share_and_the_pro
     assert own_excess({0: _steps(even)}, 0, 10_000.0) is None
 
 
+def test_the_tracers_cost_in_a_ranks_pure_python_is_taken_off_its_own_time_not_allowed_for_as_noise():
+    """Rank 1 runs 70 ms of traced pure Python per step (a transform on its training thread, off its ops) that the
+    tracer priced at 60 ms (own_time.TRACER, ProfilerOverhead.off_ops_us): its own time is compared less that, 10 ms
+    beyond rank 0's, and the profiler floor is the overhead less that part (8 ms of ops, not 68): the excess is
+    confirmed at what the job would gain without the tracer. Without the column it was 70 ms; with the whole 68 ms
+    as the floor (the noise allowance), a real 10 ms straggler would not have been named."""
+    from kit.doctor.own_time import TRACER
+
+    even = [2000.0, 2100.0, 2400.0, 2200.0, 2000.0]
+    slow = _steps([x + 70_000.0 for x in even]).assign(**{TRACER: 60_000.0})
+    o = ProfilerOverhead(None, None, 68_000.0, "estimated", "", off_ops_us=60_000.0)
+    got = own_excess({0: _steps(even), 1: slow}, 1, 80_000.0, overhead=o)
+    assert got["confirmed"] and got["excess_us"] == pytest.approx(10_000.0) and got["floor_us"] == 8000.0
+    assert own_excess({0: _steps(even), 1: slow.drop(columns=TRACER)}, 1, 80_000.0)["excess_us"] == 70_000.0
+    whole = ProfilerOverhead(None, None, 68_000.0, "estimated", "")
+    assert not own_excess({0: _steps(even), 1: slow}, 1, 80_000.0, overhead=whole)["confirmed"]
+
+
 def test_the_reason_is_the_own_kind_holding_most_of_the_excess():
     """Rank 1 stalls 3 ms more per step than rank 0 and issues 0.2 ms more: its 3.2 ms excess is a stall; a rank whose
     excess is spread over kinds, none holding half of it, gets no reason from its own time."""

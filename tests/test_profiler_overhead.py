@@ -276,6 +276,34 @@ def test_a_measured_jobs_launch_gain_is_at_most_its_unprofiled_step_less_the_bus
     assert net_costs(acct, got[0])["launch"] == pytest.approx(1800.0)  # must_speak's net idle: the same cap
 
 
+def test_an_estimated_launch_cost_is_at_most_the_estimated_step_less_the_ranks_own_gpu_work():
+    """An estimated overhead gets the same kind of cap, on its own terms: its rank's GPU idles at most the unprofiled
+    step as estimated (traced less the profiler's time that lengthened it, at least the busiest GPU's work) less the
+    rank's own GPU work -- not the busiest GPU's, a gain claim the estimate's error (2x either way) could overturn
+    where the step is little more than that work. Rank 0 (2.1 ms of its own kernels) on a 27 ms traced step of which
+    8.8 ms are estimated to be the profiler's: a launch-bound idle of 28.9 ms traced states at most 18.2 - 2.1 = 16.1
+    ms, and says it is an estimate."""
+    import pandas as pd
+
+    from kit.doctor.model import Finding
+    from kit.doctor.reconcile import net_of_profiler
+    import kit.doctor.rules  # noqa: F401 -- registers the rules whose slices net_of_profiler looks up
+
+    def ps(busy, kernels):
+        return pd.DataFrame({"step": [1, 2, 3], "gpu_busy_us": [busy] * 3, "gpu_kernels_us": [kernels] * 3})
+
+    def est():
+        return ov.ProfilerOverhead(27000.0, 18200.0, 8800.0, "estimated", "a test", host_us=9000.0, exposed_us=8800.0)
+
+    got = ov.job_floor({0: est(), 1: est()}, {0: 100.0, 1: 100.0}, {0: ps(2500.0, 2100.0), 1: ps(2900.0, 2600.0)})
+    assert {r: o.own_work_us for r, o in got.items()} == {0: 2100.0, 1: 2600.0}
+    assert got[0].gain_cap_us == pytest.approx(16100.0) and got[0].unprofiled_step_us == 18200.0
+    f = Finding("launch_bound", 28900.0, (0, 1), {"rank": 0}, "the GPU sat idle 28.90 ms per step", "c", "f")
+    g = net_of_profiler(f, {0: got[0]})
+    assert g.cost_us_per_step == pytest.approx(16100.0) and g.evidence["profiler_gain_cap_basis"] == "estimated"
+    assert "the unprofiled step as estimated less this rank's own GPU work" in g.summary
+
+
 def test_the_job_steps_at_the_pace_of_the_rank_that_loses_most():
     """A rank that waits for a peer sees none of its own profiler time lengthen its step (its GPU waited for the peer,
     not for its host), but it waits for the peer's: every rank's step is shortened by the largest exposed overhead
@@ -566,3 +594,45 @@ def test_the_stack_row_held_out_in_a_later_session():
     ratios = _held_out_ratios(ev, jobs)
     assert sum(0.5 <= x <= 2.0 for x in ratios) >= 0.75 * len(ratios)
     assert 0.67 <= statistics.median(ratios) <= 1.5
+
+
+OFF_OPS = Path(__file__).resolve().parent / "data" / "python-off-ops" / "trace.json.gz"
+
+
+def test_python_off_the_ops_is_priced_but_a_loop_that_runs_to_a_deadline_is_not():
+    """A real CPU trace with stacks (tests/data/python-off-ops/record.py, 23 KB): one step of a few ops, then on the
+    same thread a pure-Python loop of a fixed amount of work (240 x ``ord`` and ``list.append``), a ``json.dumps``
+    loop that runs until 0.5 ms have passed (reading ``perf_counter`` each round) and a sleep. The trace layer keeps
+    where its frames off the ops lie (TraceInfo.python_off_ops_stretches): the two loops are one stretch (less than
+    1 ms apart), which reads the clock hundreds of times. The doctor prices the frames before its first clock read
+    (the fixed work: the tracer lengthens it) and leaves out those from the first clock read to the last (the tracer
+    cannot lengthen a loop that stops on the clock; it records fewer rounds)."""
+    from kit import traces
+
+    t = traces.load_trace(OFF_OPS, cache=False)
+    st = t.info.python_off_ops_stretches
+    assert sum(s[3] for s in st) == t.info.python_frames_off_ops > 0
+    loop = max(st, key=lambda s: s[3])
+    assert loop[4] > ov.TIMED_CLOCK_READS and 0 < loop[5] < loop[3]  # clock reads; frames from the first to the last
+    assert loop[3] - loop[5] >= 2 * 240  # ord and append of every character, before the first clock read
+    v = ov._view(OFF_OPS)
+    off = ov._off_ops(v, ov._per_step(v))
+    assert off["timed"] == 1 and off["timed_frames"] == loop[5]
+    assert loop[3] - loop[5] in off["frames"].tolist()
+    assert off["frames"].sum() < t.info.python_frames_off_ops - loop[5] + 1  # the deadline loop's frames not priced
+
+
+def test_a_frame_off_the_ops_is_priced_by_its_own_fit():
+    """The with_stack row's price per Python frame off the ops is overhead_eval.off_frame_fit's on
+    recorded/profiler_overhead/multi/off_frames.json (derived once): the held-out GPT input straggler of session 11
+    (rank 2's tokenizer in its DataLoader, 142k frames a step: 78.3 ms of overhead, 8.8 ms of it its ops') implies
+    0.0515 us per frame per us of launch -- a quarter of the frame term among the ops (0.209, which carries what comes
+    with a module's frames), so the frame term's price would have put 282 ms on a 103 ms step."""
+    ev = _eval_script()
+    row = ov.pick_scaled(True, True, True, distributed=True)[1]
+    assert row["us_per_off_frame_per_launch_us"] == pytest.approx(ev.off_frame_fit(), abs=5e-5)
+    assert row["us_per_off_frame_per_launch_us"] < 0.5 * row["us_per_frame_per_launch_us"]
+    points = json.loads(ev.OFF_FRAMES.read_text())["points"]
+    for p in points:  # each point's own overhead, as the row prices it
+        priced = p["ops_overhead_us"] + row["us_per_off_frame_per_launch_us"] * p["off_frames"] * p["launch_us"]
+        assert 0.5 <= priced / p["overhead_us"] <= 2.0, p["case"]

@@ -20,8 +20,10 @@ host's share of every traced step grows. :func:`overhead` gives one rank's :clas
   row for a multi-process rank with ``record_shapes``: (0.606 + 0.209 x the rank's Python frames per op) x the launch
   (:func:`_frames_per_op`: the frames among the ops, a thread's stretch of Python without an op left out; fitted on
   10 GPT and CNN DDP jobs on 4x H200 whose stacks cost 1.44x the shapes-only overhead, FINDINGS.md "The price of a
-  trace recorded with stacks"); any other trace with stacks takes its settings' row without them, and ``how`` says
-  that is likely low. The settings are the kitCapture header's, else read in the trace -- Python frames and
+  trace recorded with stacks"), plus the frames of those stretches at the row's own price per frame off the ops x the
+  launch (:func:`_off_ops`: a pure-Python loop's builtin calls; a loop that reads the clock as it goes, which runs to
+  a deadline, left out; :attr:`ProfilerOverhead.off_ops_us`); any other trace with stacks takes its settings' row
+  without them, and ``how`` says that is likely low. The settings are the kitCapture header's, else read in the trace -- Python frames and
   ``[memory]`` events as the trace layer counted them (:class:`kit.traces.TraceInfo`: the default frame keeps
   neither); ``profile_memory`` added nothing measurable on those jobs (0.99x) and is not a setting of the price. An estimate is within
   about 2x either way. The profiler's time is host time, and it lengthens the step only where the GPU waited for
@@ -82,9 +84,10 @@ class ProfilerOverhead:
     """estimated: the part of :attr:`host_us` that lengthened the rank's step -- where its GPU waited for the host
     (:func:`_exposed`); the rest ran while the GPU worked"""
     own_work_us: float | None = None
-    """measured, in a job of several ranks: the most GPU work of its own any rank of the job does per step
-    (:func:`own_work`, set by :func:`job_floor`): were every host instant, the job would still take that long (an
-    estimate has it in its unprofiled step instead)"""
+    """in a job of several ranks (:func:`own_work`, set by :func:`job_floor`): measured, the most GPU work of its own
+    any rank of the job does per step -- were every host instant, the job would still take that long; estimated, this
+    rank's own GPU work per step (the job's most is a floor of its unprofiled step): its GPU idles at most the
+    unprofiled step less that, whatever its host does"""
     launch_us: float | None = None
     """the rank's median kernel launch in its steps that :attr:`host_us` was priced by (:func:`pick_scaled`); None
     where the price is a table's. Read by :func:`kit.doctor.own_time.at_job_speed` to compare ranks at the job's
@@ -93,6 +96,12 @@ class ProfilerOverhead:
     """the part of the overhead recorded inside the DataLoader's waits (where they leave the GPU idle): the overhead
     spread evenly over the recorded ops of the steps, the share of the ops recorded inside the waits
     (:func:`data_wait_share`); a loader fed by worker processes records none of its work there"""
+    off_ops_us: float = 0.0
+    """the part of :attr:`host_us` in the rank's Python frames off its ops (:func:`_off_ops`: stretches of pure
+    Python on a thread that records ops, a loop that reads the clock as it goes left out), per step at the with_stack
+    row's price per frame; included in :attr:`host_us` (and, estimated, in the overhead where it lengthened the step).
+    The tracer's cost there is the rank's own, not the profiler's uneven slowing of equal hosts: own-time comparisons
+    take it off the rank's own time (:func:`kit.doctor.own_time.own_excess`) rather than allow for it as noise"""
     note: str | None = None
     """why an overhead is not on the basis the trace offers (kit.capture's unprofiled steps too spread to measure it:
     :func:`unmeasurable`); None where it is"""
@@ -105,7 +114,10 @@ class ProfilerOverhead:
     @property
     def gain_cap_us(self) -> float | None:
         """The most GPU idle the job's issuing can cost net of the profiler: the unprofiled step less
-        :attr:`own_work_us`; None where either is not known."""
+        :attr:`own_work_us` -- measured, the job's gain were every host instant; estimated (the traced step less the
+        profiler's time that lengthened it, :func:`job_floor`), the rank's own GPU idle at most (a bound the estimate's
+        error, :data:`ESTIMATE_RANGE`, can move: the rank's own work, not the busiest GPU's, is taken off). None where
+        either is not known."""
         if self.own_work_us is None or self.unprofiled_step_us is None:
             return None
         return max(0.0, self.unprofiled_step_us - self.own_work_us)
@@ -321,6 +333,33 @@ def _frames_per_op(view: "RankView") -> float:
     return max(0, frames) / ops if ops else 0.0
 
 
+TIMED_CLOCK_READS = 2
+"""a stretch of Python off the ops that reads the clock more than this many times polls it: a loop that runs to a
+deadline (``while perf_counter() - t < x: ...``), which the tracer does not lengthen -- it records fewer rounds
+(a start and an end reading only time the stretch)"""
+
+
+def _off_ops(view: "RankView", per_step: "pd.DataFrame") -> dict:
+    """The rank's stretches of Python frames off its ops (:attr:`kit.traces.TraceInfo.python_off_ops_stretches`) that
+    start inside the host's side of its steps (:func:`_windows`): ``ts`` (each one's start) and ``frames`` the tracer
+    lengthens -- all of a stretch's but, where it reads the clock more than :data:`TIMED_CLOCK_READS` times, those from
+    its first clock read to its last: a loop that runs to a deadline runs as long whatever it records (the stall_rank
+    fault's ``json.dumps`` loop reads ``perf_counter`` once a round, ~1000 times in its 20 ms; a pure-Python
+    transform 0 times in 142k frames) -- and ``timed``, ``timed_frames``: how many stretches held such a loop and
+    its frames."""
+    import numpy as np
+
+    st = np.asarray(getattr(view.trace.info, "python_off_ops_stretches", ()) or (), dtype=float).reshape(-1, 6)
+    a, b = _windows(view, per_step)
+    x = st[:, 0]
+    i = np.searchsorted(a, x, side="right") - 1
+    inside = (i >= 0) & (x < b[np.clip(i, 0, len(b) - 1)]) if len(a) else np.zeros(len(x), bool)
+    timed = inside & (st[:, 4] > TIMED_CLOCK_READS)
+    frames = st[:, 3] - np.where(timed, st[:, 5], 0.0)
+    keep = inside & (frames > 0)
+    return {"ts": x[keep], "frames": frames[keep], "timed": int(timed.sum()), "timed_frames": int(st[timed, 5].sum())}
+
+
 def _lower_bound(stack: bool, row: dict | None) -> str:
     """The how's clause for a with_stack trace priced by a row without stacks (:func:`pick_scaled`); '' else."""
     if not stack or row is None or row.get("with_stack"):
@@ -365,12 +404,15 @@ def _priced(view: "RankView", ps: "pd.DataFrame", capture: dict | None, root: st
     ev = _events(view, ps)
     table, row = (pick_scaled(gpu, shapes, stack, str(root), (view.trace.info.world_size or 1) > 1)
                   if ev["launch_us"] else (None, None))
-    frames = None
+    frames, off, c_frame = None, None, 0.0
     if row is not None:  # the host's own speed, read in the trace, x the price per unit of it
         per_frame = float(row.get("us_per_frame_per_launch_us") or 0.0)
         frames = _frames_per_op(view) if per_frame else None
         c_op = max(0.0, (float(row["us_per_op_per_launch_us"]) + per_frame * (frames or 0.0)) * ev["launch_us"])
         c_rt = 0.0
+        per_off = float(row.get("us_per_off_frame_per_launch_us") or 0.0)
+        if per_off:  # a frame off the ops: its own price (a builtin call of a pure-Python loop, not a module's frame)
+            off, c_frame = _off_ops(view, ps), max(0.0, per_off * ev["launch_us"])
     else:
         table, row = pick(device, gpu, shapes, stack, (view.trace.info.world_size or 1) > 1, str(root))
         if table is None or row is None:
@@ -378,10 +420,27 @@ def _priced(view: "RankView", ps: "pd.DataFrame", capture: dict | None, root: st
         c_op, c_rt = max(0.0, float(row["us_per_op"])), max(0.0, float(row["us_per_runtime"]))
     ops, runtime, basis_ops = _counts(ev)
     shown = _shown_us(ps)
+    off_us = c_frame * float(off["frames"].sum()) / ev["n"] if off is not None else 0.0
     return {"gpu": gpu, "device": device, "where": where, "stack": stack, "frames": frames, "table": table, "row": row,
             "ops": ops,
             "runtime": runtime, "basis_ops": basis_ops, "c_op": c_op, "c_rt": c_rt, "shown": shown,
-            "host_us": ops * c_op + runtime * c_rt + shown, "events": ev}
+            "off": off, "c_frame": c_frame, "off_us": off_us,
+            "host_us": ops * c_op + runtime * c_rt + shown + off_us, "events": ev}
+
+
+def _off_text(p: dict) -> str:
+    """The how's clause for the Python frames off the ops (:func:`_off_ops`); '' where none was priced or left out."""
+    off = p.get("off")
+    if off is None or (not len(off["ts"]) and not off["timed"]):
+        return ""
+    n = p["events"]["n"]
+    said = (f" + {p['off_us']:.0f} us for {float(off['frames'].sum()) / n:.0f} Python frames per step off the ops "
+            f"({len(off['ts'])} stretches of pure Python on a thread that records ops, at {p['c_frame']:.2f} us a "
+            f"frame: the row's {float(p['row']['us_per_off_frame_per_launch_us']):.4f} x the launch reading)"
+            if len(off["ts"]) else "")
+    return said + (f" (not counted: {off['timed']} stretches of {off['timed_frames'] / n:.0f} frames per step that "
+                   f"read the clock as they go, a loop that runs to a deadline, which the tracer does not lengthen)"
+                   if off["timed"] else "")
 
 
 def _factor(row: dict, frames: float | None) -> str:
@@ -472,7 +531,8 @@ def _overhead(view: "RankView", capture: dict | None, cpu_all, root) -> Profiler
                                 f"median of {len(samples)} steps kit.capture timed without the profiler just before "
                                 f"the window ({capture.get('unprofiled_clock', 'clock not stated')}; p10-p90 "
                                 f"{q[0]:.0f}-{q[-1]:.0f} us) against the median traced step ({len(ps)} steps)",
-                                host_us=None if p is None else p["host_us"], launch_us=_launch(p))
+                                host_us=None if p is None else p["host_us"], launch_us=_launch(p),
+                                off_ops_us=0.0 if p is None else p["off_us"])
     gpu = not view.trace.gpu.empty
     if p is None:
         return ProfilerOverhead(traced, None, 0.0, "none", f"no per-event cost table for a {'GPU' if gpu else 'CPU'}"
@@ -480,7 +540,7 @@ def _overhead(view: "RankView", capture: dict | None, cpu_all, root) -> Profiler
     device, where, table, row = p["device"], p["where"], p["table"], p["row"]
     ops, runtime, basis_ops, c_op, c_rt, shown, host_us = (p[k] for k in ("ops", "runtime", "basis_ops", "c_op",
                                                                           "c_rt", "shown", "host_us"))
-    exposed, segments = _exposed(view, ps, p["events"], c_op, c_rt) if gpu else (host_us, 0)
+    exposed, segments = _exposed(view, ps, p["events"], c_op, c_rt, p["off"], p["c_frame"]) if gpu else (host_us, 0)
     exposed = min(exposed, host_us)
     # the GPU's own work bounds the step from below; not its collectives' kernels, which spin while they wait
     # for a peer (a waiting rank's GPU is "busy" for most of the step)
@@ -502,7 +562,7 @@ def _overhead(view: "RankView", capture: dict | None, cpu_all, root) -> Profiler
               f"{c_op:.2f} / {c_rt:.2f} us each, {source} on {table['machine'].get('device')} ({table['file']}, "
               f"record_shapes={row['record_shapes']}, with_stack={row['with_stack']}; settings read from {where})")
            + (f" + {shown:.0f} us of the profiler's own buffer requests and flushes shown in the trace" if shown >= 0.5
-              else "") + f" = {host_us:.0f} us of host time per step"
+              else "") + _off_text(p) + f" = {host_us:.0f} us of host time per step"
            + (f", {exposed:.0f} us of it where the GPU waited for the host (the rest ran while the GPU worked: "
               f"{segments} stretches between the host's waits for the GPU)" if gpu and exposed < host_us - 0.5 else "")
            + (f" (another host's table: this trace's GPU is {device or 'not named'}; the per-op cost differs between "
@@ -512,7 +572,7 @@ def _overhead(view: "RankView", capture: dict | None, cpu_all, root) -> Profiler
            + (f"; the step cannot be shorter than the GPU's own work (outside collectives), {busy:.0f} us" if unprof == busy and gpu else "")
            + (f"; {why}" if why else ""))
     return ProfilerOverhead(traced, unprof, traced - unprof, "estimated", how, host_us=host_us, exposed_us=exposed,
-                            launch_us=_launch(p), note=why)
+                            launch_us=_launch(p), note=why, off_ops_us=p["off_us"])
 
 
 def median_error(samples: list[float]) -> float:
@@ -561,10 +621,12 @@ waiting for the host to launch it (under the profiler a launch reaches an idle G
 later than that after an idle queue waited for something else (another stream's work, a collective, an event)"""
 
 
-def _exposed(view: "RankView", per_step: "pd.DataFrame", ev: dict, c_op: float, c_rt: float) -> tuple[float, int]:
+def _exposed(view: "RankView", per_step: "pd.DataFrame", ev: dict, c_op: float, c_rt: float, off: dict | None = None,
+             c_frame: float = 0.0) -> tuple[float, int]:
     """The profiler's host time per step that lengthened the step, and the number of stretches it was judged in.
     The profiler slows the host, not the GPU: its time (the host's recorded events as :func:`_events` places them,
-    each at its cost, :func:`_price`) shortens the step only where the GPU waited for the host. The host's waits for
+    each at its cost, :func:`_price`; ``off``: the stretches of Python off the ops, :func:`_off_ops`, at ``c_frame``
+    a frame) shortens the step only where the GPU waited for the host. The host's waits for
     the GPU (:meth:`kit.doctor.host_model.HostModel.gpu_waits`: ``.item()``, synchronize, a blocking copy, a device
     free) cut the steps into stretches:
 
@@ -596,6 +658,8 @@ def _exposed(view: "RankView", per_step: "pd.DataFrame", ev: dict, c_op: float, 
     pa, pb = view.host.spans("profiler", ALL)
     k = np.searchsorted(a, pa, side="right") - 1
     ts, cost = np.r_[ts, pa], np.r_[cost, (pb - pa) * ((k >= 0) & (pa < b[np.clip(k, 0, len(b) - 1)]))]
+    if off is not None and len(off["ts"]):  # the Python frames off the ops (_off_ops), at each stretch's start
+        ts, cost = np.r_[ts, off["ts"]], np.r_[cost, off["frames"] * c_frame]
     o = np.argsort(ts, kind="stable")
     ets, cum = ts[o], np.r_[0.0, np.cumsum(cost[o])]
 
@@ -682,20 +746,24 @@ def job_floor(overhead: dict, waits: dict, host_steps: dict) -> dict:
     """The overheads of one job's ranks, as the job pays them. The job is not faster than the GPU with the most work
     of its own (:func:`own_work`: ``waits`` and ``host_steps``, rank -> the host model's per-step frame). A measured
     overhead stays as measured and, in a job of several ranks, keeps that work (:attr:`ProfilerOverhead.own_work_us`),
-    which bounds what the job's issuing can cost net of the profiler (:meth:`ProfilerOverhead.net`). An estimated
+    which bounds what the job's issuing can cost net of the profiler (:meth:`ProfilerOverhead.net`); an estimated one
+    keeps its own rank's work, which bounds that rank's GPU idle at the estimated unprofiled step. An estimated
     overhead is paid as the job paces it: its ranks step together, at the pace of the host that loses most to the
     profiler -- a rank that waits for a peer does not see its own profiler time (:attr:`ProfilerOverhead.exposed_us`
     near zero: its GPU waited for the peer, not for its host) but waits for the peer's, so every rank's step is
-    shortened by the largest exposed overhead of the job -- to no less than that work (the bound is in the estimate's
-    unprofiled step, not a cap on its launch cost: FINDINGS.md, "The job floor caps a measured launch gain only").
-    Ranks without the numbers are returned as they are."""
+    shortened by the largest exposed overhead of the job -- to no less than that work (FINDINGS.md, "The job floor caps a
+    measured launch gain only", and session 12's cap of an estimate by the rank's own work). Ranks without the numbers
+    are returned as they are."""
     from dataclasses import replace
 
     own = own_work(host_steps, waits)
     top = max(own, key=own.get) if own else None
     floor = own[top] if own else 0.0
     if own and len(overhead) > 1:
-        overhead = {r: replace(o, own_work_us=floor) if o is not None and o.basis == "measured" else o
+        # measured: the job's gain is at most its unprofiled step less the busiest GPU's work; estimated (within
+        # ESTIMATE_RANGE either way), the rank's own bound only: its GPU idles at most that step less its own work
+        overhead = {r: replace(o, own_work_us=floor) if o is not None and o.basis == "measured" else
+                    replace(o, own_work_us=own[r]) if o is not None and o.basis == "estimated" and r in own else o
                     for r, o in overhead.items()}
     est = {r: o for r, o in overhead.items() if o is not None and o.basis == "estimated"
            and o.traced_step_us is not None and o.host_us is not None}

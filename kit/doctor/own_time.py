@@ -8,7 +8,8 @@ shipped as ``JobContext.host_steps``): its own host time, :data:`OWN_HOST`, and 
 :data:`OWN_GPU` (or the compute kernels' time the caller measured). The rank is late by its host or its GPU,
 whichever exceeds the others' more: by more than the others' spread (the range of their medians plus their largest
 step-to-step p10-p90 spread), :data:`MIN_OWN_EXCESS_SHARE` of the step and :data:`PROFILER_NOISE` of the profiler's
-overhead on its step. The excess is what the job would gain were the rank as fast as the next slowest.
+overhead on its step. Host time is compared less the tracer's cost in each rank's Python off its ops (:data:`TRACER`),
+and the floor leaves that cost out. The excess is what the job would gain were the rank as fast as the next slowest.
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ QUIET_IN_OPS = "own_quiet_in_ops_us"
 """the part of a rank's quiet time inside a recorded op or runtime call (:data:`kit.doctor.host_model.PER_STEP`): the
 core taken away inside the framework's own code, which a stall in the user's code between ops is not
 (:mod:`kit.doctor.contended`)"""
+TRACER = "own_tracer_us"
+"""the part of :data:`OWN_HOST` the tracer spent in the rank's Python frames off its ops, per step
+(:attr:`kit.doctor.overhead.ProfilerOverhead.off_ops_us`, at its own host's speed; set beside the host model's columns
+by :mod:`kit.doctor.rank_phase`; absent, or 0, without stacks): :func:`own_excess` compares the ranks' own host time
+less it -- the tracer's cost of one rank's pure-Python work is that rank's, not the profiler's uneven slowing of equal
+hosts that :data:`PROFILER_NOISE` allows for"""
 OWN_GPU = "gpu_compute_us"
 """a rank's own GPU time: busy outside the collectives"""
 MIN_OWN_EXCESS_SHARE = 0.05
@@ -80,6 +87,7 @@ def at_job_speed(overhead: dict | None) -> dict | None:
         over = o.overhead_us * k
         out[r] = replace(o, host_us=None if o.host_us is None else o.host_us * k,
                          exposed_us=None if o.exposed_us is None else o.exposed_us * k, overhead_us=over,
+                         off_ops_us=float(getattr(o, "off_ops_us", 0.0) or 0.0) * k,
                          unprofiled_step_us=None if o.traced_step_us is None else o.traced_step_us - over)
     return out
 
@@ -98,13 +106,16 @@ def own_excess(host_steps: dict, late: int, step_us: float | None, gpu_us: dict 
     """Does rank ``late`` have time of its own -- :data:`OWN_HOST`, or GPU compute (``gpu_us``: rank -> its compute
     kernels' time per step, overlapping a collective or not; else :data:`OWN_GPU`) -- beyond every other rank's by more
     than their spread, :data:`MIN_OWN_EXCESS_SHARE` of the step and (host) :data:`PROFILER_NOISE` of the profiler's
-    overhead on its step (``overhead``: its :class:`kit.doctor.overhead.ProfilerOverhead` or None)? ``confirmed``,
+    overhead on its step (``overhead``: its :class:`kit.doctor.overhead.ProfilerOverhead` or None; less its
+    ``off_ops_us``, which :func:`own_host` takes off the rank's own time instead)? ``confirmed``,
     ``excess_us`` (per step, beyond the next slowest), ``kind`` (of ``kinds``), ``by`` (the kind or ``quiet``),
     ``spread_us``, per rank the medians, ``in_doubt``: a host excess on one step that an estimated overhead could
     still be, within :data:`kit.doctor.overhead.ESTIMATE_RANGE`, and no confirmed quiet excess (the caller weighs it),
     and ``quiet`` where every rank has its quiet time: the late rank's quiet excess, the others' spread, the floor it
     must clear (as :func:`quiet_excess`) and whether it does. None without every rank's host steps."""
-    overhead_us = overhead.overhead_us if overhead is not None else 0.0
+    # the profiler's overhead on the step less its cost in the rank's Python off the ops (TRACER: taken off its time)
+    overhead_us = max(0.0, overhead.overhead_us - float(getattr(overhead, "off_ops_us", 0.0) or 0.0)) \
+        if overhead is not None else 0.0
     estimated = overhead is not None and overhead.basis == "estimated"
     have = steady(host_steps)
     if late not in have or len(have) < 2:
@@ -112,7 +123,7 @@ def own_excess(host_steps: dict, late: int, step_us: float | None, gpu_us: dict 
     per = {}
     for r, ps in have.items():
         gpu = ps[OWN_GPU] if not (gpu_us and gpu_us.get(r) is not None) else [float(gpu_us[r])]
-        st = {**_stats("host", ps[OWN_HOST]), **_stats("gpu", gpu)}
+        st = {**_stats("host", own_host(ps)), **_stats("gpu", gpu)}
         per[r] = {k: st[k] for k in ("host_us", "gpu_us", "host_spread_us", "gpu_spread_us")}
         if QUIET in ps:
             per[r].update(_stats("quiet", ps[QUIET]))
@@ -146,6 +157,12 @@ def own_excess(host_steps: dict, late: int, step_us: float | None, gpu_us: dict 
     if quiet is not None:
         got["quiet"] = quiet
     return got
+
+
+def own_host(ps):
+    """A rank's own host time per step (:data:`OWN_HOST`) less the tracer's in its Python off the ops
+    (:data:`TRACER`, where the frame has it), at least 0."""
+    return (ps[OWN_HOST] - ps[TRACER]).clip(lower=0.0) if TRACER in ps else ps[OWN_HOST]
 
 
 def quiet_excess(host_steps: dict, late: int, step_us: float | None = None) -> tuple[float, float, float] | None:

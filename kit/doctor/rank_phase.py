@@ -92,10 +92,20 @@ def rank_summary(path: str | Path) -> RankSummary:
                        steps=int(len(st)), notes=tuple(capture_notes(t, st)), per_rule=per_rule, span=span,
                        account=acct, identity=rank_identity(t, path),
                        warnings=tuple(getattr(t, "warnings", ()) or ()),
-                       host_steps=view.host.per_step if view.host is not None else None,
+                       host_steps=_with_tracer(view.host.per_step if view.host is not None else None, ovh),
                        capture=cap, comm=None if isinstance(comm, Skip) else comm,
                        overhead=None if isinstance(ovh, Skip) else ovh,
                        stage_errors=tuple(x for x in (comm, ovh) if isinstance(x, Skip)))
+
+
+def _with_tracer(per_step, ovh):
+    """The host model's per-step frame with the tracer's cost in the rank's Python off its ops
+    (:data:`kit.doctor.own_time.TRACER`: :attr:`kit.doctor.overhead.ProfilerOverhead.off_ops_us`, each step alike)
+    where it has one."""
+    from .own_time import TRACER
+
+    off = float(getattr(ovh, "off_ops_us", 0.0) or 0.0) if ovh is not None and not isinstance(ovh, Skip) else 0.0
+    return per_step.assign(**{TRACER: off}) if per_step is not None and off > 0 else per_step
 
 
 def _stage(fn, rid: str, name: str):

@@ -184,8 +184,11 @@ def net_of_profiler(f: Finding, overhead: dict | None, accounts: "dict[int, Acco
     if cap is not None and round(cap, 1) < round(f.cost_us_per_step - o.overhead_us, 1):  # the job's busiest GPU
         # bounds the gain (ProfilerOverhead.net)
         ev["profiler_gain_cap_us"] = net
-        after += (f"; at most {net / 1e3:.2f} ms, the unprofiled step less the busiest GPU's own work per step: "
-                  f"were every host instant the job would still take that")
+        ev["profiler_gain_cap_basis"] = o.basis
+        after += (f"; at most {net / 1e3:.2f} ms, the unprofiled step as estimated less this rank's own GPU work per "
+                  f"step: its GPU idles no longer than that, whatever its host does" if o.basis == "estimated" else
+                  f"; at most {net / 1e3:.2f} ms, the unprofiled step less the busiest GPU's own work per step: were "
+                  f"every host instant the job would still take that")
     said = f.summary if round(net) == round(f.cost_us_per_step) else restated(  # the sentence says the cost it states
         f.summary, net, f"net of the profiler's own overhead{after}", "as traced")
     return dataclasses.replace(f, cost_us_per_step=net, evidence=ev, summary=said)

@@ -40,7 +40,7 @@ from typing import Any
 
 from .columns import Columns, _categorical
 
-VERSION = 12
+VERSION = 14
 """bump when the frames built from a trace change (columns, dtypes, what is kept)"""
 _DIR = ".kitcache"
 _EDGE = 1 << 20

@@ -74,6 +74,10 @@ LONG_CPU_OP_US = 1000.0
 """``cpu="default"`` also keeps every CPU op at least this long: what the host did in a long stretch without CUDA
 calls (an op's own host cost -- a foreach op over hundreds of tensors, a CPU tensor op -- is not a stall); a few
 per step, so the frame stays small"""
+CLOCK_CALLS = frozenset(f"<built-in function {f}>" for f in ("perf_counter", "perf_counter_ns", "time", "time_ns",
+                                                               "monotonic", "monotonic_ns", "process_time",
+                                                               "process_time_ns", "thread_time", "thread_time_ns"))
+"""the names ``with_stack`` gives the clock reads of Python's ``time`` module (:attr:`TraceInfo.python_off_ops_stretches`)"""
 
 
 def _cat(c: str, name: str) -> str:
@@ -190,6 +194,11 @@ class TraceInfo:
     """those of :attr:`python_frames` that start on a thread that records ops, but more than
     :data:`LONG_CPU_OP_US` from any of its ops: a stretch of Python without an op (a loop of ``json.dumps``), not the
     model code's frames (``_frames_off``)"""
+    python_off_ops_stretches: tuple = ()
+    """where :attr:`python_frames_off_ops` lie: per stretch of them on one thread (frames that start less than
+    :data:`LONG_CPU_OP_US` apart), ``(first start, last start, tid, frames, clock reads, frames from the first clock
+    read to the last)`` -- clock reads: the frames of :data:`CLOCK_CALLS` (a loop that runs to a deadline reads the
+    clock as it goes)"""
 
 
 CpuMode = Literal["none", "comm", "default", "all"]
@@ -352,6 +361,7 @@ def load_trace(path: str | Path, *, cpu: CpuMode = "default", raw: bool = False,
         meta = {"header": t.header, "adapter": t.adapter, "events": t.info.events, "short_ops": t.info.short_ops,
                 "python_frames": t.info.python_frames, "memory_events": t.info.memory_events,
                 "python_frames_off_ops": t.info.python_frames_off_ops,
+                "python_off_ops_stretches": [list(x) for x in t.info.python_off_ops_stretches],
                 "short_threads": [x.tolist() for x in t.short_threads], "warnings": list(t.warnings)}
         _cache.write(p, cpu, _parser(adapter), t._frames["gpu"], t._frames["cpu"], meta)
     return t
@@ -375,7 +385,8 @@ def _cached_trace(path: Path, gpu: Columns, cpu: Columns, meta: dict[str, Any]) 
                                                              int(meta.get("short_ops") or 0),
                                                              int(meta.get("python_frames") or 0),
                                                              int(meta.get("memory_events") or 0),
-                                                             int(meta.get("python_frames_off_ops") or 0)),
+                                                             int(meta.get("python_frames_off_ops") or 0),
+                                                             meta.get("python_off_ops_stretches") or ()),
                  adapter=ad.name, header=header, warnings=meta.get("warnings") or (),
                  short_threads=meta.get("short_threads") or None)
 
@@ -487,7 +498,8 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
             pf = [e for e in events if e.cat == "python_function" and e.ts is not None]
             counts[0] += len(pf)
             if pf:
-                frames.append(np.array([[e.ts for e in pf], [_tid(e.tid) for e in pf]], dtype=float))
+                frames.append(np.array([[e.ts for e in pf], [_tid(e.tid) for e in pf],
+                                        [n in CLOCK_CALLS for n in names(pf)]], dtype=float))
             inst = [e for e in events if e.cat == "cpu_instant_event"]
             counts[1] += sum(1 for n in names(inst) if n == "[memory]") if inst else 0
         wins = [(e.ts, e.ts + e.dur) for e, n in zip(w, names(w)) if n.startswith(WINDOW_NAME)]
@@ -527,9 +539,9 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
         return to_columns(g, GPU_COLUMNS), to_columns(cc, CPU_COLUMNS), wins, short
 
     seen = 0
-    counts = [0, 0, 0]  # python_function events, [memory] instants, Python frames off the ops
+    counts: list = [0, 0, 0, ()]  # python_function events, [memory] instants, Python frames off the ops, their stretches
     op_raw = raw_of("cpu_op")
-    frames: list = []  # (ts, tid) of the Python frames, per chunk
+    frames: list = []  # (ts, tid, clock read) of the Python frames, per chunk
     ops: list = [np.empty((3, 0))]  # (start, end, tid) of the ops, per chunk
     windows: list[tuple[float, float]] = []
     short = [np.empty((3, 0))]
@@ -549,7 +561,7 @@ def _build(header: dict, chunks: Iterable[list], *, path: Path | None, adapter: 
     name = path.name if path else "(trace)"
     (gpu_cols, cpu_cols), warnings = _valid(concat(g_parts), cpu_cols, name, windows)
     if frames:
-        counts[2] = _frames_off(np.concatenate(frames, axis=1), np.concatenate(ops, axis=1))
+        counts[2], counts[3] = _frames_off(np.concatenate(frames, axis=1), np.concatenate(ops, axis=1))
     info = trace_info(header, ad, seen if n_events is None else n_events, len(ts), *counts)
     return Trace(path=path, gpu=gpu_cols, cpu=cpu_cols, info=info, adapter=ad.name, header=header, warnings=warnings,
                  short_threads=spans)
@@ -568,23 +580,35 @@ def _tid(t) -> float:
     return float(t) if _numeric(t) else float("nan")
 
 
-def _frames_off(frames: "np.ndarray", ops: "np.ndarray") -> int:
-    """How many Python frames (``(ts, tid)`` columns) start on a thread that records ops but outside its ``cpu_op``
-    spans merged where less than :data:`LONG_CPU_OP_US` apart (:func:`short_threads`): a stretch of Python that
-    records no op (:attr:`TraceInfo.python_frames_off_ops`)."""
+def _frames_off(frames: "np.ndarray", ops: "np.ndarray") -> tuple[int, tuple]:
+    """How many Python frames (``(ts, tid, clock read)`` columns) start on a thread that records ops but outside its
+    ``cpu_op`` spans merged where less than :data:`LONG_CPU_OP_US` apart (:func:`short_threads`): a stretch of Python
+    that records no op (:attr:`TraceInfo.python_frames_off_ops`); and their stretches
+    (:attr:`TraceInfo.python_off_ops_stretches`)."""
     import numpy as np
 
     sa, sb, st = short_threads(*ops)
-    n = 0
-    ft, tt = frames
+    n, out = 0, []
+    ft, tt, clock = frames
     for t in np.unique(tt[~np.isnan(tt)]):
         m, k = tt == t, st == t
         if not k.any():
             continue
-        a, b, x = sa[k], sb[k], ft[m]
+        a, b = sa[k], sb[k]
+        o = np.argsort(ft[m], kind="stable")
+        x, c = ft[m][o], clock[m][o]
         i = np.searchsorted(a, x, side="right") - 1
-        n += int((~((i >= 0) & (x < b[np.clip(i, 0, len(b) - 1)]))).sum())
-    return n
+        off = ~((i >= 0) & (x < b[np.clip(i, 0, len(b) - 1)]))
+        n += int(off.sum())
+        x, c = x[off], c[off]
+        if not len(x):
+            continue
+        cut = np.flatnonzero(np.diff(x) >= LONG_CPU_OP_US) + 1
+        for lo, hi in zip(np.r_[0, cut], np.r_[cut, len(x)]):
+            k = np.flatnonzero(c[lo:hi])  # the clock reads: the frames from the first to the last one are timed
+            out.append((float(x[lo]), float(x[hi - 1]), float(t), int(hi - lo), int(len(k)),
+                        int(k[-1] - k[0] + 1) if len(k) else 0))
+    return n, tuple(out)
 
 
 def short_threads(a, b, tid) -> "tuple[np.ndarray, np.ndarray, np.ndarray]":
@@ -696,7 +720,7 @@ def subsampled(external_ids: "np.ndarray", min_ids: int = 200) -> str | None:
 
 
 def trace_info(header: Mapping[str, Any], ad: Adapter, events: int, short_ops: int = 0, python_frames: int = 0,
-               memory_events: int = 0, python_frames_off_ops: int = 0) -> TraceInfo:
+               memory_events: int = 0, python_frames_off_ops: int = 0, python_off_ops_stretches=()) -> TraceInfo:
     """The header's distributed info through the adapter's declared keys (``events``, ``short_ops``,
     ``python_frames``, ``memory_events``: counts of the file's events, :class:`TraceInfo`)."""
     d = header.get(ad.info_key)
@@ -708,7 +732,8 @@ def trace_info(header: Mapping[str, Any], ad: Adapter, events: int, short_ops: i
     pg = fields.get("pg_config")
     fields["pg_config"] = tuple(pg) if isinstance(pg, (list, tuple)) else ()
     return TraceInfo(**fields, events=events, short_ops=short_ops, python_frames=python_frames,
-                     memory_events=memory_events, python_frames_off_ops=python_frames_off_ops)
+                     memory_events=memory_events, python_frames_off_ops=python_frames_off_ops,
+                     python_off_ops_stretches=tuple(tuple(x) for x in python_off_ops_stretches))
 
 
 def gpu_events(trace: Mapping[str, Any] | Trace) -> "pd.DataFrame":

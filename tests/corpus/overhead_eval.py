@@ -56,6 +56,9 @@ no trace committed): their stack windows fit the with_stack row, their plain-sha
 STACK_HELD_OUT = ("s11r2-",)
 """the stack windows recorded after the with_stack row was fitted (round s11r2, another machine or session): a
 validation set, never fitted on"""
+OFF_FRAMES = ROOT / "recorded" / "profiler_overhead" / "multi" / "off_frames.json"
+"""the ranks whose pure-Python work off their ops was traced with stacks, with their measured overhead: the with_stack
+row's price per frame off the ops (:func:`off_frame_fit`; the file's ``how`` says what each number is)"""
 MULTI_HELD_OUT = ("h100x2/", "h100x4/")
 """the multi-process windows recorded after the distributed row was fitted (on 4x H100, a host it was not fitted on):
 a validation set, never fitted on, like every window with shapes"""
@@ -783,6 +786,26 @@ def frame_fit(train: list[dict]) -> tuple[float, float, list[dict]]:
     return (float(a), float(b), use) if b > 0 else (float(np.mean(f)), 0.0, use)
 
 
+def off_frame_factor(p: dict) -> float:
+    """One point's implied price per Python frame off the ops per us of launch (:data:`OFF_FRAMES`): its measured
+    overhead less what its ops are priced at, over its frames off the ops and its launch reading."""
+    return (p["overhead_us"] - p["ops_overhead_us"]) / (p["off_frames"] * p["launch_us"])
+
+
+def off_frame_fit(points: list[dict] | None = None) -> float | None:
+    """The with_stack row's ``us_per_off_frame_per_launch_us``: the median :func:`off_frame_factor` over the fitted
+    points of :data:`OFF_FRAMES` (or ``points``); None without one. A frame off the ops (a builtin call of a
+    pure-Python loop: ``ord``, ``list.append``) costs the tracer far less than the frames among the ops, whose term
+    (``us_per_frame_per_launch_us``, :func:`frame_fit`) also carries what comes with them (module calls, their ops'
+    shapes)."""
+    if points is None:
+        if not OFF_FRAMES.is_file():
+            return None
+        points = json.loads(OFF_FRAMES.read_text())["points"]
+    use = [off_frame_factor(p) for p in points if p.get("fitted", True)]
+    return statistics.median(use) if use else None
+
+
 def table(jobs: list[dict]) -> str:
     """:data:`CHOSEN` fitted on every job whose price is determined, as the table kit.doctor.overhead reads: per
     profiler setting, the per-op price per microsecond of the trace's median kernel launch (runtime calls folded in),
@@ -800,6 +823,9 @@ def table(jobs: list[dict]) -> str:
                                                                               row.get("distributed"))]
             a, b, use = frame_fit(mine)
             row.update(us_per_op_per_launch_us=round(a, 4), us_per_frame_per_launch_us=round(b, 4), cases=len(use))
+            off = off_frame_fit()
+            if off is not None:
+                row["us_per_off_frame_per_launch_us"] = round(off, 4)
             stack.update({j["case"]: (a, b) for j in mine})
 
     def priced(j):
