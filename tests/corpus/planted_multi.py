@@ -75,7 +75,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import math
 import os
@@ -92,19 +91,9 @@ import torch
 import torch.nn as nn
 
 HERE = Path(__file__).resolve().parent
-
-
-def _planted():
-    if "planted" in sys.modules:
-        return sys.modules["planted"]
-    spec = importlib.util.spec_from_file_location("planted", HERE / "planted.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["planted"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-P = _planted()
+if str(HERE) not in sys.path:  # planted.py beside it, also where this file is loaded by its path (the tests)
+    sys.path.insert(0, str(HERE))
+import planted as P  # noqa: E402
 
 ONE_RANK = int(os.environ.get("PLANTED_MULTI_RANK", "1"))
 """the rank a one-rank fault is planted on (1; the environment variable ``PLANTED_MULTI_RANK`` moves it, read by the

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
-import importlib.util
 import json
 import os
 import resource
@@ -45,19 +44,7 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
-
-
-def _pm():
-    if "planted_multi" in sys.modules:
-        return sys.modules["planted_multi"]
-    spec = importlib.util.spec_from_file_location("planted_multi", HERE / "planted_multi.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["planted_multi"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-PM = _pm()
+import planted_multi as PM  # noqa: E402  (beside it: run as a script, its folder is on sys.path)
 TRACED_STEPS = 4
 """steps of each arm's trace (``schedule(wait=1, warmup=1, active=TRACED_STEPS)``)"""
 
