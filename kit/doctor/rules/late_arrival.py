@@ -2,7 +2,7 @@
 the host model (:mod:`kit.doctor.host_model`: the same host activity the step accounting reads) into waiting for
 data, synchronising calls and stalls (:func:`host_time_until`), how one arrival splits into host and GPU parts
 (:func:`arrival_parts`), and why the late rank arrived last, per reason, over the instances it was last at
-(:func:`attribute`)."""
+(:func:`attribute`; a host catching up a lag behind its peers', :func:`lag_shares`)."""
 
 from __future__ import annotations
 
@@ -55,6 +55,8 @@ def host_time_until(view: RankView, tl: Timeline) -> "pd.DataFrame":
 REASONS = ("data_wait", "host_sync", "host_stall", "host_busy", "gpu_busy")
 """what a late rank may have been doing: the :data:`HOST_REASONS` activities, issuing work (``host_busy``), its GPU still
 busy with earlier work (``gpu_busy``)"""
+LAG_PARTS = ("host_stall", "host_busy")
+"""what a late rank's host did while it caught up a lag of its host behind its peers' (:func:`lag_shares`)"""
 
 
 def arrival_parts(row: dict, origin: dict) -> dict:
@@ -83,9 +85,11 @@ def attribute(df: "pd.DataFrame", inst: "pd.DataFrame", late: int) -> tuple[dict
     instance of the same step; a step begins afresh, its ranks resynchronised by the previous step's end, where the
     optimizer waits for the gradients' collectives: a rank late by the same amount at every step adds it at every
     step), explained by how each rank got from that previous instance's end (the same moment on every rank)
-    to this one (:func:`arrival_parts`): the late rank's parts minus the other ranks' median parts. The first
-    instance of a trace is counted from each rank's start of its step instead. Returns the excess per reason and
-    how many instances added lateness that could be explained."""
+    to this one (:func:`arrival_parts`): the late rank's parts minus the other ranks' median parts -- where it was
+    catching up a lag of its host behind theirs, its stall and issuing parts split as the lag was built
+    (:func:`lag_shares`). The first instance of a trace is counted from each rank's start of its step instead.
+    ``inst`` holds each instance's lateness floor (``floor_us``). Returns the excess per reason and how many
+    instances added lateness that could be explained."""
     import numpy as np
 
     cols = ["launch_us", "start_us", "end_us", "step_ts", "step"] + [f"{c}@{w}" for c in HOST_REASONS
@@ -120,10 +124,16 @@ def attribute(df: "pd.DataFrame", inst: "pd.DataFrame", late: int) -> tuple[dict
         return o
 
     parts = {r: arrival_parts(row(k, r), origin(k, r)) for r in ranks}
+    peers = [r for r in ranks if r != late]
     with warnings.catch_warnings():  # an instance some rank did not see: NaN, left out
         warnings.simplefilter("ignore", RuntimeWarning)
-        ex = {c: parts[late][c] - np.nanmedian(np.vstack([parts[r][c] for r in ranks if r != late]), axis=0)
+        ex = {c: parts[late][c] - np.nanmedian(np.vstack([parts[r][c] for r in peers]), axis=0)
               for c in REASONS}
+        # catching up a lag: its host's time since the origin is a stall's or slower issuing as the lag was built
+        share = lag_shares(wide, late, peers, k, inst["floor_us"].to_numpy(dtype=float)[k])
+        behind = sum(np.clip(ex[c], 0, None) for c in LAG_PARTS)
+        for c in LAG_PARTS:
+            ex[c] = np.where(np.isnan(share[c]), ex[c], behind * share[c])
     pos = np.nansum(np.vstack([np.clip(ex[c], 0, None) for c in REASONS]), axis=0)
     ok = pos > 0
     # each instance's added lateness is explained only as far as the rank's own excess over its peers reaches:
@@ -134,3 +144,66 @@ def attribute(df: "pd.DataFrame", inst: "pd.DataFrame", late: int) -> tuple[dict
     total["_added"] = float(np.nansum(added[k]))
     return total, int(ok.sum())
 
+
+def lag_shares(wide: "pd.DataFrame", late: int, peers: list, k: "np.ndarray", floor: "np.ndarray") -> dict:
+    """At the instances ``k`` (positions in ``wide``: :func:`attribute`'s rows, in order) at which rank ``late`` is
+    catching up a lag of its host behind its peers', how its host time since the origin splits into a stall's
+    (``host_stall``) and slower issuing (``host_busy``): their shares (:data:`LAG_PARTS`); NaN at the other instances.
+
+    Catching up: its host launched the collective after the previous one ended, the peers' hosts (their median)
+    before it, and its GPU started the collective within the instance's lateness floor (``floor``) of its launch -- it
+    waited for its host, not its host for it. There the peers' host parts (:func:`arrival_parts`) are empty (their
+    hosts issued this stretch's work before the origin) while the late rank's hold all its issuing since: a host that
+    issues as fast as its peers' but behind them -- since a stall of its own -- shows every later stretch it issues as
+    excess ``host_busy``, and a host-bound job's stretches, each issued more slowly than its GPU runs it, lengthen and
+    shorten its lateness collective by collective. What its host time there is, a stall's or slower issuing, is what
+    put it behind: each rank's host time between its launches of the first and the last instance of the run at which
+    the late rank's host was behind the peers' (:func:`host_lag` > 0; from the last instance before the run at which
+    it was level or ahead, else the trace's first), in a stall and the rest, the late rank's less the peers' median --
+    a stall leaves its length there, a host that issues the same work more slowly its slower issuing. A wait for data
+    or a synchronising call after the origin is an event at the instance itself and keeps its own part."""
+    import numpy as np
+
+    out = {c: np.full(k.shape, np.nan) for c in LAG_PARTS}
+    if not len(k):
+        return out
+    ranks = [late, *peers]
+    launch = {r: wide[("launch_us", r)].to_numpy(dtype=float) for r in ranks}
+    end = {r: wide[("end_us", r)].to_numpy(dtype=float) for r in ranks}
+    start = wide[("start_us", late)].to_numpy(dtype=float)[k]
+    prev = np.clip(k - 1, 0, None)
+    ahead = np.nanmedian(np.vstack([launch[r][k] - end[r][prev] for r in peers]), axis=0) <= 0
+    behind = launch[late][k] > end[late][prev]
+    starved = start - np.maximum(launch[late][k], end[late][prev]) < floor  # its GPU waited for the launch
+    catch = (k > 0) & behind & ahead & starved
+    if not catch.any():
+        return out
+    lag = host_lag(wide, late, peers)
+    n = len(lag)
+    level = lag <= 0  # NaN (an instance some rank did not see): not level
+    since = np.maximum.accumulate(np.where(level, np.arange(n), 0))[prev]  # the run's start: the last level one before
+    until = np.minimum.accumulate(np.where(level, np.arange(n), n)[::-1])[::-1][k] - 1  # its last instance behind
+    spent = {}
+    for r in ranks:
+        d = {c: (wide[(f"{c}@launch", r)].to_numpy(dtype=float)[until]
+                 - wide[(f"{c}@launch", r)].to_numpy(dtype=float)[since]) for c in HOST_REASONS}
+        d["host_busy"] = launch[r][until] - launch[r][since] - sum(d.values())
+        spent[r] = d
+    pos = {c: np.clip(spent[late][c] - np.nanmedian(np.vstack([spent[r][c] for r in peers]), axis=0), 0, None)
+           for c in LAG_PARTS}
+    total = sum(pos.values())
+    ok = catch & (total > 0)
+    for c in LAG_PARTS:
+        out[c][ok] = pos[c][ok] / total[ok]
+    return out
+
+
+def host_lag(wide: "pd.DataFrame", late: int, peers: list) -> "np.ndarray":
+    """Per instance (``wide``: :func:`attribute`'s rows, in order), how much later rank ``late``'s host launched the
+    collective than the median of the ``peers``' hosts, each launch read against the instance's end on the rank's
+    own clock (the same moment on every rank: no clock alignment). Positive: its host is behind theirs."""
+    import numpy as np
+
+    rel = {r: wide[("launch_us", r)].to_numpy(dtype=float) - wide[("end_us", r)].to_numpy(dtype=float)
+           for r in [late, *peers]}
+    return rel[late] - np.nanmedian(np.vstack([rel[r] for r in peers]), axis=0)

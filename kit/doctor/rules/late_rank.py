@@ -435,6 +435,11 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
         gain, basis = model["gain_us"], "contended_host"
     elif measured_ok and measured < gain and not (own.get("quiet") or {}).get("confirmed"):  # (measured_excess)
         gain, basis = measured, "measured_host"
+    # a contended core (the model's reading) is taken from the rank in slices between its launches as inside its ops:
+    # its host's stall time is the same work issued more slowly, not a stall of its own (kit.doctor.contended)
+    sliced = model is not None and reason == "host_stall"
+    if sliced:
+        reason = "host_busy"
     # the most the job could gain: each other rank's step is its own time plus its waiting, so the least any other
     # rank waits per step at the collectives bounds it -- counted at every collective where that rank waited more
     # than jitter (the instance's lateness floor), not only where this rank's kernel ended last (a broadcast's root
@@ -476,10 +481,14 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     ev["same_kernels_slower_pct"] = num(100 * slower) if slower is not None else None
     ev["lateness_explained_share"] = num(seen / added, 3) if added > 0 else None
     ev["reason_from"] = "own_time" if in_own else "collectives"
+    if sliced:  # the host model's stall time of a contended core: its slices (kit.doctor.contended)
+        ev["reason_from_stall"] = "contended_host"
     words = REASON_TEXT_CPU if tl_of[late].gpu_kernels == 0 else REASON_TEXT
     why = (f"; its GPU busy with {dur_text(own['excess_us'])} more compute per step than the slowest other rank's"
            if by_own else f"; {words[reason]} ({dur_text(in_own[1])} per step more than any other rank, in its "
                           f"step's host activity)" if in_own else
+           f"; {words[reason]} ({100 * (excess[reason] + excess['host_stall']) / added:.0f}% of its lateness, "
+           f"with stretches of no event as its core was taken)" if sliced else
            f"; {words[reason]} ({100 * excess[reason] / added:.0f}% of its lateness)" if reason else
            f"; what made it late is not visible in the trace (its own activity explains "
            f"{100 * seen / added if added else 0:.0f}% of its lateness: it may have begun before the traced "
