@@ -351,13 +351,24 @@ def _off_ops(view: "RankView", per_step: "pd.DataFrame") -> dict:
 
     st = np.asarray(getattr(view.trace.info, "python_off_ops_stretches", ()) or (), dtype=float).reshape(-1, 6)
     a, b = _windows(view, per_step)
-    x = st[:, 0]
-    i = np.searchsorted(a, x, side="right") - 1
-    inside = (i >= 0) & (x < b[np.clip(i, 0, len(b) - 1)]) if len(a) else np.zeros(len(x), bool)
-    timed = inside & (st[:, 4] > TIMED_CLOCK_READS)
-    frames = st[:, 3] - np.where(timed, st[:, 5], 0.0)
-    keep = inside & (frames > 0)
-    return {"ts": x[keep], "frames": frames[keep], "timed": int(timed.sum()), "timed_frames": int(st[timed, 5].sum())}
+    x0, x1 = st[:, 0], st[:, 1]
+    # the share of each stretch inside the windows (its frames spread evenly over it: one that begins in the
+    # profiler's step() call just before a step's annotation is that step's); its start, clipped to them
+    share, start = np.zeros(len(st)), x0.copy()
+    for k in range(len(st)):
+        over = np.clip(np.minimum(x1[k], b) - np.maximum(x0[k], a), 0.0, None)
+        j = np.flatnonzero((b > x0[k]) & (a <= x1[k]))
+        if x1[k] > x0[k]:
+            share[k] = min(1.0, float(over.sum()) / (x1[k] - x0[k]))
+        elif len(j):
+            share[k] = 1.0
+        if len(j):
+            start[k] = max(x0[k], float(a[j[0]]))
+    timed = (share > 0) & (st[:, 4] > TIMED_CLOCK_READS)
+    frames = (st[:, 3] - np.where(timed, st[:, 5], 0.0)) * share
+    keep = frames > 0
+    return {"ts": start[keep], "frames": frames[keep], "timed": int(timed.sum()),
+            "timed_frames": int(round(float((st[:, 5] * share)[timed].sum())))}
 
 
 def _lower_bound(stack: bool, row: dict | None) -> str:
