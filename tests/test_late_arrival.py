@@ -96,3 +96,21 @@ def test_a_real_stall_before_the_optimizer_step_is_a_stall():
                                                                                   "collectives")
     per = f.evidence["reason_us_per_step"]
     assert per["host_stall"] > per["host_busy"]
+
+
+CONTENDED = Path(__file__).resolve().parent / "data" / "doctor" / "corpus-h100x2" / "gpt-ddp-bf16-cpu_rank"
+
+
+@pytest.mark.skipif(not CONTENDED.exists(), reason="case not here")
+def test_a_contended_cores_stall_time_is_said_as_slower_issuing():
+    """2 H100s, bf16 DDP GPT, rank 1's process on one core shared with a busy loop (its truth: host_busy). Its host's
+    lag is built of stretches with no event (the scheduler's slices, the host model's stall time: host_stall 9.3 of
+    12.5 ms per step of its explained lateness), and the contended-host model holds: the reason said is host_busy, with
+    its fix (CPU binding, other load), and the evidence says why (it said host_stall, whose fix starts from a sleep)."""
+    from conftest import diagnosed
+
+    f = diagnosed(sorted(CONTENDED.glob("*.json.gz"))).problems[0]
+    ev = f.evidence
+    assert (f.rule, f.ranks, ev["cost_basis"], ev["reason"]) == ("late_rank", (1,), "contended_host", "host_busy")
+    assert ev["reason_from_stall"] == "contended_host" and "CPU binding" in f.fix
+    assert ev["reason_us_per_step"]["host_stall"] > ev["reason_us_per_step"]["host_busy"]
