@@ -13,12 +13,12 @@ from kit.doctor.rules.late_arrival import HOST_REASONS, attribute
 AFTER = Path(__file__).resolve().parent / "data" / "doctor" / "recorded-h200x2-fsdp-stall-before-step"
 
 
-def _job(stall_us: float = 0.0, slower: float = 0.0, steps: int = 3, per_step: int = 24):
+def _job(stall_us: float = 0.0, slower: float = 0.0, steps: int = 3, per_step: int = 24, at: int = 0):
     """Two ranks, ``per_step`` collectives a step, each stretch between two collectives issued by the host in
     1.2-1.8 ms (the same on both ranks but ``slower``, rank 1's extra share) and run by the GPU in 1 ms: the job is
     host-bound. Rank 0's host is 20 ms ahead of rank 1's from the start (a lag from before the trace), and rank 1's
     host stalls ``stall_us`` before the first collective of every step but the first (a sleep between backward() and
-    optimizer.step()). Each rank's arrival is its launch or its GPU's end of the stretch, whichever is later; a
+    optimizer.step()), or before its collective ``at`` of every step (a stall inside the step). Each rank's arrival is its launch or its GPU's end of the stretch, whichever is later; a
     collective runs 0.1 ms from the later arrival. Rank 1's clock is 1 s ahead of rank 0's. Returns (df, inst) as
     ``attribute`` reads them."""
     skew = {0: 0.0, 1: 1e6}
@@ -32,11 +32,11 @@ def _job(stall_us: float = 0.0, slower: float = 0.0, steps: int = 3, per_step: i
     step_ts = {0: [], 1: []}
     for k in range(n):
         for r in (0, 1):
+            if r == 1 and k > 0 and k % per_step == at and stall_us:
+                host[r] += stall_us
+                stalled[r] += stall_us
             if k % per_step == 0:
-                if r == 1 and k > 0 and stall_us:
-                    host[r] += stall_us
-                    stalled[r] += stall_us
-                step_ts[r].append((host[r] - 50.0, stalled[r] - (stall_us if r == 1 and k > 0 else 0.0)))
+                step_ts[r].append((host[r] - 50.0, stalled[r] - (stall_us if r == 1 and k > 0 and at == 0 else 0.0)))
             host[r] += shape[k] * (1 + (slower if r == 1 else 0.0))
             launch[r].append(host[r])
             stall_at[r].append(stalled[r])
@@ -62,13 +62,14 @@ def _job(stall_us: float = 0.0, slower: float = 0.0, steps: int = 3, per_step: i
     return pd.DataFrame(rows), pd.DataFrame(last)
 
 
-def test_a_stall_whose_lag_the_rank_carries_is_the_stall():
+@pytest.mark.parametrize("at", [0, 12])
+def test_a_stall_whose_lag_the_rank_carries_is_the_stall(at):
     """Rank 1 sleeps 8 ms once a step and then issues its work as fast as rank 0, whose host stays ahead: at every
     collective it is late by its host's launch against rank 0's GPU. The lateness it adds is the stall's lag carried
     through a host-bound step, not slower issuing: host_stall, not host_busy (its issuing since each collective's
     end, which rank 0 did before that end, read as excess host_busy: 20.5 ms of host_busy against 14.7 of host_stall
-    before ``lag_shares``; CPU binding was the fix shown)."""
-    df, inst = _job(stall_us=8000.0)
+    before ``lag_shares``; CPU binding was the fix shown). The same for a stall in the middle of the step."""
+    df, inst = _job(stall_us=8000.0, at=at)
     assert (inst["rank"] == 1).all()
     got, n = attribute(df, inst, 1)
     assert n > 0 and got["host_stall"] > 2 * got["host_busy"]
