@@ -13,7 +13,8 @@ if the session's deadline leaves room for it (rank 0 decides, every rank follows
 ``OUT/<job>/<k>-<shapes|noshapes>/`` (each rank's trace and sidecar) and ``OUT/<job>/meta.json`` (the job, its
 sizes, the device, versions, the host CPU, each window's wall time). ``PROBE_ARMS=stack`` (``stack/run.sh``, session
 11): six windows instead, ABCCBA, with ``record_shapes``, + ``with_stack``, + ``with_stack`` and ``profile_memory``
-(:data:`STACK_ARMS`), named ``<k>-shapes``, ``<k>-stack``, ``<k>-stackmem``.
+(:data:`STACK_ARMS`), named ``<k>-shapes``, ``<k>-stack``, ``<k>-stackmem``. ``PROBE_ARMS=stack2`` (``offops/run.sh``, session 12):
+four windows, ABBA, with ``record_shapes`` and + ``with_stack``.
 
     python probe.py OUT --world 2 --jobs gpt-ddp-bf16-control,gpt-fsdp-bf16-control --budget-s 30
     python probe.py OUT --world 2 --device cpu --jobs gpt-ddp-bf16-control --budget-s 60   # gloo dry run
@@ -42,8 +43,13 @@ STACK_ARMS = (("shapes", True, False, False), ("stack", True, True, False), ("st
               ("stackmem", True, True, True), ("stack", True, True, False), ("shapes", True, False, False))
 """``PROBE_ARMS=stack`` (``stack/run.sh``, session 11): record_shapes, + with_stack, + with_stack and profile_memory
 (ABCCBA)"""
+STACK2_ARMS = (("shapes", True, False, False), ("stack", True, True, False), ("stack", True, True, False),
+               ("shapes", True, False, False))
+"""``PROBE_ARMS=stack2`` (``offops/run.sh``, session 12): record_shapes, + with_stack (ABBA)"""
 if os.environ.get("PROBE_ARMS") == "stack":
     ARMS = STACK_ARMS
+elif os.environ.get("PROBE_ARMS") == "stack2":
+    ARMS = STACK2_ARMS
 
 
 def _rank(rank, world, out, jobs, port, deadline, device, warm, active, unprofiled):
