@@ -618,6 +618,8 @@ def test_python_off_the_ops_is_priced_but_a_loop_that_runs_to_a_deadline_is_not(
     v = ov._view(OFF_OPS)
     off = ov._off_ops(v, ov._per_step(v))
     assert off["timed"] == 1 and off["timed_frames"] == loop[5]
+    assert ov.overhead(v).off_ops_us == 0.0  # a CPU trace: no row prices frames off the ops (nor says so)
+    assert "profiler_off_ops_us" not in ov.overhead(v).as_dict()
     assert loop[3] - loop[5] in off["frames"].tolist()
     assert off["frames"].sum() < t.info.python_frames_off_ops - loop[5] + 1  # the deadline loop's frames not priced
 

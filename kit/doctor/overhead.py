@@ -144,7 +144,8 @@ class ProfilerOverhead:
     def as_dict(self) -> dict[str, Any]:
         return {"traced_step_us": _r(self.traced_step_us), "unprofiled_step_us": _r(self.unprofiled_step_us),
                 "profiler_overhead_us": _r(self.overhead_us), "basis": self.basis, "how": self.how,
-                **({"basis_note": self.note} if self.note else {})}
+                **({"basis_note": self.note} if self.note else {}),
+                **({"profiler_off_ops_us": _r(self.off_ops_us)} if self.off_ops_us >= 0.05 else {})}
 
 
 def _r(x):
