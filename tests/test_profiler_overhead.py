@@ -524,9 +524,9 @@ def test_a_gpu_trace_recorded_with_stack_is_read_so():
 
 def test_a_multi_process_trace_with_stack_is_priced_by_the_stack_row():
     """A rank of a 2-rank DDP job whose settings say record_shapes and with_stack (the kitCapture facts given here,
-    on the committed multi window's real trace) is priced by the table's with_stack row -- fitted on 31 kit.capture
-    windows of GPT and CNN DDP jobs on 4x H200 recorded with stacks (recorded/profiler_overhead/multi/stack.json.xz)
-    -- and the sentence says so; the same trace without stacks by the record_shapes row: the two prices differ by the
+    on the committed multi window's real trace) is priced by the table's with_stack row -- fitted on 35 kit.capture
+    windows of GPT and CNN DDP jobs and a GPT FSDP job on 4x H200 recorded with stacks
+    (recorded/profiler_overhead/multi/stack.json.xz and offops/) -- and the sentence says so; the same trace without stacks by the record_shapes row: the two prices differ by the
     rows' factors alone (the same ops, the same launch reading; this trace holds no Python frame, so the row's term
     per frame adds nothing)."""
     files = sorted(str(f) for f in MULTI_WINDOW.glob("trace_rank*.json.gz"))
@@ -627,15 +627,15 @@ def test_python_off_the_ops_is_priced_but_a_loop_that_runs_to_a_deadline_is_not(
 def test_a_frame_off_the_ops_is_priced_by_its_own_fit():
     """The with_stack row's price per Python frame off the ops is overhead_eval.off_frame_fit's on
     recorded/profiler_overhead/multi/off_frames.json (derived once): the held-out GPT input straggler of session 11
-    (rank 2's tokenizer in its DataLoader, 142k frames a step: 78.3 ms of overhead, 8.8 ms of it its ops') implies
-    0.0515 us per frame per us of launch -- a quarter of the frame term among the ops (0.209, which carries what comes
-    with a module's frames), so the frame term's price would have put 282 ms on a 103 ms step. Every point, the
-    check recorded after the fit too (round s12r1: the same transform in a 2-GPU kit.capture window, 57k frames a
-    step, implying 0.039), is priced within 0.5-2x of its measured overhead (1.00x and 1.23x)."""
+    (rank 2's tokenizer in its DataLoader, 142k frames a step: 78.3 ms of overhead, 9.8 ms of it its ops') implies
+    0.051 us per frame per us of launch, below the frame term among the ops (0.089 since session 12's refit with FSDP;
+    0.209 before, fitted on DDP alone, which would have put 282 ms on a 103 ms step). Every point, the check recorded
+    after the fit too (round s12r1: the same transform in a 2-GPU kit.capture window, 57k frames a step, implying
+    0.037), is priced within 0.5-2x of its measured overhead (1.00x and 1.25x)."""
     ev = _eval_script()
     row = ov.pick_scaled(True, True, True, distributed=True)[1]
     assert row["us_per_off_frame_per_launch_us"] == pytest.approx(ev.off_frame_fit(), abs=5e-5)
-    assert row["us_per_off_frame_per_launch_us"] < 0.5 * row["us_per_frame_per_launch_us"]
+    assert row["us_per_off_frame_per_launch_us"] < row["us_per_frame_per_launch_us"]
     points = json.loads(ev.OFF_FRAMES.read_text())["points"]
     assert any(not p["fitted"] for p in points)
     for p in points:  # each point's own overhead, as the row prices it

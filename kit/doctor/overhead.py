@@ -17,10 +17,10 @@ host's share of every traced step grows. :func:`overhead` gives one rank's :clas
   setting (without ``record_shapes``, per kind of job too) x the rank's median kernel launch in its steps
   (:func:`pick_scaled`, ``jobs-launch.json``, fitted and judged held out by ``tests/corpus/overhead_eval.py``);
   without launches or a row for its settings, by :func:`pick`'s table (which one is stated). ``with_stack`` has a
-  row for a multi-process rank with ``record_shapes``: (0.606 + 0.209 x the rank's Python frames per op) x the launch
+  row for a multi-process rank with ``record_shapes``: (a + b x the rank's Python frames per op) x the launch
   (:func:`_frames_per_op`: the frames among the ops, a thread's stretch of Python without an op left out; fitted on
-  10 GPT and CNN DDP jobs on 4x H200 whose stacks cost 1.44x the shapes-only overhead, FINDINGS.md "The price of a
-  trace recorded with stacks"), plus the frames of those stretches at the row's own price per frame off the ops x the
+  10 GPT and CNN DDP jobs on 4x H200 whose stacks cost 1.44x the shapes-only overhead and, since session 12, an FSDP
+  job's 10-11 frames per op, FINDINGS.md "The price of a trace recorded with stacks"), plus the frames of those stretches at the row's own price per frame off the ops x the
   launch (:func:`_off_ops`: a pure-Python loop's builtin calls; a loop that reads the clock as it goes, which runs to
   a deadline, left out; :attr:`ProfilerOverhead.off_ops_us`); any other trace with stacks takes its settings' row
   without them, and ``how`` says that is likely low. The settings are the kitCapture header's, else read in the trace -- Python frames and

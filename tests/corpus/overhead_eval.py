@@ -54,6 +54,13 @@ MULTI_STACK = ROOT / "recorded" / "profiler_overhead" / "multi" / "stack.json.xz
 (``recorded/profiler_overhead/multi/stack/``'s probe, round s11r1: features computed on the device, ``--stack-from``;
 no trace committed): their stack windows fit the with_stack row, their plain-shapes windows are validation"""
 STACK_HELD_OUT = ("s11r2-",)
+MULTI_OFFOPS = ROOT / "recorded" / "profiler_overhead" / "multi" / "offops" / "features-s12r1-h200x4.json.xz"
+"""the stack probe of session 12 (``offops/run.sh``, round s12r1, 2 of 4x H200: record_shapes / + with_stack, ABBA):
+GPT DDP control, GPT with its input transform on rank 1's training thread, FSDP control and stall_rank. Their stack
+windows of the controls join the with_stack row's fit (FSDP's 10-11 Python frames per op among its ops, where the
+DDP windows hold about 1); each rank's frames off the ops (``py_off``, priced apart: :func:`off_frame_fit`) are
+left out of its frames (:func:`frames_x`), the input transform's windows (priced mostly by them) and the stall_rank
+ones (:data:`FRAME_FIT_OUT`) are checks"""
 """the stack windows recorded after the with_stack row was fitted (round s11r2, another machine or session): a
 validation set, never fitted on"""
 OFF_FRAMES = ROOT / "recorded" / "profiler_overhead" / "multi" / "off_frames.json"
@@ -136,6 +143,24 @@ def cases() -> list[dict]:
             out.append({**j, "unprof": {int(r): v for r, v in j["unprof"].items()}, "files": [], "multi": True,
                         "stackset": True,
                         "validation": not j.get("with_stack") or j["case"].startswith(STACK_HELD_OUT)})
+    out += offops_windows()
+    return out
+
+
+def offops_windows() -> list[dict]:
+    """:data:`MULTI_OFFOPS`' windows as :func:`cases` gives them (``s12r1-`` cases), each rank's Python frames those
+    among its ops (``py_frames`` less ``py_off``); [] without the file."""
+    import lzma
+
+    if not MULTI_OFFOPS.is_file():
+        return []
+    out = []
+    for j in json.loads(lzma.decompress(MULTI_OFFOPS.read_bytes()))["jobs"]:
+        ranks = [{**r, "py_frames": max(0.0, (r.get("py_frames") or 0.0) - (r.get("py_off") or 0.0))}
+                 for r in j["ranks"]]
+        out.append({**j, "case": f"s12r1-{j['case']}", "group": f"s12r1-{j['group']}", "ranks": ranks,
+                    "unprof": {int(r): v for r, v in j["unprof"].items()}, "files": [], "multi": True,
+                    "stackset": True, "validation": not j.get("with_stack") or "input_rank" in j["case"]})
     return out
 
 
