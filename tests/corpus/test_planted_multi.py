@@ -332,3 +332,85 @@ def test_the_stall_runs_only_at_its_place_and_a_set_is_named_on_the_command_line
     assert m.arms_of("cnn-ddp-fp32-control,cnn-ddp-fp32-gpu_rank") == ("cnn-ddp-fp32-control", "cnn-ddp-fp32-gpu_rank")
     assert m.main(["--pair", "cnn-ddp-fp32-control,gpt-ddp-bf16-control", "--device", "cpu"]) == 2  # two models
     assert m.main(["--pair", "cnn-ddp-fp32-control,no-such-case", "--device", "cpu"]) == 2
+
+
+@pytest.mark.parametrize("name", ["gpt-fsdp-bf16-stall_rank-fwd", "cnn-ddp-fp32-stall_rank-bwd"])
+def test_the_stall_runs_at_its_place_in_a_built_job(monkeypatch, name):
+    """STALL_AT on a job built as the recorder builds it (one gloo rank on CPU, FSDP2 or DDP, the stall on it):
+    ``in_forward`` moves the stall's counter between block 0's forward and block 1's (the hook is on the model's
+    first block, not on the wrapper), ``before_backward`` after the forward and before the optimizer step,
+    ``after_step`` only after the optimizer step (REVIEW_S12 L9: the gate test alone never built the hook)."""
+    import socket
+
+    import torch.distributed as dist
+
+    m = _module()
+    monkeypatch.setattr(m, "ONE_RANK", 0)
+    monkeypatch.setitem(m.FAULT_PARAMS, "stall_rank", {**m.FAULT_PARAMS["stall_rank"], "stall_ms": 0.5})
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        case = m.CASES[name]
+        job = m.MultiJob(case, "cpu", 0, 1, arms=(m.CASES[case["control"]], case))
+        inner = job.model.module if hasattr(job.model, "module") else job.model
+        blocks = inner.blocks if case["model"] == "gpt" else inner.layers
+        seen = {}
+
+        def mark(key):
+            return lambda *_: seen.__setitem__(key, job.record["step"]) and None
+
+        blocks[0].register_forward_pre_hook(mark("block0"))
+        blocks[1].register_forward_pre_hook(mark("block1"))
+        inner.register_forward_hook(mark("forward_end"))
+        step = job.opt.step
+        monkeypatch.setattr(job.opt, "step", lambda *a, **k: (mark("optimizer")(), step(*a, **k))[1])
+        for arm in (m.CASES[case["control"]], case):
+            job.arm(arm)
+            seen.clear()
+            before = job.record["step"]
+            job.step()
+            moved = {k: v > before for k, v in seen.items()} | {"step_end": job.record["step"] > before}
+            if arm is not case:
+                assert not any(moved.values()), (arm["name"], moved)
+                continue
+            where = case.get("stall_at", "after_step")
+            want = {"in_forward": (False, True, True, True), "before_backward": (False, False, False, True),
+                    "after_step": (False, False, False, False)}[where]
+            assert tuple(moved[k] for k in ("block0", "block1", "forward_end", "optimizer")) == want, (where, moved)
+            assert moved["step_end"]
+        job.close()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_an_unmeasured_fault_is_scored_as_a_control(tmp_path):
+    """table.py --unmeasured-unscored (session 12's criteria, REVIEW_S12 L7): a fault arm whose rounds' interval is
+    not above 0 is scored by the control criteria -- a one-rank finding at 20% of its step is a miss there, a 2%
+    one passes; with a measured fault the same finding is scored as the fault."""
+    import gzip
+
+    table = ROOT / "recorded" / "h200x4" / "doctor_heldout" / "table.py"
+    step = {"median": 10000.0, "p10": 9500.0, "p90": 10500.0, "per_rank": []}
+    low = {"none": -800.0, "measured": 900.0}
+    for run, lo in low.items():
+        for cost in (2000.0, 200.0):
+            case = tmp_path / "tag" / f"{run}-{cost:.0f}" / "cnn-ddp-fp32-input_rank"
+            case.mkdir(parents=True)
+            truth = {"case": case.name, "fault": "input_rank", "variant": "input_rank", "expected_rule": "late_rank",
+                     "expected_ranks": [1], "added_us": 1500.0, "step_us_unprofiled": step,
+                     "added_us_over_rounds": {"median": 1500.0, "low": lo, "high": 2500.0}}
+            doc = {"findings": [{"rule": "late_rank", "ranks": [1], "cost_us_per_step": cost, "evidence": {}}],
+                   "profiler_overhead": {}}
+            for n, d in (("truth", truth), ("doctor-x", doc)):
+                (case / f"{n}.json.gz").write_bytes(gzip.compress(json.dumps(d).encode()))
+    r = subprocess.run([sys.executable, str(table), "table", str(tmp_path), "--doctor", "doctor-x",
+                        "--unmeasured-unscored"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = {line.split(" | ")[0].split()[-1].split("/")[0]: line for line in r.stdout.splitlines()
+            if line.startswith("| tag ") and (" | pass | " in line or " | **miss** | " in line)}
+    assert "**miss**" in rows["none-2000"] and "as a control" in rows["none-2000"] and "20%" in rows["none-2000"]
+    assert "| pass |" in rows["none-200"] and "as a control" in rows["none-200"]
+    assert "| pass |" in rows["measured-2000"] and "1.33x" in rows["measured-2000"]
+    assert "**miss**" in rows["measured-200"] and "0.13x" in rows["measured-200"]
