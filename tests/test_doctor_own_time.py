@@ -35,20 +35,34 @@ def test_a_rank_is_late_only_beyond_the_others_spread_the_step_share_and_the_pro
 
 def test_the_tracers_cost_in_a_ranks_pure_python_is_taken_off_its_own_time_not_allowed_for_as_noise():
     """Rank 1 runs 70 ms of traced pure Python per step (a transform on its training thread, off its ops) that the
-    tracer priced at 60 ms (own_time.TRACER, ProfilerOverhead.off_ops_us): its own time is compared less that, 10 ms
-    beyond rank 0's, and the profiler floor is the overhead less that part (8 ms of ops, not 68): the excess is
-    confirmed at what the job would gain without the tracer. Without the column it was 70 ms; with the whole 68 ms
-    as the floor (the noise allowance), a real 10 ms straggler would not have been named."""
-    from kit.doctor.own_time import TRACER
+    tracer's price puts at 60 ms (own_time.TRACER, per step). Its own time is compared less the low end of that price
+    (TRACER_TAKEN, half: the price rests on few workloads, and a price too high would take a real straggler's time
+    away with the tracer's): 40 ms beyond rank 0's. The profiler floor is the overhead less the frames' price that
+    lengthened the step (68 - 60 = 8 ms: the ops' uneven slowing, not the rank's own Python): confirmed, at 40 ms.
+    Without the column the excess is 70 ms; with the whole 75 ms of an overhead as the floor (the noise allowance) it
+    would not be named."""
+    from kit.doctor.own_time import TRACER, TRACER_TAKEN
 
+    assert TRACER_TAKEN == 0.5
     even = [2000.0, 2100.0, 2400.0, 2200.0, 2000.0]
     slow = _steps([x + 70_000.0 for x in even]).assign(**{TRACER: 60_000.0})
-    o = ProfilerOverhead(None, None, 68_000.0, "estimated", "", off_ops_us=60_000.0)
+    o = ProfilerOverhead(None, None, 68_000.0, "estimated", "", off_ops_us=60_000.0, off_ops_exposed_us=60_000.0)
     got = own_excess({0: _steps(even), 1: slow}, 1, 80_000.0, overhead=o)
-    assert got["confirmed"] and got["excess_us"] == pytest.approx(10_000.0) and got["floor_us"] == 8000.0
+    assert got["confirmed"] and got["excess_us"] == pytest.approx(40_000.0) and got["floor_us"] == 8000.0
     assert own_excess({0: _steps(even), 1: slow.drop(columns=TRACER)}, 1, 80_000.0)["excess_us"] == 70_000.0
-    whole = ProfilerOverhead(None, None, 68_000.0, "estimated", "")
+    whole = ProfilerOverhead(None, None, 75_000.0, "estimated", "")
     assert not own_excess({0: _steps(even), 1: slow}, 1, 80_000.0, overhead=whole)["confirmed"]
+
+
+def test_own_host_net_of_the_profiler_nets_the_tracer_once():
+    """own_time.own_host_net: the traced own host time less the profiler's host time on the rank (the larger of its
+    overhead on the step and its events' price, which holds the tracer's price of its Python off the ops) -- the
+    TRACER column is not taken off again."""
+    from kit.doctor.own_time import TRACER, own_host_net
+
+    ps = _steps([20_000.0] * 3).assign(**{TRACER: 8000.0})
+    o = ProfilerOverhead(None, None, 6000.0, "estimated", "", host_us=11_000.0, off_ops_us=8000.0)
+    assert own_host_net(ps, o) == 9000.0 and own_host_net(ps, None) == 20_000.0
 
 
 def test_the_reason_is_the_own_kind_holding_most_of_the_excess():

@@ -94,14 +94,24 @@ class ProfilerOverhead:
     reading"""
     data_wait_us: float | None = None
     """the part of the overhead recorded inside the DataLoader's waits (where they leave the GPU idle): the overhead
-    spread evenly over the recorded ops of the steps, the share of the ops recorded inside the waits
-    (:func:`data_wait_share`); a loader fed by worker processes records none of its work there"""
+    less :attr:`off_ops_us` spread evenly over the recorded ops of the steps, the share of the ops recorded inside the
+    waits (:func:`data_wait_share`), plus the frames off the ops that lie inside them (a transform run by the loader
+    on the training thread); a loader fed by worker processes records none of its work there"""
     off_ops_us: float = 0.0
     """the part of :attr:`host_us` in the rank's Python frames off its ops (:func:`_off_ops`: stretches of pure
     Python on a thread that records ops, a loop that reads the clock as it goes left out), per step at the with_stack
     row's price per frame; included in :attr:`host_us` (and, estimated, in the overhead where it lengthened the step).
     The tracer's cost there is the rank's own, not the profiler's uneven slowing of equal hosts: own-time comparisons
-    take it off the rank's own time (:func:`kit.doctor.own_time.own_excess`) rather than allow for it as noise"""
+    take it off the rank's own time (:mod:`kit.doctor.own_time`, per step: :attr:`off_ops_steps`) rather than allow
+    for it as noise"""
+    off_ops_exposed_us: float = 0.0
+    """the part of :attr:`off_ops_us` in :attr:`overhead_us`: estimated, what pricing those frames added to the time
+    that lengthened the step (:func:`_exposed` with and without them); measured, at most the overhead"""
+    off_ops_steps: tuple = ()
+    """``((step, us), ...)``: the price of the frames off the ops on the rank's main thread in each step
+    (:func:`_tracer_steps`): the time :data:`kit.doctor.own_time.TRACER` takes off its own time"""
+    off_ops_in_wait_steps: tuple = ()
+    """``((step, us), ...)``: the part of :attr:`off_ops_steps` inside the main thread's DataLoader waits"""
     note: str | None = None
     """why an overhead is not on the basis the trace offers (kit.capture's unprofiled steps too spread to measure it:
     :func:`unmeasurable`); None where it is"""
@@ -112,15 +122,27 @@ class ProfilerOverhead:
         return self.overhead_us / self.traced_step_us if self.traced_step_us else None
 
     @property
-    def gain_cap_us(self) -> float | None:
-        """The most GPU idle the job's issuing can cost net of the profiler: the unprofiled step less
-        :attr:`own_work_us` -- measured, the job's gain were every host instant; estimated (the traced step less the
-        profiler's time that lengthened it, :func:`job_floor`), the rank's own GPU idle at most (a bound the estimate's
-        error, :data:`ESTIMATE_RANGE`, can move: the rank's own work, not the busiest GPU's, is taken off). None where
-        either is not known."""
-        if self.own_work_us is None or self.unprofiled_step_us is None:
+    def unprofiled_high_us(self) -> float | None:
+        """The longest the step can be without the profiler, as far as this overhead knows: measured, the unprofiled
+        step; estimated, the traced step less the overhead at the low end of its range (:data:`ESTIMATE_RANGE`) --
+        never below :attr:`unprofiled_step_us`. A bound from above on a cost net of the profiler must hold there: an
+        estimate's point value can be off by its range, and a difference of two large numbers with it."""
+        if self.unprofiled_step_us is None:
             return None
-        return max(0.0, self.unprofiled_step_us - self.own_work_us)
+        if self.basis != "estimated" or self.traced_step_us is None:
+            return self.unprofiled_step_us
+        return max(self.unprofiled_step_us, float(self.traced_step_us) - float(self.overhead_us) / ESTIMATE_RANGE)
+
+    @property
+    def gain_cap_us(self) -> float | None:
+        """The most GPU idle the job's issuing can cost net of the profiler: :attr:`unprofiled_high_us` less
+        :attr:`own_work_us` -- measured, the job's gain were every host instant; estimated, the rank's own GPU idle
+        at most, at the longest the estimate allows the step to be (the rank's own work, not the busiest GPU's). None
+        where either is not known."""
+        high = self.unprofiled_high_us
+        if self.own_work_us is None or high is None:
+            return None
+        return max(0.0, high - self.own_work_us)
 
     @property
     def slow_window_us(self) -> float:
@@ -341,35 +363,91 @@ deadline (``while perf_counter() - t < x: ...``), which the tracer does not leng
 
 
 def _off_ops(view: "RankView", per_step: "pd.DataFrame") -> dict:
-    """The rank's stretches of Python frames off its ops (:attr:`kit.traces.TraceInfo.python_off_ops_stretches`) that
-    start inside the host's side of its steps (:func:`_windows`): ``ts`` (each one's start) and ``frames`` the tracer
-    lengthens -- all of a stretch's but, where it reads the clock more than :data:`TIMED_CLOCK_READS` times, those from
-    its first clock read to its last: a loop that runs to a deadline runs as long whatever it records (the stall_rank
-    fault's ``json.dumps`` loop reads ``perf_counter`` once a round, ~1000 times in its 20 ms; a pure-Python
-    transform 0 times in 142k frames) -- and ``timed``, ``timed_frames``: how many stretches held such a loop and
-    its frames."""
+    """The rank's stretches of Python frames off its ops (:attr:`kit.traces.TraceInfo.python_off_ops_stretches`), each
+    counted by its share inside the host's side of its steps (:func:`_windows`; its frames spread evenly over it, so
+    one that begins in the profiler's ``step()`` call just before a step's annotation is that step's): per stretch
+    kept, ``ts`` (its start, clipped to the first window it overlaps), ``x0``/``x1`` (its first and last frame's
+    start), ``tid``, ``all`` (the frames the tracer lengthens) and ``frames`` (those times its share inside the
+    windows). The frames the tracer lengthens are all of a stretch's but, where it reads the clock more than
+    :data:`TIMED_CLOCK_READS` times, those from its first clock read to its last: a loop that runs to a deadline runs as
+    long whatever it records. ``timed``, ``timed_frames``: how many stretches held such a loop, and its frames. A
+    limit of the rule: a pure-Python loop that reads the clock per item (progress, rate limiting) is left unpriced (the
+    safe side: its cost stays the user's), and a deadline loop that polls something else (``datetime``, an event's
+    ``wait(timeout)``) is priced."""
     import numpy as np
 
     st = np.asarray(getattr(view.trace.info, "python_off_ops_stretches", ()) or (), dtype=float).reshape(-1, 6)
     a, b = _windows(view, per_step)
     x0, x1 = st[:, 0], st[:, 1]
-    # the share of each stretch inside the windows (its frames spread evenly over it: one that begins in the
-    # profiler's step() call just before a step's annotation is that step's); its start, clipped to them
     share, start = np.zeros(len(st)), x0.copy()
     for k in range(len(st)):
-        over = np.clip(np.minimum(x1[k], b) - np.maximum(x0[k], a), 0.0, None)
         j = np.flatnonzero((b > x0[k]) & (a <= x1[k]))
-        if x1[k] > x0[k]:
-            share[k] = min(1.0, float(over.sum()) / (x1[k] - x0[k]))
-        elif len(j):
-            share[k] = 1.0
+        share[k] = _share(x0[k], x1[k], a, b)
         if len(j):
             start[k] = max(x0[k], float(a[j[0]]))
     timed = (share > 0) & (st[:, 4] > TIMED_CLOCK_READS)
-    frames = (st[:, 3] - np.where(timed, st[:, 5], 0.0)) * share
+    every = st[:, 3] - np.where(timed, st[:, 5], 0.0)
+    frames = every * share
     keep = frames > 0
-    return {"ts": start[keep], "frames": frames[keep], "timed": int(timed.sum()),
+    return {"ts": start[keep], "x0": x0[keep], "x1": x1[keep], "tid": st[keep, 2], "all": every[keep],
+            "frames": frames[keep], "timed": int(timed.sum()),
             "timed_frames": int(round(float((st[:, 5] * share)[timed].sum())))}
+
+
+def _share(x0: float, x1: float, a, b) -> float:
+    """The share of a stretch from ``x0`` to ``x1`` (its frames spread evenly over it) inside the spans ``a``-``b``
+    (sorted, disjoint); a stretch of one instant: 1 inside one, else 0."""
+    import numpy as np
+
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if x1 > x0:
+        return min(1.0, float(np.clip(np.minimum(x1, b) - np.maximum(x0, a), 0.0, None).sum()) / (x1 - x0))
+    return float(bool(((a <= x0) & (x0 < b)).any()))
+
+
+def _tracer_steps(view: "RankView", off: dict | None, c_frame: float) -> tuple[tuple, tuple]:
+    """The tracer's price of the rank's Python off its ops on its main thread (the one whose time
+    :data:`kit.doctor.own_time.OWN_HOST` counts as the rank's own, :attr:`kit.doctor.host_model.HostModel.main_tid`),
+    per step: ``((step, us), ...)`` by the step's annotation (the host model's windows without any), and the part of
+    it inside the main thread's DataLoader waits. ``((), ())`` without stretches."""
+    import numpy as np
+
+    if off is None or not len(off["ts"]) or view.host is None:
+        return (), ()
+    main = view.host.main_tid
+    mine = np.array([main is not None and t == t and float(t) == float(main) for t in off["tid"]], dtype=bool) \
+        if _numeric_tid(main) else np.zeros(len(off["tid"]), bool)
+    if not mine.any():
+        return (), ()
+    st = view.steps
+    if st is not None and not st.empty and "step" in st:
+        wins = [(int(r.step), float(r.ts), float(r.end)) for r in st.itertuples()]
+    else:
+        ps = view.host.per_step
+        wins = [(int(r.step), float(r.ts), float(r.end)) for r in ps.itertuples()]
+    da, db = view.host.spans("data_wait", main)
+    steps, waits = [], []
+    for n, wa, wb in wins:
+        us = wait = 0.0
+        for x0, x1, f in zip(off["x0"][mine], off["x1"][mine], off["all"][mine]):
+            part = _share(x0, x1, [wa], [wb])
+            if part <= 0:
+                continue
+            us += f * part * c_frame
+            lo, hi = max(x0, wa), min(x1, wb)
+            inside = _share(lo, hi, da, db) if hi >= lo else 0.0
+            wait += f * part * inside * c_frame
+        steps.append((n, round(float(us), 1)))
+        waits.append((n, round(float(wait), 1)))
+    return tuple(steps), tuple(waits)
+
+
+def _numeric_tid(t) -> bool:
+    try:
+        float(t)
+        return True
+    except (TypeError, ValueError):
+        return False
 
 
 def _lower_bound(stack: bool, row: dict | None) -> str:
@@ -387,8 +465,9 @@ def overhead(view_or_trace: Any, capture: dict | None = None, *, cpu_all: "pd.Da
     model, a :class:`kit.traces.Trace` or a path; ``capture``: the kitCapture facts (default: the trace's own,
     :func:`kit.capture.capture_info`); ``cpu_all``: every CPU event of a CPU-only trace, where the caller read it.
     Where the rank's account charges GPU idle of at least the 'low' share of its step to its DataLoader waits, the part
-    of the overhead recorded inside them (:attr:`ProfilerOverhead.data_wait_us`; a GPU trace is read again with every
-    CPU event for it)."""
+    of the overhead recorded inside them (:attr:`ProfilerOverhead.data_wait_us`: the ops' part by their share inside
+    the waits, the frames off the ops by where they lie, :attr:`ProfilerOverhead.off_ops_in_wait_steps`; a GPU trace
+    is read again with every CPU event for it)."""
     from dataclasses import replace
 
     view = _view(view_or_trace)
@@ -399,8 +478,15 @@ def overhead(view_or_trace: Any, capture: dict | None = None, *, cpu_all: "pd.Da
     if o.basis == "none" or acct is None or not hasattr(acct, "cost") or not step or \
             acct.cost("input") < SEVERITY_SHARE["low"] * step:
         return o
-    share = data_wait_share(view, _per_step(view))
-    return replace(o, data_wait_us=share * (o.host_us if o.basis == "estimated" else o.overhead_us))
+    ps = _per_step(view)
+    share = data_wait_share(view, ps)
+    base = float((o.host_us if o.basis == "estimated" else o.overhead_us) or 0.0)
+    # the ops' part spread over the recorded ops; the frames off the ops where they lie (the main thread's waits)
+    off = min(base, float(o.off_ops_us or 0.0))
+    in_wait = dict(o.off_ops_in_wait_steps)
+    waits = [in_wait.get(int(n), 0.0) for n in ps["step"]] if in_wait and "step" in ps else []
+    off_in_wait = min(off, statistics.mean(waits)) if waits else 0.0
+    return replace(o, data_wait_us=min(base, share * (base - off) + off_in_wait))
 
 
 def _priced(view: "RankView", ps: "pd.DataFrame", capture: dict | None, root: str | Path) -> dict | None:
@@ -536,15 +622,18 @@ def _overhead(view: "RankView", capture: dict | None, cpu_all, root) -> Profiler
     samples = [float(s) for s in (capture or {}).get("unprofiled_step_us") or [] if s is not None]
     p = _priced(view, ps, capture, root)
     why = unmeasurable(samples, traced, p["host_us"]) if samples and p is not None else None
+    tracer = _tracer_steps(view, p["off"], p["c_frame"]) if p is not None else ((), ())
     if samples and why is None:
         unprof = statistics.median(samples)
         q = statistics.quantiles(samples, n=10, method="inclusive") if len(samples) > 1 else [unprof, unprof]
+        off_us = 0.0 if p is None else p["off_us"]
         return ProfilerOverhead(traced, unprof, max(0.0, traced - unprof), "measured",
                                 f"median of {len(samples)} steps kit.capture timed without the profiler just before "
                                 f"the window ({capture.get('unprofiled_clock', 'clock not stated')}; p10-p90 "
                                 f"{q[0]:.0f}-{q[-1]:.0f} us) against the median traced step ({len(ps)} steps)",
                                 host_us=None if p is None else p["host_us"], launch_us=_launch(p),
-                                off_ops_us=0.0 if p is None else p["off_us"])
+                                off_ops_us=off_us, off_ops_exposed_us=min(off_us, max(0.0, traced - unprof)),
+                                off_ops_steps=tracer[0], off_ops_in_wait_steps=tracer[1])
     gpu = not view.trace.gpu.empty
     if p is None:
         return ProfilerOverhead(traced, None, 0.0, "none", f"no per-event cost table for a {'GPU' if gpu else 'CPU'}"
@@ -554,6 +643,11 @@ def _overhead(view: "RankView", capture: dict | None, cpu_all, root) -> Profiler
                                                                           "c_rt", "shown", "host_us"))
     exposed, segments = _exposed(view, ps, p["events"], c_op, c_rt, p["off"], p["c_frame"]) if gpu else (host_us, 0)
     exposed = min(exposed, host_us)
+    off_exposed = 0.0
+    if p["off_us"] > 0:  # what pricing the frames off the ops added to the time that lengthened the step
+        without = min(_exposed(view, ps, p["events"], c_op, c_rt)[0], host_us - p["off_us"]) if gpu else \
+            host_us - p["off_us"]
+        off_exposed = min(p["off_us"], max(0.0, exposed - without))
     # the GPU's own work bounds the step from below; not its collectives' kernels, which spin while they wait
     # for a peer (a waiting rank's GPU is "busy" for most of the step)
     busy = float(ps["gpu_compute_us"].median()) if gpu and "gpu_compute_us" in ps else 0.0
@@ -584,7 +678,8 @@ def _overhead(view: "RankView", capture: dict | None, cpu_all, root) -> Profiler
            + (f"; the step cannot be shorter than the GPU's own work (outside collectives), {busy:.0f} us" if unprof == busy and gpu else "")
            + (f"; {why}" if why else ""))
     return ProfilerOverhead(traced, unprof, traced - unprof, "estimated", how, host_us=host_us, exposed_us=exposed,
-                            launch_us=_launch(p), note=why, off_ops_us=p["off_us"])
+                            launch_us=_launch(p), note=why, off_ops_us=p["off_us"], off_ops_exposed_us=off_exposed,
+                            off_ops_steps=tracer[0], off_ops_in_wait_steps=tracer[1])
 
 
 def median_error(samples: list[float]) -> float:
@@ -764,8 +859,8 @@ def job_floor(overhead: dict, waits: dict, host_steps: dict) -> dict:
     profiler -- a rank that waits for a peer does not see its own profiler time (:attr:`ProfilerOverhead.exposed_us`
     near zero: its GPU waited for the peer, not for its host) but waits for the peer's, so every rank's step is
     shortened by the largest exposed overhead of the job -- to no less than that work (FINDINGS.md, "The job floor caps a
-    measured launch gain only", and session 12's cap of an estimate by the rank's own work). Ranks without the numbers
-    are returned as they are."""
+    measured launch gain only": an estimate is capped by its rank's own work instead,
+    :attr:`ProfilerOverhead.gain_cap_us`). Ranks without the numbers are returned as they are."""
     from dataclasses import replace
 
     own = own_work(host_steps, waits)

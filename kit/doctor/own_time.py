@@ -8,8 +8,8 @@ shipped as ``JobContext.host_steps``): its own host time, :data:`OWN_HOST`, and 
 :data:`OWN_GPU` (or the compute kernels' time the caller measured). The rank is late by its host or its GPU,
 whichever exceeds the others' more: by more than the others' spread (the range of their medians plus their largest
 step-to-step p10-p90 spread), :data:`MIN_OWN_EXCESS_SHARE` of the step and :data:`PROFILER_NOISE` of the profiler's
-overhead on its step. Host time is compared less the tracer's cost in each rank's Python off its ops (:data:`TRACER`),
-and the floor leaves that cost out. The excess is what the job would gain were the rank as fast as the next slowest.
+overhead on its step. Host time is compared less the tracer's cost in each rank's Python off its ops (:data:`TRACER`, the
+low end of its price), and the floor leaves that cost out (it is the rank's own, not the profiler's uneven slowing). The excess is what the job would gain were the rank as fast as the next slowest.
 """
 
 from __future__ import annotations
@@ -38,11 +38,19 @@ QUIET_IN_OPS = "own_quiet_in_ops_us"
 core taken away inside the framework's own code, which a stall in the user's code between ops is not
 (:mod:`kit.doctor.contended`)"""
 TRACER = "own_tracer_us"
-"""the part of :data:`OWN_HOST` the tracer spent in the rank's Python frames off its ops, per step
-(:attr:`kit.doctor.overhead.ProfilerOverhead.off_ops_us`, at its own host's speed; set beside the host model's columns
-by :mod:`kit.doctor.rank_phase`; absent, or 0, without stacks): :func:`own_excess` compares the ranks' own host time
-less it -- the tracer's cost of one rank's pure-Python work is that rank's, not the profiler's uneven slowing of equal
-hosts that :data:`PROFILER_NOISE` allows for"""
+"""the tracer's price of the rank's Python frames off its ops on its main thread, per step
+(:attr:`kit.doctor.overhead.ProfilerOverhead.off_ops_steps`, at its own host's speed; set beside the host model's
+columns by :mod:`kit.doctor.rank_phase`; absent, or 0, without stacks): the tracer's cost of one rank's pure-Python
+work is that rank's, not the profiler's uneven slowing of equal hosts that :data:`PROFILER_NOISE` allows for, so
+:func:`own_host` takes it off the rank's own time (:data:`TRACER_TAKEN` of it)"""
+TRACER_IN_WAIT = "own_tracer_in_wait_us"
+"""the part of :data:`TRACER` inside the main thread's DataLoader waits (:data:`DATA_WAIT`); the rest lies in its
+stalls (a stretch of Python off the ops is a stretch without an op or a launch)"""
+TRACER_TAKEN = 0.5
+"""the share of :data:`TRACER` taken off a rank's own time: the low end of the price's range
+(:data:`kit.doctor.overhead.ESTIMATE_RANGE`), while the price per frame off the ops rests on few workloads
+(FINDINGS.md, "The price of a trace recorded with stacks"): a price too high would take a real straggler's own time
+away with the tracer's"""
 OWN_GPU = "gpu_compute_us"
 """a rank's own GPU time: busy outside the collectives"""
 MIN_OWN_EXCESS_SHARE = 0.05
@@ -88,6 +96,7 @@ def at_job_speed(overhead: dict | None) -> dict | None:
         out[r] = replace(o, host_us=None if o.host_us is None else o.host_us * k,
                          exposed_us=None if o.exposed_us is None else o.exposed_us * k, overhead_us=over,
                          off_ops_us=float(getattr(o, "off_ops_us", 0.0) or 0.0) * k,
+                         off_ops_exposed_us=float(getattr(o, "off_ops_exposed_us", 0.0) or 0.0) * k,
                          unprofiled_step_us=None if o.traced_step_us is None else o.traced_step_us - over)
     return out
 
@@ -107,14 +116,16 @@ def own_excess(host_steps: dict, late: int, step_us: float | None, gpu_us: dict 
     kernels' time per step, overlapping a collective or not; else :data:`OWN_GPU`) -- beyond every other rank's by more
     than their spread, :data:`MIN_OWN_EXCESS_SHARE` of the step and (host) :data:`PROFILER_NOISE` of the profiler's
     overhead on its step (``overhead``: its :class:`kit.doctor.overhead.ProfilerOverhead` or None; less its
-    ``off_ops_us``, which :func:`own_host` takes off the rank's own time instead)? ``confirmed``,
+    ``off_ops_exposed_us``: the tracer's cost of the rank's own Python, part of which :func:`own_host` takes off its
+    time)? ``confirmed``,
     ``excess_us`` (per step, beyond the next slowest), ``kind`` (of ``kinds``), ``by`` (the kind or ``quiet``),
     ``spread_us``, per rank the medians, ``in_doubt``: a host excess on one step that an estimated overhead could
     still be, within :data:`kit.doctor.overhead.ESTIMATE_RANGE`, and no confirmed quiet excess (the caller weighs it),
     and ``quiet`` where every rank has its quiet time: the late rank's quiet excess, the others' spread, the floor it
     must clear (as :func:`quiet_excess`) and whether it does. None without every rank's host steps."""
-    # the profiler's overhead on the step less its cost in the rank's Python off the ops (TRACER: taken off its time)
-    overhead_us = max(0.0, overhead.overhead_us - float(getattr(overhead, "off_ops_us", 0.0) or 0.0)) \
+    # the profiler's overhead on the step less the part of it in the rank's Python off the ops (the part that
+    # lengthened the step): that is the rank's own cost, not the uneven slowing of equal hosts PROFILER_NOISE allows for
+    overhead_us = max(0.0, overhead.overhead_us - float(getattr(overhead, "off_ops_exposed_us", 0.0) or 0.0)) \
         if overhead is not None else 0.0
     estimated = overhead is not None and overhead.basis == "estimated"
     have = steady(host_steps)
@@ -161,8 +172,20 @@ def own_excess(host_steps: dict, late: int, step_us: float | None, gpu_us: dict 
 
 def own_host(ps):
     """A rank's own host time per step (:data:`OWN_HOST`) less the tracer's in its Python off the ops
-    (:data:`TRACER`, where the frame has it), at least 0."""
-    return (ps[OWN_HOST] - ps[TRACER]).clip(lower=0.0) if TRACER in ps else ps[OWN_HOST]
+    (:data:`TRACER_TAKEN` of :data:`TRACER`, where the frame has it), at least 0."""
+    return (ps[OWN_HOST] - TRACER_TAKEN * ps[TRACER]).clip(lower=0.0) if TRACER in ps else ps[OWN_HOST]
+
+
+def own_host_net(ps, o) -> float:
+    """A rank's own host time per step net of the profiler (``ps``: its per-step frame; ``o``: its
+    :class:`kit.doctor.overhead.ProfilerOverhead` or None): the median of :data:`OWN_HOST` as traced less the
+    profiler's host time on it -- the larger of its overhead on the step and its recorded events' price, which holds
+    the tracer's price of its Python off the ops (:attr:`kit.doctor.overhead.ProfilerOverhead.off_ops_us`) -- so the
+    tracer is netted once. The one reading of it for the rules that compare a rank's host time with a step."""
+    import numpy as np
+
+    on = 0.0 if o is None else max(float(o.overhead_us or 0.0), float(getattr(o, "host_us", None) or 0.0))
+    return float(np.median(ps[OWN_HOST])) - on
 
 
 def quiet_excess(host_steps: dict, late: int, step_us: float | None = None) -> tuple[float, float, float] | None:
@@ -201,6 +224,18 @@ def _step(have: dict, step_us: float | None) -> float:
     return step_us or float(statistics.median(ps["dur"].median() for ps in have.values()))
 
 
+def _net_parts(ps):
+    """A rank's per-step frame with :data:`OWN_HOST`, :data:`DATA_WAIT` and its stall net of the tracer's price of
+    its Python off the ops, as :func:`own_host` takes it: the part inside the DataLoader waits off those, the rest off
+    its stalls."""
+    if TRACER not in ps:
+        return ps
+    wait = TRACER_TAKEN * (ps[TRACER_IN_WAIT] if TRACER_IN_WAIT in ps else 0.0)
+    rest = TRACER_TAKEN * ps[TRACER] - wait
+    return ps.assign(**{OWN_HOST: own_host(ps), DATA_WAIT: (ps[DATA_WAIT] - wait).clip(lower=0.0),
+                        "own_stall_us": (ps["own_stall_us"] - rest).clip(lower=0.0)})
+
+
 OWN_REASONS = {"own_stall_us": "host_stall", DATA_WAIT: "data_wait", "own_issue_us": "host_busy"}
 """the parts of a rank's own host time (:data:`OWN_HOST`, on its basis: inside the step annotation; the host model's
 :data:`kit.doctor.host_model.PER_STEP`; ``own_issue_us``: the rest of it, issuing and the allocator), by the reason
@@ -213,7 +248,7 @@ def own_reason(host_steps: dict, late: int, excess_us: float, share: float) -> t
     (:func:`steady`). Returns (reason, that excess per step) or None."""
     import numpy as np
 
-    parts = {r: ps.assign(own_issue_us=ps[OWN_HOST] - ps["own_stall_us"] - ps[DATA_WAIT])
+    parts = {r: _net_parts(ps).assign(own_issue_us=lambda x: x[OWN_HOST] - x["own_stall_us"] - x[DATA_WAIT])
              for r, ps in steady(host_steps).items()}
     med = {r: {c: float(np.median(ps[c])) for c in OWN_REASONS} for r, ps in parts.items()}
     if late not in med or len(med) < 2 or excess_us <= 0:

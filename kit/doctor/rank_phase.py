@@ -99,13 +99,18 @@ def rank_summary(path: str | Path) -> RankSummary:
 
 
 def _with_tracer(per_step, ovh):
-    """The host model's per-step frame with the tracer's cost in the rank's Python off its ops
-    (:data:`kit.doctor.own_time.TRACER`: :attr:`kit.doctor.overhead.ProfilerOverhead.off_ops_us`, each step alike)
-    where it has one."""
-    from .own_time import TRACER
+    """The host model's per-step frame with the tracer's price of the rank's Python off its ops on its main thread, per
+    step (:data:`kit.doctor.own_time.TRACER`, :data:`~kit.doctor.own_time.TRACER_IN_WAIT`:
+    :attr:`kit.doctor.overhead.ProfilerOverhead.off_ops_steps`) where it has any."""
+    from .own_time import TRACER, TRACER_IN_WAIT
 
-    off = float(getattr(ovh, "off_ops_us", 0.0) or 0.0) if ovh is not None and not isinstance(ovh, Skip) else 0.0
-    return per_step.assign(**{TRACER: off}) if per_step is not None and off > 0 else per_step
+    steps = dict(getattr(ovh, "off_ops_steps", ()) or ()) if ovh is not None and not isinstance(ovh, Skip) else {}
+    if per_step is None or not steps or not any(steps.values()):
+        return per_step
+    waits = dict(getattr(ovh, "off_ops_in_wait_steps", ()) or ())
+    n = per_step["step"].astype(int)
+    return per_step.assign(**{TRACER: n.map(lambda k: steps.get(k, 0.0)).astype(float),
+                              TRACER_IN_WAIT: n.map(lambda k: waits.get(k, 0.0)).astype(float)})
 
 
 def _stage(fn, rid: str, name: str):

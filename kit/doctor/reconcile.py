@@ -179,14 +179,20 @@ def net_of_profiler(f: Finding, overhead: dict | None, accounts: "dict[int, Acco
     ev = {**f.evidence, "cost_traced_us_per_step": f.cost_us_per_step, **whole.as_dict(), **extra}
     if isinstance(ev.get("per_rank"), dict):  # each rank's cost net of its own overhead
         ev["per_rank"] = {rk: _net_rank(n, overhead.get(int(rk)), s0) for rk, n in ev["per_rank"].items()}
-    net = round(o.net(f.cost_us_per_step, s0), 1)
-    cap = o.gain_cap_us if s0 == "launch" else None
-    if cap is not None and round(cap, 1) < round(f.cost_us_per_step - o.overhead_us, 1):  # the job's busiest GPU
-        # bounds the gain (ProfilerOverhead.net)
+    # the launch slice's cap (ProfilerOverhead.net): the stated rank's, whose idle the cost is
+    rk = f.evidence.get("rank")
+    capper = overhead.get(int(rk)) if s0 == "launch" and isinstance(rk, (int, float)) else None
+    capper = capper if capper is not None and capper.basis != "none" else o
+    cap = capper.gain_cap_us if s0 == "launch" else None
+    net = round(o.net(f.cost_us_per_step) if cap is None else min(o.net(f.cost_us_per_step), cap), 1)
+    if cap is not None and round(cap, 1) < round(f.cost_us_per_step - o.overhead_us, 1):  # the busiest GPU's work
+        # (measured) or the rank's own (estimated) bounds the gain
         ev["profiler_gain_cap_us"] = net
-        ev["profiler_gain_cap_basis"] = o.basis
-        after += (f"; at most {net / 1e3:.2f} ms, the unprofiled step as estimated less this rank's own GPU work per "
-                  f"step: its GPU idles no longer than that, whatever its host does" if o.basis == "estimated" else
+        ev["profiler_gain_cap_basis"] = capper.basis
+        who = f"rank {int(rk)}" if isinstance(rk, (int, float)) else "this rank"
+        after += (f"; at most {net / 1e3:.2f} ms, the longest the unprofiled step can be as estimated (the "
+                  f"profiler's overhead at the low end of its range) less {who}'s own GPU work per step: its GPU "
+                  f"idles no longer than that, whatever its host does" if capper.basis == "estimated" else
                   f"; at most {net / 1e3:.2f} ms, the unprofiled step less the busiest GPU's own work per step: were "
                   f"every host instant the job would still take that")
     said = f.summary if round(net) == round(f.cost_us_per_step) else restated(  # the sentence says the cost it states
