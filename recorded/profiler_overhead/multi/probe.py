@@ -13,8 +13,7 @@ if the session's deadline leaves room for it (rank 0 decides, every rank follows
 ``OUT/<job>/<k>-<shapes|noshapes>/`` (each rank's trace and sidecar) and ``OUT/<job>/meta.json`` (the job, its
 sizes, the device, versions, the host CPU, each window's wall time). ``PROBE_ARMS=stack`` (``stack/run.sh``, session
 11): six windows instead, ABCCBA, with ``record_shapes``, + ``with_stack``, + ``with_stack`` and ``profile_memory``
-(:data:`STACK_ARMS`), named ``<k>-shapes``, ``<k>-stack``, ``<k>-stackmem``. ``PROBE_ARMS=stack2`` (``offops/run.sh``, session 12):
-four windows, ABBA, with ``record_shapes`` and + ``with_stack``.
+(:data:`STACK_ARMS`), named ``<k>-shapes``, ``<k>-stack``, ``<k>-stackmem``.
 
     python probe.py OUT --world 2 --jobs gpt-ddp-bf16-control,gpt-fsdp-bf16-control --budget-s 30
     python probe.py OUT --world 2 --device cpu --jobs gpt-ddp-bf16-control --budget-s 60   # gloo dry run
@@ -45,11 +44,61 @@ STACK_ARMS = (("shapes", True, False, False), ("stack", True, True, False), ("st
 (ABCCBA)"""
 STACK2_ARMS = (("shapes", True, False, False), ("stack", True, True, False), ("stack", True, True, False),
                ("shapes", True, False, False))
-"""``PROBE_ARMS=stack2`` (``offops/run.sh``, session 12): record_shapes, + with_stack (ABBA)"""
+"""``PROBE_ARMS=stack2`` (price22, session 12): record_shapes, + with_stack (ABBA)"""
 if os.environ.get("PROBE_ARMS") == "stack":
     ARMS = STACK_ARMS
 elif os.environ.get("PROBE_ARMS") == "stack2":
     ARMS = STACK2_ARMS
+
+
+TEXT = "the quick brown fox jumps over the lazy dog; " * 2
+KEYS = [f"metric/{i}" for i in range(50)]
+
+
+def _fib(n):
+    return n if n < 2 else _fib(n - 1) + _fib(n - 2)
+
+
+def _unit(kind: str) -> None:
+    """One unit of a pure-Python workload (PROBE_PYLOAD, price22 s12r2): builtin calls (``ord``: ord + append per
+    character), builtin methods on a dict (``dict``: dict.get per key), Python function calls (``fib``: a recursive
+    function) and a sort with a Python key (``sort``: a lambda per element)."""
+    if kind == "ord":
+        codes = []
+        for ch in TEXT:
+            codes.append(ord(ch))
+    elif kind == "dict":
+        d = {}
+        for i in range(100):
+            k = KEYS[i % 50]
+            d[k] = d.get(k, 0) + i
+    elif kind == "fib":
+        _fib(12)
+    elif kind == "sort":
+        sorted(range(200, 0, -1), key=lambda x: (x * 7919) % 1009)
+
+
+def _with_load(job, kind: str, ms: float, rank: int):
+    """``job.step`` followed by ``kind``'s units for about ``ms`` unprofiled (rank 0's count, broadcast): a fixed
+    amount of pure Python on the training thread, outside any op."""
+    import torch.distributed as dist
+
+    t0 = time.perf_counter()
+    for _ in range(50):
+        _unit(kind)
+    per = (time.perf_counter() - t0) / 50
+    n = [max(1, int(ms / 1e3 / per))]
+    dist.broadcast_object_list(n, src=0)
+    n = n[0]
+    step = job.step
+
+    def stepped():
+        step()
+        for _ in range(n):
+            _unit(kind)
+    job.step = stepped
+    job.load = {"kind": kind, "units": n, "unit_us_calibrated": round(per * 1e6, 2)}
+    return job
 
 
 def _rank(rank, world, out, jobs, port, deadline, device, warm, active, unprofiled):
@@ -69,9 +118,12 @@ def _rank(rank, world, out, jobs, port, deadline, device, warm, active, unprofil
                             **({"device_id": torch.device(dev)} if cuda else {}))
     est = 4.0  # seconds a window takes, until one was timed
     for name in jobs:
-        case = dict(PM.CASES[name])
+        base, _, load = name.partition("+")
+        case = dict(PM.CASES[base])
         t0 = time.time()
         job = PM.MultiJob(case, dev, rank, world)
+        if load:
+            job = _with_load(job, load, float(os.environ.get("PROBE_LOAD_MS", "5")), rank)
         for _ in range(warm):
             job.step()
         walls = []
@@ -97,8 +149,8 @@ def _rank(rank, world, out, jobs, port, deadline, device, warm, active, unprofil
                 print(f"x{world} {name:24s} {d.name:10s} unprofiled median {sorted(u)[len(u) // 2] / 1e3:6.2f} ms "
                       f"[{walls[-1]:.1f} s, {time.time() - t0:.1f} s into the job]", flush=True)
         if rank == 0 and walls:
-            meta = {"job": name, "case": {k: v for k, v in case.items() if k not in ("profiler", "record_shapes",
-                                                                                      "with_stack")},
+            meta = {"job": name, "load": getattr(job, "load", None),
+                    "case": {k: v for k, v in case.items() if k not in ("profiler", "record_shapes", "with_stack")},
                     "profiler": "kit.capture", "world_size": world, "sizes": job.size,
                     "arms": [list(x) for x in ARMS[:len(walls)]],
                     "window_wall_s": walls, "warm": warm, "active": active, "unprofiled": unprofiled,
@@ -136,7 +188,7 @@ def main(argv=None) -> int:
     import planted_multi as PM
 
     jobs = a.jobs.split(",")
-    bad = [j for j in jobs if j not in PM.CASES]
+    bad = [j for j in jobs if j.partition("+")[0] not in PM.CASES]
     if bad or a.world < 2:
         print(f"probe: unknown job {bad} (planted_multi.py --list) or --world < 2", file=sys.stderr)
         return 2
