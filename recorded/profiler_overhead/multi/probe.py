@@ -13,7 +13,10 @@ if the session's deadline leaves room for it (rank 0 decides, every rank follows
 ``OUT/<job>/<k>-<shapes|noshapes>/`` (each rank's trace and sidecar) and ``OUT/<job>/meta.json`` (the job, its
 sizes, the device, versions, the host CPU, each window's wall time). ``PROBE_ARMS=stack`` (``stack/run.sh``, session
 11): six windows instead, ABCCBA, with ``record_shapes``, + ``with_stack``, + ``with_stack`` and ``profile_memory``
-(:data:`STACK_ARMS`), named ``<k>-shapes``, ``<k>-stack``, ``<k>-stackmem``.
+(:data:`STACK_ARMS`), named ``<k>-shapes``, ``<k>-stack``, ``<k>-stackmem``. ``PROBE_ARMS=stack2`` (``offops/run.sh``, session 12):
+four windows, ABBA, with ``record_shapes`` and + ``with_stack``. A job named ``<case>+<load>`` (``offops/run-s12r2.sh``)
+runs ``load`` -- ``ord``, ``dict``, ``fib`` or ``sort``: pure Python outside any op, about ``PROBE_LOAD_MS`` (5) ms of
+it unprofiled -- after each of the case's steps on every rank.
 
     python probe.py OUT --world 2 --jobs gpt-ddp-bf16-control,gpt-fsdp-bf16-control --budget-s 30
     python probe.py OUT --world 2 --device cpu --jobs gpt-ddp-bf16-control --budget-s 60   # gloo dry run
@@ -44,7 +47,7 @@ STACK_ARMS = (("shapes", True, False, False), ("stack", True, True, False), ("st
 (ABCCBA)"""
 STACK2_ARMS = (("shapes", True, False, False), ("stack", True, True, False), ("stack", True, True, False),
                ("shapes", True, False, False))
-"""``PROBE_ARMS=stack2`` (price22, session 12): record_shapes, + with_stack (ABBA)"""
+"""``PROBE_ARMS=stack2`` (``offops/run.sh``, session 12): record_shapes, + with_stack (ABBA)"""
 if os.environ.get("PROBE_ARMS") == "stack":
     ARMS = STACK_ARMS
 elif os.environ.get("PROBE_ARMS") == "stack2":
