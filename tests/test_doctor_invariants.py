@@ -4,7 +4,8 @@ they are absent; ``KIT_PUBLIC_TRACES`` points elsewhere; see tests/data/public/R
 
 * a finding's cost is the step time it would save: an idle-slice finding costs at most the GPU idle time of its
   slices on each rank it names (the accounting's, net of nothing added);
-* the costs said on one rank for one step never sum above that step;
+* the costs said on one rank for one step never sum above that step; a cost stated net of the profiler, never above
+  the step without it (measured, or the longest an estimate allows: REVIEW_S12 H3);
 * one cost per finding (a finite number >= 0) and one sentence (no line break);
 * one-time start-up work is not a per-step cause (the public traces that hold it, below).
 """
@@ -20,6 +21,7 @@ import pytest
 
 from conftest import diagnosed
 from kit.doctor import RULES, diagnose
+from kit.doctor.overhead import ESTIMATE_RANGE
 from kit.traces import TraceError
 from kit.traces.jobs import expand
 from kit.traces.names import parse_name
@@ -90,6 +92,15 @@ def check(d) -> None:
         assert "\n" not in f.summary, f"{f.rule}: more than one line: {f.summary!r}"
         if d.step_us:
             assert f.cost_us_per_step <= d.step_us * TOLERANCE, f"{f.rule} costs more than a step"
+        ev = f.evidence if isinstance(f.evidence, dict) else {}
+        if ev.get("unprofiled_step_us") is not None and ev.get("basis") in ("measured", "estimated"):
+            # a cost stated net of the profiler is part of the step without it (as long as that can be: an estimate's
+            # overhead at the low end of its range, overhead.ESTIMATE_RANGE)
+            high = float(ev["unprofiled_step_us"]) if ev["basis"] == "measured" else \
+                float(ev["traced_step_us"]) - float(ev["profiler_overhead_us"]) / ESTIMATE_RANGE
+            assert f.cost_us_per_step <= max(high, float(ev["unprofiled_step_us"])) * TOLERANCE + 1.0, (
+                f"{f.rule}: {f.cost_us_per_step:.0f} us per step net of the profiler, more than the unprofiled step "
+                f"({ev['basis']}: {high:.0f} us)")
         r = RULES.get(f.rule)
         for rk, c in rank_costs(f).items():
             total[rk] += c
