@@ -60,6 +60,15 @@ post-accumulate-grad hooks, ``set_all_reduce_hook``; an optimizer in the backwar
 of a stall's length with no recorded event stays a stall; a hook's own recorded ops (CPU tensor work) count as the
 region's progress, a limitation. Measured: FINDINGS.md, "A slow traced window" (session 11)"""
 
+AUTOGRAD_NODE = "autograd::engine::evaluate_function: "
+"""the prefix of the op autograd's engine records around each node of the backward it evaluates
+(``autograd::engine::evaluate_function: MmBackward0``): the node's tensor pre-hooks and pre-hooks, its function (the
+op named after the node, ``MmBackward0``, whose work is its own recorded ops: the aten ops and their launches) and its
+post-hooks run inside it -- so do the user's backward hooks (``Tensor.register_hook``, ``register_full_backward_hook``,
+``register_post_accumulate_grad_hook``, inside the ``torch::autograd::AccumulateGrad`` node's op): a stretch of a
+stall's length inside a node and its op that none of their recorded ops covers is the user's code, not the
+framework's (:func:`kit.doctor.host_model.autograd_nodes`)"""
+
 _SUFFIX = re.compile(r"(_v\d+|_ptsz|_ptds|_spt)+$")
 
 

@@ -25,6 +25,12 @@ from __future__ import annotations
 
 from .own_time import OWN_HOST, QUIET, QUIET_IN_OPS, STALL_LONGEST
 
+QUIET_IN_NODES = "own_quiet_in_nodes_us"
+"""the part of a rank's quiet time inside autograd's node evaluations alone (:data:`kit.doctor.host_model.PER_STEP`):
+where the user's backward hooks run (a full backward hook, a post-accumulate-grad hook: an optimizer in the backward,
+gradient logging), so a hook's stall lies there as the core taken away does -- the trace does not tell them apart"""
+
+
 def quiet_share(host_steps: dict, late: int) -> float | None:
     """Rank ``late``'s quiet share of its own host time over every traced step the ranks share: the sum of its quiet
     time (:data:`kit.doctor.own_time.QUIET`) less, step by step, the largest other rank's, over the sum of its own host
@@ -50,6 +56,15 @@ def quiet_share(host_steps: dict, late: int) -> float | None:
     return (float(m.loc[steps, QUIET].sum()) - float(theirs.loc[steps].sum())) / host
 
 
+def _beyond_others(host_steps: dict | None, late: int, col: str) -> float:
+    """Rank ``late``'s median per step of ``col`` less the largest other rank's (0 without the readings)."""
+    med = {r: float(ps[col].median()) for r, ps in (host_steps or {}).items()
+           if ps is not None and col in ps and len(ps)}
+    if late not in med:
+        return 0.0
+    return med[late] - max((v for r, v in med.items() if r != late), default=0.0)
+
+
 def contended_gain(own: dict, late: int, overhead: dict | None, own_work: dict,
                    host_steps: dict | None = None) -> dict | None:
     """The model (module docstring) for rank ``late``: ``own`` is :func:`kit.doctor.own_time.own_excess`'s result
@@ -69,6 +84,10 @@ def contended_gain(own: dict, late: int, overhead: dict | None, own_work: dict,
     inside the framework's ops and runtime calls (:data:`kit.doctor.own_time.QUIET_IN_OPS`, median per step) beyond
     every other rank's clears that floor too: the scheduler takes the core wherever the thread is, inside an op as
     between ops, while a stall -- in however many pieces, with work between them -- is the user's code between ops.
+    And where the quiet excess less the rank's quiet inside autograd's node evaluations beyond the others'
+    (:data:`QUIET_IN_NODES`, median per step) still clears the floor: the user's backward hooks run there, between the
+    node's recorded ops, so a stall split over hooks (per-module hooks that sleep, log or compute on the CPU) is quiet
+    inside "ops" in as many pieces as it has hooks; the scheduler takes a core elsewhere too.
     Elsewhere the rank's own excess is its cost (the readings: FINDINGS.md, "A CPU-contended rank"). Not the stall
     time beyond the others': a contended core's slices between launches are stall time too (as much as its quiet
     excess, or more)."""
@@ -85,6 +104,8 @@ def contended_gain(own: dict, late: int, overhead: dict | None, own_work: dict,
                                             default=0.0)
     if ops <= quiet["floor_us"]:
         return None  # no quiet inside the framework's ops beyond the others': between ops, a stall's
+    if quiet["excess_us"] - _beyond_others(host_steps, late, QUIET_IN_NODES) <= quiet["floor_us"]:
+        return None  # the quiet excess lies where backward hooks run: a hook's stall as likely as a lost core
     q = quiet_share(host_steps, late) if host_steps else None
     if q is None:
         q = quiet["excess_us"] / mine["host_us"]

@@ -17,7 +17,9 @@ view of the host that the step accounting (:mod:`kit.doctor.accounting`), the ho
   (:mod:`kit.doctor.overhead` adds it to the profiler's estimated host time);
 * ``stall``     -- a stretch of at least :data:`STALL_US` in which no thread of the process issued GPU work (a call
   whose GPU activity is in the trace, or one that orders a stream, :data:`kit.doctor.calls.STREAM_ORDER_CALLS`) and
-  the thread was in none of the above, outside every recorded op of its own, FSDP2's post-backward regions on any
+  the thread was in none of the above, outside every recorded op of its own (an autograd node's op only where the
+  thread records progress in it, :func:`autograd_nodes`: the user's backward hooks run there), FSDP2's post-backward
+  regions on any
   issuing thread where their thread records an event at least every :data:`STALL_US` (:func:`_framework_only`:
   FSDP's own code; a user's hook sleeping there stays a stall), the ops that led an issuing thread
   into a launch, at most :data:`STALL_US` of them (:func:`_leading_ops`: the autograd thread's first op of the backward
@@ -48,8 +50,8 @@ from typing import TYPE_CHECKING, Any
 from ..traces.frames import COMM_OPS
 from ..traces.gaps import DEFAULT_STALL_US
 from ..traces.intervals import cover, gaps_between, partition, subtract, union_np
-from .calls import (ALLOC_CALLS, BLOCKING_COPY_CALLS, DATALOADER, FRAMEWORK_ONLY_REGIONS, FRAMEWORK_REGIONS,
-                    FREE_CALLS, STEP_PREFIX, STREAM_ORDER_CALLS, SYNC_CALLS, base_name)
+from .calls import (ALLOC_CALLS, AUTOGRAD_NODE, BLOCKING_COPY_CALLS, DATALOADER, FRAMEWORK_ONLY_REGIONS,
+                    FRAMEWORK_REGIONS, FREE_CALLS, STEP_PREFIX, STREAM_ORDER_CALLS, SYNC_CALLS, base_name)
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -88,7 +90,8 @@ PER_STEP = ("step", "ts", "end", "dur") + tuple(f"{k}_us" for k in KINDS) + ("gp
                                                                             "gpu_compute_us", "gpu_kernels_us",
                                                                             "own_host_us", "own_stall_us",
                                                                             "own_data_wait_us", "own_quiet_us",
-                                                                            "own_stall_longest_us", "own_quiet_in_ops_us")
+                                                                            "own_stall_longest_us", "own_quiet_in_ops_us",
+                                                                            "own_quiet_in_nodes_us")
 """the columns of :attr:`HostModel.per_step`; ``own_host_us``: the time any issuing thread spent in :data:`OWN_KINDS`
 inside the step's own annotation (the host's side of the step, not the window extended to its GPU work: a host that runs
 ahead of its GPU did its step's work before the window's GPU part); ``own_stall_us``, ``own_data_wait_us``: the main
@@ -104,7 +107,10 @@ single launches it holds; a contended core's lost time lies in many, with its wo
 (:mod:`kit.doctor.contended`); ``own_quiet_in_ops_us``: the part of ``own_quiet_us`` in which a thread of the
 process was inside a recorded op or runtime call (the innermost event covering the stretch on that thread,
 :data:`OP_CATS`): the scheduler takes a core wherever its thread is, inside the framework's ops too; a stall (the
-user's Python, a sleep) lies between them"""
+user's Python, a sleep) lies between them; ``own_quiet_in_nodes_us``: the part of that inside an autograd node's ops
+alone (:func:`autograd_nodes`: no recorded op of the node covers the stretch) -- where the user's backward hooks run,
+the core taken away there or a hook holding the thread (a sleep, Python work, a lock), which the trace does not tell
+apart (:mod:`kit.doctor.contended` asks for the contention elsewhere too)"""
 OP_CATS = ("cpu_op", "cuda_runtime", "cuda_driver")
 """the event categories of ops and runtime calls (not annotations: a region the user or the framework named holds
 Python between its ops)"""
@@ -255,6 +261,8 @@ def _gpu_model(view: "RankView") -> HostModel | None:
     lead = _leading_ops(view.trace, calls[calls["issues"]], threads)
     prof = _profiler_spans(cpu)
     fsdp = _framework_only(view.trace, cpu, threads)
+    node = autograd_nodes(cpu)
+    node_busy = _progress_within(view.trace, cpu, cpu[node]) if len(cpu) else {}
     sets: dict = {}
     for t in dict.fromkeys(threads + ((main,) if main is not None else ())):
         mine = calls[calls["tid"] == t]
@@ -264,6 +272,9 @@ def _gpu_model(view: "RankView") -> HostModel | None:
         sync, alloc = mine[mine["kind"] == "sync"], mine[mine["kind"] == "alloc"]
         ops = own[own["cat"] == "cpu_op"]
         comm = ops[_starts(ops["name"], COMM_WAIT_OPS)]
+        # an autograd node's op covers a stall only where its thread makes progress in it (:func:`autograd_nodes`)
+        cov = ops[~node.reindex(ops.index, fill_value=False)] if len(ops) else ops
+        na, nb = node_busy.get(t, (np.empty(0), np.empty(0)))
         # a stall is a stretch with neither an issuing call (any thread's: the autograd thread's backward; an event
         # record or a wait on one: FSDP's and DDP's stream ordering -- a host slowed down spaces them out, a stalled
         # one makes none) nor a blocking call/annotation of this thread -- the blocks are their own kinds, so a DataLoader wait of 3 ms
@@ -282,8 +293,8 @@ def _gpu_model(view: "RankView") -> HostModel | None:
         # itself be a stretch of STALL_US: a shorter rest between them is the host's per-op cost, not a stall
         da, db = _dispatch(ann[_starts(ann["name"], FRAMEWORK_REGIONS)], mine[mine["issues"]])
         stall = subtract(gaps_between(ca, cb, STALL_US),
-                         union_np(np.r_[ops["ts"].to_numpy(dtype=float), da, lead[0], fsdp[0]],
-                                  np.r_[ops["end"].to_numpy(dtype=float), db, lead[1], fsdp[1]]))
+                         union_np(np.r_[cov["ts"].to_numpy(dtype=float), na, da, lead[0], fsdp[0]],
+                                  np.r_[cov["end"].to_numpy(dtype=float), nb, db, lead[1], fsdp[1]]))
         rec = pd.concat([mine[["ts", "end"]], ops[["ts", "end"]],
                          ann.loc[~_starts(ann["name"], STEP_PREFIX), ["ts", "end"]]])
         ra, rb = union_np(np.r_[lo - 1e-3, rec["ts"].to_numpy(dtype=float), hi],
@@ -330,36 +341,65 @@ def _leading_ops(trace, launches: "pd.DataFrame", threads: tuple) -> "tuple[np.n
 
 def _framework_only(trace, cpu: "pd.DataFrame", threads: tuple) -> "tuple[np.ndarray, np.ndarray]":
     """The sorted disjoint spans of FSDP2's post-backward regions (:data:`kit.doctor.calls.FRAMEWORK_ONLY_REGIONS`) on
-    the issuing threads ``threads`` in which that thread made progress: the parts of a region within :data:`STALL_US`
-    of a recorded event of its thread (the region's own bounds, a nested annotation, a kept op or runtime call, a short
-    op, :meth:`kit.traces.Trace.short_spans_of`) -- the framework's Python between its ops, issuing, not a stall, on
-    every thread (the main thread waits in ``backward()`` while the autograd thread runs them, as for
-    :func:`_leading_ops`). A stretch of :data:`STALL_US` or longer with no recorded event on that thread stays
-    uncovered: FSDP2 runs the user's hooks there (a parameter's post-accumulate-grad hooks, from its reduce), and the
-    framework's own code records an op well inside that (FINDINGS.md, "FSDP2's post-backward regions")."""
+    the issuing threads ``threads`` in which that thread made progress (:func:`_progress_within`) -- the framework's
+    Python between its ops, issuing, not a stall, on every thread (the main thread waits in ``backward()`` while the
+    autograd thread runs them, as for :func:`_leading_ops`). A stretch of :data:`STALL_US` or longer with no recorded
+    event on that thread stays uncovered: FSDP2 runs the user's hooks there (a parameter's post-accumulate-grad hooks,
+    from its reduce), and the framework's own code records an op well inside that (FINDINGS.md, "FSDP2's post-backward
+    regions")."""
     import numpy as np
 
     if cpu.empty:
         return union_np([], [])
     r = cpu[(cpu["cat"] == "user_annotation") & cpu["tid"].isin(threads)]
-    r = r[_starts(r["name"], FRAMEWORK_ONLY_REGIONS)]
-    parts = []
-    for u in dict.fromkeys(r["tid"]):
-        reg = union_np(r.loc[r["tid"] == u, "ts"], r.loc[r["tid"] == u, "end"])
-        own = cpu[cpu["tid"] == u]
-        ts, end = own["ts"].to_numpy(dtype=float), own["end"].to_numpy(dtype=float)
-        # an op or runtime call inside a region is progress while it runs, a short-op stretch throughout (its ops
-        # less than LONG_CPU_OP_US apart); any other event at its bounds only: an annotation (the regions
-        # themselves), an op around a region (autograd's node that runs FSDP's post-backward runs the user's hooks
-        # too); what lies less than STALL_US between two of them is the framework's Python between them
-        i = np.clip(np.searchsorted(reg[0], ts, side="right") - 1, 0, None)
-        run = (own["cat"] != "user_annotation").to_numpy() & (ts >= reg[0][i]) & (end <= reg[1][i])
-        sa, sb = trace.short_spans_of([u])
-        pa, pb = union_np(np.r_[ts[run], sa, ts[~run], end[~run]], np.r_[end[run], sb, ts[~run], end[~run]], STALL_US)
-        parts.append(subtract(reg, subtract(reg, (pa, pb))))
+    parts = list(_progress_within(trace, cpu, r[_starts(r["name"], FRAMEWORK_ONLY_REGIONS)]).values())
     if not parts:
         return union_np([], [])
     return union_np(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+
+
+def autograd_nodes(cpu: "pd.DataFrame") -> "pd.Series":
+    """Which events of ``cpu`` are autograd's node evaluations (:data:`kit.doctor.calls.AUTOGRAD_NODE`: the engine's
+    op around a node, and the node's own op inside it, named as the node): ops that run the user's backward hooks
+    between their recorded ops, so they cover a stretch only where their thread records progress in it
+    (:func:`_progress_within`) -- a node's own work is its recorded ops (aten ops, their launches), and a stretch of
+    :data:`STALL_US` with none is a hook's (a sleep, Python work, a lock) or the core taken away, not the framework
+    issuing. A boolean Series on ``cpu``'s index."""
+    import pandas as pd
+
+    if cpu.empty:
+        return pd.Series(False, index=cpu.index)
+    op = (cpu["cat"] == "cpu_op").to_numpy()
+    ev = _starts(cpu["name"], AUTOGRAD_NODE).to_numpy() & op
+    if not ev.any():
+        return pd.Series(False, index=cpu.index)
+    own = {n[len(AUTOGRAD_NODE):] for n in names_str(cpu.loc[ev, "name"]).unique()}
+    return pd.Series(ev | (name_mask(cpu["name"], lambda s: s.isin(own)).to_numpy() & op), index=cpu.index)
+
+
+def _progress_within(trace, cpu: "pd.DataFrame", regions: "pd.DataFrame") -> dict:
+    """Per thread of ``regions`` (rows of ``cpu``: FSDP2's post-backward annotations, autograd's node ops), the sorted
+    disjoint parts of the union of its regions in which that thread made progress: within :data:`STALL_US` of a
+    recorded event of its thread -- an op or runtime call inside a region while it runs, a short-op stretch
+    (:meth:`kit.traces.Trace.short_spans_of`: the ops the frame leaves out) throughout (its ops less than
+    LONG_CPU_OP_US apart), any other event at its bounds only: an annotation (a region the user or the framework
+    named holds Python), the regions themselves, an event around a region (autograd's node that runs FSDP's
+    post-backward runs the user's hooks too). What lies less than :data:`STALL_US` between two of them is the
+    framework's Python between its ops; a longer stretch with no event is not covered."""
+    import numpy as np
+
+    out = {}
+    for u in dict.fromkeys(regions["tid"]):
+        reg = union_np(regions.loc[regions["tid"] == u, "ts"], regions.loc[regions["tid"] == u, "end"])
+        own = cpu[cpu["tid"] == u]
+        ts, end = own["ts"].to_numpy(dtype=float), own["end"].to_numpy(dtype=float)
+        i = np.clip(np.searchsorted(reg[0], ts, side="right") - 1, 0, None)
+        run = ((own["cat"] != "user_annotation").to_numpy() & ~own.index.isin(regions.index)
+               & (ts >= reg[0][i]) & (end <= reg[1][i]))
+        sa, sb = trace.short_spans_of([u])
+        pa, pb = union_np(np.r_[ts[run], sa, ts[~run], end[~run]], np.r_[end[run], sb, ts[~run], end[~run]], STALL_US)
+        out[u] = subtract(reg, subtract(reg, (pa, pb)))
+    return out
 
 
 def _profiler_spans(cpu: "pd.DataFrame") -> "tuple[np.ndarray, np.ndarray]":
@@ -501,10 +541,10 @@ def _finish(view, mode, win, main, threads, calls, sets, default: str, gpu, cpu=
         per_step[c] = _per_window(gpu[key], wa, wb) if gpu else 0.0
     per_step["gpu_compute_us"] = per_step["gpu_busy_us"] - per_step["gpu_comm_us"]
     own = _own_host(view, sets, win, default, main, calls)
-    for k in ("host", "stall", "data_wait", "quiet", "stall_longest", "quiet_in_ops"):
+    for k in ("host", "stall", "data_wait", "quiet", "stall_longest", "quiet_in_ops", "quiet_in_nodes"):
         per_step[f"own_{k}_us"] = own[k]
     if mode != "gpu":  # a CPU-only job's ops run long with no event inside: no quiet time to tell from them
-        per_step["own_quiet_us"] = per_step["own_quiet_in_ops_us"] = 0.0
+        per_step["own_quiet_us"] = per_step["own_quiet_in_ops_us"] = per_step["own_quiet_in_nodes_us"] = 0.0
     return HostModel(mode=mode, activity=act[["tid", "ts", "end", "kind", "name"]], per_step=per_step[list(PER_STEP)],
                      windows=win.reset_index(drop=True), main_tid=main, threads=tuple(threads), calls=calls, sets=sets)
 
@@ -529,7 +569,8 @@ def _own_host(view, sets: dict, win: "pd.DataFrame", default: str, main, calls) 
         a = by["ts"].reindex(win["step"]).to_numpy(dtype=float)
         b = by["end"].reindex(win["step"]).to_numpy(dtype=float)
     ok = ~np.isnan(a) & ~np.isnan(b) & (b > a)
-    out = {k: np.zeros(len(win)) for k in ("host", "stall", "data_wait", "quiet", "stall_longest", "quiet_in_ops")}
+    out = {k: np.zeros(len(win)) for k in ("host", "stall", "data_wait", "quiet", "stall_longest", "quiet_in_ops",
+                                            "quiet_in_nodes")}
     if not ok.any():
         return out
     lo, hi = float(a[ok].min()), float(b[ok].max())
@@ -556,8 +597,9 @@ def _own_host(view, sets: dict, win: "pd.DataFrame", default: str, main, calls) 
         waits = union_np(np.r_[waits[0][0], waits[1][0]], np.r_[waits[0][1], waits[1][1]])
         qa, qb = _quiet(view.trace.cpu, *subtract((ua, ub), waits), view.trace.short_spans)
         out["quiet"][ok] = covered(qa, qb, a[ok], b[ok])
-        inside = _in_ops(view.trace.cpu, qa, qb)
+        inside, in_node = _in_ops(view.trace.cpu, qa, qb)
         out["quiet_in_ops"][ok] = covered(qa[inside], qb[inside], a[ok], b[ok])
+        out["quiet_in_nodes"][ok] = covered(qa[in_node], qb[in_node], a[ok], b[ok])
         for k, v in mine.items():
             out[k][ok] = covered(*v, a[ok], b[ok])
         if "stall" in mine:
@@ -590,17 +632,22 @@ def _quiet(cpu, ua, ub, short=((), ())) -> "tuple[np.ndarray, np.ndarray]":
     return s[m], e[m]
 
 
-def _in_ops(cpu, qa, qb) -> "np.ndarray":
+def _in_ops(cpu, qa, qb) -> "tuple[np.ndarray, np.ndarray]":
     """Which quiet stretches ``qa``-``qb`` (no event begins or ends in them) lie inside an op or runtime call
-    (:data:`OP_CATS`) on some thread: the innermost event covering the stretch on that thread is one."""
+    (:data:`OP_CATS`) on some thread: the innermost event covering the stretch on that thread is one; and which of
+    those lie inside an autograd node's ops on every such thread (:func:`autograd_nodes`: the innermost op is a node's,
+    none of its recorded ops covers the stretch) -- where the user's backward hooks run as well as where the core was
+    taken. Two boolean arrays over the stretches."""
     import numpy as np
 
     inside = np.zeros(len(qa), dtype=bool)
     if cpu is None or not len(cpu) or not len(qa):
-        return inside
+        return inside, inside.copy()
     long = cpu[(cpu["end"] - cpu["ts"]) >= float(np.min(np.asarray(qb) - np.asarray(qa)))]  # only these can cover one
     ts, end = long["ts"].to_numpy(dtype=float), long["end"].to_numpy(dtype=float)
     op = long["cat"].isin(OP_CATS).to_numpy()
+    node = autograd_nodes(long).to_numpy()
+    in_node = np.zeros(len(qa), dtype=bool)
     tid = long["tid"].to_numpy()
     for i, (a, b) in enumerate(zip(qa, qb)):
         m = np.flatnonzero((ts <= a) & (end >= b))
@@ -608,8 +655,10 @@ def _in_ops(cpu, qa, qb) -> "np.ndarray":
             last = {}
             for j in m[np.argsort(ts[m], kind="stable")]:  # each thread's latest-starting covering event: innermost
                 last[tid[j]] = j
-            inside[i] = bool(op[list(last.values())].any())
-    return inside
+            j = list(last.values())
+            inside[i] = bool(op[j].any())
+            in_node[i] = inside[i] and not (op[j] & ~node[j]).any()
+    return inside, in_node
 
 
 def _classify(sets: dict, lo: float, hi: float, default: str, extra) -> "tuple[np.ndarray, np.ndarray, np.ndarray]":
