@@ -23,7 +23,7 @@ all-reduce), so the other ranks' measured host is not their own work and the mea
 
 from __future__ import annotations
 
-from .own_time import OWN_HOST, QUIET, QUIET_IN_OPS, STALL_LONGEST
+from .own_time import OWN_HOST, QUIET, QUIET_IN_OPS, STALL_LONGEST, own_host_net
 
 QUIET_IN_NODES = "own_quiet_in_nodes_us"
 """the part of a rank's quiet time inside autograd's node evaluations alone (:data:`kit.doctor.host_model.PER_STEP`):
@@ -118,7 +118,8 @@ def contended_gain(own: dict, late: int, overhead: dict | None, own_work: dict,
         o = (overhead or {}).get(int(r))
         if o is None or o.host_us is None:
             return None
-        net[r] = max(0.0, p["host_us"] - o.host_us)
+        ps = (host_steps or {}).get(int(r))  # as traced: the tracer netted once, in its events' price (own_host_net)
+        net[r] = max(0.0, own_host_net(ps, o) if ps is not None and OWN_HOST in ps else p["host_us"] - o.host_us)
     u = max(net.values())
     stretch = 1.0 / (1.0 - q)
     u_late = stretch * u
