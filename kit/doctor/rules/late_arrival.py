@@ -19,6 +19,11 @@ if TYPE_CHECKING:  # pragma: no cover
 HOST_REASONS = {"data_wait": "data_wait", "host_sync": "sync", "host_stall": "stall"}
 """the host activities :func:`host_time_until` counts, from the host model's kinds (the rest of the host time is
 ``host_busy``)"""
+SINGLE_STALL = "host_stall_single"
+"""the part of ``host_stall`` in stretches that are one stall's: each step's longest stall stretch (the contended-host
+model's reading, :data:`kit.doctor.own_time.STALL_LONGEST`). A sleep, a blocking call, a pause is one stretch with
+no event; a core the scheduler shares with another process is taken in slices of milliseconds, many to a step,
+between ops as well as inside them -- its issuing done more slowly, not a stall (:func:`lag_shares`)"""
 
 
 def host_time_until(view: RankView, tl: Timeline) -> "pd.DataFrame":
@@ -28,7 +33,9 @@ def host_time_until(view: RankView, tl: Timeline) -> "pd.DataFrame":
     * ``data_wait`` -- the host model's ``data_wait`` (the host waiting for the next batch, any thread);
     * ``host_sync`` -- its ``sync`` (synchronising calls and blocking copies, any thread);
     * ``host_stall`` -- its ``stall`` (stretches of >= 1 ms in which the issuing threads issued nothing, outside
-      every recorded op: ``time.sleep``, Python work, a blocked GIL) -- the accounting's ``host_stall``.
+      every recorded op: ``time.sleep``, Python work, a blocked GIL) -- the accounting's ``host_stall``;
+    * ``host_stall_single`` -- the part of it in each step's longest stall stretch (:data:`SINGLE_STALL`; a step: from
+      one step annotation's start to the next; all of it without annotations).
 
     Differences between two moments give the activity in between (:func:`arrival_parts`)."""
     import numpy as np
@@ -36,12 +43,13 @@ def host_time_until(view: RankView, tl: Timeline) -> "pd.DataFrame":
 
     rows = tl.rows
     moments = ("launch", "end", "step")
-    cols = ["step_ts"] + [f"{c}@{w}" for c in HOST_REASONS for w in moments]
+    cols = ["step_ts"] + [f"{c}@{w}" for c in (*HOST_REASONS, SINGLE_STALL) for w in moments]
     if rows.empty:
         return pd.DataFrame(columns=cols, index=rows.index, dtype=float)
     host = view.host
     empty = (np.empty(0), np.empty(0))
     iv = {c: host.spans(k) if host is not None else empty for c, k in HOST_REASONS.items()}
+    iv[SINGLE_STALL] = single_stalls(*iv["host_stall"], view.steps)
     step_ts = rows["step"].map(dict(zip(view.steps["step"], view.steps["ts"]))).to_numpy(dtype=float)
     out = {"step_ts": step_ts}
     for w, t in (("launch", rows["launch_us"].to_numpy(dtype=float)), ("end", rows["end_us"].to_numpy(dtype=float)),
@@ -50,6 +58,21 @@ def host_time_until(view: RankView, tl: Timeline) -> "pd.DataFrame":
         for c, v in iv.items():
             out[f"{c}@{w}"] = covered(*v, lo, t)
     return pd.DataFrame(out, index=rows.index)[cols]
+
+
+def single_stalls(a: "np.ndarray", b: "np.ndarray", steps: "pd.DataFrame | None") -> tuple:
+    """Of the stall stretches ``a``-``b``, each step's longest (:data:`SINGLE_STALL`): a step from one annotation's
+    start (``steps["ts"]``) to the next, the stretches before the first one together; all of them without steps."""
+    import numpy as np
+
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if not len(a) or steps is None or steps.empty:
+        return a, b
+    g = np.searchsorted(np.sort(steps["ts"].to_numpy(dtype=float)), a, side="right")
+    o = np.lexsort((-(b - a), g))  # by step, the longest first
+    first = o[np.r_[True, g[o][1:] != g[o][:-1]]]
+    keep = np.sort(first)
+    return a[keep], b[keep]
 
 
 REASONS = ("data_wait", "host_sync", "host_stall", "host_busy", "gpu_busy")
@@ -94,6 +117,7 @@ def attribute(df: "pd.DataFrame", inst: "pd.DataFrame", late: int) -> tuple[dict
 
     cols = ["launch_us", "start_us", "end_us", "step_ts", "step"] + [f"{c}@{w}" for c in HOST_REASONS
                                                               for w in ("launch", "end", "step")]
+    cols += [c for c in (f"{SINGLE_STALL}@launch",) if c in df.columns]  # (lag_shares)
     wide = df.set_index(["match_key", "instance", "rank"])[cols].unstack("rank")
     inst = inst.set_index(["match_key", "instance"]).reindex(wide.index)
     t = wide[("end_us", late)].to_numpy(dtype=float)  # order on the late rank's own clock
@@ -160,8 +184,10 @@ def lag_shares(wide: "pd.DataFrame", late: int, peers: list, k: "np.ndarray", fl
     put it behind: each rank's host time between its launches of the first and the last instance of the run at which
     the late rank's host was behind the peers' (:func:`host_lag` > 0; from the last instance before the run at which
     it was level or ahead, else the trace's first), in a stall and the rest, the late rank's less the peers' median --
-    a stall leaves its length there, a host that issues the same work more slowly its slower issuing. A wait for data
-    or a synchronising call after the origin is an event at the instance itself and keeps its own part."""
+    a stall leaves its length there, a host that issues the same work more slowly its slower issuing. A stall there
+    is one stretch: each step's longest (:data:`SINGLE_STALL`, where ``wide`` has it); a contended core's other
+    slices with no event between its launches are the same work issued more slowly, and count as issuing. A wait for
+    data or a synchronising call after the origin is an event at the instance itself and keeps its own part."""
     import numpy as np
 
     out = {c: np.full(k.shape, np.nan) for c in LAG_PARTS}
@@ -184,10 +210,19 @@ def lag_shares(wide: "pd.DataFrame", late: int, peers: list, k: "np.ndarray", fl
     since = np.maximum.accumulate(np.where(level, np.arange(n), 0))[prev]  # the run's start: the last level one before
     until = np.minimum.accumulate(np.where(level, np.arange(n), n)[::-1])[::-1][k] - 1  # its last instance behind
     spent = {}
+    single = (f"{SINGLE_STALL}@launch", late) in wide.columns
+
+    def diff(col, r):
+        x = wide[(f"{col}@launch", r)].to_numpy(dtype=float)
+        return x[until] - x[since]
+
     for r in ranks:
-        d = {c: (wide[(f"{c}@launch", r)].to_numpy(dtype=float)[until]
-                 - wide[(f"{c}@launch", r)].to_numpy(dtype=float)[since]) for c in HOST_REASONS}
+        d = {c: diff(c, r) for c in HOST_REASONS}
         d["host_busy"] = launch[r][until] - launch[r][since] - sum(d.values())
+        if single:  # a stall is one stretch a step; the other slices with no event are issuing, slowed
+            one = diff(SINGLE_STALL, r)
+            d["host_busy"] = d["host_busy"] + d["host_stall"] - one
+            d["host_stall"] = one
         spent[r] = d
     pos = {c: np.clip(spent[late][c] - np.nanmedian(np.vstack([spent[r][c] for r in peers]), axis=0), 0, None)
            for c in LAG_PARTS}

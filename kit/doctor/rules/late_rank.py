@@ -12,7 +12,7 @@ from ..findings import make
 from ..model import RULES, Finding, RankView, Rule, Skip, rule
 from ..contended import contended_gain
 from ..overhead import own_work
-from ..own_time import own_excess, own_reason, steady
+from ..own_time import MIN_OWN_EXCESS_SHARE, own_excess, own_reason, steady
 from .evidence import dur_text, excerpt, num
 from .late_arrival import attribute, host_time_until
 from .same_kernels import KERNEL_TOP, SLOW_GPU, extra_work, gpu_speed, kernel_speeds
@@ -172,6 +172,51 @@ def own_gain(own: dict | None, reason: str | None, excess: dict, n: int) -> tupl
     return None, "others_wait"
 
 
+TRACER_REASONS = ("data_wait", "host_sync", "host_stall", "host_busy", None)
+"""the reasons whose lateness is the late rank's host time, where the tracer's cost in its Python off the ops
+(:data:`kit.doctor.own_time.TRACER`) lies: a cost read off the collectives for them is taken net of that cost"""
+
+
+def tracer_excess(host_steps: dict | None, late: int) -> float:
+    """Rank ``late``'s tracer cost in its Python off the ops per step (:data:`kit.doctor.own_time.TRACER`, median
+    over :func:`~kit.doctor.own_time.steady`'s steps) beyond the other ranks' median of theirs, at least 0: the part
+    of its host time, and of the lateness read at the collectives, that is the profiler's on that rank alone (a
+    with_stack trace's price of pure-Python work on the training thread). 0 without the column."""
+    import numpy as np
+
+    from ..own_time import TRACER
+
+    have = {r: ps for r, ps in (host_steps or {}).items() if TRACER in ps}
+    if late not in have or len(have) < 2:
+        return 0.0
+    med = {r: float(np.median(ps[TRACER])) for r, ps in have.items()}
+    return max(0.0, med[late] - float(np.median([v for r, v in med.items() if r != late])))
+
+
+def step_bound(o, late: int, work: dict) -> dict | None:
+    """The most any late rank can cost the job per step net of the profiler: the late rank's step without it less
+    the GPU work it would still do were it as fast as the others -- its own GPU work
+    (:func:`kit.doctor.overhead.own_work`, ``work``: rank -> us per step), at most the other ranks' most (a rank late
+    for more GPU work keeps the others' share of it). The step without the profiler: kit.capture's measured one
+    (``o``: the rank's :class:`kit.doctor.overhead.ProfilerOverhead`), or an estimate's high end (the traced step
+    less the estimated overhead over :data:`kit.doctor.overhead.ESTIMATE_RANGE`: a bound from above must survive
+    the estimate's range). None where the rank has neither, or no GPU work is known."""
+    from ..overhead import ESTIMATE_RANGE
+
+    if o is None or o.basis not in ("measured", "estimated") or late not in work:
+        return None
+    if o.basis == "measured":
+        step = o.unprofiled_step_us
+    else:
+        step = None if o.traced_step_us is None else o.traced_step_us - o.overhead_us / ESTIMATE_RANGE
+    if step is None:
+        return None
+    others = [v for r, v in work.items() if r != late]
+    gpu = min(work[late], max(others)) if others else work[late]
+    return {"unprofiled_step_us": num(step), "basis": o.basis, "own_gpu_work_us": num(gpu),
+            "cap_us": num(max(0.0, step - gpu))}
+
+
 def unprofiled_host_us(capture: dict | None) -> float | None:
     """The median of the host times :mod:`kit.capture` measured per step without the profiler on this rank
     (``kitCapture.unprofiled_host_us``: one ``step()`` call to the next, the GPU drained before it, waits included);
@@ -198,8 +243,6 @@ def measured_excess(capture: dict | None, late: int, step_us: float | None = Non
     lengthens the others' drained steps too) both clear :data:`kit.doctor.own_time.MIN_OWN_EXCESS_SHARE` of the step
     and the range of the others' medians."""
     import numpy as np
-
-    from ..own_time import MIN_OWN_EXCESS_SHARE
 
     xs = {r: _host_samples(c) for r, c in (capture or {}).items()}
     if late not in xs or len(xs) < 2 or not all(xs.values()):
@@ -424,13 +467,24 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     waited = min(cost, ctx.step_us) if ctx.step_us else cost  # no rank waits longer than its step
     clipped = waited < cost  # their charged waits reach the step: said as a bound
     gain, basis = own_gain(own, reason, excess, n)
+    # a cost read at the collectives (the reason's added lateness, or the others' waiting) holds the tracer's cost in
+    # the late rank's Python off the ops (own_excess' is net of it): taken off; where what is left is under the share
+    # of the step an own excess must reach (MIN_OWN_EXCESS_SHARE), no cost is confirmed net of the profiler
+    tracer = tracer_excess(hs, late) if basis in ("reason_excess", "others_wait") and reason in TRACER_REASONS \
+        else 0.0
+    traced_gain = gain if gain is not None else waited
+    if tracer > 0:
+        gain = max(0.0, traced_gain - tracer)
+        if gain <= MIN_OWN_EXCESS_SHARE * (ctx.step_us or 0.0):
+            gain = 0.0
     by_host = basis == "own_excess" and own["kind"] == "host"
     got = measured_excess(ctx.capture, late, ctx.step_us) if by_host else None
     measured, measured_ok = got if got is not None else (None, False)
     # a contended host (its quiet time spread over the step): the contended-host model, not the traced excess (which
     # holds the stretched profiler's time) nor kit.capture's measured excess (every rank's drained step holds its waits
     # for the late one at the collectives: the others' measured host is not their own work, FINDINGS.md)
-    model = contended_gain(own, late, ctx.overhead, own_work(hs, ctx.comm_waits()), hs) if by_host else None
+    work = own_work(hs, ctx.comm_waits()) if hs else {}
+    model = contended_gain(own, late, ctx.overhead, work, hs) if by_host else None
     if model is not None:
         gain, basis = model["gain_us"], "contended_host"
     elif measured_ok and measured < gain and not (own.get("quiet") or {}).get("confirmed"):  # (measured_excess)
@@ -454,6 +508,13 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
                                  if basis == "own_excess" and own["kind"] == "gpu" else (None, None, None))
     if room is not None and room < cost:  # its GPU's excess fills time the others' hosts would take anyway
         cost, basis = room, "others_host"
+    # no rank can cost the job more than its step without the profiler less the GPU work it would still do
+    bound_by = step_bound((ctx.overhead or {}).get(late), late, work)
+    capped = bound_by is not None and cost > bound_by["cap_us"]
+    if capped:
+        bound_by["cost_before_us"] = num(cost)
+        cost = float(bound_by["cap_us"])
+    unnetted = tracer > 0 and cost <= 0  # the tracer's cost on the rank holds all of its lateness
     late_at = mine[mine["material"]]
     worst = late_at.loc[late_at["late_by_us"].idxmax()]
     ev = {"late_rank": late, "last_at": len(mine), "late_at": len(late_at), "instances": len(inst),
@@ -467,6 +528,11 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
           "excerpt": excerpt(late, float(worst["start_us"]) - 2 * float(worst["late_by_us"]), float(worst["end_us"]),
                               ranks=sorted(tl_of))}
     ev["last_by_chance"] = num(chance, 4)
+    if tracer > 0:  # the tracer's cost in its Python off the ops beyond the others', taken off the collectives' reading
+        ev["tracer_excess_us"] = num(tracer)
+        ev["cost_before_tracer_us"] = num(traced_gain)
+    if bound_by is not None:
+        ev["step_bound"] = bound_by
     if basis == "others_host":  # the others' host time: measured unprofiled (kit.capture) or estimated
         ev["others_host_basis"] = room_basis
         ev["others_host_us"] = room_of
@@ -481,8 +547,12 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     ev["same_kernels_slower_pct"] = num(100 * slower) if slower is not None else None
     ev["lateness_explained_share"] = num(seen / added, 3) if added > 0 else None
     ev["reason_from"] = "own_time" if in_own else "collectives"
-    if sliced:  # the host model's stall time of a contended core: its slices (kit.doctor.contended)
+    if sliced:  # the host model's stall time of a contended core: its slices (kit.doctor.contended), its issuing
         ev["reason_from_stall"] = "contended_host"
+        ev["reason_us_per_step_as_read"] = ev["reason_us_per_step"]
+        per = dict(ev["reason_us_per_step"])
+        per["host_busy"], per["host_stall"] = num((per["host_busy"] or 0.0) + (per["host_stall"] or 0.0)), 0.0
+        ev["reason_us_per_step"] = per
     words = REASON_TEXT_CPU if tl_of[late].gpu_kernels == 0 else REASON_TEXT
     why = (f"; its GPU busy with {dur_text(own['excess_us'])} more compute per step than the slowest other rank's"
            if by_own else f"; {words[reason]} ({dur_text(in_own[1])} per step more than any other rank, in its "
@@ -505,14 +575,35 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
                      f"{'slower' if slower > 0 else 'faster'} than theirs, and more GPU work besides -- work the other "
                      f"ranks do not have" + _extra_text(late, summaries, ev))
     ev["reason"] = reason
-    said = BASIS_TEXT[basis] if basis != "contended_host" else BASIS_TEXT[basis].format(
-        q=100 * model["quiet_share"], u=dur_text(model["host_us"]), ul=dur_text(model["late_host_us"]),
-        g=dur_text(model["gpu_bound_us"]))
-    basis_text = (f" ({said}{OTHERS_HOST_TEXT[room_basis] if basis == 'others_host' else ''})"
-                  if cost < waited else
-                  f" (its own time per step beyond the slowest other rank's: each other rank waits {dur_text(bound)} "
-                  f"or more per step at the collectives, some of it where another rank's kernel ended last, as a "
-                  f"broadcast's root does without waiting)" if cost > waited else ", what the others waited for it")
+    said = ("what the others waited for it" if basis == "others_wait" else
+            BASIS_TEXT[basis] + (OTHERS_HOST_TEXT[room_basis] if basis == "others_host" else "")
+            if basis != "contended_host" else BASIS_TEXT[basis].format(
+                q=100 * model["quiet_share"], u=dur_text(model["host_us"]), ul=dur_text(model["late_host_us"]),
+                g=dur_text(model["gpu_bound_us"])))
+    if cost > waited and not capped:
+        said = (f"its own time per step beyond the slowest other rank's: each other rank waits {dur_text(bound)} or more "
+                f"per step at the collectives, some of it where another rank's kernel ended last, as a broadcast's "
+                f"root does without waiting")
+    pieces = []
+    if tracer > 0:  # the collectives' reading, net of the tracer's cost on that rank
+        pieces.append(f"net of the tracer's cost in its Python off the ops, {dur_text(tracer)} per step more than the "
+                      f"other ranks'")
+    if capped:
+        high = "measured" if bound_by["basis"] == "measured" else "at the estimate's high end"
+        pieces.append(f"at most its step without the profiler ({dur_text(bound_by['unprofiled_step_us'])}, {high}) "
+                      f"less the {dur_text(bound_by['own_gpu_work_us'])} of GPU work it would still do; "
+                      f"{dur_text(bound_by['cost_before_us'])} as read")
+    basis_text = (f" ({'; '.join(pieces + [said])})" if pieces or cost != waited else ", what the others waited for it")
+    if unnetted:
+        summary = (f"rank {late} arrived last at {len(late_at)} of {len(inst)} collectives, a median "
+                   f"{dur_text(ev['after_next_latest_us_median'])} after the next-latest rank{why}; but of the "
+                   f"lateness read there, {dur_text(traced_gain)} per step, what the tracer's own cost in its Python "
+                   f"off the ops ({dur_text(tracer)} per step more than the other ranks') leaves is under "
+                   f"{100 * MIN_OWN_EXCESS_SHARE:.0f}% of the step: no cost of its lateness is confirmed net of the "
+                   f"profiler (re-profile without with_stack to measure it)")
+        ev["cost_basis"] = "not_net_of_tracer"
+        return [make("late_rank", 0.0, [late], ev, summary, fix=f"{FIX_BY_REASON[reason]} {RULES['late_rank'].fix}"
+                     if reason else None)]
     # its cost first (one sentence, one cost), then what made it late and what the others waited
     summary = (f"were rank {late} as fast as the others the job would gain about {dur_text(cost)} per step"
                f"{basis_text}: it arrived last at {len(late_at)} of {len(inst)} collectives, a median "
