@@ -58,18 +58,8 @@ def jobs(top: Path) -> list[tuple[str, list[str]]]:
     return out
 
 
-INVARIANT_MISSES = {
-    # committed trace set: which finding breaks which invariant, today
-    "recorded-h200x2-ddp-input-stack": "input_bound [1] 24.81 ms net of the profiler on a 14.43 ms measured unprofiled "
-                                       "step: the tracer's price of the Python frames inside the DataLoader's waits "
-                                       "(27 ms) is not netted from the input slice, only the ops' share (3.12 ms; "
-                                       "REVIEW_S12 H3)",
-}
-
-
 def committed() -> list:
-    return [pytest.param(files, id=f"doctor/{name}", marks=[pytest.mark.xfail(strict=True, reason=INVARIANT_MISSES[name])]
-                         if name in INVARIANT_MISSES else []) for name, files in jobs(DOCTOR)]
+    return [pytest.param(files, id=f"doctor/{name}") for name, files in jobs(DOCTOR)]
 
 
 def public() -> list:

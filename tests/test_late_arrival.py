@@ -144,24 +144,38 @@ INPUT_STACK = Path(__file__).resolve().parent / "data" / "doctor" / "recorded-h2
 
 
 @pytest.mark.skipif(not INPUT_STACK.exists(), reason="case not here")
-def test_a_lateness_that_is_the_tracers_own_is_not_a_cost():
+def test_a_late_rank_under_the_tracer_is_costed_net_of_it():
     """Real DDP on 2 H200s, with_stack (tests/data/doctor/recorded-h200x2-ddp-input-stack/README.md): rank 1
-    tokenizes in pure Python, ~7.2 ms added per step, 14.43 ms unprofiled. Its lateness read at the collectives
-    (26.4 ms per step, the reason's added lateness: its own time's excess is not confirmed) is, but for under 5% of the
-    step, the tracer's cost in its Python off the ops beyond rank 0's (26.1 ms): late_rank [1] says so, at no cost,
-    rather than "would gain 26.4 ms" (REVIEW_S12 H1: 1.8x the whole unprofiled step); every late_rank cost is at most
-    the unprofiled step less its GPU work."""
+    tokenizes in pure Python, ~7.2 ms added per step, 14.43 ms unprofiled, 44.0 ms traced. late_rank [1] for its
+    DataLoader, at kit.capture's measured host excess (6.89 ms, 0.96x), at most the unprofiled step less its GPU work
+    (12.43 ms) -- not the lateness read at the collectives, 26.4 ms, nearly all the tracer's on that rank and 1.8x the
+    whole unprofiled step (REVIEW_S12 H1: what main said before own time took the tracer's price off, 30e26ae)."""
     from conftest import diagnosed
 
     d = diagnosed(sorted(INPUT_STACK.glob("*.json.gz")))
     f = next(x for x in d.findings if x.rule == "late_rank")
     ev = f.evidence
-    assert (f.ranks, ev["reason"], ev["cost_basis"]) == ((1,), "data_wait", "not_net_of_tracer")
-    assert ev["cost_before_tracer_us"] > 20_000 and ev["tracer_excess_us"] > 0.9 * ev["cost_before_tracer_us"]
+    assert (f.ranks, ev["reason"]) == ((1,), "data_wait") and d.problems[0] is f
     b = ev["step_bound"]
     assert b["basis"] == "measured" and 14_000 < b["unprofiled_step_us"] < 15_000
-    assert f.cost_us_per_step <= b["cap_us"] and f.cost_us_per_step < 2 * 7_200
-    assert "no cost of its lateness is confirmed" in f.summary and "would gain" not in f.summary
+    assert f.cost_us_per_step <= b["cap_us"] and 0.5 <= f.cost_us_per_step / 7_200 <= 2.0
+
+
+def test_a_lateness_read_at_the_collectives_is_net_of_the_tracers_excess():
+    """late_rank.tracer_excess: the late rank's tracer price in its Python off the ops (own_time.TRACER, median over
+    its steps) beyond the other ranks' median -- what the collectives' reading of its lateness holds of the tracer's
+    on that rank alone (the s12r1 window above: 27.2 ms of a 26.4 ms lateness, where own time did not confirm it)."""
+    import pandas as pd
+
+    from kit.doctor.own_time import TRACER
+    from kit.doctor.rules.late_rank import tracer_excess
+
+    steps = {0: pd.DataFrame({"step": [0, 1], TRACER: [200.0, 260.0]}),
+             1: pd.DataFrame({"step": [0, 1], TRACER: [27_000.0, 27_400.0]}),
+             2: pd.DataFrame({"step": [0, 1], TRACER: [100.0, 100.0]})}
+    assert tracer_excess(steps, 1) == pytest.approx(27_200.0 - 165.0)
+    assert tracer_excess(steps, 0) == 0.0
+    assert tracer_excess({r: ps.drop(columns=[TRACER]) for r, ps in steps.items()}, 1) == 0.0
 
 
 def test_a_late_ranks_cost_is_at_most_its_step_without_the_profiler_less_its_gpu_work():

@@ -197,18 +197,13 @@ def step_bound(o, late: int, work: dict) -> dict | None:
     """The most any late rank can cost the job per step net of the profiler: the late rank's step without it less
     the GPU work it would still do were it as fast as the others -- its own GPU work
     (:func:`kit.doctor.overhead.own_work`, ``work``: rank -> us per step), at most the other ranks' most (a rank late
-    for more GPU work keeps the others' share of it). The step without the profiler: kit.capture's measured one
-    (``o``: the rank's :class:`kit.doctor.overhead.ProfilerOverhead`), or an estimate's high end (the traced step
-    less the estimated overhead over :data:`kit.doctor.overhead.ESTIMATE_RANGE`: a bound from above must survive
-    the estimate's range). None where the rank has neither, or no GPU work is known."""
-    from ..overhead import ESTIMATE_RANGE
-
+    for more GPU work keeps the others' share of it). The step without the profiler: the longest it can be
+    (:attr:`kit.doctor.overhead.ProfilerOverhead.unprofiled_high_us` of ``o``, the rank's overhead: kit.capture's
+    measured step, or an estimate's at the low end of its range -- a bound from above must survive the estimate's
+    error). None where the rank has neither, or no GPU work is known."""
     if o is None or o.basis not in ("measured", "estimated") or late not in work:
         return None
-    if o.basis == "measured":
-        step = o.unprofiled_step_us
-    else:
-        step = None if o.traced_step_us is None else o.traced_step_us - o.overhead_us / ESTIMATE_RANGE
+    step = o.unprofiled_high_us
     if step is None:
         return None
     others = [v for r, v in work.items() if r != late]
@@ -266,13 +261,9 @@ def others_host(ps, o, measured: float | None, waits: float | None, scale: float
     time is the host's own (``measured``); else less those waits, scaled as the step is (``measured_less_waits``), but
     never below the smaller reading, each an upper bound where the other errs (``estimated`` where that holds). The
     result is continuous in every input. Returns (own host us, basis, the readings for the evidence)."""
-    import numpy as np
+    from ..own_time import own_host_net
 
-    from ..own_time import OWN_HOST
-
-    on_step = o.overhead_us if o is not None else 0.0
-    on_host = max(on_step, (o.host_us or 0.0) if o is not None else 0.0)
-    traced = float(np.median(ps[OWN_HOST])) - on_host
+    traced = own_host_net(ps, o)
     if measured is None:
         return traced, "estimated", {"traced_net_us": round(traced, 1)}
     raw = waits or 0.0
