@@ -263,7 +263,7 @@ def others_host(ps, o, measured: float | None, waits: float | None, scale: float
     result is continuous in every input. Returns (own host us, basis, the readings for the evidence)."""
     from ..own_time import own_host_net
 
-    traced = own_host_net(ps, o)
+    traced = own_host_net(ps, o, with_step=True)
     if measured is None:
         return traced, "estimated", {"traced_net_us": round(traced, 1)}
     raw = waits or 0.0
