@@ -632,13 +632,12 @@ def test_python_off_the_ops_is_priced_but_a_loop_that_runs_to_a_deadline_is_not(
 
 def test_a_frame_off_the_ops_is_priced_by_its_own_fit():
     """The with_stack row's price per Python frame off the ops is overhead_eval.off_frame_fit's on
-    recorded/profiler_overhead/multi/off_frames.json (derived once): the held-out GPT input straggler of session 11
-    (rank 2's tokenizer in its DataLoader, 142k frames a step: 78.3 ms of overhead, 9.8 ms of it its ops') implies
-    0.051 us per frame per us of launch, below the frame term among the ops (0.089 since session 12's refit with FSDP;
-    0.209 before, fitted on DDP alone, which would have put 282 ms on a 103 ms step). Only the points recorded after
-    the fit are judged (round s12r1: the same transform in a 2-GPU kit.capture window, 57k frames a step, implying
-    0.037): priced within 0.5-2x of their measured overhead (1.25x). One workload so far: own time takes off only the
-    low end of this price (own_time.TRACER_TAKEN)."""
+    recorded/profiler_overhead/multi/off_frames.json (derived once): the median implied price of five pure-Python
+    workloads -- session 11's held-out GPT input straggler (a tokenizer in its DataLoader, 142k frames a step) and
+    round s12r2's ord+append, dict.get, a recursive function and a sort with a Python key after each step (0.037-0.084
+    us per frame per us of launch) -- 0.050, below the frame term among the ops (0.089; the DDP-only term, 0.209, would
+    have put 282 ms on a 103 ms step). Only the check recorded apart is judged (round s12r1: the tokenizer in a 2-GPU
+    kit.capture window, 57k frames a step): priced within 0.5-2x of its measured overhead (1.23x)."""
     ev = _eval_script()
     row = ov.pick_scaled(True, True, True, distributed=True)[1]
     assert row["us_per_off_frame_per_launch_us"] == pytest.approx(ev.off_frame_fit(), abs=5e-5)

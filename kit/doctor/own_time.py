@@ -48,9 +48,9 @@ TRACER_IN_WAIT = "own_tracer_in_wait_us"
 stalls (a stretch of Python off the ops is a stretch without an op or a launch)"""
 TRACER_TAKEN = 0.5
 """the share of :data:`TRACER` taken off a rank's own time: the low end of the price's range
-(:data:`kit.doctor.overhead.ESTIMATE_RANGE`), while the price per frame off the ops rests on few workloads
-(FINDINGS.md, "The price of a trace recorded with stacks"): a price too high would take a real straggler's own time
-away with the tracer's"""
+(:data:`kit.doctor.overhead.ESTIMATE_RANGE`), as the price per frame off the ops differs between workloads by about
+that much (FINDINGS.md, "The price of a trace recorded with stacks"): a price too high would take a real straggler's
+own time away with the tracer's"""
 OWN_GPU = "gpu_compute_us"
 """a rank's own GPU time: busy outside the collectives"""
 MIN_OWN_EXCESS_SHARE = 0.05
