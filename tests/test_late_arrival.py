@@ -161,6 +161,25 @@ def test_a_late_rank_under_the_tracer_is_costed_net_of_it():
     assert f.cost_us_per_step <= b["cap_us"] and 0.5 <= f.cost_us_per_step / 7_200 <= 2.0
 
 
+@pytest.mark.skipif(not INPUT_STACK.exists(), reason="case not here")
+def test_a_lateness_that_is_the_tracers_own_is_not_a_cost(monkeypatch):
+    """The same window with the tracer's whole price taken off own time (``own_time.TRACER_TAKEN`` 1.0, as main had it
+    at 30e26ae): rank 1's own excess is not confirmed, and late_rank falls back to the lateness read at the
+    collectives (26.4 ms per step), of which the tracer's price beyond rank 0's (25.5 ms on this cut) leaves under 5%
+    of the step -- it says rank 1 arrived last but no cost is confirmed net of the profiler, at 0, rather than "would
+    gain 26.4 ms" (REVIEW_S12 H1)."""
+    import kit.doctor.own_time as own_time
+    from kit.doctor import diagnose
+
+    monkeypatch.setattr(own_time, "TRACER_TAKEN", 1.0)
+    d = diagnose(sorted(INPUT_STACK.glob("*.json.gz")), workers=1)
+    f = next(x for x in d.findings if x.rule == "late_rank")
+    ev = f.evidence
+    assert (f.ranks, ev["reason"], ev["cost_basis"], f.cost_us_per_step) == ((1,), "data_wait", "not_net_of_tracer", 0)
+    assert ev["cost_before_tracer_us"] > 20_000 and ev["tracer_excess_us"] > 0.9 * ev["cost_before_tracer_us"]
+    assert "no cost of its lateness is confirmed" in f.summary and "would gain" not in f.summary
+
+
 def test_a_lateness_read_at_the_collectives_is_net_of_the_tracers_excess():
     """late_rank.tracer_excess: the late rank's tracer price in its Python off the ops (own_time.TRACER, median over
     its steps) beyond the other ranks' median -- what the collectives' reading of its lateness holds of the tracer's
