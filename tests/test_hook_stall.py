@@ -133,3 +133,28 @@ def test_a_stall_split_over_backward_hooks_is_not_a_contended_core(tmp_path):
     assert not [f for f in got if f.evidence.get("cost_basis") == "contended_host"
                 or f.evidence.get("reason_from_stall") == "contended_host"]
     assert [(f.rule, f.ranks) for f in got[:2]] == [(f.rule, f.ranks) for f in ref[:2]]
+
+
+REAL = DATA / "recorded-h200x2-of-4-ddp-grad-hook-stall"
+
+
+@pytest.mark.skipif(not REAL.exists(), reason="case not here")
+def test_a_real_stall_in_post_accumulate_grad_hooks_is_a_stall():
+    """Real 2x H200 DDP GPT (s12r2): rank 1's post-accumulate-grad hooks on 8 parameters run 1.5 ms of Python each,
+    +12.49 ms unprofiled. Its quiet time (12.1 ms per step) lies in autograd's nodes alone; the doctor names rank 1 for
+    a host stall at 0.5-2x the added time (it said a contended host, 3.57 ms: 'check its CPU binding')."""
+    from conftest import diagnosed
+    from kit import traces
+    from kit.doctor.host_model import host_model
+    from kit.doctor.model import RankView
+    from kit.doctor.steps import find_steps
+
+    truth = json.loads((REAL / "truth.json").read_text())
+    t = traces.load_trace(REAL / "rank1.json.gz")
+    ps = host_model(RankView(trace=t, steps=find_steps(t.cpu, None, t.gpu), rank=1)).per_step
+    assert ps["own_quiet_in_nodes_us"].median() == pytest.approx(ps["own_quiet_us"].median())
+    assert ps["own_quiet_in_nodes_us"].median() > 0.8 * truth["fault_params"]["stall_ms"] * 1e3
+    f = diagnosed(sorted(REAL.glob("rank*.json.gz"))).problems[0]
+    assert (f.rule, f.ranks, f.evidence["reason"]) == ("late_rank", (1,), truth["expected_reason"])
+    assert f.evidence.get("cost_basis") != "contended_host"
+    assert 0.5 <= f.cost_us_per_step / truth["added_us"] <= 2.0
