@@ -81,6 +81,11 @@ COMM_WAIT_OPS = ("c10d::wait", "c10d::barrier", "c10d::monitored_barrier", "gloo
 """op names (prefixes) of a thread blocked on a collective or a peer in a GPU job: a ``wait()`` on a work
 handle, a barrier, a gloo op run on the thread itself"""
 ALL = "*"
+HOOK = "hook"
+"""the key of :attr:`HostModel.sets` [:data:`ALL`] holding the stall spans that lie inside an autograd node's op with
+no progress on its thread (:func:`autograd_nodes`): where the user's backward hooks run -- a stall however many pieces
+it comes in (a hook per module or parameter), not a core's slices (``late_arrival.SINGLE_STALL`` counts them as one
+stall's). Not one of :data:`KINDS`: a part of ``stall``"""
 """the key of :attr:`HostModel.sets` holding a kind's union over every thread of the process"""
 OWN_KINDS = ("data_wait", "stall", "alloc", "issue")
 """a rank's own host time: waiting for its DataLoader, stalling (no op, no call: Python work, a sleep), the
@@ -310,6 +315,7 @@ def _gpu_model(view: "RankView") -> HostModel | None:
                    "comm_wait": union_np(comm["ts"], comm["end"]), "alloc": union_np(alloc["ts"], alloc["end"]),
                    "profiler": theirs, "stall": (sa[sb - sa >= STALL_US], sb[sb - sa >= STALL_US]), "idle": idle}
     sets[ALL] = _all_threads(cpu, calls, sets, threads, main)
+    sets[ALL][HOOK] = _in_hooks(cpu, node, node_busy, threads, sets[ALL]["stall"])
     kern = g["cat"] == "kernel"
     nccl = kern & g["nccl"].astype(bool)
     gpu = {"busy": union_np(g["ts"], g["end"]), "comm": union_np(g.loc[nccl, "ts"], g.loc[nccl, "end"]),
@@ -356,6 +362,34 @@ def _framework_only(trace, cpu: "pd.DataFrame", threads: tuple) -> "tuple[np.nda
     if not parts:
         return union_np([], [])
     return union_np(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+
+
+def _in_hooks(cpu, node, busy: dict, threads: tuple, stall: tuple) -> "tuple[np.ndarray, np.ndarray]":
+    """The part of the process's ``stall`` spans that lies where an issuing thread is inside an autograd node's op
+    without progress (:func:`autograd_nodes`, ``busy``: :func:`_progress_within` of those ops) for :data:`STALL_US` or
+    longer, and not inside a region named within the node (the innermost event there is the node's, as
+    :func:`_in_ops` reads it): the user's backward hooks (:data:`HOOK`)."""
+    import numpy as np
+
+    parts = []
+    for t in threads:
+        ops = cpu[node.to_numpy() & (cpu["tid"] == t).to_numpy()] if len(cpu) else cpu
+        if not len(ops):
+            continue
+        reg = union_np(ops["ts"], ops["end"])
+        ha, hb = subtract(reg, busy.get(t, (np.empty(0), np.empty(0))))
+        # not inside a region named within a node (FSDP2's post-backward: a framework's, its slices a core's as likely)
+        ann = cpu[(cpu["cat"] == "user_annotation").to_numpy() & (cpu["tid"] == t).to_numpy()]
+        xa, xb = ann["ts"].to_numpy(dtype=float), ann["end"].to_numpy(dtype=float)
+        i = np.clip(np.searchsorted(reg[0], xa, side="right") - 1, 0, None)
+        nested = (xa >= reg[0][i]) & (xb <= reg[1][i]) if len(reg[0]) else np.zeros(len(xa), dtype=bool)
+        ha, hb = subtract((ha, hb), union_np(xa[nested], xb[nested]))
+        long = (hb - ha) >= STALL_US
+        parts.append((ha[long], hb[long]))
+    if not parts:
+        return np.empty(0), np.empty(0)
+    holes = union_np(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
+    return subtract(stall, subtract(stall, holes))
 
 
 def autograd_nodes(cpu: "pd.DataFrame") -> "pd.Series":

@@ -9,7 +9,8 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING
 
-from ...traces.intervals import covered
+from ...traces.intervals import covered, union_np
+from ..host_model import HOOK
 from ..collectives import Timeline
 from ..model import RankView
 
@@ -49,7 +50,9 @@ def host_time_until(view: RankView, tl: Timeline) -> "pd.DataFrame":
     host = view.host
     empty = (np.empty(0), np.empty(0))
     iv = {c: host.spans(k) if host is not None else empty for c, k in HOST_REASONS.items()}
-    iv[SINGLE_STALL] = single_stalls(*iv["host_stall"], view.steps)
+    one = single_stalls(*iv["host_stall"], view.steps)
+    hook = host.spans(HOOK) if host is not None else empty  # a hook's stall, however many pieces (host_model.HOOK)
+    iv[SINGLE_STALL] = union_np(np.r_[one[0], hook[0]], np.r_[one[1], hook[1]])
     step_ts = rows["step"].map(dict(zip(view.steps["step"], view.steps["ts"]))).to_numpy(dtype=float)
     out = {"step_ts": step_ts}
     for w, t in (("launch", rows["launch_us"].to_numpy(dtype=float)), ("end", rows["end_us"].to_numpy(dtype=float)),
