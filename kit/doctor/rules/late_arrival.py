@@ -24,7 +24,9 @@ SINGLE_STALL = "host_stall_single"
 """the part of ``host_stall`` in stretches that are one stall's: each step's longest stall stretch (the contended-host
 model's reading, :data:`kit.doctor.own_time.STALL_LONGEST`). A sleep, a blocking call, a pause is one stretch with
 no event; a core the scheduler shares with another process is taken in slices of milliseconds, many to a step,
-between ops as well as inside them -- its issuing done more slowly, not a stall (:func:`lag_shares`)"""
+between ops as well as inside them -- its issuing done more slowly, not a stall (:func:`lag_shares`). A stall in
+backward hooks (:data:`kit.doctor.host_model.HOOK`: inside autograd nodes' ops, no progress recorded) counts whole,
+however many pieces"""
 
 
 def host_time_until(view: RankView, tl: Timeline) -> "pd.DataFrame":
