@@ -414,3 +414,16 @@ def test_an_unmeasured_fault_is_scored_as_a_control(tmp_path):
     assert "| pass |" in rows["none-200"] and "as a control" in rows["none-200"]
     assert "| pass |" in rows["measured-2000"] and "1.33x" in rows["measured-2000"]
     assert "**miss**" in rows["measured-200"] and "0.13x" in rows["measured-200"]
+
+
+def test_the_session_12_held_out_table_is_generated_from_the_committed_doctor_json():
+    """recorded/h200x4/doctor_heldout_s12 (the blind round s12r1): the table in its README is what table.py makes of
+    the committed truths and doctor outputs, with the criteria of TRUTH.md (--input-bound-ok --unmeasured-unscored)."""
+    d = ROOT / "recorded" / "h200x4" / "doctor_heldout_s12"
+    if not (d / "bundle.json.gz").is_file():
+        pytest.skip("no session-12 held-out recording committed")
+    r = subprocess.run([sys.executable, str(d.parent / "doctor_heldout" / "table.py"), "table", str(d), "--doctor",
+                        "doctor-6ebaf21-returned", "--match", "s12r1", "--input-bound-ok", "--unmeasured-unscored"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip() and r.stdout.strip() in (d / "README.md").read_text()
