@@ -19,10 +19,8 @@ def _strict(monkeypatch):
     monkeypatch.setenv("KIT_DOCTOR_STRICT", "1")
 
 ROOT = Path(__file__).resolve().parent.parent
-CASES = ROOT / "recorded" / "h200x2" / "doctor"
-"""the full recorded traces of the case that kept them (clean)"""
 EXCERPTS = ROOT / "tests" / "data" / "doctor"
-"""the other cases' last recorded step (their full traces are in git history: recorded/README.md)"""
+"""the recorded 2xH200 example runs' last recorded step (their full traces are in git history: recorded/README.md)"""
 SWEEP = EXCERPTS / "sweep_h200x2"
 
 
@@ -31,11 +29,15 @@ def _problems(d):
 
 
 def test_whole_jobs_every_rule():
-    """The recorded 2xH200 example runs, all rules together (clean whole, the others' last step):
-    clean gives nothing at or above 'low'; each planted problem is named; a rank late at the first all-reduce of
-    each step only is not a late rank."""
-    clean = diagnose([CASES / "clean"], sweep=SWEEP, workers=1)
-    assert not clean.problems and set(clean.checked) >= {"late_rank", "exposed_comm", "low_busbw", "host_sync"}
+    """The recorded 2xH200 example runs, all rules together (each case's last recorded step): clean gives nothing
+    at or above 'low' but the excerpt's own edge (the idle before the cut's first GPU work, whose host call lies
+    before the cut: unexplained_idle, about 1% of the step); each planted problem is named; a rank late at the first
+    all-reduce of each step only is not a late rank. (The whole clean job, 9 steps, gave nothing at or above 'low'
+    until its traces were dropped in session 12: recorded/README.md.)"""
+    clean = diagnose([EXCERPTS / "clean"], sweep=SWEEP, workers=1)
+    assert {f.rule for f in clean.problems} <= {"unexplained_idle"}
+    assert all(f.severity == "low" and f.evidence["share_of_step"] < 0.02 for f in clean.problems)
+    assert set(clean.checked) >= {"late_rank", "exposed_comm", "low_busbw", "host_sync"}
     late = _problems(diagnose([EXCERPTS / "late-rank"], sweep=SWEEP, workers=1))
     assert list(late)[0] == "late_rank" and late["late_rank"].ranks == (1,) and late["late_rank"].severity == "high"
     # the planted stall is also rank 1's own idle GPU: said once, as why rank 1 is late (not a second finding)
@@ -50,7 +52,7 @@ def test_whole_jobs_every_rule():
 
 
 def test_same_rank_twice_and_bad_headers_are_one_line_each(tmp_path):
-    src = CASES / "clean" / "trace_rank0.json.gz"
+    src = EXCERPTS / "clean" / "trace_rank0.json.gz"
     shutil.copy(src, tmp_path / "a_rank0.json.gz")
     shutil.copy(src, tmp_path / "b_rank1.json.gz")  # same content under another name: rank 0 twice
     r = subprocess.run([sys.executable, "-m", "kit", "doctor", str(tmp_path / "a_rank0.json.gz"),
