@@ -110,6 +110,9 @@ def check(d) -> None:
         assert "\n" not in f.summary, f"{f.rule}: more than one line: {f.summary!r}"
         if d.step_us:
             assert f.cost_us_per_step <= d.step_us * TOLERANCE, f"{f.rule} costs more than a step"
+        sb = f.evidence.get("step_bound") if isinstance(f.evidence, dict) else None
+        if isinstance(sb, dict) and sb.get("cap_us") is not None and sb.get("unprofiled_step_us") is not None:
+            assert 0 <= sb["cap_us"] <= sb["unprofiled_step_us"] + 1.0, f"{f.rule}: step_bound {sb}"
         u = unprofiled_bound(f.evidence) if isinstance(f.evidence, dict) else None
         if u is not None:
             assert f.cost_us_per_step <= u * TOLERANCE + 1.0, (

@@ -96,7 +96,11 @@ class ProfilerOverhead:
     """the part of the overhead recorded inside the DataLoader's waits (where they leave the GPU idle): the overhead
     less :attr:`off_ops_us` spread evenly over the recorded ops of the steps, the share of the ops recorded inside the
     waits (:func:`data_wait_share`), plus the frames off the ops that lie inside them (a transform run by the loader
-    on the training thread); a loader fed by worker processes records none of its work there"""
+    on the training thread, at the low end of their price, :func:`tracer_taken`); a loader fed by worker processes
+    records none of its work there"""
+    data_wait_tracer_us: float = 0.0
+    """the whole price of the frames off the ops inside the DataLoader's waits, of which :attr:`data_wait_us` takes
+    :func:`tracer_taken`"""
     off_ops_us: float = 0.0
     """the part of :attr:`host_us` in the rank's Python frames off its ops (:func:`_off_ops`: stretches of pure
     Python on a thread that records ops, a loop that reads the clock as it goes left out), per step at the with_stack
@@ -442,6 +446,21 @@ def _tracer_steps(view: "RankView", off: dict | None, c_frame: float) -> tuple[t
     return tuple(steps), tuple(waits)
 
 
+TRACER_TAKEN = 0.5
+"""the share of the tracer's price of a rank's Python frames off its ops (:attr:`ProfilerOverhead.off_ops_us`,
+:data:`kit.doctor.own_time.TRACER`) taken off a cost that holds them: the low end of the price's range
+(:data:`ESTIMATE_RANGE`), as the price per frame off the ops differs between workloads by about that much
+(FINDINGS.md, "The price of a trace recorded with stacks"): a price too high would take a real fault's time away with
+the tracer's. Every reading that takes the frames' price off a cost takes it through :func:`tracer_taken`."""
+
+
+def tracer_taken(price):
+    """The tracer's price of Python frames off the ops taken off a cost that holds it (``price``: a number or a
+    column, us): :data:`TRACER_TAKEN` of it, the low end, so the subtraction cannot eat a fault (own time,
+    :mod:`kit.doctor.own_time`; the DataLoader waits' part, :attr:`ProfilerOverhead.data_wait_us`; a late rank's
+    excess, ``late_rank.tracer_excess``)."""
+    return TRACER_TAKEN * price
+
 def _numeric_tid(t) -> bool:
     try:
         float(t)
@@ -486,7 +505,8 @@ def overhead(view_or_trace: Any, capture: dict | None = None, *, cpu_all: "pd.Da
     in_wait = dict(o.off_ops_in_wait_steps)
     waits = [in_wait.get(int(n), 0.0) for n in ps["step"]] if in_wait and "step" in ps else []
     off_in_wait = min(off, statistics.mean(waits)) if waits else 0.0
-    return replace(o, data_wait_us=min(base, share * (base - off) + off_in_wait))
+    return replace(o, data_wait_us=min(base, share * (base - off) + tracer_taken(off_in_wait)),
+                   data_wait_tracer_us=off_in_wait)
 
 
 def _priced(view: "RankView", ps: "pd.DataFrame", capture: dict | None, root: str | Path) -> dict | None:
@@ -845,7 +865,8 @@ def own_work(host_steps: dict, waits: dict) -> dict:
         ps = ps[ps["step"] >= 0] if (ps["step"] >= 0).any() else ps
         busy = float(ps["gpu_busy_us"].median())
         if busy > 0:
-            out[r] = min(busy - float(waits.get(r, 0.0)), float(ps["gpu_kernels_us"].median()))
+            # at least 0: the waits can exceed the median busy where the collectives' kernels straddle step windows
+            out[r] = max(0.0, min(busy - float(waits.get(r, 0.0)), float(ps["gpu_kernels_us"].median())))
     return out
 
 

@@ -14,6 +14,8 @@ low end of its price), and the floor leaves that cost out (it is the rank's own,
 
 from __future__ import annotations
 
+from .overhead import TRACER_TAKEN, tracer_taken  # noqa: F401  (TRACER_TAKEN: read here by name)
+
 OWN_HOST = "own_host_us"
 """a rank's own host time per step (:data:`kit.doctor.host_model.OWN_KINDS` inside its step annotation): waiting
 for its DataLoader, stalling, the allocator's device calls, issuing its work. Read on the host's side of the step,
@@ -46,11 +48,6 @@ work is that rank's, not the profiler's uneven slowing of equal hosts that :data
 TRACER_IN_WAIT = "own_tracer_in_wait_us"
 """the part of :data:`TRACER` inside the main thread's DataLoader waits (:data:`DATA_WAIT`); the rest lies in its
 stalls (a stretch of Python off the ops is a stretch without an op or a launch)"""
-TRACER_TAKEN = 0.5
-"""the share of :data:`TRACER` taken off a rank's own time: the low end of the price's range
-(:data:`kit.doctor.overhead.ESTIMATE_RANGE`), as the price per frame off the ops differs between workloads by about
-that much (FINDINGS.md, "The price of a trace recorded with stacks"): a price too high would take a real straggler's
-own time away with the tracer's"""
 OWN_GPU = "gpu_compute_us"
 """a rank's own GPU time: busy outside the collectives"""
 MIN_OWN_EXCESS_SHARE = 0.05
@@ -173,7 +170,7 @@ def own_excess(host_steps: dict, late: int, step_us: float | None, gpu_us: dict 
 def own_host(ps):
     """A rank's own host time per step (:data:`OWN_HOST`) less the tracer's in its Python off the ops
     (:data:`TRACER_TAKEN` of :data:`TRACER`, where the frame has it), at least 0."""
-    return (ps[OWN_HOST] - TRACER_TAKEN * ps[TRACER]).clip(lower=0.0) if TRACER in ps else ps[OWN_HOST]
+    return (ps[OWN_HOST] - tracer_taken(ps[TRACER])).clip(lower=0.0) if TRACER in ps else ps[OWN_HOST]
 
 
 def own_host_net(ps, o, with_step: bool = False) -> float:
@@ -234,8 +231,8 @@ def _net_parts(ps):
     its stalls."""
     if TRACER not in ps:
         return ps
-    wait = TRACER_TAKEN * (ps[TRACER_IN_WAIT] if TRACER_IN_WAIT in ps else 0.0)
-    rest = TRACER_TAKEN * ps[TRACER] - wait
+    wait = tracer_taken(ps[TRACER_IN_WAIT] if TRACER_IN_WAIT in ps else 0.0)
+    rest = tracer_taken(ps[TRACER]) - wait
     return ps.assign(**{OWN_HOST: own_host(ps), DATA_WAIT: (ps[DATA_WAIT] - wait).clip(lower=0.0),
                         "own_stall_us": (ps["own_stall_us"] - rest).clip(lower=0.0)})
 

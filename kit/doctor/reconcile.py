@@ -30,6 +30,7 @@ from .accounting import HOST, IDLE, Account
 from .context import JobContext
 from .findings import LOW, restated, slice_cost, slice_finding, slice_sentence, who
 from .model import REPORTED, RULES, SEVERITY_SHARE, Finding, severity, slice_rules
+from .overhead import tracer_taken
 
 MUST_SPEAK = SEVERITY_SHARE["high"]
 """GPU idle at or above this share of a step is never left without a finding at or above 'low'"""
@@ -185,6 +186,24 @@ def net_of_profiler(f: Finding, overhead: dict | None, accounts: "dict[int, Acco
     capper = capper if capper is not None and capper.basis != "none" else o
     cap = capper.gain_cap_us if s0 == "launch" else None
     net = round(o.net(f.cost_us_per_step) if cap is None else min(o.net(f.cost_us_per_step), cap), 1)
+    if s0 == "input":  # the GPU idles no longer than the step without the profiler (less its own work, where known)
+        top = whole.gain_cap_us if whole.gain_cap_us is not None else whole.unprofiled_high_us
+        if top is not None and top < net:
+            ev["profiler_gain_cap_us"], ev["profiler_gain_cap_basis"] = round(top, 1), whole.basis
+            after += (f"; at most {top / 1e3:.2f} ms, the "
+                      f"{'longest the ' if whole.basis == 'estimated' else ''}unprofiled step"
+                      f"{'' if whole.gain_cap_us is None else ' less the busiest GPU' + chr(39) + 's own work'}")
+            net = round(top, 1)
+        # the tracer's price of the frames in the waits is taken at its low end (overhead.tracer_taken); where the
+        # rest of it is more than half of the traced cost, the cost at the full price is said beside it: a range
+        price = float(whole.data_wait_tracer_us or 0.0)
+        rest = price - tracer_taken(price)
+        if price > 0.5 * f.cost_us_per_step and rest > 0:
+            low = round(max(0.0, min(net, o.net(f.cost_us_per_step, overhead_us=o.overhead_us + rest))), 1)
+            ev["cost_at_tracer_full_price_us"] = low
+            after += (f"; {low / 1e3:.2f} ms with the tracer's price of the Python frames in the waits taken whole "
+                      f"rather than at its low end ({rest / 1e3:.2f} ms more): that price per frame varies about 2x "
+                      f"between workloads")
     if cap is not None and round(cap, 1) < round(f.cost_us_per_step - o.overhead_us, 1):  # the busiest GPU's work
         # (measured) or the rank's own (estimated) bounds the gain
         ev["profiler_gain_cap_us"] = net

@@ -179,18 +179,20 @@ TRACER_REASONS = ("data_wait", "host_sync", "host_stall", "host_busy", None)
 
 def tracer_excess(host_steps: dict | None, late: int) -> float:
     """Rank ``late``'s tracer cost in its Python off the ops per step (:data:`kit.doctor.own_time.TRACER`, median
-    over :func:`~kit.doctor.own_time.steady`'s steps) beyond the other ranks' median of theirs, at least 0: the part
+    over :func:`~kit.doctor.own_time.steady`'s steps) beyond the other ranks' median of theirs, at its low end
+(:func:`kit.doctor.overhead.tracer_taken`, as own time takes it), at least 0: the part
     of its host time, and of the lateness read at the collectives, that is the profiler's on that rank alone (a
     with_stack trace's price of pure-Python work on the training thread). 0 without the column."""
     import numpy as np
 
+    from ..overhead import tracer_taken
     from ..own_time import TRACER
 
     have = {r: ps for r, ps in (host_steps or {}).items() if TRACER in ps}
     if late not in have or len(have) < 2:
         return 0.0
     med = {r: float(np.median(ps[TRACER])) for r, ps in have.items()}
-    return max(0.0, med[late] - float(np.median([v for r, v in med.items() if r != late])))
+    return max(0.0, tracer_taken(med[late] - float(np.median([v for r, v in med.items() if r != late]))))
 
 
 def step_bound(o, late: int, work: dict) -> dict | None:
@@ -469,7 +471,10 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
         if gain <= MIN_OWN_EXCESS_SHARE * (ctx.step_us or 0.0):
             gain = 0.0
     by_host = basis == "own_excess" and own["kind"] == "host"
-    got = measured_excess(ctx.capture, late, ctx.step_us) if by_host else None
+    # where the tracer's price leaves no confirmed cost of the lateness read at the collectives, kit.capture's
+    # measurement (without the profiler) is tried before none is declared
+    untraced = tracer > 0 and gain <= 0
+    got = measured_excess(ctx.capture, late, ctx.step_us) if by_host or untraced else None
     measured, measured_ok = got if got is not None else (None, False)
     # a contended host (its quiet time spread over the step): the contended-host model, not the traced excess (which
     # holds the stretched profiler's time) nor kit.capture's measured excess (every rank's drained step holds its waits
@@ -479,6 +484,8 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     if model is not None:
         gain, basis = model["gain_us"], "contended_host"
     elif measured_ok and measured < gain and not (own.get("quiet") or {}).get("confirmed"):  # (measured_excess)
+        gain, basis = measured, "measured_host"
+    elif untraced and measured_ok and measured > 0:  # (measured_excess) the trace's own reading is all tracer
         gain, basis = measured, "measured_host"
     # a contended core (the model's reading) is taken from the rank in slices between its launches as inside its ops:
     # its host's stall time is the same work issued more slowly, not a stall of its own (kit.doctor.contended)
