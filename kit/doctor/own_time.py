@@ -177,13 +177,16 @@ def own_host_net(ps, o, with_step: bool = False) -> float:
     """A rank's own host time per step net of the profiler (``ps``: its per-step frame; ``o``: its
     :class:`kit.doctor.overhead.ProfilerOverhead` or None): the median of :data:`OWN_HOST` as traced (not less
     :data:`TRACER`) less its recorded events' price (``host_us``, which holds the tracer's price of its Python off
-    the ops, :attr:`kit.doctor.overhead.ProfilerOverhead.off_ops_us`), so the tracer is netted once; ``with_step``:
+    the ops, :attr:`kit.doctor.overhead.ProfilerOverhead.off_ops_us`, here at its low end:
+    :func:`kit.doctor.overhead.tracer_taken`), so the tracer is netted once; ``with_step``:
     less the larger of that and the profiler's overhead on its step (a measured overhead is the job's: a rank whose
     host sets no pace can show more of it than its events' price -- the reading ``late_rank.others_host`` bounds a
     step with)."""
     import numpy as np
 
     on = 0.0 if o is None else float(getattr(o, "host_us", None) or 0.0)
+    off = 0.0 if o is None else float(getattr(o, "off_ops_us", None) or 0.0)
+    on -= off - tracer_taken(off)  # the tracer's price of its Python off the ops at its low end, as own time takes it
     if with_step and o is not None:
         on = max(on, float(o.overhead_us or 0.0))
     return float(np.median(ps[OWN_HOST])) - on
