@@ -331,10 +331,18 @@ def fold_into_late_rank(findings: list[Finding], accounts: list[tuple[int, Accou
     if not own:
         return findings
     ids = {id(f) for f in own}
-    text = "; ".join(f"{f.rule} {f.cost_us_per_step / 1e3:.2f} ms per step" for f in own
+    sliced = late.evidence.get("reason") == "host_busy"
+
+    def name(f: Finding) -> str:
+        """A rank late for issuing more slowly (late_rank's reason host_busy: its stretches of no event are not one
+        stall of its own code but a slower or contended host's) folds the host_stall slice as that, not as a stall
+        with its own remedy: one reason, one remedy in one sentence."""
+        return f"{f.rule} (stretches without an event as it issued)" if sliced and f.rule == "host_stall" else f.rule
+
+    text = "; ".join(f"{name(f)} {f.cost_us_per_step / 1e3:.2f} ms per step" for f in own
                      if f.cost_us_per_step >= 5.0) or "under 5 us per step, net of the profiler"
     if late.evidence.get("cost_basis") in ("measured_host", "contended_host"):  # its cost is without the profiler
-        text = ", ".join(f.rule for f in own) + ", in the traced steps"
+        text = ", ".join(name(f) for f in own) + ", in the traced steps"
     what = "the GPU idled" if any(f.evidence.get("mode", "gpu") == "gpu" for f in own) else "its main thread lost time"
     merged = dataclasses.replace(late, summary=f"{late.summary}; on rank {L} itself {what} for its own reasons "
                                                f"({text}): fix those and the others stop waiting",
