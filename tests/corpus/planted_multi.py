@@ -101,18 +101,27 @@ spawned ranks too; truth.json names it in ``expected_ranks``)"""
 SIZES = {
     "cuda": {"gpt": dict(vocab=8192, d=1024, layers=2, heads=16, seq=256, batch=8),
              "cnn": dict(width=64, blocks=1, img=64, batch=96, classes=100),
-             "rec": dict(tables=8, rows=50000, dim=64, dense=13, mlp=512, batch=2048)},
+             "rec": dict(tables=8, rows=50000, dim=64, dense=13, mlp=512, batch=2048),
+             "moe": dict(vocab=4096, d=512, hidden=1024, experts=4, blocks=6, seq=128, batch=16),
+             "vit": dict(img=64, patch=8, d=384, depth=6, heads=6, batch=128, classes=100),
+             "lstm": dict(vocab=50000, emb=512, hidden=512, layers=2, seq=64, batch=64, classes=1000)},
     "cpu": {"gpt": dict(vocab=2048, d=128, layers=2, heads=4, seq=64, batch=8),
             "cnn": dict(width=16, blocks=1, img=32, batch=8, classes=10),
-            "rec": dict(tables=4, rows=1000, dim=16, dense=13, mlp=64, batch=64)},
+            "rec": dict(tables=4, rows=1000, dim=16, dense=13, mlp=64, batch=64),
+            "moe": dict(vocab=512, d=64, hidden=128, experts=4, blocks=3, seq=32, batch=8),
+            "vit": dict(img=32, patch=8, d=64, depth=2, heads=4, batch=8, classes=10),
+            "lstm": dict(vocab=2000, emb=64, hidden=64, layers=2, seq=16, batch=8, classes=10)},
 }
 VARIANT_SIZES = {
     "cuda": {"hostbound": {"batch": 8, "img": 32}, "gpubound": {"batch": 24},
-             "deep": {"d": 256, "layers": 12, "heads": 4}, "fsdp_gpubound": {"batch": 48}},
+             "deep": {"d": 256, "layers": 12, "heads": 4}, "fsdp_gpubound": {"batch": 48},
+             "vit_hostbound": {"batch": 4}, "vit_gpubound": {"batch": 512}, "vit_wide": {"d": 768, "heads": 12}},
     "cpu": {"hostbound": {"batch": 2, "img": 16}, "gpubound": {"batch": 16},
-            "deep": {"d": 64, "layers": 6, "heads": 2}, "fsdp_gpubound": {"batch": 16}},
+            "deep": {"d": 64, "layers": 6, "heads": 2}, "fsdp_gpubound": {"batch": 16},
+            "vit_hostbound": {"batch": 2}, "vit_gpubound": {"batch": 16}, "vit_wide": {"d": 96, "heads": 4}},
 }
-"""``hostbound``: the CNN at a small batch; ``gpubound``: the GPT at a larger batch (in fp32); ``deep``: a narrow
+"""``vit_*``: session 13's held-out ViT at a small batch (host-bound), in fp32 at a large one (GPU-bound), wide
+(d 768) for its accumulation pair; ``hostbound``: the CNN at a small batch; ``gpubound``: the GPT at a larger batch (in fp32); ``deep``: a narrow
 12-layer GPT (150 parameter tensors: one all-reduce each with tiny buckets) for the bucket pair; ``fsdp_gpubound``:
 the GPT in fp32 at twice ``gpubound``'s batch (GPU work per step well above FSDP's host issue; the measured times
 are in FINDINGS.md)"""
@@ -128,6 +137,10 @@ REC_EXTRA_GPU_MS = 20.0
 lookups issued one by one), so the extra work must outlast that idle to add time, as ``gpu_rank20``'s"""
 CNN_EXTRA_GPU_MS = 12.0
 """``cnn-ddp-fp32-gpu_rank``'s matmuls (fp32): a held-out case (session 12), the CNN's own extra-GPU-work fault"""
+VIT_EXTRA_GPU_MS = 15.0
+"""``vit-ddp-bf16-gpu_rank``'s matmuls (bf16; session 13's held-out round)"""
+LSTM_IO_MS = 15.0
+"""``lstm-ddp-fp32-input_rank-io``: each batch's read waits this long (:class:`SlowCollate`) on that rank"""
 STALL_AT = ("after_step", "in_forward", "before_backward")
 """where ``stall_rank``'s stall runs in the step (a case's ``stall_at``; default ``after_step``, after the optimizer
 step): ``in_forward`` in a forward hook of the model's first block (its output computed, the next block not yet
@@ -177,6 +190,7 @@ FAULT_PARAMS = {
     "tiny_buckets": {"bucket_cap_mb": 0.05},
     "p2p_off": {"env": {"NCCL_P2P_DISABLE": "1"}},
     "proto_ll": {"env": {"NCCL_PROTO": "LL"}},
+    "nchan1": {"env": {"NCCL_MAX_NCHANNELS": "1", "NCCL_PROTO": "Simple"}},
 }
 PROFILER_ENV = ("TEARDOWN_CUPTI", "DISABLE_CUPTI_LAZY_REINIT")
 """the environment variables by which Kineto decides whether CUPTI is detached (``cuptiFinalize``) when a trace
@@ -258,6 +272,124 @@ def _calibrate_rec(size: dict, ms_per_batch: float) -> int:
     for i in range(3):
         d[i]
     return max(1, round(ms_per_batch / 1e3 / ((time.perf_counter() - t) / 3)))
+
+
+# --------------------------------------------------------------------------------------------- session 13's models
+class MoE(nn.Module):
+    """An MoE-ish block stack (held out, session 13): token embedding, ``blocks`` blocks of a LayerNorm, a softmax
+    gate and ``experts`` two-layer GELU experts mixed densely by the gate (every expert sees every token: no
+    routing, no all-to-all: data parallel like the rest), a tied head. Many parameter tensors (20 per block)."""
+
+    def __init__(self, vocab, d, hidden, experts, blocks, seq, **_):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(seq, d)
+        nn.init.normal_(self.tok.weight, std=0.02)
+        nn.init.normal_(self.pos.weight, std=0.02)
+        self.blocks = nn.ModuleList(MoEBlock(d, hidden, experts) for _ in range(blocks))
+        self.ln = nn.LayerNorm(d)
+
+    def forward(self, idx, targets):
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        for b in self.blocks:
+            x = b(x)
+        logits = self.ln(x) @ self.tok.weight.t()
+        return nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+class MoEBlock(nn.Module):
+    def __init__(self, d, hidden, experts):
+        super().__init__()
+        self.ln, self.gate = nn.LayerNorm(d), nn.Linear(d, experts)
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(d, hidden), nn.GELU(), nn.Linear(hidden, d))
+                                     for _ in range(experts))
+
+    def forward(self, x):
+        h = self.ln(x)
+        g = torch.softmax(self.gate(h), -1)
+        return x + sum(g[..., i:i + 1] * e(h) for i, e in enumerate(self.experts))
+
+
+class ViT(nn.Module):
+    """A small ViT (held out, session 13): a conv patch embedding, a learned position embedding, ``depth``
+    pre-norm ``nn.TransformerEncoderLayer`` blocks (non-causal), mean pooling, a linear classifier."""
+
+    def __init__(self, img, patch, d, depth, heads, classes, **_):
+        super().__init__()
+        self.embed = nn.Conv2d(3, d, patch, patch)
+        self.pos = nn.Parameter(torch.randn(1, (img // patch) ** 2, d) * 0.02)
+        self.blocks = nn.ModuleList(nn.TransformerEncoderLayer(d, heads, 4 * d, dropout=0.0, activation="gelu",
+                                                               batch_first=True, norm_first=True)
+                                    for _ in range(depth))
+        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, classes)
+
+    def forward(self, x, targets):
+        x = self.embed(x).flatten(2).transpose(1, 2) + self.pos
+        for b in self.blocks:
+            x = b(x)
+        return nn.functional.cross_entropy(self.head(self.ln(x).mean(1)).float(), targets)
+
+
+class LSTMClassifier(nn.Module):
+    """An embedding-heavy LSTM (held out, session 13): a large token embedding (dense gradients: DDP all-reduces
+    the whole table), a ``layers``-layer LSTM, a classifier on the last hidden state; ``blocks`` names its stages
+    (the embedding first) for a forward hook."""
+
+    def __init__(self, vocab, emb, hidden, layers, classes, **_):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, emb)
+        self.lstm = nn.LSTM(emb, hidden, layers, batch_first=True)
+        self.head = nn.Linear(hidden, classes)
+
+    @property
+    def blocks(self):
+        return [self.emb, self.lstm, self.head]
+
+    def forward(self, idx, targets):
+        out, _ = self.lstm(self.emb(idx))
+        return nn.functional.cross_entropy(self.head(out[:, -1]).float(), targets)
+
+
+HELD_MODELS = {"moe": MoE, "vit": ViT, "lstm": LSTMClassifier}
+
+
+class HeldData(torch.utils.data.Dataset):
+    """Synthetic samples from a small pool for :data:`HELD_MODELS`: tokens and next tokens (moe), an image and a
+    label (vit), tokens and a label (lstm)."""
+
+    def __init__(self, model: str, size: dict, pool: int = 64):
+        g = torch.Generator().manual_seed(0)
+        self.model = model
+        if model == "vit":
+            self.x = torch.randn(pool, 3, size["img"], size["img"], generator=g)
+            self.y = torch.randint(size["classes"], (pool,), generator=g)
+        elif model == "moe":
+            self.x = torch.randint(size["vocab"], (pool, size["seq"] + 1), generator=g)
+        else:
+            self.x = torch.randint(size["vocab"], (pool, size["seq"]), generator=g)
+            self.y = torch.randint(size["classes"], (pool,), generator=g)
+
+    def __len__(self):
+        return 10_000_000
+
+    def __getitem__(self, i):
+        j = i % len(self.x)
+        if self.model == "moe":
+            return self.x[j][:-1], self.x[j][1:]
+        return self.x[j], self.y[j]
+
+
+class SlowCollate:
+    """The held-out input fault of session 13 (``io_ms``): each batch's collation first waits ``io_ms`` in
+    ``time.sleep`` -- a slow read, the host idle (not a CPU transform) -- in the process that loads (the training
+    process with ``num_workers=0``)."""
+
+    def __init__(self, io_ms: float):
+        self.io_ms = io_ms
+
+    def __call__(self, batch):
+        if self.io_ms:
+            time.sleep(self.io_ms / 1e3)
+        return torch.utils.data.default_collate(batch)
 
 
 PROFILER_OVERRIDE = "PLANTED_MULTI_PROFILER"
@@ -353,7 +485,35 @@ def _cases() -> dict[str, dict]:
         _c("gpt", "ddp", "fp32", "accum", "kit.capture", held_out=True),
         _c("gpt", "ddp", "fp32", "accum_no_sync", "kit.capture", "gpt-ddp-fp32-accum", held_out=True),
     ]
+    out += _held13()
     return {c["name"]: c for c in out}
+
+
+def _held13() -> list[dict]:
+    """Session 13's held-out cases (round s13r1; recorded after the doctor, profiled as the round's script says):
+    three new model families under DDP with their own loaders -- ``moe`` bf16 (no workers, pageable), ``vit`` bf16
+    (4 persistent workers, pinned), ``lstm`` fp32 (no workers, pinned) -- the input fault as a slow read
+    (:class:`SlowCollate`), NCCL with one channel and the Simple protocol (``nchan1``)."""
+    moe = dict(held_out=True, workers=0, pin=False)
+    vit = dict(held_out=True, workers=4, pin=True)
+    lstm = dict(held_out=True, workers=0, pin=True)
+    mc, vc, lc = "moe-ddp-bf16-control", "vit-ddp-bf16-control", "lstm-ddp-fp32-control"
+    return [
+        _c("moe", "ddp", "bf16", "control", "json_handler", **moe),
+        _c("moe", "ddp", "bf16", "stall_rank", "json_handler", mc, suffix="-fwd", stall_at="in_forward", **moe),
+        _c("moe", "ddp", "bf16", "cpu_rank", "json_handler", mc, **moe),
+        _c("moe", "ddp", "bf16", "tiny_buckets", "json_handler", mc, **moe),
+        _c("moe", "ddp", "bf16", "nchan1", "json_handler", mc, variant="nchan1", fault="slow_comm", **moe),
+        _c("vit", "ddp", "bf16", "control", "json_handler", **vit),
+        _c("vit", "ddp", "bf16", "gpu_rank", "json_handler", vc, extra_gpu_ms=VIT_EXTRA_GPU_MS, **vit),
+        # the ViT at d 768 (~43M parameters, ~170 MB of fp32 gradients: each extra all-reduce measurable)
+        _c("vit", "ddp", "bf16", "accum", "json_handler", sizes="vit_wide", **vit),
+        _c("vit", "ddp", "bf16", "accum_no_sync", "json_handler", "vit-ddp-bf16-accum", sizes="vit_wide", **vit),
+        _c("vit", "ddp", "bf16", "hostbound", "json_handler", sizes="vit_hostbound", **vit),
+        _c("vit", "ddp", "fp32", "gpubound", "json_handler", sizes="vit_gpubound", **vit),
+        _c("lstm", "ddp", "fp32", "control", "tb_handler", **lstm),
+        _c("lstm", "ddp", "fp32", "input_rank", "tb_handler", lc, io_ms=LSTM_IO_MS, suffix="-io", **lstm),
+    ]
 
 
 CASES = _cases()
@@ -489,7 +649,7 @@ class MultiJob:
         self.size = {**SIZES["cuda" if dev.startswith("cuda") else "cpu"][case["model"]],
                      **(VARIANT_SIZES["cuda" if dev.startswith("cuda") else "cpu"].get(case["sizes_variant"]) or {})}
         torch.manual_seed(0)
-        m = {"gpt": P.GPT, "cnn": P.CNN, "rec": Rec}[case["model"]](**self.size).to(dev)
+        m = {"gpt": P.GPT, "cnn": P.CNN, "rec": Rec, **HELD_MODELS}[case["model"]](**self.size).to(dev)
         self.params_used = {k: v for k, v in FAULT_PARAMS.get(case["variant"], {}).items()}
         for c in (case, *arms):
             if c.get("extra_gpu_ms"):
@@ -518,13 +678,15 @@ class MultiJob:
                 self.params_used["stall_ms"] = FAULT_PARAMS["stall_rank"]["stall_ms"]
         if stall is not None and stall.get("stall_at") == "in_forward" and mine:
             inner = m.module if isinstance(m, nn.parallel.DistributedDataParallel) else m
-            first = (inner.blocks if case["model"] == "gpt" else inner.layers)[0]
+            first = (inner.layers if case["model"] == "cnn" else inner.blocks)[0]
             first.register_forward_hook(lambda *_: self._stall("in_forward"))
         rounds = 0
         # the input fault's transform for any arm that has it: a set is built for its first fault, and its input arm
         # (cnn_set's third) had none before session 11's fix (s11r2's CNN input_rank added +0.60 ms: no fault)
         inp = next((c for c in (case, *arms) if c["kind"] == "input_rank"), None)
-        if inp is not None and mine:
+        if inp is not None and mine and inp.get("io_ms"):  # a slow read: ms of sleep per batch (SlowCollate)
+            rounds = int(inp["io_ms"])
+        elif inp is not None and mine:
             rounds = (_calibrate_rec(self.size, inp["input_ms"]) if inp["model"] == "rec" else
                       P._calibrate(inp["model"], self.size, FAULT_PARAMS["input_rank"]["transform_ms_per_batch"]))
         rounds_all = [None] * world
@@ -535,6 +697,11 @@ class MultiJob:
             self.params_used["transform_rounds"] = rounds_all[ONE_RANK]
             if inp.get("input_ms"):
                 self.params_used.update(transform_ms_per_batch=inp["input_ms"], num_workers=inp["workers"])
+            if inp.get("io_ms"):
+                self.params_used.pop("transform_rounds", None)
+                self.params_used.update(transform_ms_per_batch=0.0, io_ms_per_batch=inp["io_ms"],
+                                        num_workers=inp["workers"], what="time.sleep in the batch's collation "
+                                        "(a slow read) on that rank")
         batch = self.size["batch"] // MICRO if self.kind.startswith("accum") else self.size["batch"]
         self.loader = self._loader(rounds, batch)
         self.it = iter(self.loader)
@@ -564,6 +731,12 @@ class MultiJob:
 
     def _loader(self, rounds: int, batch: int):
         pin = self.dev.startswith("cuda")
+        if self.case["model"] in HELD_MODELS:
+            w = self.case.get("workers", 0)
+            return torch.utils.data.DataLoader(HeldData(self.case["model"], self.size), batch_size=max(1, batch),
+                                               num_workers=w, persistent_workers=w > 0,
+                                               pin_memory=pin and self.case.get("pin", True),
+                                               collate_fn=SlowCollate(rounds))
         if self.case["model"] == "rec":
             w = self.case.get("workers", 0)
             return torch.utils.data.DataLoader(RecData({**self.size, "batch": max(1, batch)}, rounds), batch_size=None,
@@ -1072,7 +1245,8 @@ def _truth(case: dict, world: int, device: str, timings: list[dict], params: dic
             "profiled_steps": json_settings()["active"] if case["profiler"] == "json_handler" else P.PROFILED_STEPS,
             **({"json_settings": json_settings()} if case["profiler"] == "json_handler" else {}),
             "record_shapes": case["record_shapes"], "with_stack": case["with_stack"],
-            **{k: case[k] for k in ("held_out", "profile_memory", "workers", "ddp_opts", "input_ms", "stall_at")
+            **{k: case[k] for k in ("held_out", "profile_memory", "workers", "ddp_opts", "input_ms", "stall_at",
+                                    "pin", "io_ms")
                if k in case},
             "sizes": {**SIZES["cuda" if device == "cuda" else "cpu"][case["model"]],
                       **(VARIANT_SIZES["cuda" if device == "cuda" else "cpu"].get(case["sizes_variant"]) or {})},

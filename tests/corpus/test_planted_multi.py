@@ -427,3 +427,49 @@ def test_the_session_12_held_out_table_is_generated_from_the_committed_doctor_js
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() and r.stdout.strip() in (d / "README.md").read_text()
+
+
+def test_the_session_13_held_out_families_build_and_step_on_one_gloo_rank(monkeypatch):
+    """Session 13's held-out set (recorded/h200x2/doctor_heldout_s13/TRUTH.md): the MoE-ish stack, the ViT and the
+    LSTM each build under DDP on one gloo rank (CPU sizes) and step; the MoE's in-forward stall is on block 0; the
+    LSTM's slow read sleeps in its collation on the planted rank only; the NCCL arm is its own environment; every
+    case stays out of ``all``."""
+    import socket
+    import time
+
+    import torch.distributed as dist
+
+    m = _module()
+    monkeypatch.setattr(m, "ONE_RANK", 0)
+    monkeypatch.setitem(m.FAULT_PARAMS, "stall_rank", {**m.FAULT_PARAMS["stall_rank"], "stall_ms": 0.5})
+    held = [n for n in m.CASES if n.split("-")[0] in m.HELD_MODELS]
+    assert len(held) == 13 and set(held) <= set(m.GROUPS["held_out"]) and not set(held) & set(m.GROUPS["all"])
+    assert m.CASES["moe-ddp-bf16-nchan1"]["nccl_env"] == {"NCCL_MAX_NCHANNELS": "1", "NCCL_PROTO": "Simple"}
+    assert m.CASES["vit-ddp-bf16-control"]["workers"] == 4 and m.CASES["moe-ddp-bf16-control"]["pin"] is False
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        for ctl, fault in (("moe-ddp-bf16-control", "moe-ddp-bf16-stall_rank-fwd"),
+                           ("lstm-ddp-fp32-control", "lstm-ddp-fp32-input_rank-io"),
+                           ("vit-ddp-bf16-accum", "vit-ddp-bf16-accum_no_sync")):
+            case = m.CASES[fault]
+            if case["model"] == "vit":  # no worker processes in a test
+                case = {**case, "workers": 0}
+            job = m.MultiJob(case, "cpu", 0, 1, arms=(m.CASES[ctl], case))
+            took = {}
+            for arm in (m.CASES[ctl], case):
+                job.arm(arm)
+                before, t = job.record["step"], time.perf_counter()
+                job.step()
+                took[arm["kind"]] = (time.perf_counter() - t, job.record["step"] > before)
+            if fault.startswith("moe"):
+                assert took["stall_rank"][1] and not took["control"][1]
+                assert type(job.model.module.blocks[0]).__name__ == "MoEBlock"
+            if fault.startswith("lstm"):
+                assert job.params_used["io_ms_per_batch"] == m.LSTM_IO_MS
+                assert took["input_rank"][0] >= m.LSTM_IO_MS / 1e3 and job._plain is not job._fault_it
+            job.close()
+    finally:
+        dist.destroy_process_group()
