@@ -5,7 +5,9 @@ they are absent; ``KIT_PUBLIC_TRACES`` points elsewhere; see tests/data/public/R
 * a finding's cost is the step time it would save: an idle-slice finding costs at most the GPU idle time of its
   slices on each rank it names (the accounting's, net of nothing added);
 * the costs said on one rank for one step never sum above that step; a cost stated net of the profiler, never above
-  the step without it (measured, or the longest an estimate allows: REVIEW_S12 H3; late_rank's step_bound, H1);
+  the step without it (measured, or the longest an estimate allows: REVIEW_S12 H3; for late_rank, the late rank's
+  overhead as the diagnosis reports it, not the rule's own step_bound: REVIEW_S12b N3), and above the estimate's
+  point value only with the range said (N3/N6);
 * one cost per finding (a finite number >= 0) and one sentence (no line break);
 * one-time start-up work is not a per-step cause (the public traces that hold it, below).
 """
@@ -84,13 +86,11 @@ def rank_costs(f) -> dict[int, float]:
 
 
 def unprofiled_bound(ev: dict) -> float | None:
-    """The step without the profiler that a cost stated net of it must stay under, where the evidence has one:
-    late_rank's ``step_bound``; a finding whose evidence has the profiler's overhead, its measured
-    ``unprofiled_step_us``, or an estimate's high end (its traced step less the estimated overhead over
-    :data:`kit.doctor.overhead.ESTIMATE_RANGE`: the estimate may be that much too large)."""
-
-    if isinstance(ev.get("step_bound"), dict):
-        return ev["step_bound"].get("unprofiled_step_us")
+    """The step without the profiler that a cost stated net of it must stay under, where the evidence has one: a
+    finding whose evidence has the profiler's overhead, its measured ``unprofiled_step_us``, or an estimate's high end
+    (its traced step less the estimated overhead over :data:`kit.doctor.overhead.ESTIMATE_RANGE`: the estimate may be
+    that much too large). late_rank's own ``step_bound`` is not read here (the rule caps itself by it): its bound is
+    :func:`rank_bound`'s."""
     if ev.get("unprofiled_step_us") is None:
         return None
     if ev.get("basis") == "measured":
@@ -99,6 +99,23 @@ def unprofiled_bound(ev: dict) -> float | None:
     if ev.get("basis") == "estimated" and traced is not None and over is not None:
         return max(float(traced) - float(over) / ESTIMATE_RANGE, float(ev["unprofiled_step_us"]))
     return None
+
+
+RANGE_SAID = ("tracer_price_range", "cost_range_us", "cost_at_tracer_full_price_us")
+"""evidence keys of a cost stated with the range of the price it is net of (REVIEW_S12b N3/N6): a cost above the
+point-estimated step without the profiler is allowed only with one of them"""
+
+
+def rank_bound(d, f) -> tuple[float, float] | None:
+    """A one-rank finding's step without the profiler, from that rank's overhead as the diagnosis reports it
+    (``Diagnosis.overhead``, not the finding's evidence): (the longest it can be, ``unprofiled_high_us``; its point
+    value, ``unprofiled_step_us``). None where the rank has no overhead with an unprofiled step."""
+    if len(f.ranks) != 1:
+        return None
+    o = (getattr(d, "overhead", None) or {}).get(f.ranks[0])
+    if o is None or o.basis == "none" or o.unprofiled_step_us is None:
+        return None
+    return float(o.unprofiled_high_us), float(o.unprofiled_step_us)
 
 
 def check(d) -> None:
@@ -118,6 +135,17 @@ def check(d) -> None:
             assert f.cost_us_per_step <= u * TOLERANCE + 1.0, (
                 f"{f.rule} costs {f.cost_us_per_step:.0f} us per step net of the profiler, more than the step without "
                 f"it ({u:.0f} us)")
+        point = f.evidence.get("unprofiled_step_us") if isinstance(f.evidence, dict) else None
+        rb = rank_bound(d, f) if f.rule == "late_rank" else None
+        if rb is not None:
+            assert f.cost_us_per_step <= rb[0] * TOLERANCE + 1.0, (
+                f"late_rank {f.ranks} costs {f.cost_us_per_step:.0f} us per step, more than that rank's step without "
+                f"the profiler can be ({rb[0]:.0f} us)")
+            point = rb[1]
+        if point is not None and f.cost_us_per_step > float(point) * TOLERANCE + 1.0:
+            assert any(k in f.evidence for k in RANGE_SAID), (
+                f"{f.rule} costs {f.cost_us_per_step:.0f} us per step, more than the step without the profiler at the "
+                f"estimate's point value ({float(point):.0f} us), with no range said")
         r = RULES.get(f.rule)
         for rk, c in rank_costs(f).items():
             total[rk] += c

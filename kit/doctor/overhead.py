@@ -149,6 +149,15 @@ class ProfilerOverhead:
         return max(0.0, high - self.own_work_us)
 
     @property
+    def point_cap_us(self) -> float | None:
+        """The most GPU idle the rank's issuing can cost at the overhead's point value: :attr:`unprofiled_step_us`
+        less :attr:`own_work_us` (:attr:`gain_cap_us` is the same at the estimate's high end). A cost above it is
+        one the point estimate contradicts: :func:`within_point`. None where either is not known."""
+        if self.own_work_us is None or self.unprofiled_step_us is None:
+            return None
+        return max(0.0, float(self.unprofiled_step_us) - float(self.own_work_us))
+
+    @property
     def slow_window_us(self) -> float:
         """Measured only: the part of :attr:`overhead_us` beyond the rank's recorded events priced at the top of their
         range (:data:`ESTIMATE_RANGE` x :attr:`host_us`) -- host time the traced window ran slower than its unprofiled
@@ -454,12 +463,26 @@ TRACER_TAKEN = 0.5
 the tracer's. Every reading that takes the frames' price off a cost takes it through :func:`tracer_taken`."""
 
 
-def tracer_taken(price):
+def tracer_taken(price, whole: bool = False):
     """The tracer's price of Python frames off the ops taken off a cost that holds it (``price``: a number or a
     column, us): :data:`TRACER_TAKEN` of it, the low end, so the subtraction cannot eat a fault (own time,
     :mod:`kit.doctor.own_time`; the DataLoader waits' part, :attr:`ProfilerOverhead.data_wait_us`; a late rank's
-    excess, ``late_rank.tracer_excess``)."""
-    return TRACER_TAKEN * price
+    excess, ``late_rank.tracer_excess``); ``whole``: all of it, the other end of the range a cost read with it is
+    said in where the low end's cost is one the point estimate contradicts (:func:`within_point`)."""
+    return price if whole else TRACER_TAKEN * price
+
+
+def within_point(cost_us: float, other_us: float, point_us: float | None) -> float:
+    """A cost read at one end of a price's range (``cost_us``: the end that cannot eat a fault -- the tracer's price
+    at its low end, :func:`tracer_taken`, or an estimated overhead's point value) where ``other_us`` is the same cost
+    at the range's other end: the largest cost between the two that the point estimate of the step does not
+    contradict (``point_us``: :attr:`ProfilerOverhead.point_cap_us`, the step without the profiler at the estimate's
+    point value less the rank's own GPU work). The read cost where it is within that bound (or no bound is known);
+    never below ``other_us``, as the point estimate is no better a bound than the range it sits in. The caller says
+    the range (REVIEW_S12b N3/N6: a cost twice the doctor's own estimated step, one number said)."""
+    if point_us is None or cost_us <= point_us:
+        return cost_us
+    return min(cost_us, max(other_us, point_us))
 
 def _numeric_tid(t) -> bool:
     try:
@@ -571,17 +594,46 @@ def _factor(row: dict, frames: float | None) -> str:
             f"= {a + b * frames:.3f})")
 
 
+FEW_JOBS = 3
+"""a family of jobs (FSDP) whose windows among a row's fitted ones come from fewer jobs than this is said in the
+estimate's ``how`` (:func:`_few_jobs`)"""
+
+
 def _fitted_on(table: dict, row: dict, distributed: bool) -> str:
     """The jobs a scaled row was fitted on, read from its table's ``points`` of the row's settings: how many, on which
     GPUs, how many multi-process; for a multi-process trace priced from one-GPU jobs alone, that it is likely low."""
-    pts = [q for q in table.get("points") or [] if q.get("fitted", True) and q.get("record_shapes") == row["record_shapes"]
-           and q.get("with_stack") == row["with_stack"]
-           and ("distributed" not in row or (q.get("world_size", 1) > 1) == bool(row["distributed"]))]
+    pts = _fitted_points(table, row)
     multi = sum(q.get("world_size", 1) > 1 for q in pts)
     gpus = " and ".join(sorted({str(q.get("gpu")) for q in pts})) or "unnamed"
     return (f"{len(pts)} jobs of {gpus} hosts ({multi} multi-process)"
             + ("; one-GPU jobs only, so likely low for this multi-process trace" if distributed and pts and not multi
                else ""))
+
+
+def _fitted_points(table: dict, row: dict) -> list[dict]:
+    """A scaled row's fitted ``points`` in its table (the row's settings)."""
+    return [q for q in table.get("points") or [] if q.get("fitted", True)
+            and q.get("record_shapes") == row["record_shapes"] and q.get("with_stack") == row["with_stack"]
+            and ("distributed" not in row or (q.get("world_size", 1) > 1) == bool(row["distributed"]))]
+
+
+def _few_jobs(table: dict, row: dict, view: "RankView") -> str:
+    """The how's clause for an FSDP trace priced by a with_stack row whose fitted FSDP windows come from fewer than
+    :data:`FEW_JOBS` jobs (REVIEW_S12b N8: that row's term per frame came from one FSDP job); '' elsewhere."""
+    if not row.get("with_stack") or not _fsdp(view):
+        return ""
+    jobs = {str(q.get("case", "")).rsplit("/", 1)[0] for q in _fitted_points(table, row)
+            if "fsdp" in str(q.get("case", ""))}
+    if len(jobs) >= FEW_JOBS:
+        return ""
+    return (f"; FSDP under stacks priced from {len(jobs) or 'no'} FSDP job{'' if len(jobs) == 1 else 's'} of "
+            f"them: for this FSDP trace the range is less sure")
+
+
+def _fsdp(view: "RankView") -> bool:
+    """Whether the rank's trace records FSDP2's regions (``FSDP::``)."""
+    cpu = view.trace.cpu
+    return cpu is not None and not cpu.empty and bool(cpu["name"].str.startswith("FSDP::").any())
 
 
 def _shown_us(per_step: "pd.DataFrame") -> float:
@@ -684,7 +736,7 @@ def _overhead(view: "RankView", capture: dict | None, cpu_all, root) -> Profiler
               f"{_fitted_on(table, row, (view.trace.info.world_size or 1) > 1)} whose overhead was measured: "
               f"{table['file']}, "
               f"record_shapes={row['record_shapes']}, with_stack={row['with_stack']}; settings read from {where}; "
-              f"within about {ESTIMATE_RANGE:g}x either way)" if scaled else
+              f"within about {ESTIMATE_RANGE:g}x either way{_few_jobs(table, row, view)})" if scaled else
               f"{c_op:.2f} / {c_rt:.2f} us each, {source} on {table['machine'].get('device')} ({table['file']}, "
               f"record_shapes={row['record_shapes']}, with_stack={row['with_stack']}; settings read from {where})")
            + (f" + {shown:.0f} us of the profiler's own buffer requests and flushes shown in the trace" if shown >= 0.5

@@ -108,7 +108,7 @@ def steady(host_steps: dict) -> dict:
 
 
 def own_excess(host_steps: dict, late: int, step_us: float | None, gpu_us: dict | None = None,
-               overhead=None, kinds: tuple[str, ...] = ("host", "gpu")) -> dict | None:
+               overhead=None, kinds: tuple[str, ...] = ("host", "gpu"), whole: bool = False) -> dict | None:
     """Does rank ``late`` have time of its own -- :data:`OWN_HOST`, or GPU compute (``gpu_us``: rank -> its compute
     kernels' time per step, overlapping a collective or not; else :data:`OWN_GPU`) -- beyond every other rank's by more
     than their spread, :data:`MIN_OWN_EXCESS_SHARE` of the step and (host) :data:`PROFILER_NOISE` of the profiler's
@@ -119,7 +119,8 @@ def own_excess(host_steps: dict, late: int, step_us: float | None, gpu_us: dict 
     ``spread_us``, per rank the medians, ``in_doubt``: a host excess on one step that an estimated overhead could
     still be, within :data:`kit.doctor.overhead.ESTIMATE_RANGE`, and no confirmed quiet excess (the caller weighs it),
     and ``quiet`` where every rank has its quiet time: the late rank's quiet excess, the others' spread, the floor it
-    must clear (as :func:`quiet_excess`) and whether it does. None without every rank's host steps."""
+    must clear (as :func:`quiet_excess`) and whether it does. None without every rank's host steps. ``whole``: the
+    tracer's price of each rank's Python off its ops taken whole (:func:`own_host`), the other end of its range."""
     # the profiler's overhead on the step less the part of it in the rank's Python off the ops (the part that
     # lengthened the step): that is the rank's own cost, not the uneven slowing of equal hosts PROFILER_NOISE allows for
     overhead_us = max(0.0, overhead.overhead_us - float(getattr(overhead, "off_ops_exposed_us", 0.0) or 0.0)) \
@@ -131,7 +132,7 @@ def own_excess(host_steps: dict, late: int, step_us: float | None, gpu_us: dict 
     per = {}
     for r, ps in have.items():
         gpu = ps[OWN_GPU] if not (gpu_us and gpu_us.get(r) is not None) else [float(gpu_us[r])]
-        st = {**_stats("host", own_host(ps)), **_stats("gpu", gpu)}
+        st = {**_stats("host", own_host(ps, whole)), **_stats("gpu", gpu)}
         per[r] = {k: st[k] for k in ("host_us", "gpu_us", "host_spread_us", "gpu_spread_us")}
         if QUIET in ps:
             per[r].update(_stats("quiet", ps[QUIET]))
@@ -167,10 +168,10 @@ def own_excess(host_steps: dict, late: int, step_us: float | None, gpu_us: dict 
     return got
 
 
-def own_host(ps):
+def own_host(ps, whole: bool = False):
     """A rank's own host time per step (:data:`OWN_HOST`) less the tracer's in its Python off the ops
-    (:data:`TRACER_TAKEN` of :data:`TRACER`, where the frame has it), at least 0."""
-    return (ps[OWN_HOST] - tracer_taken(ps[TRACER])).clip(lower=0.0) if TRACER in ps else ps[OWN_HOST]
+    (:data:`TRACER_TAKEN` of :data:`TRACER`, where the frame has it; ``whole``: all of it), at least 0."""
+    return (ps[OWN_HOST] - tracer_taken(ps[TRACER], whole)).clip(lower=0.0) if TRACER in ps else ps[OWN_HOST]
 
 
 def own_host_net(ps, o, with_step: bool = False) -> float:

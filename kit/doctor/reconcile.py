@@ -30,7 +30,7 @@ from .accounting import HOST, IDLE, Account
 from .context import JobContext
 from .findings import LOW, restated, slice_cost, slice_finding, slice_sentence, who
 from .model import REPORTED, RULES, SEVERITY_SHARE, Finding, severity, slice_rules
-from .overhead import tracer_taken
+from .overhead import ESTIMATE_RANGE, tracer_taken, within_point
 
 MUST_SPEAK = SEVERITY_SHARE["high"]
 """GPU idle at or above this share of a step is never left without a finding at or above 'low'"""
@@ -204,6 +204,7 @@ def net_of_profiler(f: Finding, overhead: dict | None, accounts: "dict[int, Acco
             after += (f"; {low / 1e3:.2f} ms with the tracer's price of the Python frames in the waits taken whole "
                       f"rather than at its low end ({rest / 1e3:.2f} ms more): that price per frame varies about 2x "
                       f"between workloads")
+            net, after = _within_point(net, low, whole, ev, after, "the stated rank", "that price's range")
     if cap is not None and round(cap, 1) < round(f.cost_us_per_step - o.overhead_us, 1):  # the busiest GPU's work
         # (measured) or the rank's own (estimated) bounds the gain
         ev["profiler_gain_cap_us"] = net
@@ -214,9 +215,32 @@ def net_of_profiler(f: Finding, overhead: dict | None, accounts: "dict[int, Acco
                   f"idles no longer than that, whatever its host does" if capper.basis == "estimated" else
                   f"; at most {net / 1e3:.2f} ms, the unprofiled step less the busiest GPU's own work per step: were "
                   f"every host instant the job would still take that")
+    if cap is not None and capper.basis == "estimated":  # the estimate's range, where its point value says less
+        other = round(max(0.0, o.net(f.cost_us_per_step, overhead_us=ESTIMATE_RANGE * o.overhead_us)), 1)
+        net, after = _within_point(net, other, capper, ev, after,
+                                   f"rank {int(rk)}" if isinstance(rk, (int, float)) else "this rank",
+                                   f"the estimate's range ({ESTIMATE_RANGE:g}x either way)")
     said = f.summary if round(net) == round(f.cost_us_per_step) else restated(  # the sentence says the cost it states
         f.summary, net, f"net of the profiler's own overhead{after}", "as traced")
     return dataclasses.replace(f, cost_us_per_step=net, evidence=ev, summary=said)
+
+
+def _within_point(net: float, other: float, o, ev: dict, after: str, who: str, what: str) -> tuple[float, str]:
+    """A cost net of the profiler (``net``; ``other``: the same cost at the other end of its price's range) that the
+    point value of ``o``'s estimate contradicts -- more than its unprofiled step less its own GPU work
+    (:attr:`kit.doctor.overhead.ProfilerOverhead.point_cap_us`) -- is the largest cost in the range it does not
+    (:func:`kit.doctor.overhead.within_point`), the range said (REVIEW_S12b N6: a control's launch_bound above the
+    step the same overhead estimates; ``what``: the range's name in the sentence). As given elsewhere."""
+    point = o.point_cap_us
+    got = round(within_point(net, other, point), 1)
+    if got >= net:
+        return net, after
+    ev["cost_range_us"] = [round(min(other, net), 1), round(net, 1)]
+    ev["point_cap_us"] = round(point, 1)
+    how = "as estimated" if o.basis == "estimated" else o.basis
+    return got, after + (f"; {min(other, net) / 1e3:.2f}-{net / 1e3:.2f} ms within {what}, of which the step "
+                         f"without the profiler {how} ({o.unprofiled_step_us / 1e3:.2f} ms) less {who}'s own GPU "
+                         f"work allows at most {point / 1e3:.2f} ms")
 
 
 def _left(o, a: Account, slices, s: str) -> float:

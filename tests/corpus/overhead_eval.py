@@ -215,6 +215,49 @@ def probe_windows(root: Path, features) -> list[dict]:
     return jobs
 
 
+def window_features(f) -> tuple[dict | None, str | None]:
+    """One probe trace's :func:`rank_features` for a device features.py (``recorded/profiler_overhead/multi/stack/``,
+    ``offops/``), or None and why (an exception's text; ``no steps``)."""
+    try:
+        feat = rank_features(str(f))
+    except Exception as e:  # noqa: BLE001
+        return None, f"{type(e).__name__}: {e}"
+    return (None, "no steps") if feat is None else (feat, None)
+
+
+def features_main(one, how: str, argv: list[str] | None = None, order=None) -> None:
+    """A device features.py's main (``ROOT OUT.json [procs] [seconds]``): ``one(path) -> (path, features or None, error
+    or None, seconds)`` over the probe's traces under ROOT (``*x*/*/*/trace_rank*.json.gz``, sorted by ``order``, a key,
+    else by name) in a pool of ``procs`` processes until ``seconds`` have passed, then its windows
+    (:func:`probe_windows`) written to OUT.json with ``how``."""
+    import os
+    import time
+    from multiprocessing import Pool
+
+    argv = sys.argv[1:] if argv is None else argv
+    root, out = Path(argv[0]), Path(argv[1])
+    procs = int(argv[2]) if len(argv) > 2 else os.cpu_count()
+    deadline = time.time() + (float(argv[3]) if len(argv) > 3 else 1e9)
+    files = sorted(root.glob("*x*/*/*/trace_rank*.json.gz"), key=order)
+    print(f"features: {len(files)} traces, {procs} procs", flush=True)
+    t0 = time.time()
+    got = {}
+    p = Pool(procs)
+    it = p.imap_unordered(one, files)
+    for _ in files:
+        try:
+            f, feat, err, dt = it.next(timeout=max(0.1, deadline - time.time()))
+        except Exception as e:  # noqa: BLE001  (the deadline)
+            print(f"features: stopped at the deadline with {len(got)} of {len(files)} ({type(e).__name__})", flush=True)
+            break
+        got[f] = feat
+        print(f"  {Path(f).relative_to(root)} {dt:.1f} s {err or ''}", flush=True)
+    p.terminate()
+    jobs = probe_windows(root, lambda f: got.get(str(f)))
+    out.write_text(json.dumps({"how": how, "jobs": jobs}))
+    print(f"features: {len(jobs)} windows in {time.time() - t0:.0f} s -> {out}", flush=True)
+
+
 def multi_features(root: Path) -> dict:
     """The probe's output as :data:`MULTI` holds it (:func:`probe_windows`, each rank's :func:`rank_features`)."""
     jobs = probe_windows(root, lambda f: rank_features(str(f)))

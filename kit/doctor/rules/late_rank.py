@@ -177,10 +177,10 @@ TRACER_REASONS = ("data_wait", "host_sync", "host_stall", "host_busy", None)
 (:data:`kit.doctor.own_time.TRACER`) lies: a cost read off the collectives for them is taken net of that cost"""
 
 
-def tracer_excess(host_steps: dict | None, late: int) -> float:
+def tracer_excess(host_steps: dict | None, late: int, whole: bool = False) -> float:
     """Rank ``late``'s tracer cost in its Python off the ops per step (:data:`kit.doctor.own_time.TRACER`, median
     over :func:`~kit.doctor.own_time.steady`'s steps) beyond the other ranks' median of theirs, at its low end
-(:func:`kit.doctor.overhead.tracer_taken`, as own time takes it), at least 0: the part
+(:func:`kit.doctor.overhead.tracer_taken`, as own time takes it; ``whole``: all of it), at least 0: the part
     of its host time, and of the lateness read at the collectives, that is the profiler's on that rank alone (a
     with_stack trace's price of pure-Python work on the training thread). 0 without the column."""
     import numpy as np
@@ -192,7 +192,36 @@ def tracer_excess(host_steps: dict | None, late: int) -> float:
     if late not in have or len(have) < 2:
         return 0.0
     med = {r: float(np.median(ps[TRACER])) for r, ps in have.items()}
-    return max(0.0, tracer_taken(med[late] - float(np.median([v for r, v in med.items() if r != late]))))
+    return max(0.0, tracer_taken(med[late] - float(np.median([v for r, v in med.items() if r != late])), whole))
+
+
+def tracer_range(cost: float, own: dict | None, basis: str, tracer: float, traced_gain: float, bound_by: dict | None,
+                 o, whole_excess, host_steps: dict | None, late: int) -> dict | None:
+    """Where the late rank's ``cost`` holds the tracer's price of its Python off the ops at its low end (``basis``
+    own_excess of host time: :func:`kit.doctor.own_time.own_excess`; or the collectives' reading less ``tracer``,
+    :func:`tracer_excess`) and is more than its step without the profiler at the overhead's point value (``o``'s
+    ``unprofiled_step_us``) less its GPU work (``bound_by``: :func:`step_bound`) allows: ``cost_us``, the largest cost
+    in the price's range the point value does not contradict (:func:`kit.doctor.overhead.within_point`), with both
+    ends (``whole_excess``: a callable giving own_excess with the price whole) and that bound. None elsewhere."""
+    from ..overhead import within_point
+
+    if bound_by is None or o is None or o.unprofiled_step_us is None:
+        return None
+    point = max(0.0, float(o.unprofiled_step_us) - float(bound_by["own_gpu_work_us"]))
+    if cost <= point:
+        return None
+    if basis == "own_excess" and own is not None and own.get("kind") == "host":
+        w = whole_excess()
+        other = None if w is None else w["excess_us"]
+    elif tracer > 0:
+        other = traced_gain - tracer_excess(host_steps, late, whole=True)
+    else:
+        return None
+    if other is None or other >= cost:
+        return None
+    other = max(0.0, other)
+    return {"cost_us": num(within_point(cost, other, point)), "cost_at_low_end_us": num(cost),
+            "cost_at_whole_price_us": num(other), "point_step_us": num(o.unprofiled_step_us), "point_cap_us": num(point)}
 
 
 def step_bound(o, late: int, work: dict) -> dict | None:
@@ -508,6 +537,14 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
         cost, basis = room, "others_host"
     # no rank can cost the job more than its step without the profiler less the GPU work it would still do
     bound_by = step_bound((ctx.overhead or {}).get(late), late, work)
+    # the tracer's price of its Python off the ops taken at its low end (overhead.tracer_taken) can leave a cost that
+    # the point estimate of its step contradicts: then the largest cost in the price's range that it does not, the
+    # range said (overhead.within_point)
+    ranged = tracer_range(cost, own, basis, tracer, traced_gain, bound_by, (ctx.overhead or {}).get(late),
+                          lambda: own_excess(hs, late, ctx.step_us, None if cpu_only else gpu_us, ovh,
+                                             kinds=("host",), whole=True), hs, late)
+    if ranged is not None:
+        cost = ranged["cost_us"]
     capped = bound_by is not None and cost > bound_by["cap_us"]
     if capped:
         bound_by["cost_before_us"] = num(cost)
@@ -531,6 +568,8 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
         ev["cost_before_tracer_us"] = num(traced_gain)
     if bound_by is not None:
         ev["step_bound"] = bound_by
+    if ranged is not None:
+        ev["tracer_price_range"] = ranged
     if basis == "others_host":  # the others' host time: measured unprofiled (kit.capture) or estimated
         ev["others_host_basis"] = room_basis
         ev["others_host_us"] = room_of
@@ -586,6 +625,13 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     if tracer > 0:  # the collectives' reading, net of the tracer's cost on that rank
         pieces.append(f"net of the tracer's cost in its Python off the ops, {dur_text(tracer)} per step more than the "
                       f"other ranks'")
+    if ranged is not None:
+        pieces.append(f"the tracer's price of its Python off the ops, between its low end and whole, puts it at "
+                      f"{dur_text(ranged['cost_at_whole_price_us'])}-{dur_text(ranged['cost_at_low_end_us'])} per "
+                      f"step, and its step without the profiler ({dur_text(ranged['point_step_us'])}, "
+                      f"{'measured' if bound_by['basis'] == 'measured' else 'as estimated'}) less its "
+                      f"{dur_text(bound_by['own_gpu_work_us'])} of GPU work allows at most "
+                      f"{dur_text(ranged['point_cap_us'])}")
     if capped:
         high = "measured" if bound_by["basis"] == "measured" else "at the estimate's high end"
         pieces.append(f"at most its step without the profiler ({dur_text(bound_by['unprofiled_step_us'])}, {high}) "

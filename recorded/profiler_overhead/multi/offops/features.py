@@ -2,13 +2,13 @@
 frames in the steps' span) plus the frames off the ops: per step, the Python frames that start on a thread that
 records ops but more than 1 ms from any of its ops (as kit.traces' _frames_off), and how many of those are clock reads
 (perf_counter/time/monotonic), plus TraceInfo's file-level counts and the traced steps' own-time spread.
-python3 recorded/profiler_overhead/multi/offops/features.py ROOT OUT.json [procs] [seconds]"""
+python3 recorded/profiler_overhead/multi/offops/features.py ROOT OUT.json [procs] [seconds] (the pool, the deadline and the
+windows: tests/corpus/overhead_eval.features_main, shared with stack/features.py since session 13)"""
 import gzip
 import json
 import os
 import sys
 import time
-from multiprocessing import Pool
 from pathlib import Path
 
 ROOT = Path.cwd()
@@ -19,13 +19,10 @@ CLOCK = ("perf_counter", "built-in function time>", "monotonic", "process_time",
 
 def one(f):
     t0 = time.time()
-    try:
-        import overhead_eval as E
-        feat = E.rank_features(str(f))
-    except Exception as e:  # noqa: BLE001
-        return str(f), None, f"{type(e).__name__}: {e}", time.time() - t0
+    import overhead_eval as E
+    feat, err = E.window_features(f)
     if feat is None:
-        return str(f), None, "no steps", time.time() - t0
+        return str(f), None, err, time.time() - t0
     try:
         import numpy as np
 
@@ -91,29 +88,9 @@ def one(f):
 
 
 def main():
-    root, out = Path(sys.argv[1]), Path(sys.argv[2])
-    procs = int(sys.argv[3]) if len(sys.argv) > 3 else os.cpu_count()
-    deadline = time.time() + (float(sys.argv[4]) if len(sys.argv) > 4 else 1e9)
-    files = sorted(root.glob("*x*/*/*/trace_rank*.json.gz"))
-    print(f"features: {len(files)} traces, {procs} procs", flush=True)
-    t0 = time.time()
-    got = {}
-    p = Pool(procs)
-    it = p.imap_unordered(one, files)
-    for _ in files:
-        try:
-            f, feat, err, dt = it.next(timeout=max(0.1, deadline - time.time()))
-        except Exception as e:  # noqa: BLE001  (the deadline)
-            print(f"features: stopped at the deadline with {len(got)} of {len(files)} ({type(e).__name__})", flush=True)
-            break
-        got[f] = feat
-        print(f"  {Path(f).relative_to(root)} {dt:.1f} s {err or ''}", flush=True)
-    p.terminate()
     import overhead_eval as E
 
-    jobs = E.probe_windows(root, lambda f: got.get(str(f)))
-    out.write_text(json.dumps({"how": "price22 features.py: probe windows with shapes / +stack (ABBA)", "jobs": jobs}))
-    print(f"features: {len(jobs)} windows in {time.time() - t0:.0f} s -> {out}", flush=True)
+    E.features_main(one, "price22 features.py: probe windows with shapes / +stack (ABBA)")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ import json
 import os
 import sys
 import time
-from multiprocessing import Pool
 from pathlib import Path
 
 ROOT = Path.cwd()
@@ -16,13 +15,10 @@ sys.path.insert(0, str(ROOT / "tests" / "corpus"))
 
 def one(f):
     t0 = time.time()
-    try:
-        import overhead_eval as E
-        feat = E.rank_features(str(f))
-    except Exception as e:  # noqa: BLE001
-        return str(f), None, f"{type(e).__name__}: {e}", time.time() - t0
+    import overhead_eval as E
+    feat, err = E.window_features(f)
     if feat is None:
-        return str(f), None, "no steps", time.time() - t0
+        return str(f), None, err, time.time() - t0
     # Python frames and [memory] instants inside the steps' span (the trace's raw events)
     try:
         from kit import traces
@@ -43,31 +39,10 @@ def one(f):
 
 
 def main():
-    root, out = Path(sys.argv[1]), Path(sys.argv[2])
-    procs = int(sys.argv[3]) if len(sys.argv) > 3 else os.cpu_count()
-    deadline = time.time() + (float(sys.argv[4]) if len(sys.argv) > 4 else 1e9)
-    files = sorted(root.glob("*x*/*/*/trace_rank*.json.gz"), key=lambda f: (f.stat().st_mtime_ns // 10**9 // 40, str(f)))
-    print(f"features: {len(files)} traces, {procs} procs", flush=True)
-    t0 = time.time()
-    got = {}
-    p = Pool(procs)
-    it = p.imap_unordered(one, files)
-    for _ in files:
-        try:
-            f, feat, err, dt = it.next(timeout=max(0.1, deadline - time.time()))
-        except Exception as e:  # noqa: BLE001  (the deadline)
-            print(f"features: stopped at the deadline with {len(got)} of {len(files)} ({type(e).__name__})", flush=True)
-            break
-        got[f] = feat
-        print(f"  {Path(f).relative_to(root)} {dt:.1f} s {err or ''}", flush=True)
-    p.terminate()
-    sys.path.insert(0, str(ROOT / "tests" / "corpus"))
     import overhead_eval as E
 
-    jobs = E.probe_windows(root, lambda f: got.get(str(f)))  # the same window walk as overhead_eval's --multi-from
-    out.write_text(json.dumps({"how": "stack17 features.py: probe windows with shapes / +stack / +stack+memory",
-                               "jobs": jobs}))
-    print(f"features: {len(jobs)} windows in {time.time() - t0:.0f} s -> {out}", flush=True)
+    E.features_main(one, "stack17 features.py: probe windows with shapes / +stack / +stack+memory",
+                    order=lambda f: (f.stat().st_mtime_ns // 10**9 // 40, str(f)))
 
 
 if __name__ == "__main__":
