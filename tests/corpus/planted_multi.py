@@ -139,6 +139,8 @@ CNN_EXTRA_GPU_MS = 12.0
 """``cnn-ddp-fp32-gpu_rank``'s matmuls (fp32): a held-out case (session 12), the CNN's own extra-GPU-work fault"""
 VIT_EXTRA_GPU_MS = 15.0
 """``vit-ddp-bf16-gpu_rank``'s matmuls (bf16; session 13's held-out round)"""
+VIT_EXTRA_GPU_MS_TOPUP = 40.0
+"""``vit-ddp-bf16-gpu_rank40`` (the top-up round s13r1c): more GPU work than the host-bound ViT's idle GPU time"""
 LSTM_IO_MS = 15.0
 """``lstm-ddp-fp32-input_rank-io``: each batch's read waits this long (:class:`SlowCollate`) on that rank"""
 STALL_AT = ("after_step", "in_forward", "before_backward")
@@ -511,6 +513,13 @@ def _held13() -> list[dict]:
         _c("vit", "ddp", "bf16", "accum_no_sync", "json_handler", "vit-ddp-bf16-accum", sizes="vit_wide", **vit),
         _c("vit", "ddp", "bf16", "hostbound", "json_handler", sizes="vit_hostbound", **vit),
         _c("vit", "ddp", "fp32", "gpubound", "json_handler", sizes="vit_gpubound", **vit),
+        # the top-up round s13r1c (added to TRUTH.md before it was recorded): s13r1's ViT is host-bound (22 ms a
+        # step), its 15 ms of GPU work hid in the GPU's idle; one NCCL channel barely slowed the host-bound MoE
+        _c("vit", "ddp", "bf16", "gpu_rank", "json_handler", vc, extra_gpu_ms=VIT_EXTRA_GPU_MS_TOPUP, suffix="40",
+           **vit),
+        _c("vit", "ddp", "fp32", "control", "json_handler", sizes="vit_wide", suffix="-wide", **vit),
+        _c("vit", "ddp", "fp32", "p2p_off", "json_handler", "vit-ddp-fp32-control-wide", variant="p2p_off",
+           fault="slow_comm", sizes="vit_wide", suffix="-wide", **vit),
         _c("lstm", "ddp", "fp32", "control", "tb_handler", **lstm),
         _c("lstm", "ddp", "fp32", "input_rank", "tb_handler", lc, io_ms=LSTM_IO_MS, suffix="-io", **lstm),
     ]

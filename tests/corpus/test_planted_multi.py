@@ -443,7 +443,7 @@ def test_the_session_13_held_out_families_build_and_step_on_one_gloo_rank(monkey
     monkeypatch.setattr(m, "ONE_RANK", 0)
     monkeypatch.setitem(m.FAULT_PARAMS, "stall_rank", {**m.FAULT_PARAMS["stall_rank"], "stall_ms": 0.5})
     held = [n for n in m.CASES if n.split("-")[0] in m.HELD_MODELS]
-    assert len(held) == 13 and set(held) <= set(m.GROUPS["held_out"]) and not set(held) & set(m.GROUPS["all"])
+    assert len(held) == 16 and set(held) <= set(m.GROUPS["held_out"]) and not set(held) & set(m.GROUPS["all"])
     assert m.CASES["moe-ddp-bf16-nchan1"]["nccl_env"] == {"NCCL_MAX_NCHANNELS": "1", "NCCL_PROTO": "Simple"}
     assert m.CASES["vit-ddp-bf16-control"]["workers"] == 4 and m.CASES["moe-ddp-bf16-control"]["pin"] is False
     with socket.socket() as s:
@@ -473,3 +473,21 @@ def test_the_session_13_held_out_families_build_and_step_on_one_gloo_rank(monkey
             job.close()
     finally:
         dist.destroy_process_group()
+
+
+def test_the_session_13_held_out_table_is_generated_from_the_committed_doctor_json():
+    """recorded/h200x2/doctor_heldout_s13 (the blind round s13r1): each table in its README is what table.py makes of
+    the committed truths and doctor outputs, with the criteria of TRUTH.md (--input-bound-ok --unmeasured-unscored)."""
+    d = ROOT / "recorded" / "h200x2" / "doctor_heldout_s13"
+    if not (d / "bundle.json.gz").is_file():
+        pytest.skip("no session-13 held-out recording committed")
+    import re
+
+    names = re.findall(r"<!-- table.py table: s13r1 (\S+) -->", (d / "README.md").read_text())
+    assert names
+    for name in names:
+        r = subprocess.run([sys.executable, str(ROOT / "recorded" / "h200x4" / "doctor_heldout" / "table.py"), "table",
+                            str(d), "--doctor", name, "--match", "s13r1", "--input-bound-ok", "--unmeasured-unscored"],
+                           capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert r.stdout.strip() and r.stdout.strip() in (d / "README.md").read_text()
