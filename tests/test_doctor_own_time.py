@@ -111,10 +111,10 @@ def test_the_tracers_price_at_its_low_end_names_the_straggler_and_the_point_esti
     """What taking the tracer's price at its low end (overhead.TRACER_TAKEN) buys, on the committed with_stack cut
     (tests/data/doctor/recorded-h200x2-ddp-input-stack: rank 1 tokenizes in pure Python, ~7.2 ms added per step)
     with kitCapture stripped, so nothing measures it: rank 1's own time is confirmed beyond rank 0's (at the whole
-    price it is not, REVIEW_S12 H1) and late_rank names it for its DataLoader. The low end's cost alone, 15.8 ms, is
-    2.2x the truth and twice the step without the profiler the same overhead estimates (7.7 ms): the cost stated is
-    the most of the price's range (whole .. low end, said in the sentence) that the point estimate less rank 1's GPU
-    work allows, within 0.5-2x of the truth (REVIEW_S12b N3; s11r2's held-out GPT input straggler: 51.40 -> 24.65 ms,
+    price it is not, REVIEW_S12 H1) and late_rank names it for its DataLoader. The low end's cost alone, 16.4 ms, is
+    2.3x the truth and above the step without the profiler the same overhead estimates (9.21 ms): the cost stated is
+    the most of the price's range (3.63-16.4 ms, whole .. low end, said in the sentence) that the point estimate less
+    rank 1's 2.0 ms of GPU work allows, 7.21 ms, within 0.5-2x of the truth (REVIEW_S12b N3; s11r2's held-out GPT input straggler: 51.40 -> 24.65 ms,
     3.11x -> 1.49x, FINDINGS.md)."""
     import gzip
     import json
