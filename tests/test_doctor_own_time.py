@@ -155,6 +155,6 @@ def test_an_fsdp_trace_priced_under_stacks_says_how_few_fsdp_jobs_its_price_rest
 
     fsdp = view("aten::mm", "FSDP::root_pre_forward", "FSDP::post_backward_reduce")
     said = _few_jobs(table, stack, fsdp)
-    assert (f"priced from {len(jobs)} FSDP job" in said) == (len(jobs) < FEW_JOBS)
+    assert (f"FSDP windows from {len(jobs)} FSDP job" in said) == (len(jobs) < FEW_JOBS)
     assert _few_jobs(table, stack, view("aten::mm", "DistributedDataParallel.forward")) == ""
     assert _few_jobs(table, {**stack, "with_stack": False}, fsdp) == ""

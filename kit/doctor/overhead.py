@@ -619,15 +619,16 @@ def _fitted_points(table: dict, row: dict) -> list[dict]:
 
 def _few_jobs(table: dict, row: dict, view: "RankView") -> str:
     """The how's clause for an FSDP trace priced by a with_stack row whose fitted FSDP windows come from fewer than
-    :data:`FEW_JOBS` jobs (REVIEW_S12b N8: that row's term per frame came from one FSDP job); '' elsewhere."""
+    :data:`FEW_JOBS` jobs (REVIEW_S12b N8: that row's term per frame came from one FSDP job; other FSDP jobs check it
+    held out, not fitted); '' elsewhere."""
     if not row.get("with_stack") or not _fsdp(view):
         return ""
     jobs = {str(q.get("case", "")).rsplit("/", 1)[0] for q in _fitted_points(table, row)
             if "fsdp" in str(q.get("case", ""))}
     if len(jobs) >= FEW_JOBS:
         return ""
-    return (f"; FSDP under stacks priced from {len(jobs) or 'no'} FSDP job{'' if len(jobs) == 1 else 's'} of "
-            f"them: for this FSDP trace the range is less sure")
+    return (f"; its FSDP windows from {len(jobs) or 'no'} FSDP job{'' if len(jobs) == 1 else 's'} (held out on "
+            f"others: FINDINGS.md, \"The price of a trace recorded with stacks\")")
 
 
 def _fsdp(view: "RankView") -> bool:
