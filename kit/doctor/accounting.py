@@ -32,7 +32,9 @@ thread, and the stretch is split by what the thread was doing, in this precedenc
 5. ``host_stall`` -- in a stretch of at least :data:`kit.doctor.host_model.STALL_US` in which no thread of the
    process issued GPU work (a launch, copy, memset or graph replay whose activity is in the trace; the
    backward's kernels come from the autograd thread while the main thread waits in ``backward()``), outside
-   every recorded op (the host model's ``stall``, :mod:`kit.doctor.host_model`): Python or
+   every recorded op (the host model's ``stall``, :mod:`kit.doctor.host_model`), one stall of the rank's own code
+   (the host model's :data:`~kit.doctor.host_model.ONE_STALL`: each step's longest stretch and the backward hooks';
+   the rest of its stall time is a core taken in slices, its issuing done more slowly: ``launch``): Python or
    C++ work that issues nothing (logging, checkpointing, garbage collection, ``time.sleep``, a loop polling
    ``cudaEventQuery``); inside a long recorded op (kept by the trace layer, :data:`kit.traces.frames.
    LONG_CPU_OP_US`) or the dispatch before the first launch of one of PyTorch's own regions of issuing code
@@ -255,8 +257,8 @@ def account(view: "RankView", host: "HostModel | None" = None) -> "Account | Non
     np.minimum.at(first_own, kw[own], starts[own])
 
     threads, model = list(host.threads), host
-    host = {t: {**{s: host.spans(k, t) for s, k in HOST_KIND.items()}, "pageable": pageable_spans(model, t)}
-            for t in threads}
+    host = {t: {**{s: host.spans(k, t) for s, k in HOST_KIND.items()}, "host_stall": host.one_stall(t),
+                "pageable": pageable_spans(model, t)} for t in threads}
     extra = [wa, wb, call_end[~np.isnan(call_end)]]
     pts = partition(list(sets.values()) + [s for h in host.values() for s in h.values()], extra=np.concatenate(extra))
     pts = pts[(pts >= wa.min()) & (pts <= wb.max())] if len(wa) else pts
@@ -556,17 +558,26 @@ def account_cpu(view: "RankView", cpu_all: "pd.DataFrame", host: "HostModel | No
         host = host_model(view, cpu_all)
     if host is None:
         return None
+    import numpy as np
+
+    from ..traces.intervals import covered
+
     main = host.main_tid
     ops = cpu_all[(cpu_all["tid"] == main) & (cpu_all["cat"] == "cpu_op")]
     win = host.windows
     wa, wb = win["start"].to_numpy(dtype=float), win["end"].to_numpy(dtype=float)
     lo, hi = float(wa.min()), float(wb.max())
-    stall = host.spans("stall", main)
     hs = host.per_step
     per = pd.DataFrame({sl: sum(hs[f"{k}_us"].to_numpy(dtype=float) for k in kinds)
                         for sl, kinds in CPU_SLICES.items()})
+    # a stall is one stretch a step (the host model's ONE_STALL); the main thread's other stall time is its work
+    # done more slowly (a core taken in slices): compute, as on a GPU job it is launch
+    one = np.minimum(covered(*host.one_stall(main), wa, wb), per["host_stall"].to_numpy(dtype=float))
+    per["compute"] += per["host_stall"] - one
+    per["host_stall"] = one
     per = per.reindex(columns=list(SLICES), fill_value=0.0)
     per_step = pd.concat([win.reset_index(drop=True).assign(dur=wb - wa), per], axis=1)
+    stall = host.one_stall(main)
     stalls = []
     inside = [(x, y) for x, y in zip(*stall) if x >= lo and y <= hi]
     for x, y in sorted(inside, key=lambda p: p[0] - p[1])[:TOP_STALLS]:

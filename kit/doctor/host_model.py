@@ -18,7 +18,8 @@ view of the host that the step accounting (:mod:`kit.doctor.accounting`), the ho
 * ``stall``     -- a stretch of at least :data:`STALL_US` in which no thread of the process issued GPU work (a call
   whose GPU activity is in the trace, or one that orders a stream, :data:`kit.doctor.calls.STREAM_ORDER_CALLS`) and
   the thread was in none of the above, outside every recorded op of its own (an autograd node's op only where the
-  thread records progress in it, :func:`autograd_nodes`: the user's backward hooks run there), FSDP2's post-backward
+  thread records progress in it, :func:`autograd_nodes`: the user's backward hooks run there -- or where a step's
+  nodes hold one hole alone, in its first node: the backward's start, :func:`_first_node_alone`), FSDP2's post-backward
   regions on any
   issuing thread where their thread records an event at least every :data:`STALL_US` (:func:`_framework_only`:
   FSDP's own code; a user's hook sleeping there stays a stall), the ops that led an issuing thread
@@ -84,9 +85,17 @@ ALL = "*"
 HOOK = "hook"
 """the key of :attr:`HostModel.sets` [:data:`ALL`] holding the stall spans that lie inside an autograd node's op with
 no progress on its thread (:func:`autograd_nodes`): where the user's backward hooks run -- a stall however many pieces
-it comes in (a hook per module or parameter), not a core's slices (``late_arrival.SINGLE_STALL`` counts them as one
-stall's). Not one of :data:`KINDS`: a part of ``stall``"""
+it comes in (a hook per module or parameter), not a core's slices (:data:`ONE_STALL` counts them as one stall's). Not one of :data:`KINDS`: a part of ``stall``"""
 """the key of :attr:`HostModel.sets` holding a kind's union over every thread of the process"""
+ONE_STALL = "one_stall"
+"""the key of :attr:`HostModel.sets` [:data:`ALL`] holding the stall spans that are a stall of the rank's own code,
+not its core taken away (:func:`one_stall_a_step`): each step's longest stall stretch (stall spans less than
+:data:`STALL_US` apart taken as one: a moment's work, a launch, does not end a stall) and the :data:`HOOK` spans. A
+sleep, a blocking call, a pause is one stretch with no event; a core the scheduler shares with another process is
+taken in slices of milliseconds, many to a step, between ops as well as inside them -- the rank's issuing done more
+slowly, not a stall. The one split of the host's stall time that the step accounting (its ``host_stall`` slice, the
+rest ``launch``) and ``late_rank`` (:data:`kit.doctor.rules.late_arrival.SINGLE_STALL`) both read. Not one of
+:data:`KINDS`: a part of ``stall``"""
 OWN_KINDS = ("data_wait", "stall", "alloc", "issue")
 """a rank's own host time: waiting for its DataLoader, stalling (no op, no call: Python work, a sleep), the
 allocator's device calls, issuing its work -- not the time blocked on collectives, peers or the GPU, nor its short
@@ -152,6 +161,14 @@ class HostModel:
         import numpy as np
 
         return self.sets.get(tid, {}).get(kind, (np.empty(0), np.empty(0)))
+
+    def one_stall(self, tid: Any = ALL) -> "tuple[np.ndarray, np.ndarray]":
+        """Thread ``tid``'s (or the process's, :data:`ALL`) ``stall`` spans that are one stall of the rank's own code
+        (:data:`ONE_STALL`: each step's longest stretch and the hooks'); the rest of its stall time is its issuing
+        done more slowly (a core taken in slices). The ``stall`` spans where the model has no such set."""
+        st = self.spans("stall", tid)
+        one = self.sets.get(ALL, {}).get(ONE_STALL)
+        return st if one is None else subtract(st, subtract(st, one))
 
     def gpu_waits(self, tid: Any = ALL) -> "dict[str, tuple[np.ndarray, np.ndarray]]":
         """Thread ``tid``'s (or every thread's, :data:`ALL`) waits for the GPU, by the accounting slice they block
@@ -268,6 +285,8 @@ def _gpu_model(view: "RankView") -> HostModel | None:
     fsdp = _framework_only(view.trace, cpu, threads)
     node = autograd_nodes(cpu)
     node_busy = _progress_within(view.trace, cpu, cpu[node]) if len(cpu) else {}
+    first = _first_node_alone(cpu, node, node_busy, view.steps)  # the backward's start: the node's own time
+    node_busy = {t: union_np(np.r_[a, first[0]], np.r_[b, first[1]]) for t, (a, b) in node_busy.items()}
     sets: dict = {}
     for t in dict.fromkeys(threads + ((main,) if main is not None else ())):
         mine = calls[calls["tid"] == t]
@@ -316,6 +335,8 @@ def _gpu_model(view: "RankView") -> HostModel | None:
                    "profiler": theirs, "stall": (sa[sb - sa >= STALL_US], sb[sb - sa >= STALL_US]), "idle": idle}
     sets[ALL] = _all_threads(cpu, calls, sets, threads, main)
     sets[ALL][HOOK] = _in_hooks(cpu, node, node_busy, threads, sets[ALL]["stall"])
+    # (the main thread waits in backward() through the backward's start: its stall there is not one of its own)
+    sets[ALL][ONE_STALL] = one_stall_a_step(subtract(sets[ALL]["stall"], first), view.steps, sets[ALL][HOOK])
     kern = g["cat"] == "kernel"
     nccl = kern & g["nccl"].astype(bool)
     gpu = {"busy": union_np(g["ts"], g["end"]), "comm": union_np(g.loc[nccl, "ts"], g.loc[nccl, "end"]),
@@ -364,6 +385,44 @@ def _framework_only(trace, cpu: "pd.DataFrame", threads: tuple) -> "tuple[np.nda
     return union_np(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
 
 
+def _first_node_alone(cpu, node, busy: dict, steps) -> "tuple[np.ndarray, np.ndarray]":
+    """In each step whose autograd nodes' ops hold one stretch of :data:`STALL_US` or longer without progress on an
+    issuing thread (``busy``: per thread, the parts of its nodes' ops in which it made progress,
+    :func:`_progress_within`), that stretch where it lies in the step's first node (the earliest node evaluation of
+    the step on that thread), as sorted disjoint spans: the backward's start, where the autograd thread takes over
+    from the main thread. A hole there recurs on a job with no hook to run it, no event on any thread of the
+    process (a wait for the GIL or for the core), and holds a CPU-contended rank's scheduler slice (FINDINGS.md, "A
+    hole at the backward's start"), so the trace does not make it a user's hook (:data:`HOOK`): it is the node's own time, the rank issuing (covered on the issuing
+    threads; the main thread, waiting in ``backward()``, keeps it as its ``stall``, but not as its :data:`ONE_STALL`).
+    A user's hooks -- one per module or parameter -- leave holes in more than one node of the
+    step, and stay stalls; a single hook on the backward's first node alone is taken for its start."""
+    import numpy as np
+
+    parts = []
+    if cpu.empty or steps is None or steps.empty or not busy:
+        return union_np([], [])
+    evals = node.to_numpy() & _starts(cpu["name"], AUTOGRAD_NODE).to_numpy()
+    starts = np.sort(steps["ts"].to_numpy(dtype=float))
+    for t, (ba, bb) in busy.items():
+        on = (cpu["tid"] == t).to_numpy()
+        mine = cpu[node.to_numpy() & on]
+        ha, hb = subtract(union_np(mine["ts"], mine["end"]), (ba, bb))
+        long = (hb - ha) >= STALL_US
+        ha, hb = ha[long], hb[long]
+        ev = cpu[evals & on]
+        if not len(ha) or not len(ev):
+            continue
+        ea, eb = ev["ts"].to_numpy(dtype=float), ev["end"].to_numpy(dtype=float)
+        es, hs = np.searchsorted(starts, ea, side="right"), np.searchsorted(starts, ha, side="right")
+        for g in np.unique(hs):
+            i, j = np.flatnonzero(hs == g), np.flatnonzero(es == g)
+            if len(i) == 1 and len(j):
+                k = j[np.argmin(ea[j])]
+                if ea[k] <= ha[i[0]] and hb[i[0]] <= eb[k]:
+                    parts.append((ha[i[0]], hb[i[0]]))
+    return union_np([p[0] for p in parts], [p[1] for p in parts])
+
+
 def _in_hooks(cpu, node, busy: dict, threads: tuple, stall: tuple) -> "tuple[np.ndarray, np.ndarray]":
     """The part of the process's ``stall`` spans that lies where an issuing thread is inside an autograd node's op
     without progress (:func:`autograd_nodes`, ``busy``: :func:`_progress_within` of those ops) for :data:`STALL_US` or
@@ -390,6 +449,26 @@ def _in_hooks(cpu, node, busy: dict, threads: tuple, stall: tuple) -> "tuple[np.
         return np.empty(0), np.empty(0)
     holes = union_np(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
     return subtract(stall, subtract(stall, holes))
+
+
+def one_stall_a_step(stall: tuple, steps: "pd.DataFrame | None", hook: tuple | None = None) -> tuple:
+    """Of the ``stall`` spans, those that are one stall of the rank's own code (:data:`ONE_STALL`): each step's
+    longest stretch -- the spans less than :data:`STALL_US` apart taken as one -- and the ``hook`` spans
+    (:data:`HOOK`: a stall however many pieces it comes in). A step runs from one step annotation's start
+    (``steps["ts"]``) to the next, the stretches before the first one together; without step annotations every
+    stall span is kept (the trace is one step: nothing to tell its stretches apart by)."""
+    import numpy as np
+
+    a, b = (np.asarray(x, dtype=float) for x in stall)
+    if len(a) and steps is not None and not steps.empty:
+        xa, xb = union_np(a, b, gap=STALL_US)  # a moment's work (a launch) does not end a stall
+        g = np.searchsorted(np.sort(steps["ts"].to_numpy(dtype=float)), xa, side="right")
+        o = np.lexsort((-(xb - xa), g))  # by step, the longest first
+        keep = np.sort(o[np.r_[True, g[o][1:] != g[o][:-1]]])
+        a, b = subtract((a, b), subtract((a, b), (xa[keep], xb[keep])))
+    if hook is not None and len(hook[0]):
+        a, b = union_np(np.r_[a, hook[0]], np.r_[b, hook[1]])
+    return a, b
 
 
 def autograd_nodes(cpu: "pd.DataFrame") -> "pd.Series":
@@ -517,6 +596,7 @@ def _cpu_model(view: "RankView", cpu: "pd.DataFrame") -> HostModel | None:
                    "comm_wait": comm_wait, "alloc": empty,
                    "stall": stall, "issue": union_np(ops["ts"], ops["end"])}}
     sets[ALL] = dict(sets[main])
+    sets[ALL][ONE_STALL] = one_stall_a_step(stall, view.steps)
     calls = runtime_calls(view)
     return _finish(view, "cpu", win, main, (main,), calls, sets, default="idle", gpu=None, cpu=cpu)
 

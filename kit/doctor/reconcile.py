@@ -360,10 +360,13 @@ def fold_into_late_rank(findings: list[Finding], accounts: list[tuple[int, Accou
     sliced = late.evidence.get("reason") == "host_busy"
 
     def name(f: Finding) -> str:
-        """A rank late for issuing more slowly (late_rank's reason host_busy: its stretches of no event are not one
-        stall of its own code but a slower or contended host's) folds the host_stall slice as that, not as a stall
-        with its own remedy: one reason, one remedy in one sentence."""
-        return f"{f.rule} (stretches without an event as it issued)" if sliced and f.rule == "host_stall" else f.rule
+        """A rank late for issuing more slowly (late_rank's reason host_busy) folds its host_stall slice as what it
+        is: its host's other stretches of no event are in its issuing already (the host model's one split,
+        :data:`kit.doctor.host_model.ONE_STALL`), the slice holds each step's one longest stretch, which in a step
+        alone does not tell a sleep from the longest slice of a core taken away -- not a stall with its own remedy:
+        one reason, one remedy in one sentence."""
+        return (f"{f.rule} (one stretch a step without an event: a pause of its own or its core's longest slice)"
+                if sliced and f.rule == "host_stall" else f.rule)
 
     text = "; ".join(f"{name(f)} {f.cost_us_per_step / 1e3:.2f} ms per step" for f in own
                      if f.cost_us_per_step >= 5.0) or "under 5 us per step, net of the profiler"

@@ -1,5 +1,8 @@
 """``host_stall``: the step waits while the host runs work that issues nothing (the accounting's ``host_stall``
-slice: stretches of >= :data:`kit.doctor.host_model.STALL_US`), net of a traced window that ran slower than its
+slice: stretches of >= :data:`kit.doctor.host_model.STALL_US` that are one stall of the rank's own code -- each step's
+longest and the backward hooks', :data:`kit.doctor.host_model.ONE_STALL`, the split ``late_rank`` reads too; a core
+the scheduler shares with another process is taken in many slices a step, its other stretches the rank's issuing
+done more slowly, ``launch``), net of a traced window that ran slower than its
 unprofiled steps (:attr:`kit.doctor.overhead.ProfilerOverhead.slow_window_us`).
 
 A stall is host time in which no event is recorded, so the profiler's per-event price does not lengthen it; the
@@ -91,4 +94,7 @@ rule(Rule(
          "gc.set_threshold, collecting explicitly between steps only when needed."),
     caveats=("A stretch without CUDA calls can also be CPU-side tensor work in an op the profiler recorded "
              "without a CUDA call (a CPU tensor op, a data-dependent shape); the evidence names the ops around "
-             f"it. Stretches below {MIN} are counted as launch cost, not as stalls.")))
+             f"it. Stretches below {MIN} are counted as launch cost, not as stalls; so are a step's stretches "
+             "besides its longest (outside backward hooks: a core taken in slices), and a lone hole at the start "
+             "of the backward (its first autograd node). In a step with one stretch the trace does not tell a "
+             "sleep from a scheduler's slice of a core shared with another process: check the host's load too.")))

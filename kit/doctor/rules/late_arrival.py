@@ -9,8 +9,7 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING
 
-from ...traces.intervals import covered, union_np
-from ..host_model import HOOK
+from ...traces.intervals import covered
 from ..collectives import Timeline
 from ..model import RankView
 
@@ -21,12 +20,11 @@ HOST_REASONS = {"data_wait": "data_wait", "host_sync": "sync", "host_stall": "st
 """the host activities :func:`host_time_until` counts, from the host model's kinds (the rest of the host time is
 ``host_busy``)"""
 SINGLE_STALL = "host_stall_single"
-"""the part of ``host_stall`` in stretches that are one stall's: each step's longest stall stretch (the contended-host
-model's reading, :data:`kit.doctor.own_time.STALL_LONGEST`). A sleep, a blocking call, a pause is one stretch with
-no event; a core the scheduler shares with another process is taken in slices of milliseconds, many to a step,
-between ops as well as inside them -- its issuing done more slowly, not a stall (:func:`lag_shares`). A stall in
-backward hooks (:data:`kit.doctor.host_model.HOOK`: inside autograd nodes' ops, no progress recorded) counts whole,
-however many pieces"""
+"""the part of ``host_stall`` that is one stall of the rank's own code: the host model's
+:data:`kit.doctor.host_model.ONE_STALL` (each step's longest stall stretch and the backward hooks' stall spans, however
+many pieces) -- the split the step accounting's ``host_stall`` slice reads too. A core the scheduler shares with
+another process is taken in slices of milliseconds, many to a step, between ops as well as inside them: its issuing
+done more slowly, not a stall (:func:`lag_shares`)"""
 
 
 def host_time_until(view: RankView, tl: Timeline) -> "pd.DataFrame":
@@ -36,9 +34,9 @@ def host_time_until(view: RankView, tl: Timeline) -> "pd.DataFrame":
     * ``data_wait`` -- the host model's ``data_wait`` (the host waiting for the next batch, any thread);
     * ``host_sync`` -- its ``sync`` (synchronising calls and blocking copies, any thread);
     * ``host_stall`` -- its ``stall`` (stretches of >= 1 ms in which the issuing threads issued nothing, outside
-      every recorded op: ``time.sleep``, Python work, a blocked GIL) -- the accounting's ``host_stall``;
-    * ``host_stall_single`` -- the part of it in each step's longest stall stretch (:data:`SINGLE_STALL`; a step: from
-      one step annotation's start to the next; all of it without annotations).
+      every recorded op: ``time.sleep``, Python work, a blocked GIL, a core taken away), all of it;
+    * ``host_stall_single`` -- the part of it that is one stall of the rank's own code (:data:`SINGLE_STALL`: each
+      step's longest stall stretch, the hooks').
 
     Differences between two moments give the activity in between (:func:`arrival_parts`)."""
     import numpy as np
@@ -52,9 +50,7 @@ def host_time_until(view: RankView, tl: Timeline) -> "pd.DataFrame":
     host = view.host
     empty = (np.empty(0), np.empty(0))
     iv = {c: host.spans(k) if host is not None else empty for c, k in HOST_REASONS.items()}
-    one = single_stalls(*iv["host_stall"], view.steps)
-    hook = host.spans(HOOK) if host is not None else empty  # a hook's stall, however many pieces (host_model.HOOK)
-    iv[SINGLE_STALL] = union_np(np.r_[one[0], hook[0]], np.r_[one[1], hook[1]])
+    iv[SINGLE_STALL] = host.one_stall() if host is not None else empty
     step_ts = rows["step"].map(dict(zip(view.steps["step"], view.steps["ts"]))).to_numpy(dtype=float)
     out = {"step_ts": step_ts}
     for w, t in (("launch", rows["launch_us"].to_numpy(dtype=float)), ("end", rows["end_us"].to_numpy(dtype=float)),
@@ -63,21 +59,6 @@ def host_time_until(view: RankView, tl: Timeline) -> "pd.DataFrame":
         for c, v in iv.items():
             out[f"{c}@{w}"] = covered(*v, lo, t)
     return pd.DataFrame(out, index=rows.index)[cols]
-
-
-def single_stalls(a: "np.ndarray", b: "np.ndarray", steps: "pd.DataFrame | None") -> tuple:
-    """Of the stall stretches ``a``-``b``, each step's longest (:data:`SINGLE_STALL`): a step from one annotation's
-    start (``steps["ts"]``) to the next, the stretches before the first one together; all of them without steps."""
-    import numpy as np
-
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    if not len(a) or steps is None or steps.empty:
-        return a, b
-    g = np.searchsorted(np.sort(steps["ts"].to_numpy(dtype=float)), a, side="right")
-    o = np.lexsort((-(b - a), g))  # by step, the longest first
-    first = o[np.r_[True, g[o][1:] != g[o][:-1]]]
-    keep = np.sort(first)
-    return a[keep], b[keep]
 
 
 REASONS = ("data_wait", "host_sync", "host_stall", "host_busy", "gpu_busy")
