@@ -175,12 +175,12 @@ def _model(path: Path, rank: int):
 
 
 def test_a_lone_hole_at_the_backwards_start_is_not_a_hook():
-    """A hole with no progress only in each step's first autograd node is the backward's start, not a user's hook
-    (REVIEW_S12b N7): the contended corpus rank's 5.2 ms scheduler slice in ``DivBackward0`` (its first node, no other
-    hole in a node) is neither a HOOK span nor the step's one stall (the other stretch, 4.1 ms, is), so the accounting's
-    host_stall slice is that one stretch (9.27 ms before); the real grad-hook recording's 8 hook pieces stay hooks
-    (12.1 ms); HTA's public TorchRec control (2.1-2.4 ms in its first node ``MulBackward0`` every step, no planted
-    fault), when fetched, gets no host_stall finding (it got 1.14 ms per step)."""
+    """A hole the trace does not make a user's hook is the node's own time (REVIEW_S12b N7): the contended corpus
+    rank's 5.2 ms scheduler slice in ``DivBackward0`` (the backward's first node, its step's only hole in a node) is
+    neither a HOOK span nor the step's one stall (the other stretch, 4.1 ms, is), so the accounting's host_stall slice
+    is that one stretch (9.27 ms before); the real grad-hook recording's 8 hook pieces stay hooks (12.1 ms); HTA's
+    public TorchRec control (2.1-2.4 ms in a node in 3 of its 6 steps, two different nodes, no planted fault), when
+    fetched, gets no host_stall finding (it got 1.14 ms per step)."""
     import numpy as np
 
     from kit.doctor.host_model import HOOK, ONE_STALL

@@ -18,8 +18,8 @@ view of the host that the step accounting (:mod:`kit.doctor.accounting`), the ho
 * ``stall``     -- a stretch of at least :data:`STALL_US` in which no thread of the process issued GPU work (a call
   whose GPU activity is in the trace, or one that orders a stream, :data:`kit.doctor.calls.STREAM_ORDER_CALLS`) and
   the thread was in none of the above, outside every recorded op of its own (an autograd node's op only where the
-  thread records progress in it, :func:`autograd_nodes`: the user's backward hooks run there -- or where a step's
-  nodes hold one hole alone, in its first node: the backward's start, :func:`_first_node_alone`), FSDP2's post-backward
+  thread records progress in it, :func:`autograd_nodes`: the user's backward hooks run there -- or where the trace
+  does not make a hole there a hook's, :func:`_first_node_alone`), FSDP2's post-backward
   regions on any
   issuing thread where their thread records an event at least every :data:`STALL_US` (:func:`_framework_only`:
   FSDP's own code; a user's hook sleeping there stays a stall), the ops that led an issuing thread
@@ -285,7 +285,7 @@ def _gpu_model(view: "RankView") -> HostModel | None:
     fsdp = _framework_only(view.trace, cpu, threads)
     node = autograd_nodes(cpu)
     node_busy = _progress_within(view.trace, cpu, cpu[node]) if len(cpu) else {}
-    first = _first_node_alone(cpu, node, node_busy, view.steps)  # the backward's start: the node's own time
+    first = _first_node_alone(view.trace, cpu, node, node_busy, view.steps)  # the backward's start: the node's own
     node_busy = {t: union_np(np.r_[a, first[0]], np.r_[b, first[1]]) for t, (a, b) in node_busy.items()}
     sets: dict = {}
     for t in dict.fromkeys(threads + ((main,) if main is not None else ())):
@@ -385,17 +385,28 @@ def _framework_only(trace, cpu: "pd.DataFrame", threads: tuple) -> "tuple[np.nda
     return union_np(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
 
 
-def _first_node_alone(cpu, node, busy: dict, steps) -> "tuple[np.ndarray, np.ndarray]":
-    """In each step whose autograd nodes' ops hold one stretch of :data:`STALL_US` or longer without progress on an
-    issuing thread (``busy``: per thread, the parts of its nodes' ops in which it made progress,
-    :func:`_progress_within`), that stretch where it lies in the step's first node (the earliest node evaluation of
-    the step on that thread), as sorted disjoint spans: the backward's start, where the autograd thread takes over
-    from the main thread. A hole there recurs on a job with no hook to run it, no event on any thread of the
-    process (a wait for the GIL or for the core), and holds a CPU-contended rank's scheduler slice (FINDINGS.md, "A
-    hole at the backward's start"), so the trace does not make it a user's hook (:data:`HOOK`): it is the node's own time, the rank issuing (covered on the issuing
-    threads; the main thread, waiting in ``backward()``, keeps it as its ``stall``, but not as its :data:`ONE_STALL`).
-    A user's hooks -- one per module or parameter -- leave holes in more than one node of the
-    step, and stay stalls; a single hook on the backward's first node alone is taken for its start."""
+def _first_node_alone(trace, cpu, node, busy: dict, steps) -> "tuple[np.ndarray, np.ndarray]":
+    """The stretches of :data:`STALL_US` or longer inside autograd nodes' ops without progress on an issuing thread
+    (``busy``: per thread, the parts of its nodes' ops in which it made progress, :func:`_progress_within`) that the
+    trace does not make a user's hook (:data:`HOOK`), as sorted disjoint spans: the node's own time, the rank issuing.
+    A hook runs at its node in every backward, so
+
+    * on a trace of several steps, a stretch in a node (the innermost node evaluation around it) that holds no such
+      stretch in some other traced step (the steps that record none of that node's evaluations too: the frame keeps
+      long ops only) is not a hook's: the process not running there (a wait for the GIL or for the core) -- HTA's
+      public ``trace_diff`` control holds one in 3 of its 6 steps, in two different nodes, no event on any thread of
+      the process; a CPU-contended rank's scheduler slice lands in a node now and then (FINDINGS.md, "A hole at the
+      backward's start");
+    * in a step whose nodes hold one such stretch alone, where it lies in the step's first node (a node evaluation
+      before which that thread recorded nothing in the step: no op, runtime call or short op the frame leaves out,
+      :meth:`kit.traces.Trace.short_spans_of`) -- the backward's start, where the autograd thread takes over from the
+      main thread -- it is taken for that start, as the contended ranks' slices there are (one-step cuts: the
+      recurrence above cannot be read).
+
+    Covered on the issuing threads; the main thread, waiting in ``backward()``, keeps it as its ``stall``, but not as
+    its :data:`ONE_STALL`. A user's hooks -- one per module or parameter -- leave holes at the same nodes every step, in
+    more than one node of a step, and stay stalls; a single hook on the backward's first node, or one that stalls in
+    some steps only, is taken for the framework's."""
     import numpy as np
 
     parts = []
@@ -403,6 +414,7 @@ def _first_node_alone(cpu, node, busy: dict, steps) -> "tuple[np.ndarray, np.nda
         return union_np([], [])
     evals = node.to_numpy() & _starts(cpu["name"], AUTOGRAD_NODE).to_numpy()
     starts = np.sort(steps["ts"].to_numpy(dtype=float))
+    n_steps = len(starts)
     for t, (ba, bb) in busy.items():
         on = (cpu["tid"] == t).to_numpy()
         mine = cpu[node.to_numpy() & on]
@@ -413,12 +425,25 @@ def _first_node_alone(cpu, node, busy: dict, steps) -> "tuple[np.ndarray, np.nda
         if not len(ha) or not len(ev):
             continue
         ea, eb = ev["ts"].to_numpy(dtype=float), ev["end"].to_numpy(dtype=float)
+        names = names_str(ev["name"]).to_numpy()
         es, hs = np.searchsorted(starts, ea, side="right"), np.searchsorted(starts, ha, side="right")
+        # each stretch's node: the innermost (latest-starting) evaluation around it
+        at = [np.flatnonzero((ea <= x) & (eb >= y)) for x, y in zip(ha, hb)]
+        of = np.array([names[j[np.argmax(ea[j])]] if len(j) else "" for j in at], dtype=object)
+        if n_steps >= 2:
+            for name in set(of) - {""}:
+                m = of == name
+                if len(set(hs[m]) & set(range(1, n_steps + 1))) < n_steps:  # not in every traced step: not a hook's
+                    parts += list(zip(ha[m], hb[m]))
+        # every moment the thread recorded something: its events' starts, its short ops' (the frame keeps long ops)
+        rec = np.sort(np.r_[cpu.loc[on, "ts"].to_numpy(dtype=float), trace.short_spans_of([t])[0]])
         for g in np.unique(hs):
             i, j = np.flatnonzero(hs == g), np.flatnonzero(es == g)
             if len(i) == 1 and len(j):
                 k = j[np.argmin(ea[j])]
-                if ea[k] <= ha[i[0]] and hb[i[0]] <= eb[k]:
+                lo = starts[g - 1] if g > 0 else -np.inf
+                before = np.searchsorted(rec, ea[k], side="left") - np.searchsorted(rec, lo, side="left")
+                if before == 0 and ea[k] <= ha[i[0]] and hb[i[0]] <= eb[k]:
                     parts.append((ha[i[0]], hb[i[0]]))
     return union_np([p[0] for p in parts], [p[1] for p in parts])
 
