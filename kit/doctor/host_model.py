@@ -90,12 +90,18 @@ it comes in (a hook per module or parameter), not a core's slices (:data:`ONE_ST
 ONE_STALL = "one_stall"
 """the key of :attr:`HostModel.sets` [:data:`ALL`] holding the stall spans that are a stall of the rank's own code,
 not its core taken away (:func:`one_stall_a_step`): each step's longest stall stretch (stall spans less than
-:data:`STALL_US` apart taken as one: a moment's work, a launch, does not end a stall) and the :data:`HOOK` spans. A
+:data:`STALL_US` apart taken as one: a moment's work, a launch, does not end a stall), any longer than a slice can be
+(:data:`SLICE_MAX_US`), and the :data:`HOOK` spans. A
 sleep, a blocking call, a pause is one stretch with no event; a core the scheduler shares with another process is
 taken in slices of milliseconds, many to a step, between ops as well as inside them -- the rank's issuing done more
 slowly, not a stall. The one split of the host's stall time that the step accounting (its ``host_stall`` slice, the
 rest ``launch``) and ``late_rank`` (:data:`kit.doctor.rules.late_arrival.SINGLE_STALL`) both read. Not one of
 :data:`KINDS`: a part of ``stall``"""
+SLICE_MAX_US = 24_000.0
+"""the longest a core shared with other runnable work is taken from a thread at a time: Linux CFS's default scheduling
+period (``sched_latency_ns``: 6 ms x (1 + log2 of the CPUs, counted up to 8) = 24 ms), within which every runnable
+task gets its turn. The slices recorded are whole scheduler ticks of 4.0-9.4 ms (HZ 250, FINDINGS.md "A CPU-contended
+rank"); a stretch with no event longer than the period is not one slice: a stall (:func:`one_stall_a_step`)"""
 OWN_KINDS = ("data_wait", "stall", "alloc", "issue")
 """a rank's own host time: waiting for its DataLoader, stalling (no op, no call: Python work, a sleep), the
 allocator's device calls, issuing its work -- not the time blocked on collectives, peers or the GPU, nor its short
@@ -478,8 +484,9 @@ def _in_hooks(cpu, node, busy: dict, threads: tuple, stall: tuple) -> "tuple[np.
 
 def one_stall_a_step(stall: tuple, steps: "pd.DataFrame | None", hook: tuple | None = None) -> tuple:
     """Of the ``stall`` spans, those that are one stall of the rank's own code (:data:`ONE_STALL`): each step's
-    longest stretch -- the spans less than :data:`STALL_US` apart taken as one -- and the ``hook`` spans
-    (:data:`HOOK`: a stall however many pieces it comes in). A step runs from one step annotation's start
+    longest stretch -- the spans less than :data:`STALL_US` apart taken as one -- every stretch longer than a core's
+    slice can be (:data:`SLICE_MAX_US`), and the ``hook`` spans (:data:`HOOK`: a stall however many pieces it comes
+    in). A step runs from one step annotation's start
     (``steps["ts"]``) to the next, the stretches before the first one together; without step annotations every
     stall span is kept (the trace is one step: nothing to tell its stretches apart by)."""
     import numpy as np
@@ -489,7 +496,7 @@ def one_stall_a_step(stall: tuple, steps: "pd.DataFrame | None", hook: tuple | N
         xa, xb = union_np(a, b, gap=STALL_US)  # a moment's work (a launch) does not end a stall
         g = np.searchsorted(np.sort(steps["ts"].to_numpy(dtype=float)), xa, side="right")
         o = np.lexsort((-(xb - xa), g))  # by step, the longest first
-        keep = np.sort(o[np.r_[True, g[o][1:] != g[o][:-1]]])
+        keep = np.union1d(o[np.r_[True, g[o][1:] != g[o][:-1]]], np.flatnonzero(xb - xa > SLICE_MAX_US))
         a, b = subtract((a, b), subtract((a, b), (xa[keep], xb[keep])))
     if hook is not None and len(hook[0]):
         a, b = union_np(np.r_[a, hook[0]], np.r_[b, hook[1]])
