@@ -47,11 +47,8 @@ report: setup                 ## every notebook, preset for this machine (config
 docs-rules: setup             ## regenerate docs/cli.md's table of the doctor's rules from the rule registry
 	$(PY) -c "from kit.doctor.rules import write_table; write_table('docs/cli.md')"
 
-# make test runs the tests on JOBS processes (pytest-xdist; default 2, the CI machine's cores): most of the suite's
-# time is spent in ranks that wait on each other, spawn and gloo, which leave a core idle; JOBS=0 runs them in the pytest process itself.
-JOBS ?= 2
-test: setup                   ## every CPU test (what CI runs) on $(JOBS) processes; -v names each test as it ends
-	$(PY) -m pytest -v -n $(JOBS) --durations=15 $(ARGS)
+test: setup                   ## every CPU test (what CI runs); -v names each test as it starts
+	$(PY) -m pytest -v --durations=15 $(ARGS)
 
 test-fast: setup              ## the edit loop: CPU tests not marked slow (no whole-notebook or many-rank runs)
 	$(PY) -m pytest -m "not slow and not gpu" $(ARGS)
