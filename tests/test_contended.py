@@ -97,7 +97,8 @@ def _ctx(hs: dict):
     from types import SimpleNamespace
 
     ov = {r: _ov(4_000.0) for r in hs}
-    return SimpleNamespace(step_us=30_000.0, overhead=ov, overhead_at_job=ov, comm_waits=lambda: {r: 0.0 for r in hs})
+    return SimpleNamespace(step_us=30_000.0, overhead=ov, overhead_at_job=ov, comm_waits=lambda: {r: 0.0 for r in hs},
+                           comm_waits_by_step=lambda: {r: 0.0 for r in hs})
 
 
 def test_a_contended_rank_the_window_does_not_show_last_is_found_by_its_own_time():

@@ -66,8 +66,16 @@ class JobContext:
         collectives cannot be matched across ranks (one rank, no NCCL metadata). Derived once per job, for the
         overhead's job floor (:mod:`.job_phase`) and the accounting rows."""
         if "waits" not in self._memo:
-            self._memo["waits"], self._memo["missing"] = self._waits()
+            self._memo["waits"], self._memo["missing"], self._memo["waits_by_step"] = self._waits()
         return self._memo["waits"]
+
+    def comm_waits_by_step(self) -> dict[int, dict[int, float] | float]:
+        """:meth:`comm_waits` per step number (the step each collective was launched in) where a rank's lie in
+        profiled steps, else its :meth:`comm_waits`: for :func:`kit.doctor.overhead.own_work`, so one step's long wait
+        is not taken off the others."""
+        mean = self.comm_waits()
+        by_step = self._memo["waits_by_step"]
+        return {r: by_step[r] if by_step.get(r) else w for r, w in mean.items()}
 
     def waits_for_missing(self) -> dict[int, float]:
         """Per rank, the part of :meth:`comm_waits` at collectives seen on some ranks of their group but not all:
@@ -75,12 +83,12 @@ class JobContext:
         self.comm_waits()
         return self._memo["missing"]
 
-    def _waits(self) -> tuple[dict[int, float], dict[int, float]]:
+    def _waits(self) -> tuple[dict[int, float], dict[int, float], dict[int, dict[int, float]]]:
         from .collectives import per_step_divisor
 
         tls = sorted(self.comm.items())
         df = self.collectives("nccl") if len(tls) >= 2 else None
-        out, missing = {}, {}
+        out, missing, by_step = {}, {}, {}
         if df is not None and not df.empty and (df["ranks_seen"] > 1).any():
             part = df["part_of_group"]
             unknown = df["exposed_wait_us"] + df["exposed_transfer_us"]
@@ -89,4 +97,6 @@ class JobContext:
                 n = per_step_divisor(tl)
                 missing[r] = float(unknown[mine & part].sum()) / n
                 out[r] = float(df.loc[mine & ~part, "exposed_wait_us"].sum()) / n + missing[r]
-        return out, missing
+                w = df["exposed_wait_us"].where(~part, unknown)[mine & df["step"].notna()]
+                by_step[r] = {int(k): float(v) for k, v in w.groupby(df.loc[w.index, "step"]).sum().items()}
+        return out, missing, by_step

@@ -15,8 +15,9 @@ from .model import RULES, Finding, severity
 def finalize(findings: list[Finding], step_us: float | None, partial: str | None = None) -> list[Finding]:
     """Every finding capped at the job's step (:func:`capped`), with its severity (:func:`kit.doctor.model.
     severity`), its rule's notebook when it names none, ``evidence["partial"]`` on cross-rank findings when
-    ``partial`` (the job check's note on missing ranks); most costly first. Costs arrive net of the profiler's
-    overhead (:func:`kit.doctor.reconcile.net_of_profiler`): this stage only caps and grades them."""
+    ``partial`` (the job check's note on missing ranks); most costly first, a moment after the other ranks' per-step
+    causes (:func:`moments_after`). Costs arrive net of the profiler's overhead
+    (:func:`kit.doctor.reconcile.net_of_profiler`): this stage only caps and grades them."""
     out = []
     for f in findings:
         f = capped(f, step_us)
@@ -27,7 +28,23 @@ def finalize(findings: list[Finding], step_us: float | None, partial: str | None
             f = replace(f, evidence={**f.evidence, "partial": partial})
         out.append(f)
     out.sort(key=lambda f: -(f.cost_us_per_step or 0))
-    return said_after(out)
+    return said_after(moments_after(out))
+
+
+def moments_after(findings: list[Finding]) -> list[Finding]:
+    """A moment (``evidence["moment"]``, :func:`kit.doctor.findings.moment`) comes right after the last finding of
+    'low' or more that is no moment and names none of its ranks: one host's one-off is no per-step cause ahead of
+    another rank's repeated one. On the same rank cost decides: one occurrence cannot tell a one-off from a cause of
+    a period longer than the window (FINDINGS.md, "Session 13: the slow host moment")."""
+    out = list(findings)
+    for f in [f for f in findings if f.evidence.get("moment")]:
+        mine = set(f.ranks)
+        last = max((i for i, x in enumerate(out) if not x.evidence.get("moment") and x.severity != "info"
+                    and not mine & set(x.ranks)), default=-1)
+        if last > out.index(f):
+            out.remove(f)
+            out.insert(last, f)
+    return out
 
 
 def said_after(findings: list[Finding]) -> list[Finding]:

@@ -15,6 +15,35 @@ PER_RANK_SHOWN = 8
 LOW = SEVERITY_SHARE["low"]
 
 
+MOMENT_STEPS = 3
+"""a cause can be told a moment (:func:`moment`) in a window of at least this many steps: with two, one step of two
+is as much every other step as a one-off"""
+
+
+def moment(per_step: dict) -> dict | None:
+    """Whether a cause's time in a window of :data:`MOMENT_STEPS` or more steps (``per_step``: step -> us) is one
+    step's: its largest step exceeds every other step by more than half of the window's total. Seen once, it is a
+    rate the trace never saw repeat -- no per-step cause; a second step of like size is a repeat (FINDINGS.md,
+    "Session 13: the slow host moment"). Returns ``step``, ``steps``, ``in_step_us``, ``share`` (of the total) and
+    ``next_us`` (the most in another step), or None."""
+    vals = {int(k): float(v) for k, v in per_step.items()}
+    total = sum(vals.values())
+    if len(vals) < MOMENT_STEPS or total <= 0:
+        return None
+    top = max(vals, key=vals.get)
+    after = max(v for k, v in vals.items() if k != top)
+    if vals[top] - after <= 0.5 * total:
+        return None
+    return {"step": top, "steps": len(vals), "in_step_us": round(vals[top], 1), "share": round(vals[top] / total, 3),
+            "next_us": round(after, 1)}
+
+
+def moment_text(m: dict, what: str = "it") -> str:
+    """'; 98% of it in 1 of the 3 steps (step 2: 29.6 ms there) -- a moment, not a per-step cause'."""
+    return (f"; {100 * m['share']:.0f}% of {what} in 1 of the {m['steps']} steps (step {m['step']}: "
+            f"{m['in_step_us'] / 1e3:.1f} ms there) -- a moment, not a per-step cause")
+
+
 def make(rid: str, cost: float, ranks: Iterable[int], evidence: dict, summary: str,
          fix: str | None = None) -> Finding:
     """A finding of rule ``rid`` with the rule's cause, fix (unless refined), caveats and notebook."""
@@ -108,9 +137,24 @@ def slice_finding(rid: str, slices: tuple[str, ...], accounts: list, whole: bool
               "job_level": n > 1 and len(fired) == n,
               "gpu_idle_share": _r(a.idle_us / a.window_us, 4) if a.window_us else None, "mode": a.mode,
               "steps_with_it": f"{int((a.per_step[list(slices)].sum(axis=1) > 0).sum())} of {a.steps}"}
+        m = slice_moment(a, slices)
+        if m is not None:
+            ev["moment"] = m
         return {**ev, **ex.evidence(a)}
 
-    return [worst_rank(rid, fired, n, lambda rk, w: slice_sentence(rid, slices, of[rk], w, whole), evidence)]
+    def sentence(rk: int, w: str) -> str:
+        m = slice_moment(of[rk], slices)
+        return slice_sentence(rid, slices, of[rk], w, whole) + (moment_text(m) if m is not None else "")
+
+    return [worst_rank(rid, fired, n, sentence, evidence)]
+
+
+def slice_moment(a, slices: tuple[str, ...]) -> dict | None:
+    """:func:`moment` of one rank's ``slices`` over its account's steps (None without step windows)."""
+    ps = a.per_step
+    if ps is None or "step" not in ps or len(ps) < MOMENT_STEPS or (ps["step"] < 0).any():
+        return None
+    return moment(dict(zip(ps["step"].astype(int), ps[list(slices)].sum(axis=1))))
 
 
 def slice_judge(rid: str):

@@ -44,8 +44,9 @@ def job_context(summaries: Sequence[RankSummary], *, sweep=None) -> JobContext:
 
         from .own_time import at_job_speed  # ranks compared at the job's host speed, not each one's own
 
-        ctx = replace(ctx, overhead=job_floor(ctx.overhead, ctx.comm_waits(), ctx.host_steps),
-                      overhead_at_job=job_floor(at_job_speed(ctx.overhead), ctx.comm_waits(), ctx.host_steps))
+        waits = ctx.comm_waits_by_step()  # per step where the steps are known (own_work)
+        ctx = replace(ctx, overhead=job_floor(ctx.overhead, waits, ctx.host_steps),
+                      overhead_at_job=job_floor(at_job_speed(ctx.overhead), waits, ctx.host_steps))
     return ctx
 
 

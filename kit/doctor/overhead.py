@@ -908,9 +908,12 @@ def _exposed(view: "RankView", per_step: "pd.DataFrame", ev: dict, c_op: float, 
 def own_work(host_steps: dict, waits: dict) -> dict:
     """Per rank whose GPU worked (``host_steps``: rank -> the host model's per-step frame), the GPU work of its own per
     step, which no host makes shorter: its busy time less what its collectives' kernels spent waiting for peers
-    (``waits``: rank -> us per step, :meth:`kit.doctor.context.JobContext.comm_waits`), at most its kernels other
-    than NCCL's -- the transfer a collective adds to the traced busy time may overlap the backward without the
-    profiler (FINDINGS.md); medians over the rank's step windows (all of its span without any)."""
+    (``waits``: rank -> us per step, :meth:`kit.doctor.context.JobContext.comm_waits`, or per step number,
+    :meth:`~kit.doctor.context.JobContext.comm_waits_by_step`: each step's busy less its own waiting), at most its
+    kernels other than NCCL's -- the transfer a collective adds to the traced busy time may overlap the backward
+    without the profiler (FINDINGS.md); medians over the rank's step windows (all of its span without any)."""
+    import numpy as np
+
     out = {}
     for r, ps in host_steps.items():
         if ps is None or ps.empty or not {"gpu_busy_us", "gpu_kernels_us"} <= set(ps.columns):
@@ -918,8 +921,14 @@ def own_work(host_steps: dict, waits: dict) -> dict:
         ps = ps[ps["step"] >= 0] if (ps["step"] >= 0).any() else ps
         busy = float(ps["gpu_busy_us"].median())
         if busy > 0:
+            w = waits.get(r, 0.0)
+            if isinstance(w, dict):  # per step: each step's busy less its own waiting, the median of those
+                per = ps["gpu_busy_us"].to_numpy(float) - ps["step"].map(lambda k: w.get(int(k), 0.0)).to_numpy(float)
+                mine = float(np.median(per))
+            else:
+                mine = busy - float(w)
             # at least 0: the waits can exceed the median busy where the collectives' kernels straddle step windows
-            out[r] = max(0.0, min(busy - float(waits.get(r, 0.0)), float(ps["gpu_kernels_us"].median())))
+            out[r] = max(0.0, min(mine, float(ps["gpu_kernels_us"].median())))
     return out
 
 

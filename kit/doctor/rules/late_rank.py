@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..collectives import Timeline, per_step_divisor, timeline
-from ..findings import make
+from ..findings import make, moment, moment_text
 from ..model import RULES, Finding, RankView, Rule, Skip, rule
 from ..contended import contended_gain
 from ..overhead import own_work
@@ -338,6 +338,31 @@ def host_room(host_steps: dict, late: int, overhead: dict | None, capture: dict 
     return room, basis, seen
 
 
+def moments(inst: "pd.DataFrame", waits: "pd.DataFrame", steps: dict, cost_of: dict) -> dict:
+    """The ranks of ``cost_of`` (rank -> the others' waiting per step it caused) whose lateness is a moment
+    (:func:`kit.doctor.findings.moment` of, per step of ``steps[rank]``, the most any other rank waited for it there
+    at the instances it was materially last at: the columns of ``waits``), with ``us_per_step`` (its ``cost_of``)."""
+    out = {}
+    for rank, per in cost_of.items():
+        g = inst[inst["material"] & (inst["rank"] == rank)]
+        if g.empty or g["step"].isna().any():
+            continue
+        cols = [r for r in waits.columns if int(r) != int(rank)]
+        by = {int(k): max((float(x[r].sum()) for r in cols), default=0.0) for k, x in g.groupby("step")}
+        m = moment({int(k): by.get(int(k), 0.0) for k in steps.get(int(rank), ())})
+        if m is not None:
+            out[int(rank)] = {**m, "us_per_step": num(per)}
+    return out
+
+
+def moments_text(once: dict) -> str:
+    """A clause for each moment set aside (:func:`moments`)."""
+    return "".join(f"; rank {r}'s lateness was one step's ({100 * m['share']:.0f}% of the others' waiting for it: "
+                   f"{dur_text(m['in_step_us'])} in step {m['step']} of {m['steps']}; {dur_text(m['us_per_step'])} "
+                   f"per step over the window) -- a moment, not a per-step cause, so not weighed against it"
+                   for r, m in sorted(once.items()))
+
+
 def by_chance(late_at: int, instances: int, ranks: int) -> float:
     """The chance that one of ``ranks`` equal ranks is last at ``late_at`` or more of ``instances`` collectives
     (one-sided binomial tail, each collective's last rank equally likely; the standard library's ``math.comb``
@@ -370,7 +395,7 @@ def contended_elsewhere(hs, late: int, ctx, gpu_us: dict, cpu_only: bool, tl_of:
         if (own is None or not own["confirmed"] or own["in_doubt"] or own["kind"] != "host"
                 or not (own.get("quiet") or {}).get("confirmed")):
             continue
-        model = contended_gain(own, r, ctx.overhead, own_work(hs, ctx.comm_waits()), hs)
+        model = contended_gain(own, r, ctx.overhead, own_work(hs, ctx.comm_waits_by_step()), hs)
         if model is not None and model["gain_us"] > 0 and (best is None or model["gain_us"] > best["model"]["gain_us"]):
             best = {"rank": r, "own": own, "model": model}
     return best
@@ -401,6 +426,60 @@ def _contended_finding(other: dict, last: int, inst: "pd.DataFrame", tl_of: dict
     return make("late_rank", cost, [r], ev, summary, fix=f"{FIX_BY_REASON['host_busy']} {RULES['late_rank'].fix}")
 
 
+def charged(df: "pd.DataFrame", tl_of: dict, step_us: float | None):
+    """Who arrived last at each collective instance seen on 2+ ranks (``df``) and what it cost the others: returns
+    ``df`` with ``charged_us``; ``inst`` (per instance its last rank, ``step``, ``late_by_us``, ``lead_us``,
+    ``floor_us``, ``material`` and the ``waits`` columns); ``waits`` (per instance, per rank the waiting charged to
+    the last rank); ``cost_of`` (rank -> the most any other rank waited for it per step where it was materially last)."""
+    import numpy as np
+
+    keys = ["match_key", "instance"]
+    last = df[df["last"]]
+    inst = last[keys + ["rank", "start_us", "end_us", "step"]].assign(
+        rank=last["rank"].astype(int), dur_min_us=last["dur_us"].to_numpy(dtype=float))
+    inst = inst.merge(df.groupby(keys)["wait_us"].max().rename("late_by_us").reset_index(), on=keys)
+    # what the last rank alone cost: how much later it arrived than the next-latest rank (the smallest wait of the
+    # other ranks); the rest of the others' waiting was for the next-latest one too
+    lead = df[df["wait_us"] > 0].groupby(keys)["wait_us"].min().rename("lead_us").reset_index()
+    inst = inst.merge(lead, on=keys, how="left").fillna({"lead_us": 0.0})
+    # late enough to be more than jitter: LATE_MIN_US, 5% of the transfer, LATE_STEP_SHARE of the step
+    floor = np.maximum(np.maximum(LATE_MIN_US, 0.05 * inst["dur_min_us"]), LATE_STEP_SHARE * (step_us or 0.0))
+    inst["material"] = inst["lead_us"] >= floor
+    inst["floor_us"] = floor
+    # what each rank's lateness cost the others: their exposed waiting at the instances it was materially last at
+    df = df.assign(exposed_wait_us=df["exposed_wait_us"].where(df["in_step"], 0.0))
+    df = df.merge(inst[keys + ["lead_us"]], on=keys, how="left")
+    df["charged_us"] = np.minimum(df["exposed_wait_us"], df["lead_us"].fillna(0.0))
+    waits = df.pivot_table(index=keys, columns="rank", values="charged_us", aggfunc="sum", fill_value=0.0)
+    inst = inst.join(waits, on=keys)
+    cost_of = {}
+    for rank, g in inst[inst["material"]].groupby("rank"):
+        cost_of[int(rank)] = max((float(g[r].sum()) / per_step_divisor(tl_of[int(r)]) for r in waits.columns
+                                  if int(r) != int(rank)), default=0.0)
+    return df, inst, waits, cost_of
+
+
+def weigh(inst: "pd.DataFrame", waits: "pd.DataFrame", df: "pd.DataFrame", tl_of: dict, cost_of: dict):
+    """The rank the others wait for (:func:`charged`'s readings): the most waiting caused per step, at least
+    :data:`LATE_DOMINANCE` of all -- weighing only the ranks whose lateness is no moment (:func:`moments`) where any is
+    not: a one-off averaged over the window is no per-step cause. Returns (the rank, the moments set aside, its own
+    moment or None), or None (ranks take turns, or no waiting)."""
+    if sum(cost_of.values()) <= 0:
+        return None
+
+    def steps(r):
+        return sorted({int(k) for k in df.loc[df["rank"] == r, "step"].dropna()})
+
+    once = moments(inst, waits, {r: steps(r) for r in tl_of}, cost_of)
+    weighed = {r: c for r, c in cost_of.items() if r not in once}
+    if not any(c > 0 for c in weighed.values()):
+        weighed, once = cost_of, {}
+    late = max(weighed, key=weighed.get)
+    if weighed[late] < LATE_DOMINANCE * sum(weighed.values()):  # ranks take turns arriving last: not one late rank
+        return None
+    return late, once, moments(inst, waits, {late: steps(late)}, {late: cost_of[late]}).get(late)
+
+
 def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip:
     import numpy as np
     import pandas as pd
@@ -417,36 +496,14 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
         return Skip("late_rank", "no collective instance was found on 2+ ranks (different process groups, or "
                                  "traces of different windows of the job)")
     tl_of = dict(tls)
-    keys = ["match_key", "instance"]
-    last = df[df["last"]]
-    inst = last[keys + ["rank", "start_us", "end_us"]].assign(
-        rank=last["rank"].astype(int), dur_min_us=last["dur_us"].to_numpy(dtype=float))
-    inst = inst.merge(df.groupby(keys)["wait_us"].max().rename("late_by_us").reset_index(), on=keys)
-    # what the last rank alone cost: how much later it arrived than the next-latest rank (the smallest wait of the
-    # other ranks); the rest of the others' waiting was for the next-latest one too
-    lead = df[df["wait_us"] > 0].groupby(keys)["wait_us"].min().rename("lead_us").reset_index()
-    inst = inst.merge(lead, on=keys, how="left").fillna({"lead_us": 0.0})
-    # late enough to be more than jitter: LATE_MIN_US, 5% of the transfer, LATE_STEP_SHARE of the step
-    floor = np.maximum(np.maximum(LATE_MIN_US, 0.05 * inst["dur_min_us"]), LATE_STEP_SHARE * (ctx.step_us or 0.0))
-    inst["material"] = inst["lead_us"] >= floor
-    inst["floor_us"] = floor
-    # what each rank's lateness cost the others: their exposed waiting at the instances it was materially last at
-    df = df.assign(exposed_wait_us=df["exposed_wait_us"].where(df["in_step"], 0.0))
-    df = df.merge(inst[keys + ["lead_us"]], on=keys, how="left")
-    df["charged_us"] = np.minimum(df["exposed_wait_us"], df["lead_us"].fillna(0.0))
-    waits = df.pivot_table(index=keys, columns="rank", values="charged_us", aggfunc="sum", fill_value=0.0)
-    inst = inst.join(waits, on=keys)
-    cost_of = {}
-    for rank, g in inst[inst["material"]].groupby("rank"):
-        cost_of[int(rank)] = max((float(g[r].sum()) / per_step_divisor(tl_of[int(r)]) for r in waits.columns
-                                  if int(r) != int(rank)), default=0.0)
-    total = sum(cost_of.values())
-    if total <= 0:
+    df, inst, waits, cost_of = charged(df, tl_of, ctx.step_us)
+    chosen = weigh(inst, waits, df, tl_of, cost_of)
+    if chosen is None:
         return []
-    late = max(cost_of, key=cost_of.get)
+    late, once, itself = chosen
     cost = cost_of[late]
-    if cost < LATE_DOMINANCE * total:  # ranks take turns arriving last: jitter, not one late rank
-        return []
+    keys = ["match_key", "instance"]
+    floor = inst["floor_us"]
     mine = inst[inst["rank"] == late]
     late_n = int(mine["material"].sum())
     one_step = tl_of[late].steps == 1  # one traced step: a rank late once per step is late once in the trace
@@ -508,7 +565,7 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     # a contended host (its quiet time spread over the step): the contended-host model, not the traced excess (which
     # holds the stretched profiler's time) nor kit.capture's measured excess (every rank's drained step holds its waits
     # for the late one at the collectives: the others' measured host is not their own work, FINDINGS.md)
-    work = own_work(hs, ctx.comm_waits()) if hs else {}
+    work = own_work(hs, ctx.comm_waits_by_step()) if hs else {}
     model = contended_gain(own, late, ctx.overhead, work, hs) if by_host else None
     if model is not None:
         gain, basis = model["gain_us"], "contended_host"
@@ -563,6 +620,10 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
           "excerpt": excerpt(late, float(worst["start_us"]) - 2 * float(worst["late_by_us"]), float(worst["end_us"]),
                               ranks=sorted(tl_of))}
     ev["last_by_chance"] = num(chance, 4)
+    if once:  # the ranks set aside as moments (one step's of several): said, with their share
+        ev["moments"] = {str(r): m for r, m in once.items()}
+    if itself is not None:  # kit.doctor.finalize orders a moment after the per-step causes
+        ev["moment"] = itself
     if tracer > 0:  # the tracer's cost in its Python off the ops beyond the others', taken off the collectives' reading
         ev["tracer_excess_us"] = num(tracer)
         ev["cost_before_tracer_us"] = num(traced_gain)
@@ -644,7 +705,8 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
                    f"lateness read there, {dur_text(traced_gain)} per step, what the tracer's own cost in its Python "
                    f"off the ops ({dur_text(tracer)} per step more than the other ranks') leaves is under "
                    f"{100 * MIN_OWN_EXCESS_SHARE:.0f}% of the step: no cost of its lateness is confirmed net of the "
-                   f"profiler (re-profile without with_stack to measure it)")
+                   f"profiler (re-profile without with_stack to measure it)"
+                   f"{moment_text(itself, 'its lateness') if itself else ''}{moments_text(once)}")
         ev["cost_basis"] = "not_net_of_tracer"
         return [make("late_rank", 0.0, [late], ev, summary, fix=f"{FIX_BY_REASON[reason]} {RULES['late_rank'].fix}"
                      if reason else None)]
@@ -654,7 +716,8 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
                f"{dur_text(ev['after_next_latest_us_median'])} after the next-latest rank (up to "
                f"{dur_text(ev['late_by_us_max'])} after the first){why}; the other ranks waited "
                f"{'up to their whole step, ' if clipped else ''}{dur_text(waited)} per step, for it alone"
-               f"{' in the traced steps' if basis in ('measured_host', 'contended_host') else ''}")
+               f"{' in the traced steps' if basis in ('measured_host', 'contended_host') else ''}"
+               f"{moment_text(itself, 'their waiting for it') if itself else ''}{moments_text(once)}")
     return [make("late_rank", cost, [late], ev, summary, fix=f"{FIX_BY_REASON[reason]} {RULES['late_rank'].fix}"
                  if reason else None)]
 
