@@ -7,7 +7,8 @@ they are absent; ``KIT_PUBLIC_TRACES`` points elsewhere; see tests/data/public/R
 * the costs said on one rank for one step never sum above that step; a cost stated net of the profiler, never above
   the step without it (measured, or the longest an estimate allows: REVIEW_S12 H3; for late_rank, the late rank's
   overhead as the diagnosis reports it, not the rule's own step_bound: REVIEW_S12b N3), and above the estimate's
-  point value only with the range said (N3/N6);
+  point value only with the range said (N3/N6), and then at most the point cap or the range's low end, whichever is
+  larger (REVIEW_S13 L1);
 * one cost per finding (a finite number >= 0) and one sentence (no line break);
 * one-time start-up work is not a per-step cause (the public traces that hold it, below).
 """
@@ -106,6 +107,17 @@ RANGE_SAID = ("tracer_price_range", "cost_range_us", "cost_at_tracer_full_price_
 point-estimated step without the profiler is allowed only with one of them"""
 
 
+def point_range(ev: dict) -> tuple[float, float] | None:
+    """A ranged cost's point cap and the low end of its range, from the evidence (late_rank's ``tracer_price_range``,
+    the accounting slices' ``point_cap_us`` and ``cost_range_us``); None where the evidence has no ranged cost."""
+    r = ev.get("tracer_price_range")
+    if isinstance(r, dict) and r.get("point_cap_us") is not None:
+        return float(r["point_cap_us"]), float(min(r["cost_at_whole_price_us"], r["cost_at_low_end_us"]))
+    if ev.get("point_cap_us") is not None and ev.get("cost_range_us"):
+        return float(ev["point_cap_us"]), float(min(ev["cost_range_us"]))
+    return None
+
+
 def rank_bound(d, f) -> tuple[float, float] | None:
     """A one-rank finding's step without the profiler, from that rank's overhead as the diagnosis reports it
     (``Diagnosis.overhead``, not the finding's evidence): (the longest it can be, ``unprofiled_high_us``; its point
@@ -146,6 +158,12 @@ def check(d) -> None:
             assert any(k in f.evidence for k in RANGE_SAID), (
                 f"{f.rule} costs {f.cost_us_per_step:.0f} us per step, more than the step without the profiler at the "
                 f"estimate's point value ({float(point):.0f} us), with no range said")
+        ranged = point_range(f.evidence) if isinstance(f.evidence, dict) else None
+        if ranged is not None:  # a ranged cost: at most the point cap, or the range's low end where that is above it
+            cap, low = ranged
+            assert f.cost_us_per_step <= max(cap, low) * TOLERANCE + 1.0, (
+                f"{f.rule} costs {f.cost_us_per_step:.0f} us per step with a range said, above both its point cap "
+                f"({cap:.0f} us) and the range's low end ({low:.0f} us)")
         r = RULES.get(f.rule)
         for rk, c in rank_costs(f).items():
             total[rk] += c

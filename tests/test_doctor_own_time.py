@@ -132,8 +132,12 @@ def test_the_tracers_price_at_its_low_end_names_the_straggler_and_the_point_esti
     r = ev["tracer_price_range"]
     assert r["cost_at_low_end_us"] > 2 * 7_200 and r["cost_at_low_end_us"] > r["point_step_us"]
     assert r["cost_at_whole_price_us"] <= f.cost_us_per_step <= r["point_cap_us"] < r["point_step_us"]
+    assert r["cost_at_whole_price_us"] <= 7_200 <= r["cost_at_low_end_us"]  # the range said holds the truth
     assert 0.5 <= f.cost_us_per_step / 7_200 <= 2.0
     assert f"{r['cost_at_low_end_us'] / 1e3:.1f} ms per step" in f.summary
+    if r["at_point_cap"]:  # the cost is the point estimate's bound: said as one, with the range (REVIEW_S13 M2)
+        assert f"the job would gain at most {f.cost_us_per_step / 1e3:.2f} ms per step (the point estimate's bound; " \
+               f"{r['cost_at_whole_price_us'] / 1e3:.2f} ms-{r['cost_at_low_end_us'] / 1e3:.1f} ms over" in f.summary
 
 
 def test_an_fsdp_trace_priced_under_stacks_says_how_few_fsdp_jobs_its_price_rests_on():

@@ -150,12 +150,16 @@ class ProfilerOverhead:
 
     @property
     def point_cap_us(self) -> float | None:
-        """The most GPU idle the rank's issuing can cost at the overhead's point value: :attr:`unprofiled_step_us`
-        less :attr:`own_work_us` (:attr:`gain_cap_us` is the same at the estimate's high end). A cost above it is
-        one the point estimate contradicts: :func:`within_point`. None where either is not known."""
-        if self.own_work_us is None or self.unprofiled_step_us is None:
+        """The one point cap: the most GPU idle a rank's issuing, its input waits or its lateness can cost at the
+        overhead's point value -- :attr:`unprofiled_step_us` less :attr:`own_work_us` where that is known (measured:
+        the busiest GPU's work, which the job would still do were every host instant; estimated: the rank's own),
+        else the step itself. Read by the step accounting's input and launch slices
+        (:func:`kit.doctor.reconcile.net_of_profiler`) and by late_rank (``tracer_range``) alike, through
+        :func:`within_point`; :attr:`gain_cap_us` is its counterpart at the estimate's high end. A cost above it is
+        one the point estimate contradicts. None where the step is not known."""
+        if self.unprofiled_step_us is None:
             return None
-        return max(0.0, float(self.unprofiled_step_us) - float(self.own_work_us))
+        return max(0.0, float(self.unprofiled_step_us) - float(self.own_work_us or 0.0))
 
     @property
     def slow_window_us(self) -> float:
@@ -476,13 +480,14 @@ def within_point(cost_us: float, other_us: float, point_us: float | None) -> flo
     """A cost read at one end of a price's range (``cost_us``: the end that cannot eat a fault -- the tracer's price
     at its low end, :func:`tracer_taken`, or an estimated overhead's point value) where ``other_us`` is the same cost
     at the range's other end: the largest cost between the two that the point estimate of the step does not
-    contradict (``point_us``: :attr:`ProfilerOverhead.point_cap_us`, the step without the profiler at the estimate's
-    point value less the rank's own GPU work). The read cost where it is within that bound (or no bound is known);
-    never below ``other_us``, as the point estimate is no better a bound than the range it sits in. The caller says
-    the range (REVIEW_S12b N3/N6: a cost twice the doctor's own estimated step, one number said)."""
+    contradict (``point_us``: :attr:`ProfilerOverhead.point_cap_us`). The read cost where it is within that bound (or
+    no bound is known); never below ``other_us``, as the point estimate is no better a bound than the range it sits
+    in. Where the answer is the bound itself it is a maximum, not an estimate: the caller says it as one ("at most"),
+    with the range."""
     if point_us is None or cost_us <= point_us:
         return cost_us
     return min(cost_us, max(other_us, point_us))
+
 
 def _numeric_tid(t) -> bool:
     try:
@@ -619,8 +624,8 @@ def _fitted_points(table: dict, row: dict) -> list[dict]:
 
 def _few_jobs(table: dict, row: dict, view: "RankView") -> str:
     """The how's clause for an FSDP trace priced by a with_stack row whose fitted FSDP windows come from fewer than
-    :data:`FEW_JOBS` jobs (REVIEW_S12b N8: that row's term per frame came from one FSDP job; other FSDP jobs check it
-    held out, not fitted); '' elsewhere."""
+    :data:`FEW_JOBS` jobs (its term per frame then rests on those jobs alone; other FSDP jobs check it held out:
+    FINDINGS.md); '' elsewhere."""
     if not row.get("with_stack") or not _fsdp(view):
         return ""
     jobs = {str(q.get("case", "")).rsplit("/", 1)[0] for q in _fitted_points(table, row)

@@ -217,32 +217,36 @@ def net_of_profiler(f: Finding, overhead: dict | None, accounts: "dict[int, Acco
                   f"every host instant the job would still take that")
     if cap is not None and capper.basis == "estimated":  # the estimate's range, where its point value says less
         other = round(max(0.0, o.net(f.cost_us_per_step, overhead_us=ESTIMATE_RANGE * o.overhead_us)), 1)
-        net, after = _within_point(net, other, capper, ev, after, None,
+        net, after = _within_point(net, other, capper, ev, after,
+                                   f"rank {int(rk)}" if isinstance(rk, (int, float)) else "this rank",
                                    f"the estimate's range ({ESTIMATE_RANGE:g}x either way)")
     said = f.summary if round(net) == round(f.cost_us_per_step) else restated(  # the sentence says the cost it states
         f.summary, net, f"net of the profiler's own overhead{after}", "as traced")
+    if ev.get("cost_is_point_cap") and said is not f.summary:  # a bound, not an estimate: said as one
+        said = f"at most {said}"
     return dataclasses.replace(f, cost_us_per_step=net, evidence=ev, summary=said)
 
 
 def _within_point(net: float, other: float, o, ev: dict, after: str, who: str | None, what: str) -> tuple[float, str]:
     """A cost net of the profiler (``net``; ``other``: the same cost at the other end of its price's range) that the
     point value of ``o``'s overhead contradicts is the largest cost in the range it does not
-    (:func:`kit.doctor.overhead.within_point`), the range said (REVIEW_S12b N3/N6; ``what``: the range's name in the
-    sentence). The point value's bound: with ``who`` (the rank whose GPU work it is), its unprofiled step less that
-    rank's own GPU work (:attr:`kit.doctor.overhead.ProfilerOverhead.point_cap_us`: the input slice, as late_rank's
-    ``tracer_range``); without, the unprofiled step itself (the launch slice: a cost no larger than the step the same
-    overhead estimates, while the cap at the estimate's high end, REVIEW_S12 H4, stays the cap). As given elsewhere."""
-    point = o.point_cap_us if who else o.unprofiled_step_us
+    (:func:`kit.doctor.overhead.within_point`), the range said (``what``: the range's name in the sentence). The
+    point value's bound is the one point cap (:attr:`kit.doctor.overhead.ProfilerOverhead.point_cap_us`: the
+    unprofiled step less the rank's own GPU work, as late_rank's ``tracer_range`` reads it) for the input slice and
+    the launch slice alike (``who``: the rank whose GPU work it is, for the sentence). Where the cost is that bound,
+    ``ev["cost_is_point_cap"]``: the sentence says it as a maximum (:func:`net_of_profiler`). As given elsewhere."""
+    point = o.point_cap_us
     got = round(within_point(net, other, point), 1)
     if got >= net:
         return net, after
     ev["cost_range_us"] = [round(min(other, net), 1), round(net, 1)]
     ev["point_cap_us"] = round(point, 1)
+    ev["cost_is_point_cap"] = got <= round(point, 1)
     how = "as estimated" if o.basis == "estimated" else o.basis
-    said = (f"of which the step without the profiler {how} ({o.unprofiled_step_us / 1e3:.2f} ms) less {who}'s own GPU "
-            f"work allows at most {point / 1e3:.2f} ms" if who else
-            f"at most the step without the profiler {how} ({point / 1e3:.2f} ms)")
-    return got, after + f"; {min(other, net) / 1e3:.2f}-{net / 1e3:.2f} ms within {what}, {said}"
+    work = (f" less {who}'s own GPU work ({o.own_work_us / 1e3:.2f} ms)" if o.own_work_us is not None else "")
+    return got, after + (f"; at most {point / 1e3:.2f} ms, the point estimate's bound (the step without the profiler "
+                         f"{how}, {o.unprofiled_step_us / 1e3:.2f} ms{work}); {min(other, net) / 1e3:.2f}-"
+                         f"{net / 1e3:.2f} ms over {what}")
 
 
 def _left(o, a: Account, slices, s: str) -> float:

@@ -443,7 +443,12 @@ def test_the_session_13_held_out_families_build_and_step_on_one_gloo_rank(monkey
     monkeypatch.setattr(m, "ONE_RANK", 0)
     monkeypatch.setitem(m.FAULT_PARAMS, "stall_rank", {**m.FAULT_PARAMS["stall_rank"], "stall_ms": 0.5})
     held = [n for n in m.CASES if n.split("-")[0] in m.HELD_MODELS]
-    assert len(held) == 16 and set(held) <= set(m.GROUPS["held_out"]) and not set(held) & set(m.GROUPS["all"])
+    assert held and set(held) <= set(m.GROUPS["held_out"]) and not set(held) & set(m.GROUPS["all"])
+    # every held-out family has cases, each with its control beside its faults (properties, not a count)
+    assert {n.split("-")[0] for n in held} == set(m.HELD_MODELS)
+    for fam in m.HELD_MODELS:
+        mine = [n for n in held if n.startswith(f"{fam}-")]
+        assert any("-control" in n for n in mine) and any("-control" not in n for n in mine), fam
     assert m.CASES["moe-ddp-bf16-nchan1"]["nccl_env"] == {"NCCL_MAX_NCHANNELS": "1", "NCCL_PROTO": "Simple"}
     assert m.CASES["vit-ddp-bf16-control"]["workers"] == 4 and m.CASES["moe-ddp-bf16-control"]["pin"] is False
     with socket.socket() as s:

@@ -195,20 +195,20 @@ def tracer_excess(host_steps: dict | None, late: int, whole: bool = False) -> fl
     return max(0.0, tracer_taken(med[late] - float(np.median([v for r, v in med.items() if r != late])), whole))
 
 
-def tracer_range(cost: float, own: dict | None, basis: str, tracer: float, traced_gain: float, bound_by: dict | None,
-                 o, whole_excess, host_steps: dict | None, late: int) -> dict | None:
+def tracer_range(cost: float, own: dict | None, basis: str, tracer: float, traced_gain: float, o, whole_excess,
+                 host_steps: dict | None, late: int) -> dict | None:
     """Where the late rank's ``cost`` holds the tracer's price of its Python off the ops at its low end (``basis``
     own_excess of host time: :func:`kit.doctor.own_time.own_excess`; or the collectives' reading less ``tracer``,
-    :func:`tracer_excess`) and is more than its step without the profiler at the overhead's point value (``o``'s
-    ``unprofiled_step_us``) less its GPU work (``bound_by``: :func:`step_bound`) allows: ``cost_us``, the largest cost
-    in the price's range the point value does not contradict (:func:`kit.doctor.overhead.within_point`), with both
-    ends (``whole_excess``: a callable giving own_excess with the price whole) and that bound. None elsewhere."""
+    :func:`tracer_excess`) and is more than the one point cap allows (``o``'s
+    :attr:`~kit.doctor.overhead.ProfilerOverhead.point_cap_us`, as the step accounting's slices read it: its step
+    without the profiler at the overhead's point value less its GPU work): ``cost_us``, the largest cost in the
+    price's range the point value does not contradict (:func:`kit.doctor.overhead.within_point`), with both ends
+    (``whole_excess``: a callable giving own_excess with the price whole), that bound and whether the cost is it
+    (``at_point_cap``: a maximum, said as one). None elsewhere."""
     from ..overhead import within_point
 
-    if bound_by is None or o is None or o.unprofiled_step_us is None:
-        return None
-    point = max(0.0, float(o.unprofiled_step_us) - float(bound_by["own_gpu_work_us"]))
-    if cost <= point:
+    point = None if o is None or o.basis not in ("measured", "estimated") else o.point_cap_us
+    if point is None or cost <= point:
         return None
     if basis == "own_excess" and own is not None and own.get("kind") == "host":
         w = whole_excess()
@@ -220,8 +220,10 @@ def tracer_range(cost: float, own: dict | None, basis: str, tracer: float, trace
     if other is None or other >= cost:
         return None
     other = max(0.0, other)
-    return {"cost_us": num(within_point(cost, other, point)), "cost_at_low_end_us": num(cost),
-            "cost_at_whole_price_us": num(other), "point_step_us": num(o.unprofiled_step_us), "point_cap_us": num(point)}
+    got = within_point(cost, other, point)
+    return {"cost_us": num(got), "cost_at_low_end_us": num(cost), "cost_at_whole_price_us": num(other),
+            "point_step_us": num(o.unprofiled_step_us), "point_cap_us": num(point),
+            "own_gpu_work_us": num(o.own_work_us or 0.0), "at_point_cap": bool(num(got) >= num(point))}
 
 
 def step_bound(o, late: int, work: dict) -> dict | None:
@@ -597,7 +599,7 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
     # the tracer's price of its Python off the ops taken at its low end (overhead.tracer_taken) can leave a cost that
     # the point estimate of its step contradicts: then the largest cost in the price's range that it does not, the
     # range said (overhead.within_point)
-    ranged = tracer_range(cost, own, basis, tracer, traced_gain, bound_by, (ctx.overhead or {}).get(late),
+    ranged = tracer_range(cost, own, basis, tracer, traced_gain, (ctx.overhead or {}).get(late),
                           lambda: own_excess(hs, late, ctx.step_us, None if cpu_only else gpu_us, ovh,
                                              kinds=("host",), whole=True), hs, late)
     if ranged is not None:
@@ -690,8 +692,8 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
         pieces.append(f"the tracer's price of its Python off the ops, between its low end and whole, puts it at "
                       f"{dur_text(ranged['cost_at_whole_price_us'])}-{dur_text(ranged['cost_at_low_end_us'])} per "
                       f"step, and its step without the profiler ({dur_text(ranged['point_step_us'])}, "
-                      f"{'measured' if bound_by['basis'] == 'measured' else 'as estimated'}) less its "
-                      f"{dur_text(bound_by['own_gpu_work_us'])} of GPU work allows at most "
+                      f"{'measured' if (ctx.overhead or {})[late].basis == 'measured' else 'as estimated'}) less "
+                      f"{dur_text(ranged['own_gpu_work_us'])} of GPU work allows at most "
                       f"{dur_text(ranged['point_cap_us'])}")
     if capped:
         high = "measured" if bound_by["basis"] == "measured" else "at the estimate's high end"
@@ -711,7 +713,11 @@ def judge_late(summaries: list[tuple[int, Before]], ctx) -> list[Finding] | Skip
         return [make("late_rank", 0.0, [late], ev, summary, fix=f"{FIX_BY_REASON[reason]} {RULES['late_rank'].fix}"
                      if reason else None)]
     # its cost first (one sentence, one cost), then what made it late and what the others waited
-    summary = (f"were rank {late} as fast as the others the job would gain about {dur_text(cost)} per step"
+    gain = (f"at most {dur_text(cost)} per step (the point estimate's bound; "
+            f"{dur_text(ranged['cost_at_whole_price_us'])}-{dur_text(ranged['cost_at_low_end_us'])} over the tracer's "
+            f"price range)" if ranged is not None and ranged["at_point_cap"] and not capped else
+            f"about {dur_text(cost)} per step")
+    summary = (f"were rank {late} as fast as the others the job would gain {gain}"
                f"{basis_text}: it arrived last at {len(late_at)} of {len(inst)} collectives, a median "
                f"{dur_text(ev['after_next_latest_us_median'])} after the next-latest rank (up to "
                f"{dur_text(ev['late_by_us_max'])} after the first){why}; the other ranks waited "
