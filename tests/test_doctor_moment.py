@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from kit.doctor.findings import moment
+from kit.doctor.findings import moment, moment_text
 
 DOC = Path(__file__).parent / "data" / "doctor"
 
@@ -55,6 +55,11 @@ def test_a_ranks_one_step_pause_is_not_weighed_against_a_rank_late_every_step():
         25835.3, abs=1)
     assert "rank 0's lateness was one step's (100% of the others' waiting for it: 25.8 ms in step 2 of 3" in \
         moments_text(once)
+    # what the window shows, not what the cause is: one step in three is a one-off or a longer period (REVIEW_S13 H4:
+    # a held-out input straggler waits once in 5 steps and costs +9.39 ms every step unprofiled)
+    assert "a one-off, or a cause with a longer period" in moments_text(once)
+    assert "not a per-step cause" not in moments_text(once)
+    assert "profile more steps to tell" in moment_text(m)
     # the waiting per step: rank 1's is step 2's, for rank 0's pause; its mean over the window is not its steps'
     by_step = ctx.comm_waits_by_step()
     assert by_step[1][2] == pytest.approx(25835.3, abs=1) and max(by_step[1][3], by_step[1][4]) < 10

@@ -39,9 +39,13 @@ def moment(per_step: dict) -> dict | None:
 
 
 def moment_text(m: dict, what: str = "it") -> str:
-    """'; 98% of it in 1 of the 3 steps (step 2: 29.6 ms there) -- a moment, not a per-step cause'."""
+    """'; 98% of it in 1 of the 3 steps (step 2: 29.6 ms there) -- seen once in the window: a one-off, or a cause
+    with a longer period than the window (profile more steps to tell)'. What the window shows, not what the cause is:
+    a DataLoader straggler behind prefetching workers waits once in several steps and still costs every step
+    unprofiled (FINDINGS.md, "Session 13: the slow host moment")."""
     return (f"; {100 * m['share']:.0f}% of {what} in 1 of the {m['steps']} steps (step {m['step']}: "
-            f"{m['in_step_us'] / 1e3:.1f} ms there) -- a moment, not a per-step cause")
+            f"{m['in_step_us'] / 1e3:.1f} ms there) -- seen once in the window: a one-off, or a cause with a longer "
+            f"period than the window (profile more steps to tell)")
 
 
 def make(rid: str, cost: float, ranks: Iterable[int], evidence: dict, summary: str,

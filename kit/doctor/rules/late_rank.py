@@ -361,7 +361,8 @@ def moments_text(once: dict) -> str:
     """A clause for each moment set aside (:func:`moments`)."""
     return "".join(f"; rank {r}'s lateness was one step's ({100 * m['share']:.0f}% of the others' waiting for it: "
                    f"{dur_text(m['in_step_us'])} in step {m['step']} of {m['steps']}; {dur_text(m['us_per_step'])} "
-                   f"per step over the window) -- a moment, not a per-step cause, so not weighed against it"
+                   f"per step over the window) -- seen once in the window (a one-off, or a cause with a longer period: "
+                   f"profile more steps to tell), so not weighed against a rank late in every step"
                    for r, m in sorted(once.items()))
 
 
