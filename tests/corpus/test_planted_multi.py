@@ -481,18 +481,19 @@ def test_the_session_13_held_out_families_build_and_step_on_one_gloo_rank(monkey
 
 
 def test_the_session_13_held_out_table_is_generated_from_the_committed_doctor_json():
-    """recorded/h200x2/doctor_heldout_s13 (the blind round s13r1): each table in its README is what table.py makes of
-    the committed truths and doctor outputs, with the criteria of TRUTH.md (--input-bound-ok --unmeasured-unscored)."""
+    """recorded/h200x2/doctor_heldout_s13 (the blind rounds s13r1 + s13r1d; the replication s13r1c, tag s13rep): each
+    table in its README is what table.py makes of the committed truths and doctor outputs, with the criteria of
+    TRUTH.md (--input-bound-ok --unmeasured-unscored)."""
     d = ROOT / "recorded" / "h200x2" / "doctor_heldout_s13"
     if not (d / "bundle.json.gz").is_file():
         pytest.skip("no session-13 held-out recording committed")
     import re
 
-    names = re.findall(r"<!-- table.py table: s13r1 (\S+) -->", (d / "README.md").read_text())
+    names = re.findall(r"<!-- table.py table: (s13r1|s13rep) (\S+) -->", (d / "README.md").read_text())
     assert names
-    for name in names:
+    for match, name in names:
         r = subprocess.run([sys.executable, str(ROOT / "recorded" / "h200x4" / "doctor_heldout" / "table.py"), "table",
-                            str(d), "--doctor", name, "--match", "s13r1", "--input-bound-ok", "--unmeasured-unscored"],
+                            str(d), "--doctor", name, "--match", match, "--input-bound-ok", "--unmeasured-unscored"],
                            capture_output=True, text=True, timeout=120, cwd=ROOT)
         assert r.returncode == 0, r.stderr[-2000:]
         assert r.stdout.strip() and r.stdout.strip() in (d / "README.md").read_text()
