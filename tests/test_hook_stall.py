@@ -180,7 +180,8 @@ def test_a_lone_hole_at_the_backwards_start_is_not_a_hook():
     neither a HOOK span nor the step's one stall (the other stretch, 4.1 ms, is), so the accounting's host_stall slice
     is that one stretch (9.27 ms before); the real grad-hook recording's 8 hook pieces stay hooks (12.1 ms); HTA's
     public TorchRec control (2.1-2.4 ms in a node in 3 of its 6 steps, two different nodes, no planted fault), when
-    fetched, gets no host_stall finding (it got 1.14 ms per step)."""
+    fetched, gets at most a host_stall of 2% of its step said as "a backward hook or a wait for the GIL" (the node
+    that holds a hole in 2 steps recurs: REVIEW_S13 H3; 0.77 ms, 1.0%)."""
     import numpy as np
 
     from kit.doctor.host_model import HOOK, ONE_STALL
@@ -194,7 +195,77 @@ def test_a_lone_hole_at_the_backwards_start_is_not_a_hook():
     one = h.one_stall()
     assert len(one[0]) == 1 and 3_500 < total(h, ONE_STALL) < 4_500  # the 4.1 ms stretch between ops
     assert total(_model(REAL / "rank1.json.gz", 1), HOOK) > 11_000
-    if PUBLIC.exists():
+    if PUBLIC.exists():  # holes at two nodes, one of them in 2 of 6 steps: a hook's or the GIL's, said as either
         from kit.doctor import diagnose
 
-        assert "host_stall" not in {f.rule for f in diagnose(sorted(PUBLIC.glob("*.json.gz")), workers=1).findings}
+        d = diagnose(sorted(PUBLIC.glob("*.json.gz")), workers=1)
+        for f in (f for f in d.findings if f.rule == "host_stall"):
+            assert f.cost_us_per_step <= 0.02 * d.step_us and "a backward hook or a wait for the GIL" in f.summary
+
+
+def _two_stalls(src: Path, out: Path, rank: int = 1, stall_us: float = 6000.0) -> None:
+    """``src``'s real traces with rank ``rank``'s host stalled ``stall_us`` twice a step: after the step's first
+    ``aten::layer_norm`` (a forward hook that logs) and just before ``Optimizer.step`` (a log line) -- neither in an
+    autograd node. Host events at/after each point move by ``stall_us`` (ops spanning it lengthen); a GPU event starts
+    at the latest of its recorded start, its stream's previous end and its launch + 3 us (REVIEW_S13 H1's probe)."""
+    import bisect
+    import gzip
+
+    out.mkdir(parents=True, exist_ok=True)
+    for p in sorted(src.glob("trace_rank*.json.gz")):
+        j = json.loads(gzip.open(p).read())
+        if f"rank{rank}" in p.name:
+            ev = j["traceEvents"]
+            x = [e for e in ev if e.get("ph") == "X" and e.get("cat") in ("user_annotation", "cpu_op")]
+            steps = sorted((e for e in x if str(e.get("name", "")).startswith("ProfilerStep#")), key=lambda e: e["ts"])
+            pts = []
+            for s in steps:
+                inside = [e for e in x if s["ts"] <= e["ts"] < s["ts"] + s["dur"]]
+                ln = sorted((e for e in inside if e.get("name") == "aten::layer_norm"), key=lambda e: e["ts"])
+                opt = [e for e in inside if str(e.get("name", "")).startswith("Optimizer.step#")]
+                pts += [ln[0]["ts"] + ln[0]["dur"] + 0.5] if ln else []
+                pts += [opt[0]["ts"] - 0.5] if opt else []
+            pts.sort()
+
+            def shift(t: float) -> float:
+                return stall_us * bisect.bisect_right(pts, t)
+
+            launch = {}
+            host = [e for e in ev if "ts" in e and e.get("cat") not in GPU]
+            new = {}
+            for e in host:
+                ts = float(e["ts"])
+                new[id(e)] = ts + shift(ts)
+                if e.get("ph") == "X" and float(e.get("dur", 0) or 0) > 0:
+                    e["dur"] = ts + float(e["dur"]) + shift(ts + float(e["dur"]) - 1e-6) - new[id(e)]
+                c = (e.get("args") or {}).get("correlation")
+                if c is not None and e.get("cat") in ("cuda_runtime", "cuda_driver"):
+                    launch[c] = new[id(e)]
+            for e in host:
+                e["ts"] = new[id(e)]
+            for e in ev:  # the GPU's annotations: as the host's step
+                if e.get("cat") == "gpu_user_annotation":
+                    e["ts"] = float(e["ts"]) + shift(float(e["ts"]))
+            prev: dict = {}
+            for e in sorted((e for e in ev if e.get("cat") in GPU - {"gpu_user_annotation"}), key=lambda e: float(e["ts"])):
+                c = (e.get("args") or {}).get("correlation")
+                key = (e.get("pid"), e.get("tid"))
+                e["ts"] = max(float(e["ts"]), launch.get(c, -1e300) + 3.0, prev.get(key, -1e300))
+                prev[key] = e["ts"] + float(e.get("dur", 0) or 0)
+        (out / p.name).write_bytes(gzip.compress(json.dumps(j).encode()))
+
+
+@pytest.mark.skipif(not CONTROL.exists(), reason="case not here")
+def test_two_stalls_a_step_of_a_rank_whose_core_is_not_shown_lost_stay_stalls(tmp_path):
+    """REVIEW_S13 H1: the real GPT DDP control (one step) with rank 0 -- the rank whose host sets the pace -- stalled
+    6 ms twice a step (``_two_stalls``: 12 ms a step between ops, so no quiet inside the framework's ops and its core
+    not shown lost, kit.doctor.contended.lost_cores). Both stretches stay stalls in its accounting: host_stall at
+    least 0.75x the 12 ms (the one-stall split read everywhere gave 6.29 ms, the other 6 ms as launch), and the late
+    rank is late for a host stall."""
+    from conftest import diagnosed
+
+    _two_stalls(CONTROL, tmp_path, rank=0)
+    d = diagnosed(sorted(tmp_path.glob("trace_rank*.json.gz")))
+    assert d.accounting["0"]["us_per_step"]["host_stall"] >= 0.75 * 12_000
+    f = d.problems[0]
+    assert (f.rule, f.ranks, f.evidence.get("reason")) == ("late_rank", (0,), "host_stall")

@@ -32,9 +32,10 @@ thread, and the stretch is split by what the thread was doing, in this precedenc
 5. ``host_stall`` -- in a stretch of at least :data:`kit.doctor.host_model.STALL_US` in which no thread of the
    process issued GPU work (a launch, copy, memset or graph replay whose activity is in the trace; the
    backward's kernels come from the autograd thread while the main thread waits in ``backward()``), outside
-   every recorded op (the host model's ``stall``, :mod:`kit.doctor.host_model`), one stall of the rank's own code
-   (the host model's :data:`~kit.doctor.host_model.ONE_STALL`: each step's longest stretch and the backward hooks';
-   the rest of its stall time is a core taken in slices, its issuing done more slowly: ``launch``): Python or
+   every recorded op (the host model's ``stall``, :mod:`kit.doctor.host_model`) -- on a rank whose quiet time shows
+   its core taken away (:func:`kit.doctor.contended.lost_cores`), only one stall of its own code a step (the host
+   model's :data:`~kit.doctor.host_model.ONE_STALL`: each step's longest stretch and the backward hooks'; its other
+   stretches are the core taken in slices, its issuing done more slowly: ``launch``; :attr:`Account.split`): Python or
    C++ work that issues nothing (logging, checkpointing, garbage collection, ``time.sleep``, a loop polling
    ``cudaEventQuery``); inside a long recorded op (kept by the trace layer, :data:`kit.traces.frames.
    LONG_CPU_OP_US`) or the dispatch before the first launch of one of PyTorch's own regions of issuing code
@@ -130,6 +131,13 @@ class Account:
     blocks (module docstring, *Catch-up*): GPU idle while the thread was issuing (:data:`ISSUING`), moved to the block
     that drained the queue. The host issued it at its own pace -- the profiler's, where it slows the issuing: the
     profiler's overhead lands there as it does in ``launch`` (:mod:`kit.doctor.reconcile`)"""
+    one_stall: bool = False
+    """whether ``host_stall`` holds only the host model's one stall a step (:func:`account`'s ``split``: the rank's
+    core shown lost), the rest of its stall time in ``launch``"""
+    split: "Account | None" = None
+    """the same rank's account with only the host model's one stall a step in ``host_stall`` (:func:`account`'s
+    ``split``), where that differs: the job phase takes it in this one's place for a rank whose quiet time shows its
+    core taken away (:func:`kit.doctor.contended.lost_cores`); None elsewhere"""
 
     @property
     def steps(self) -> int:
@@ -191,11 +199,18 @@ class Account:
 
 def rank_account(view: "RankView", host: "HostModel | None", cpu_all: "pd.DataFrame | None" = None) -> Any:
     """The accounting stage of one rank: its :class:`Account` from its host model, or a Skip saying why there is
-    none (``cpu_all``: every CPU event of a CPU-only trace)."""
+    none (``cpu_all``: every CPU event of a CPU-only trace). On a GPU trace whose host model splits its stall time
+    (:meth:`kit.doctor.host_model.HostModel.splits`) the account carries the split's reading too (:attr:`Account.split`:
+    the job phase takes it for a rank whose core it shows lost, :func:`kit.doctor.contended.lost_cores`)."""
+    import dataclasses
+
     from .model import Skip
 
     if not view.trace.gpu.empty:
-        return (account(view, host) if host is not None else None) or Skip(
+        a = account(view, host) if host is not None else None
+        if a is not None and host.splits():
+            a = dataclasses.replace(a, split=account(view, host, split=True))
+        return a or Skip(
             "step_accounting", "every GPU activity in the trace lasts 0 us: nothing to account the step by")
     if host is None or cpu_all is None:
         return Skip("step_accounting", "no GPU activity and no CPU ops in the trace: nothing to account the step "
@@ -222,9 +237,11 @@ def slice_extract(rid: str):
 
 
 # ------------------------------------------------------------------------------------------------ GPU mode
-def account(view: "RankView", host: "HostModel | None" = None) -> "Account | None":
+def account(view: "RankView", host: "HostModel | None" = None, split: bool = False) -> "Account | None":
     """The rank's :class:`Account` (GPU mode; see :func:`account_cpu` for CPU-only traces) from its host model
-    (:mod:`kit.doctor.host_model`, built here when not given); None when no GPU activity lasts any time."""
+    (:mod:`kit.doctor.host_model`, built here when not given); None when no GPU activity lasts any time. ``split``:
+    the ``host_stall`` slice holds only the host model's one stall a step (:meth:`~kit.doctor.host_model.HostModel.
+    one_stall`), the rest of the stall time ``launch`` (a rank whose core is shown lost); else every stall stretch."""
     import numpy as np
     import pandas as pd
 
@@ -257,7 +274,7 @@ def account(view: "RankView", host: "HostModel | None" = None) -> "Account | Non
     np.minimum.at(first_own, kw[own], starts[own])
 
     threads, model = list(host.threads), host
-    host = {t: {**{s: host.spans(k, t) for s, k in HOST_KIND.items()}, "host_stall": host.one_stall(t),
+    host = {t: {**{s: host.spans(k, t) for s, k in HOST_KIND.items()}, "host_stall": host.one_stall(t) if split else host.spans("stall", t),
                 "pageable": pageable_spans(model, t)} for t in threads}
     extra = [wa, wb, call_end[~np.isnan(call_end)]]
     pts = partition(list(sets.values()) + [s for h in host.values() for s in h.values()], extra=np.concatenate(extra))
@@ -324,12 +341,12 @@ def account(view: "RankView", host: "HostModel | None" = None) -> "Account | Non
     floor = float(qd.median()) if len(qd) >= 3 else 0.0
     above = float((qd - floor).clip(lower=0).sum()) if len(qd) else 0.0
     return Account(rank=view.rank, mode="gpu", per_step=per_step,
-                   stalls=in_step(_stalls(view, calls, host, s, e, cls), win),
+                   stalls=in_step(_stalls(view, calls, host, s, e, cls, model), win),
                    calls=_behind(view, model, s, e, threads), launch=launch,
                    queued={"gaps_per_step": len(qd) / max(1, len(win)),
                            "median_us": float(qd.median()) if len(qd) else None,
                            "above_median_share": above / float(qd.sum()) if len(qd) and qd.sum() > 0 else 0.0},
-                   threads=len(threads), step_us=view.step_us, caught_up=caught_up)
+                   threads=len(threads), step_us=view.step_us, caught_up=caught_up, one_stall=split)
 
 
 def pageable_spans(host: HostModel, tid: Any) -> "tuple[np.ndarray, np.ndarray]":
@@ -432,10 +449,17 @@ def waiting_calls(host: HostModel, tid: Any) -> "dict[str, tuple[np.ndarray, np.
     return {**host.gpu_waits(tid), "input": union_np(data["ts"], data["end"])}
 
 
-def _stalls(view, calls, host, s, e, cls) -> tuple[dict, ...]:
+def _stalls(view, calls, host, s, e, cls, model=None) -> tuple[dict, ...]:
     """The longest host-stall stretches that left the GPU idle, with the CUDA calls around them and the
-    annotations inside them (what the host was doing, where the trace says)."""
+    annotations inside them (what the host was doing, where the trace says); ``maybe``, where part of one lies in
+    an autograd node whose hole is not at that node every step (``model``'s :data:`kit.doctor.host_model.
+    HOOK_OR_GIL`): what it may be."""
     import numpy as np
+
+    from ..traces.intervals import covered
+    from .host_model import ALL, HOOK_OR_GIL
+
+    unsure = (model.sets.get(ALL, {}).get(HOOK_OR_GIL) if model is not None else None) or ((), ())
 
     out = []
     idle = cls == "host_stall"
@@ -457,9 +481,11 @@ def _stalls(view, calls, host, s, e, cls) -> tuple[dict, ...]:
             inside = ann[(ann["tid"] == t) & (ann["ts"] < y) & (ann["end"] > x)]["name"].astype(str).unique().tolist()[:5]
             polled = mine[(mine["ts"] >= x) & (mine["end"] <= y)]["name"].value_counts().head(3)
             inside += [f"{n} x{c}" for n, c in polled.items()]
-            out.append({"start_us": round(x, 1), "dur_us": round(y - x, 1), "idle_us": round(float(idle_in[i]), 1),
-                        "before": before[0] if before else None, "after": after[0] if after else None,
-                        "within": inside})
+            d = {"start_us": round(x, 1), "dur_us": round(y - x, 1), "idle_us": round(float(idle_in[i]), 1),
+                 "before": before[0] if before else None, "after": after[0] if after else None, "within": inside}
+            if len(unsure[0]) and covered(*unsure, np.array([x]), np.array([y]))[0] > 0:
+                d["maybe"] = "a backward hook or a wait for the GIL (not at the same autograd node every step)"
+            out.append(d)
     # a stretch with no thread issuing is (nearly) the same stretch on every thread that issues GPU work: one entry
     # per stretch -- of overlapping ones the one that left the GPU idle longest, then the one whose thread names
     # the calls around it
@@ -558,26 +584,18 @@ def account_cpu(view: "RankView", cpu_all: "pd.DataFrame", host: "HostModel | No
         host = host_model(view, cpu_all)
     if host is None:
         return None
-    import numpy as np
-
-    from ..traces.intervals import covered
-
     main = host.main_tid
     ops = cpu_all[(cpu_all["tid"] == main) & (cpu_all["cat"] == "cpu_op")]
     win = host.windows
     wa, wb = win["start"].to_numpy(dtype=float), win["end"].to_numpy(dtype=float)
     lo, hi = float(wa.min()), float(wb.max())
+    # every stall stretch: a CPU-only job has no quiet time to show a core taken away (kit.doctor.contended)
+    stall = host.spans("stall", main)
     hs = host.per_step
     per = pd.DataFrame({sl: sum(hs[f"{k}_us"].to_numpy(dtype=float) for k in kinds)
                         for sl, kinds in CPU_SLICES.items()})
-    # a stall is one stretch a step (the host model's ONE_STALL); the main thread's other stall time is its work
-    # done more slowly (a core taken in slices): compute, as on a GPU job it is launch
-    one = np.minimum(covered(*host.one_stall(main), wa, wb), per["host_stall"].to_numpy(dtype=float))
-    per["compute"] += per["host_stall"] - one
-    per["host_stall"] = one
     per = per.reindex(columns=list(SLICES), fill_value=0.0)
     per_step = pd.concat([win.reset_index(drop=True).assign(dur=wb - wa), per], axis=1)
-    stall = host.one_stall(main)
     stalls = []
     inside = [(x, y) for x, y in zip(*stall) if x >= lo and y <= hi]
     for x, y in sorted(inside, key=lambda p: p[0] - p[1])[:TOP_STALLS]:

@@ -65,6 +65,43 @@ def _beyond_others(host_steps: dict | None, late: int, col: str) -> float:
     return med[late] - max((v for r, v in med.items() if r != late), default=0.0)
 
 
+def shows_lost_core(own: dict | None, late: int, host_steps: dict | None = None) -> bool:
+    """Does rank ``late``'s quiet time show its core taken away (the readings :func:`contended_gain` applies its model
+    on, its docstring): ``own`` (:func:`kit.doctor.own_time.own_excess`'s result) has its quiet excess confirmed, and
+    that excess clears its floor without the rank's longest stall stretch
+    (:data:`kit.doctor.own_time.STALL_LONGEST`), with its quiet inside the framework's ops beyond every other rank's
+    (:data:`kit.doctor.own_time.QUIET_IN_OPS`), and without its quiet inside autograd's nodes beyond the others'
+    (:data:`QUIET_IN_NODES`, from ``host_steps``). False where a reading is missing (one rank, a CPU-only job)."""
+    quiet = own.get("quiet") if own else None
+    per = own.get("per_rank") if own else None
+    if not quiet or not quiet.get("confirmed") or not per or str(late) not in per:
+        return False
+    mine = per[str(late)]
+    if quiet["excess_us"] - mine.get(STALL_LONGEST, 0.0) <= quiet["floor_us"]:
+        return False  # without its longest stall the quiet excess is not confirmed: a stall, not a contended core
+    ops = mine.get(QUIET_IN_OPS, 0.0) - max((p.get(QUIET_IN_OPS, 0.0) for r, p in per.items() if r != str(late)),
+                                            default=0.0)
+    if ops <= quiet["floor_us"]:
+        return False  # no quiet inside the framework's ops beyond the others': between ops, a stall's
+    if quiet["excess_us"] - _beyond_others(host_steps, late, QUIET_IN_NODES) <= quiet["floor_us"]:
+        return False  # the quiet excess lies where backward hooks run: a hook's stall as likely as a lost core
+    return True
+
+
+def lost_cores(host_steps: dict | None, step_us: float | None) -> tuple[int, ...]:
+    """The ranks whose quiet time shows their core taken away (:func:`shows_lost_core` on
+    :func:`kit.doctor.own_time.own_excess`'s quiet reading, which needs no GPU or overhead reading): the ranks whose
+    stall time the host model's one-stall split (:data:`kit.doctor.host_model.ONE_STALL`) applies to -- each step's
+    longest stretch a stall, the other stretches a core's slices (issuing done more slowly). Elsewhere every stretch
+    stays a stall."""
+    from .own_time import own_excess, steady
+
+    if not host_steps or len(host_steps) < 2:
+        return ()
+    hs = steady(host_steps)
+    return tuple(r for r in sorted(hs) if shows_lost_core(own_excess(hs, r, step_us, kinds=("host",)), r, hs))
+
+
 def contended_gain(own: dict, late: int, overhead: dict | None, own_work: dict,
                    host_steps: dict | None = None) -> dict | None:
     """The model (module docstring) for rank ``late``: ``own`` is :func:`kit.doctor.own_time.own_excess`'s result
@@ -91,21 +128,13 @@ def contended_gain(own: dict, late: int, overhead: dict | None, own_work: dict,
     Elsewhere the rank's own excess is its cost (the readings: FINDINGS.md, "A CPU-contended rank"). Not the stall
     time beyond the others': a contended core's slices between launches are stall time too (as much as its quiet
     excess, or more)."""
-    quiet = own.get("quiet") if own else None
-    per = own.get("per_rank") if own else None
-    if not quiet or not quiet.get("confirmed") or not per or str(late) not in per:
+    if not shows_lost_core(own, late, host_steps):
         return None
+    per = own["per_rank"]
     mine = per[str(late)]
     if not mine.get("host_us"):
         return None
-    if quiet["excess_us"] - mine.get(STALL_LONGEST, 0.0) <= quiet["floor_us"]:
-        return None  # without its longest stall the quiet excess is not confirmed: a stall, not a contended core
-    ops = mine.get(QUIET_IN_OPS, 0.0) - max((p.get(QUIET_IN_OPS, 0.0) for r, p in per.items() if r != str(late)),
-                                            default=0.0)
-    if ops <= quiet["floor_us"]:
-        return None  # no quiet inside the framework's ops beyond the others': between ops, a stall's
-    if quiet["excess_us"] - _beyond_others(host_steps, late, QUIET_IN_NODES) <= quiet["floor_us"]:
-        return None  # the quiet excess lies where backward hooks run: a hook's stall as likely as a lost core
+    quiet = own["quiet"]
     q = quiet_share(host_steps, late) if host_steps else None
     if q is None:
         q = quiet["excess_us"] / mine["host_us"]

@@ -87,21 +87,29 @@ HOOK = "hook"
 no progress on its thread (:func:`autograd_nodes`): where the user's backward hooks run -- a stall however many pieces
 it comes in (a hook per module or parameter), not a core's slices (:data:`ONE_STALL` counts them as one stall's). Not one of :data:`KINDS`: a part of ``stall``"""
 """the key of :attr:`HostModel.sets` holding a kind's union over every thread of the process"""
+HOOK_OR_GIL = "hook_or_gil"
+"""the key of :attr:`HostModel.sets` [:data:`ALL`] holding the :data:`HOOK` spans whose node does not hold a hole in
+every traced step (:func:`_first_node_alone`): a hook that stalls in some steps only, or the process waiting for the
+GIL there -- said as either (``host_stall``'s sentence). A part of :data:`HOOK`"""
 ONE_STALL = "one_stall"
-"""the key of :attr:`HostModel.sets` [:data:`ALL`] holding the stall spans that are a stall of the rank's own code,
-not its core taken away (:func:`one_stall_a_step`): each step's longest stall stretch (stall spans less than
+"""the key of :attr:`HostModel.sets` [:data:`ALL`] holding the stall spans that are one stall of the rank's own code
+where its core is taken away (:func:`one_stall_a_step`): each step's longest stall stretch (stall spans less than
 :data:`STALL_US` apart taken as one: a moment's work, a launch, does not end a stall), any longer than a slice can be
-(:data:`SLICE_MAX_US`), and the :data:`HOOK` spans. A
-sleep, a blocking call, a pause is one stretch with no event; a core the scheduler shares with another process is
-taken in slices of milliseconds, many to a step, between ops as well as inside them -- the rank's issuing done more
-slowly, not a stall. The one split of the host's stall time that the step accounting (its ``host_stall`` slice, the
-rest ``launch``) and ``late_rank`` (:data:`kit.doctor.rules.late_arrival.SINGLE_STALL`) both read. Not one of
+(:data:`SLICE_MAX_US`), and the :data:`HOOK` spans. A core the scheduler shares with another process is taken in
+slices of milliseconds, many to a step, between ops as well as inside them -- the rank's issuing done more slowly, not
+a stall; a sleep, a blocking call, a pause is one stretch with no event. But a rank's code can stall twice a step (a
+log line and a checkpoint, a forward hook and a gc pass), so the split is read only for a rank whose quiet time shows
+its core lost (:func:`kit.doctor.contended.lost_cores`, in the job phase: the step accounting's ``host_stall`` slice,
+:attr:`kit.doctor.accounting.Account.split`, and ``late_rank``'s
+:data:`kit.doctor.rules.late_arrival.SINGLE_STALL`); elsewhere every stretch stays a stall. Not one of
 :data:`KINDS`: a part of ``stall``"""
 SLICE_MAX_US = 24_000.0
-"""the longest a core shared with other runnable work is taken from a thread at a time: Linux CFS's default scheduling
-period (``sched_latency_ns``: 6 ms x (1 + log2 of the CPUs, counted up to 8) = 24 ms), within which every runnable
-task gets its turn. The slices recorded are whole scheduler ticks of 4.0-9.4 ms (HZ 250, FINDINGS.md "A CPU-contended
-rank"); a stretch with no event longer than the period is not one slice: a stall (:func:`one_stall_a_step`)"""
+"""a heuristic bound on how long a core shared with other runnable work is taken from a thread at a time: Linux CFS's
+default scheduling period on a host of 8 CPUs or more (``sched_latency_ns``: 6 ms x (1 + log2 of the CPUs, counted up
+to 8) = 24 ms), within which every runnable task gets its turn. Not a law on every kernel: the period is 12 ms on 2
+CPUs, grows with more than 8 runnable tasks (the minimum granularity times their count), and EEVDF schedulers (Linux
+6.6 on) have none. A stretch with no event longer than this is taken for a stall, not a slice
+(:func:`one_stall_a_step`)"""
 OWN_KINDS = ("data_wait", "stall", "alloc", "issue")
 """a rank's own host time: waiting for its DataLoader, stalling (no op, no call: Python work, a sleep), the
 allocator's device calls, issuing its work -- not the time blocked on collectives, peers or the GPU, nor its short
@@ -175,6 +183,16 @@ class HostModel:
         st = self.spans("stall", tid)
         one = self.sets.get(ALL, {}).get(ONE_STALL)
         return st if one is None else subtract(st, subtract(st, one))
+
+    def splits(self) -> bool:
+        """Whether :meth:`one_stall` leaves out any of the process's or a thread's stall time (a step with more than
+        one stall stretch): only then does a rank whose core is shown lost read differently."""
+        import numpy as np
+
+        if self.sets.get(ALL, {}).get(ONE_STALL) is None:
+            return False
+        return any(float(np.sum(b - a)) > float(np.sum(d - c)) for t in self.sets
+                   for (a, b), (c, d) in [(self.spans("stall", t), self.one_stall(t))])
 
     def gpu_waits(self, tid: Any = ALL) -> "dict[str, tuple[np.ndarray, np.ndarray]]":
         """Thread ``tid``'s (or every thread's, :data:`ALL`) waits for the GPU, by the accounting slice they block
@@ -291,7 +309,7 @@ def _gpu_model(view: "RankView") -> HostModel | None:
     fsdp = _framework_only(view.trace, cpu, threads)
     node = autograd_nodes(cpu)
     node_busy = _progress_within(view.trace, cpu, cpu[node]) if len(cpu) else {}
-    first = _first_node_alone(view.trace, cpu, node, node_busy, view.steps)  # the backward's start: the node's own
+    first, unsure = _first_node_alone(view.trace, cpu, node, node_busy, view.steps)  # the node's own time
     node_busy = {t: union_np(np.r_[a, first[0]], np.r_[b, first[1]]) for t, (a, b) in node_busy.items()}
     sets: dict = {}
     for t in dict.fromkeys(threads + ((main,) if main is not None else ())):
@@ -341,6 +359,7 @@ def _gpu_model(view: "RankView") -> HostModel | None:
                    "profiler": theirs, "stall": (sa[sb - sa >= STALL_US], sb[sb - sa >= STALL_US]), "idle": idle}
     sets[ALL] = _all_threads(cpu, calls, sets, threads, main)
     sets[ALL][HOOK] = _in_hooks(cpu, node, node_busy, threads, sets[ALL]["stall"])
+    sets[ALL][HOOK_OR_GIL] = subtract(sets[ALL][HOOK], subtract(sets[ALL][HOOK], unsure))
     # (the main thread waits in backward() through the backward's start: its stall there is not one of its own)
     sets[ALL][ONE_STALL] = one_stall_a_step(subtract(sets[ALL]["stall"], first), view.steps, sets[ALL][HOOK])
     kern = g["cat"] == "kernel"
@@ -391,33 +410,32 @@ def _framework_only(trace, cpu: "pd.DataFrame", threads: tuple) -> "tuple[np.nda
     return union_np(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]))
 
 
-def _first_node_alone(trace, cpu, node, busy: dict, steps) -> "tuple[np.ndarray, np.ndarray]":
+def _first_node_alone(trace, cpu, node, busy: dict, steps) -> "tuple[tuple, tuple]":
     """The stretches of :data:`STALL_US` or longer inside autograd nodes' ops without progress on an issuing thread
     (``busy``: per thread, the parts of its nodes' ops in which it made progress, :func:`_progress_within`) that the
-    trace does not make a user's hook (:data:`HOOK`), as sorted disjoint spans: the node's own time, the rank issuing.
-    A hook runs at its node in every backward, so
+    trace does not make a user's hook (:data:`HOOK`), as sorted disjoint spans: the node's own time, the rank issuing;
+    and those it keeps as a hook's whose node does not hold one in every traced step (:data:`HOOK_OR_GIL`). A hook
+    runs at its node whenever the backward reaches it -- in every step, or in some (one that logs every few steps) --
+    so a hole recurs where a hook stalls: at its node in two or more traced steps, or as two or more holes in a step.
+    Of the rest,
 
-    * on a trace of several steps, a stretch in a node (the innermost node evaluation around it) that holds no such
-      stretch in some other traced step (the steps that record none of that node's evaluations too: the frame keeps
-      long ops only) is not a hook's: the process not running there (a wait for the GIL or for the core) -- HTA's
-      public ``trace_diff`` control holds one in 3 of its 6 steps, in two different nodes, no event on any thread of
-      the process; a CPU-contended rank's scheduler slice lands in a node now and then (FINDINGS.md, "A hole at the
-      backward's start");
-    * in a step whose nodes hold one such stretch alone, where it lies in the step's first node (a node evaluation
-      before which that thread recorded nothing in the step: no op, runtime call or short op the frame leaves out,
-      :meth:`kit.traces.Trace.short_spans_of`) -- the backward's start, where the autograd thread takes over from the
-      main thread -- it is taken for that start, as the contended ranks' slices there are (one-step cuts: the
-      recurrence above cannot be read).
+    * on a trace of three steps or more, a hole seen once in the window (its node, the innermost node evaluation
+      around it, holds no other; the frame keeps long ops only, so a step may record none of a node's evaluations)
+      and alone in its step is not a hook's: the process not running there (a wait for the GIL or for the core);
+    * in a step whose nodes hold one hole alone, at a node that holds none in another step, where it lies in the
+      step's first node (a node evaluation before which that thread recorded nothing in the step: no op, runtime call
+      or short op the frame leaves out, :meth:`kit.traces.Trace.short_spans_of`) -- the backward's start, where the
+      autograd thread takes over from the main thread -- it is taken for that start (a trace of one or two steps:
+      the recurrence above cannot be read).
 
     Covered on the issuing threads; the main thread, waiting in ``backward()``, keeps it as its ``stall``, but not as
-    its :data:`ONE_STALL`. A user's hooks -- one per module or parameter -- leave holes at the same nodes every step, in
-    more than one node of a step, and stay stalls; a single hook on the backward's first node, or one that stalls in
-    some steps only, is taken for the framework's."""
+    its :data:`ONE_STALL`. A single hook on the backward's first node that stalls in one step of a short trace is
+    taken for the framework's: the trace does not tell them apart."""
     import numpy as np
 
-    parts = []
+    parts, unsure = [], []
     if cpu.empty or steps is None or steps.empty or not busy:
-        return union_np([], [])
+        return union_np([], []), union_np([], [])
     evals = node.to_numpy() & _starts(cpu["name"], AUTOGRAD_NODE).to_numpy()
     starts = np.sort(steps["ts"].to_numpy(dtype=float))
     n_steps = len(starts)
@@ -436,22 +454,26 @@ def _first_node_alone(trace, cpu, node, busy: dict, steps) -> "tuple[np.ndarray,
         # each stretch's node: the innermost (latest-starting) evaluation around it
         at = [np.flatnonzero((ea <= x) & (eb >= y)) for x, y in zip(ha, hb)]
         of = np.array([names[j[np.argmax(ea[j])]] if len(j) else "" for j in at], dtype=object)
-        if n_steps >= 2:
-            for name in set(of) - {""}:
-                m = of == name
-                if len(set(hs[m]) & set(range(1, n_steps + 1))) < n_steps:  # not in every traced step: not a hook's
-                    parts += list(zip(ha[m], hb[m]))
+        per_step = np.bincount(hs, minlength=n_steps + 1)  # the thread's holes in nodes, per step
+        seen = {name: set(hs[of == name]) for name in set(of) - {""}}  # the steps each node holds a hole in
+        for name in seen:
+            m = of == name
+            if n_steps >= 3 and m.sum() == 1 and per_step[hs[m][0]] == 1:  # seen once in the window, alone in its step
+                parts += list(zip(ha[m], hb[m]))
+            elif n_steps >= 2 and len(seen[name] & set(range(1, n_steps + 1))) < n_steps:  # not its node every step
+                unsure += list(zip(ha[m], hb[m]))
         # every moment the thread recorded something: its events' starts, its short ops' (the frame keeps long ops)
         rec = np.sort(np.r_[cpu.loc[on, "ts"].to_numpy(dtype=float), trace.short_spans_of([t])[0]])
         for g in np.unique(hs):
             i, j = np.flatnonzero(hs == g), np.flatnonzero(es == g)
-            if len(i) == 1 and len(j):
+            if len(i) == 1 and len(j) and len(seen.get(of[i[0]], ())) < 2:  # a node's hole in 2+ steps recurs
                 k = j[np.argmin(ea[j])]
                 lo = starts[g - 1] if g > 0 else -np.inf
                 before = np.searchsorted(rec, ea[k], side="left") - np.searchsorted(rec, lo, side="left")
                 if before == 0 and ea[k] <= ha[i[0]] and hb[i[0]] <= eb[k]:
                     parts.append((ha[i[0]], hb[i[0]]))
-    return union_np([p[0] for p in parts], [p[1] for p in parts])
+    own = union_np([p[0] for p in parts], [p[1] for p in parts])
+    return own, subtract(union_np([p[0] for p in unsure], [p[1] for p in unsure]), own)
 
 
 def _in_hooks(cpu, node, busy: dict, threads: tuple, stall: tuple) -> "tuple[np.ndarray, np.ndarray]":
@@ -628,7 +650,6 @@ def _cpu_model(view: "RankView", cpu: "pd.DataFrame") -> HostModel | None:
                    "comm_wait": comm_wait, "alloc": empty,
                    "stall": stall, "issue": union_np(ops["ts"], ops["end"])}}
     sets[ALL] = dict(sets[main])
-    sets[ALL][ONE_STALL] = one_stall_a_step(stall, view.steps)
     calls = runtime_calls(view)
     return _finish(view, "cpu", win, main, (main,), calls, sets, default="idle", gpu=None, cpu=cpu)
 

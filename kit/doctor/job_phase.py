@@ -22,7 +22,31 @@ def check_one_job(summaries: Sequence[RankSummary]):
 
     check = check_job([s.identity for s in summaries])
     filled = [replace(s, rank=i.rank) if s.rank != i.rank else s for s, i in zip(summaries, check.ranks)]
-    return filled, check
+    return settle_split(filled), check
+
+
+def settle_split(summaries: Sequence[RankSummary]) -> list[RankSummary]:
+    """The summaries with, for each rank whose quiet time shows its core taken away
+    (:func:`kit.doctor.contended.lost_cores`, over every rank's host steps), the step accounting that counts only its
+    one stall a step as ``host_stall`` (:attr:`kit.doctor.accounting.Account.split`: its other stall stretches are the
+    core's slices, issuing done more slowly) in place of the one that counts every stretch -- in the summary and in
+    each rule's summary that is that account. A rank with no lost core keeps every stall stretch a stall in its
+    accounting."""
+    from .accounting import Account
+    from .contended import lost_cores
+
+    hs = {int(s.rank): s.host_steps for s in summaries if s.rank is not None and s.host_steps is not None}
+    times = [s.step_us for s in summaries if s.step_us]
+    lost = set(lost_cores(hs, statistics.median(times) if times else None))
+    out = []
+    for s in summaries:
+        if s.rank is None or int(s.rank) not in lost:
+            out.append(s)
+            continue
+        a = s.account
+        new = a.split if isinstance(a, Account) and a.split is not None else a
+        out.append(replace(s, account=new, per_rule={k: new if v is a else v for k, v in s.per_rule.items()}))
+    return out
 
 
 def job_context(summaries: Sequence[RankSummary], *, sweep=None) -> JobContext:

@@ -362,15 +362,19 @@ def fold_into_late_rank(findings: list[Finding], accounts: list[tuple[int, Accou
         return findings
     ids = {id(f) for f in own}
     sliced = late.evidence.get("reason") == "host_busy"
+    one = any(rk == L and getattr(a, "one_stall", False) for rk, a in accounts)
 
     def name(f: Finding) -> str:
         """A rank late for issuing more slowly (late_rank's reason host_busy) folds its host_stall slice as what it
-        is: its host's other stretches of no event are in its issuing already (the host model's one split,
-        :data:`kit.doctor.host_model.ONE_STALL`), the slice holds each step's one longest stretch, which in a step
-        alone does not tell a sleep from the longest slice of a core taken away -- not a stall with its own remedy:
-        one reason, one remedy in one sentence."""
+        is, not as a stall with its own remedy: one reason, one remedy in one sentence. Where its core is shown lost
+        its account holds its host's other stretches of no event in its issuing already (``Account.one_stall``: the
+        host model's one split, :data:`kit.doctor.host_model.ONE_STALL`), the slice each step's one longest stretch,
+        which in a step alone does not tell a sleep from the longest slice of a core taken away; elsewhere the slice
+        holds every stretch with no event as it issued."""
+        if not (sliced and f.rule == "host_stall"):
+            return f.rule
         return (f"{f.rule} (one stretch a step without an event: a pause of its own or its core's longest slice)"
-                if sliced and f.rule == "host_stall" else f.rule)
+                if one else f"{f.rule} (stretches without an event as it issued)")
 
     text = "; ".join(f"{name(f)} {f.cost_us_per_step / 1e3:.2f} ms per step" for f in own
                      if f.cost_us_per_step >= 5.0) or "under 5 us per step, net of the profiler"
@@ -379,7 +383,8 @@ def fold_into_late_rank(findings: list[Finding], accounts: list[tuple[int, Accou
     what = "the GPU idled" if any(f.evidence.get("mode", "gpu") == "gpu" for f in own) else "its main thread lost time"
     merged = dataclasses.replace(late, summary=f"{late.summary}; on rank {L} itself {what} for its own reasons "
                                                f"({text}): fix those and the others stop waiting",
-                                 evidence={**late.evidence, "own_idle": {f.rule: f.evidence for f in own}})
+                                 evidence={**late.evidence, "own_idle": {f.rule: f.evidence for f in own},
+                                           **({"one_stall_a_step": one} if sliced else {})})
     return [merged if f is late else f for f in findings if id(f) not in ids] + rest
 
 

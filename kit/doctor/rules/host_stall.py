@@ -1,8 +1,8 @@
 """``host_stall``: the step waits while the host runs work that issues nothing (the accounting's ``host_stall``
-slice: stretches of >= :data:`kit.doctor.host_model.STALL_US` that are one stall of the rank's own code -- each step's
-longest and the backward hooks', :data:`kit.doctor.host_model.ONE_STALL`, the split ``late_rank`` reads too; a core
-the scheduler shares with another process is taken in many slices a step, its other stretches the rank's issuing
-done more slowly, ``launch``), net of a traced window that ran slower than its
+slice: stretches of >= :data:`kit.doctor.host_model.STALL_US` with no GPU work issued; on a rank whose quiet time
+shows its core taken away, :func:`kit.doctor.contended.lost_cores`, only each step's longest and the backward hooks',
+:data:`kit.doctor.host_model.ONE_STALL`: a core the scheduler shares with another process is taken in many slices a
+step, its other stretches the rank's issuing done more slowly, ``launch``), net of a traced window that ran slower than its
 unprofiled steps (:attr:`kit.doctor.overhead.ProfilerOverhead.slow_window_us`).
 
 A stall is host time in which no event is recorded, so the profiler's per-event price does not lengthen it; the
@@ -40,7 +40,8 @@ def stall_text(a: Account) -> str:
     what = "without a recorded op" if a.mode == "cpu" else "without issuing GPU work"
     where = (f" in step {s['step']}, {s['into_step_us'] / 1e3:.1f} ms into it" if s.get("step", -1) >= 0 else
              f" {s['into_step_us'] / 1e3:.1f} ms into the traced span" if "into_step_us" in s else "")
-    return f"; the longest: {s['dur_us'] / 1e3:.1f} ms {what}{where}{around}{within}"
+    maybe = f": {s['maybe']}" if s.get("maybe") else ""
+    return f"; the longest: {s['dur_us'] / 1e3:.1f} ms {what}{where}{around}{within}{maybe}"
 
 
 def sentence(a: Account, c: float, sh: float, who: str) -> str:
@@ -94,7 +95,8 @@ rule(Rule(
          "gc.set_threshold, collecting explicitly between steps only when needed."),
     caveats=("A stretch without CUDA calls can also be CPU-side tensor work in an op the profiler recorded "
              "without a CUDA call (a CPU tensor op, a data-dependent shape); the evidence names the ops around "
-             f"it. Stretches below {MIN} are counted as launch cost, not as stalls; so are a step's stretches "
-             "besides its longest (outside backward hooks: a core taken in slices), and a lone hole at the start "
-             "of the backward (its first autograd node). In a step with one stretch the trace does not tell a "
-             "sleep from a scheduler's slice of a core shared with another process: check the host's load too.")))
+             f"it. Stretches below {MIN} are counted as launch cost, not as stalls; so are, on a rank whose quiet "
+             "time inside ops shows its core taken away, a step's stretches besides its longest (outside backward "
+             "hooks: the core's slices), and a lone hole in an autograd node that does not recur. In a step with one "
+             "stretch the trace does not tell a sleep from a scheduler's slice of a core shared with another "
+             "process: check the host's load too.")))

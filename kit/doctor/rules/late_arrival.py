@@ -22,7 +22,8 @@ HOST_REASONS = {"data_wait": "data_wait", "host_sync": "sync", "host_stall": "st
 SINGLE_STALL = "host_stall_single"
 """the part of ``host_stall`` that is one stall of the rank's own code: the host model's
 :data:`kit.doctor.host_model.ONE_STALL` (each step's longest stall stretch and the backward hooks' stall spans, however
-many pieces) -- the split the step accounting's ``host_stall`` slice reads too. A core the scheduler shares with
+many pieces) -- the split the step accounting's ``host_stall`` slice reads too where the rank's core is shown lost
+(:func:`kit.doctor.contended.lost_cores`; elsewhere that slice keeps every stretch). A core the scheduler shares with
 another process is taken in slices of milliseconds, many to a step, between ops as well as inside them: its issuing
 done more slowly, not a stall (:func:`lag_shares`)"""
 
