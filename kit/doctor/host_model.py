@@ -130,7 +130,8 @@ thread waiting is not preempted) in stretches of :data:`STALL_US` or longer in w
 :attr:`kit.traces.Trace.short_spans`) began or ended on any thread of the process -- the host idle or descheduled,
 inside an op or between ops (GPU jobs; 0 on a CPU-only one, whose ops themselves run for milliseconds);
 ``own_stall_longest_us``: the longest of the main thread's stall stretches in the step (no issuing call, no op of the
-frame), those less than :data:`STALL_US` apart taken as one: a stall is one such stretch, however many short ops or
+frame) inside the host model's one-stall reading (:data:`ONE_STALL`: not a hole the trace makes a node's own time),
+those less than :data:`STALL_US` apart taken as one: a stall is one such stretch, however many short ops or
 single launches it holds; a contended core's lost time lies in many, with its work between them
 (:mod:`kit.doctor.contended`); ``own_quiet_in_ops_us``: the part of ``own_quiet_us`` in which a thread of the
 process was inside a recorded op or runtime call (the innermost event covering the stretch on that thread,
@@ -769,8 +770,10 @@ def _own_host(view, sets: dict, win: "pd.DataFrame", default: str, main, calls) 
         out["quiet_in_nodes"][ok] = covered(qa[in_node], qb[in_node], a[ok], b[ok])
         for k, v in mine.items():
             out[k][ok] = covered(*v, a[ok], b[ok])
-        if "stall" in mine:
-            xa, xb = union_np(*mine["stall"], gap=STALL_US)  # a moment's work (a launch) does not end a stall
+        if "stall" in mine:  # the longest stretch of the host model's one-stall reading (ONE_STALL), where it has one
+            one = sets.get(ALL, {}).get(ONE_STALL)
+            st = mine["stall"] if one is None else subtract(mine["stall"], subtract(mine["stall"], one))
+            xa, xb = union_np(*st, gap=STALL_US)  # a moment's work (a launch) does not end a stall
             out["stall_longest"][ok] = [float(np.max(np.minimum(xb, y) - np.maximum(xa, x), initial=0.0))
                                         for x, y in zip(a[ok], b[ok])]
     return out
