@@ -362,7 +362,7 @@ def fold_into_late_rank(findings: list[Finding], accounts: list[tuple[int, Accou
         return findings
     ids = {id(f) for f in own}
     sliced = late.evidence.get("reason") == "host_busy"
-    one = any(rk == L and getattr(a, "one_stall", False) for rk, a in accounts)
+    one = any(rk == L and getattr(a, "one_stall", False) for rk, a in accounts or ())
 
     def name(f: Finding) -> str:
         """A rank late for issuing more slowly (late_rank's reason host_busy) folds its host_stall slice as what it
