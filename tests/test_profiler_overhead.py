@@ -353,6 +353,29 @@ def test_an_estimated_launch_cost_on_a_real_control_is_at_most_its_step_less_its
         assert f"{low / 1e3:.2f}-{high / 1e3:.2f} ms over the estimate's range" in f.summary
 
 
+@pytest.mark.skipif(not SLOW_WINDOW.exists(), reason="case not here")
+@pytest.mark.xfail(strict=True, reason="the estimated overhead of this window is low: launch_bound 43.22 ms said with "
+                   "kitCapture stripped against 15.06 ms on the measured basis (2.87x), inside its own bound (REVIEW_S13 "
+                   "L8; the held-out rec_input2 control likewise, 2.0x: FINDINGS.md)")
+def test_an_estimated_launch_cost_on_a_real_control_is_near_its_measured_reading(tmp_path):
+    """The same committed FSDP control read twice: with its kitCapture header (the unprofiled step measured) and
+    without it (the overhead estimated). The estimated reading's launch_bound is within 0.5-2x of the measured one's."""
+    import gzip
+
+    from kit.doctor import diagnose
+
+    def launch(paths):
+        d = diagnose(sorted(paths), workers=1)
+        return next(x for x in d.findings if x.rule == "launch_bound").cost_us_per_step
+
+    for p in sorted(SLOW_WINDOW.glob("*.json.gz")):
+        t = json.loads(gzip.decompress(p.read_bytes()))
+        t.pop("kitCapture", None)
+        (tmp_path / p.name).write_bytes(gzip.compress(json.dumps(t).encode(), compresslevel=1))
+    measured, estimated = launch(SLOW_WINDOW.glob("*.json.gz")), launch(tmp_path.glob("*.json.gz"))
+    assert 0.5 * measured <= estimated <= 2.0 * measured, (estimated, measured)
+
+
 def test_the_job_steps_at_the_pace_of_the_rank_that_loses_most():
     """A rank that waits for a peer sees none of its own profiler time lengthen its step (its GPU waited for the peer,
     not for its host), but it waits for the peer's: every rank's step is shortened by the largest exposed overhead
